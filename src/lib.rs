@@ -1,0 +1,1 @@
+//! kvprobe library side of the CLI
