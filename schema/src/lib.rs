@@ -1,1 +1,14 @@
-//! skeleton
+//! The serialisable vocabulary every kvprobe crate speaks.
+//!
+//! Depends on serde only, like a stable metadata crate: reports read these types from
+//! `results.json` without linking models, devices or probes.
+
+pub mod device;
+pub mod manifest;
+
+pub use device::*;
+pub use manifest::*;
+
+/// Version of the on-disk artefact format (`results.json`, sim manifests).
+/// Readers refuse a newer version.
+pub const SCHEMA_VERSION: u32 = 1;

@@ -1,0 +1,212 @@
+//! What a device says about itself: network groups, inputs, outputs, cache edges.
+
+use serde::{Deserialize, Serialize};
+
+/// HailoRT's `hailo_quant_info_t` (contract §4): `y = (q - zero_point) * scale`,
+/// inputs clipped to `[min, max]` before quantisation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct QuantInfo {
+    pub scale: f32,
+    pub zero_point: f32,
+    pub min: f32,
+    pub max: f32,
+}
+
+impl QuantInfo {
+    /// A float edge: identity quantisation (HailoRT's identity shortcut, contract §4).
+    pub const IDENTITY: QuantInfo = QuantInfo {
+        scale: 1.0,
+        zero_point: 0.0,
+        min: f32::MIN,
+        max: f32::MAX,
+    };
+}
+
+/// Element type of a buffer as the host sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    U8,
+    U16,
+    F32,
+}
+
+impl DType {
+    pub fn bytes(self) -> usize {
+        match self {
+            DType::U8 => 1,
+            DType::U16 => 2,
+            DType::F32 => 4,
+        }
+    }
+}
+
+/// Memory order of a cache edge's stream (contract §7.2, §7.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Layout {
+    /// NHWC / tf_rgb: one token's features contiguous. Ring-safe.
+    TokenMajor,
+    /// NHCW with tokens on the width axis: one feature across all tokens, then the next.
+    FeatureMajor,
+    /// F8CR: groups of 8 features, each group spanning all tokens.
+    F8cr,
+}
+
+impl Layout {
+    pub const ALL: [Layout; 3] = [Layout::TokenMajor, Layout::FeatureMajor, Layout::F8cr];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::TokenMajor => "token-major",
+            Layout::FeatureMajor => "feature-major",
+            Layout::F8cr => "f8cr",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Layout> {
+        Layout::ALL.into_iter().find(|l| l.name() == s)
+    }
+}
+
+/// Which of the two genai network groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupKind {
+    Prefill,
+    Tbt,
+}
+
+impl GroupKind {
+    pub fn suffix(self) -> &'static str {
+        match self {
+            GroupKind::Prefill => "prefill",
+            GroupKind::Tbt => "tbt",
+        }
+    }
+}
+
+/// What the genai server puts into an input (contract §2.1, §3.1 suffix map).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputRole {
+    /// Raw uint16 rows of `embeddings.bin` (not quantised by the runtime).
+    Embeddings,
+    /// Raw uint8 `[token][head][key]` 1/0 mask.
+    AttentionMask,
+    PeQCos,
+    PeQSin,
+    PeKCos,
+    PeKSin,
+    /// Learned-position models (GPT-2 family): float32 absolute position per row.
+    PositionIds,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IoDescription {
+    pub name: String,
+    /// Role for inputs; `None` for outputs and unknown inputs.
+    pub role: Option<InputRole>,
+    /// Host shape (height, width, features).
+    pub shape: [usize; 3],
+    /// Type the host buffer has (after the server's FLOAT32 overrides, contract §2.1).
+    pub host_dtype: DType,
+    /// Type on the device side of the edge.
+    pub device_dtype: DType,
+    pub quant: QuantInfo,
+}
+
+impl IoDescription {
+    pub fn elements(&self) -> usize {
+        self.shape[0] * self.shape[1] * self.shape[2]
+    }
+}
+
+/// Direction of a cache edge, from the core's point of view (contract §1.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheDirection {
+    /// H2D: the core reads the cache.
+    Input,
+    /// D2H: the core writes the cache.
+    Output,
+}
+
+/// Whether a cache holds keys or values, when the device knows (the emulator does; a HEF may
+/// only say it through layer names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheKind {
+    K,
+    V,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheEdgeDescription {
+    pub cache_id: u32,
+    pub direction: CacheDirection,
+    /// `E`: bytes of one entry as streamed (contract §1.2).
+    pub entry_size: usize,
+    /// `Ep`: slot stride in the ring.
+    pub padded_entry_size: usize,
+    /// Entries read (input) or written (output) per run.
+    pub length: usize,
+    /// Bytes per element (1 or 2).
+    pub data_bytes: usize,
+    /// Declared numeric info of the edge (from the HEF; HailoRT itself never reads it).
+    pub quant: QuantInfo,
+    /// Declared memory order, if the device says (a HEF's format code; the emulator does not
+    /// reveal its layout faults here, as a real HEF would not).
+    pub format: Option<String>,
+    /// Layer and K/V role, when known.
+    pub layer: Option<usize>,
+    pub kind: Option<CacheKind>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupDescription {
+    pub name: String,
+    pub kind: GroupKind,
+    /// Token rows per run (`P` for prefill, 1 for tbt).
+    pub rows: usize,
+    pub inputs: Vec<IoDescription>,
+    pub outputs: Vec<IoDescription>,
+    pub cache_edges: Vec<CacheEdgeDescription>,
+    /// Extra debug outputs exposing what the graph read from the cache (by cache_id).
+    #[serde(default)]
+    pub taps: Vec<u32>,
+}
+
+/// Model-level numbers the driver needs (hailo-config.json `pre_process_params`, or the
+/// reference model's config for the emulator).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelShape {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// RoPE theta vector (length `head_dim`), `None` for learned positions.
+    pub rope_theta: Option<Vec<f32>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceDescription {
+    /// "emulator" or "hailo".
+    pub backend: String,
+    /// Model scope, e.g. `smollm2` for groups `smollm2__prefill` / `smollm2__tbt`.
+    pub model_name: String,
+    /// `L`: entries per ring, equal for every cache.
+    pub cache_len: usize,
+    /// `P`: prefill rows.
+    pub prefill_len: usize,
+    pub shape: ModelShape,
+    pub groups: Vec<GroupDescription>,
+}
+
+impl DeviceDescription {
+    pub fn group(&self, kind: GroupKind) -> Option<&GroupDescription> {
+        self.groups.iter().find(|g| g.kind == kind)
+    }
+}

@@ -1,0 +1,51 @@
+//! The emulator's manifest: everything needed to reproduce a sim run exactly.
+
+use crate::device::{GroupKind, Layout, QuantInfo};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimManifest {
+    pub schema_version: u32,
+    /// Model identity (path as given, sha256 of the weights file(s)) the manifest was made for.
+    pub model: ModelIdentity,
+    pub cache_len: usize,
+    pub prefill_len: usize,
+    /// "uint8" | "uint16" | "none"
+    pub cache_quant: String,
+    /// "un-expanded" | "expanded"
+    pub cache_heads: String,
+    /// "f32" | "int8"
+    pub weights: String,
+    /// Whether graph taps are exposed.
+    pub taps: bool,
+    /// Layout per (group, cache kind or edge) actually used by the emulated compile.
+    pub layouts: Vec<EdgeLayout>,
+    /// Calibration prompts (never the probed prompt).
+    pub calibration_prompts: Vec<String>,
+    /// Quant infos of every edge, by name (cache edges `prefill/k3/out` etc.).
+    pub quant: Vec<NamedQuant>,
+    /// Faults exactly as given on the command line, in order.
+    pub faults: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelIdentity {
+    pub path: String,
+    pub sha256: String,
+    pub architecture: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EdgeLayout {
+    pub group: GroupKind,
+    pub cache_id: u32,
+    /// "input" (read side) or "output" (write side)
+    pub direction: String,
+    pub layout: Layout,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NamedQuant {
+    pub name: String,
+    pub quant: QuantInfo,
+}
