@@ -4,9 +4,11 @@
 //! `results.json` without linking models, devices or probes.
 
 pub mod device;
+pub mod findings;
 pub mod manifest;
 
 pub use device::*;
+pub use findings::*;
 pub use manifest::*;
 
 /// Version of the on-disk artefact format (`results.json`, sim manifests).
