@@ -1,1 +1,30 @@
-//! skeleton
+//! kvprobe-reference: float32 reference models (Llama family, GPT-2 family) on candle-core.
+//!
+//! Everything here is the ground truth the probes compare an NPU against, so every path (full
+//! forward, KV steps, emulator graph runs) goes through one engine, [`Model::run_graph`].
+
+pub mod config;
+pub mod error;
+pub mod gguf;
+pub mod gguf_tokenizer;
+pub mod graph;
+pub mod kv;
+pub mod model;
+pub mod tokenizer;
+
+pub use config::{Family, ModelConfig};
+pub use error::{Error, Result};
+pub use graph::{GraphInput, GraphOptions, GraphOutput, PositionInput};
+pub use kv::{KeySet, KvState, LayerKv};
+pub use model::{ForwardOptions, ForwardOutput, Model};
+pub use tokenizer::TextTokenizer;
+
+/// Weights by canonical Hugging Face tensor name, already f32 (GGUF dequantised, q/k un-permuted).
+pub type Weights = std::collections::HashMap<String, candle_core::Tensor>;
+
+/// What a loader (HF folder or GGUF file) produces; [`Model::from_parts`] turns it into a model.
+pub struct LoadedParts {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    pub tokenizer: TextTokenizer,
+}

@@ -1,0 +1,42 @@
+//! Model hyper-parameters shared by the Llama and GPT-2 code paths (design.md "reference crate API").
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Family {
+    /// Llama, SmolLM/SmolLM2, Mistral, Qwen2: RMSNorm, RoPE, GQA, SwiGLU.
+    Llama,
+    /// GPT-2, distilgpt2: learned positions, LayerNorm, GELU (tanh), Conv1D.
+    Gpt2,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelConfig {
+    pub family: Family,
+    /// e.g. "LlamaForCausalLM", "gguf:llama".
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    pub norm_eps: f64,
+    /// Llama only.
+    pub rope_theta: f64,
+    /// Context limit (n_positions / max_position_embeddings / GGUF context_length).
+    pub max_position: usize,
+    pub tie_embeddings: bool,
+    pub qkv_bias: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<u32>,
+    pub add_bos: bool,
+}
+
+impl ModelConfig {
+    /// Query heads served by one KV head.
+    pub fn n_rep(&self) -> usize {
+        self.n_heads / self.n_kv_heads.max(1)
+    }
+}

@@ -1,0 +1,565 @@
+//! GGUF loading: llama-architecture files into f32 weights under canonical Hugging Face names, a
+//! [`ModelConfig`] from `llama.*` metadata and a tokenizer from `tokenizer.ggml.*` metadata.
+//!
+//! Everything is dequantised once at load (issue 2: "Everything float32 on dequantised weights").
+//! llama.cpp's HF→GGUF converter reorders the rows of `attn_q` / `attn_k` inside every head so that
+//! RoPE rotates adjacent pairs (x[2i], x[2i+1]); our forward uses HF's rotate_half, which pairs
+//! (x[i], x[i + hd/2]). [`unpermute_rows`] restores the HF order.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::GgmlDType;
+use candle_core::{Device, Tensor};
+
+use crate::error::one_line;
+use crate::{Error, Family, LoadedParts, ModelConfig, Result, Weights};
+
+/// Load a `.gguf` file (llama architecture) into config, f32 weights (HF names) and tokenizer.
+pub fn load(path: &Path) -> Result<LoadedParts> {
+    let file = File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::NotFound {
+            path: path.to_path_buf(),
+        },
+        _ => Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        },
+    })?;
+    let mut reader = BufReader::new(file);
+    let content = read_header(&mut reader, path)?;
+    let meta = Meta {
+        map: &content.metadata,
+        path,
+    };
+    let arch = meta.string("general.architecture")?;
+    if arch != "llama" {
+        return Err(Error::Unsupported {
+            path: path.to_path_buf(),
+            what: format!(
+                "GGUF architecture `{arch}` (only `llama` is supported); use a llama-architecture GGUF or the model's Hugging Face folder"
+            ),
+        });
+    }
+    let config = config_from_meta(&meta, &content)?;
+    let weights = load_weights(&mut reader, &content, &config, path)?;
+    let tokenizer = crate::gguf_tokenizer::from_metadata(&content.metadata, path)?;
+    Ok(LoadedParts {
+        config,
+        weights,
+        tokenizer,
+    })
+}
+
+fn read_header(reader: &mut BufReader<File>, path: &Path) -> Result<Content> {
+    // Check the magic ourselves: candle's message for a wrong magic does not say "not GGUF".
+    let mut magic = [0u8; 4];
+    let got = read_up_to(reader, &mut magic).map_err(|e| Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    if got < 4 || &magic != b"GGUF" {
+        return Err(Error::Format {
+            path: path.to_path_buf(),
+            detail: "not a GGUF file (no `GGUF` magic); pass a .gguf file or a Hugging Face model folder".into(),
+        });
+    }
+    reader.seek(SeekFrom::Start(0)).map_err(|e| Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    Content::read(reader).map_err(|e| header_error(e, path))
+}
+
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+fn header_error(e: candle_core::Error, path: &Path) -> Error {
+    let msg = one_line(&e.to_string());
+    if let Some(type_id) = msg
+        .strip_prefix("unknown dtype for tensor ")
+        .and_then(|s| s.trim().parse::<u32>().ok())
+    {
+        let tensor = header_scan::tensor_with_type(path, type_id).unwrap_or_else(|| "?".into());
+        return Error::Unsupported {
+            path: path.to_path_buf(),
+            what: format!(
+                "tensor `{tensor}` has ggml type {} ; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K; re-quantise the model to one of these (or F16)",
+                header_scan::type_name(type_id)
+            ),
+        };
+    }
+    let truncated = is_eof(&e) || msg.contains("remaining");
+    Error::Format {
+        path: path.to_path_buf(),
+        detail: if truncated {
+            "truncated GGUF header (file ends early); the download is incomplete, fetch the file again (scripts/fetch-model.sh for SmolLM2)".into()
+        } else {
+            format!("corrupt GGUF header ({msg}); fetch the file again")
+        },
+    }
+}
+
+fn is_eof(e: &candle_core::Error) -> bool {
+    match e {
+        candle_core::Error::Io(io) => io.kind() == std::io::ErrorKind::UnexpectedEof,
+        candle_core::Error::WithBacktrace { inner, .. } => is_eof(inner),
+        candle_core::Error::Context { inner, .. } => is_eof(inner),
+        candle_core::Error::WithPath { inner, .. } => is_eof(inner),
+        _ => false,
+    }
+}
+
+/// Lenient metadata access: GGUF writers differ in which integer/float width they store, and
+/// candle's typed getters reject any but the exact one (dependency notes).
+pub(crate) struct Meta<'a> {
+    pub map: &'a HashMap<String, Value>,
+    pub path: &'a Path,
+}
+
+impl Meta<'_> {
+    fn missing(&self, key: &str) -> Error {
+        Error::Format {
+            path: self.path.to_path_buf(),
+            detail: format!("GGUF metadata `{key}` is missing or has the wrong type; the file is not a complete llama GGUF, convert it again"),
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.map.get(key)
+    }
+
+    pub fn opt_i64(&self, key: &str) -> Option<i64> {
+        self.get(key).and_then(value_i64)
+    }
+
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        self.opt_i64(key)
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| self.missing(key))
+    }
+
+    pub fn opt_f64(&self, key: &str) -> Option<f64> {
+        match self.get(key)? {
+            Value::F32(v) => Some(*v as f64),
+            Value::F64(v) => Some(*v),
+            other => value_i64(other).map(|v| v as f64),
+        }
+    }
+
+    pub fn opt_bool(&self, key: &str) -> Option<bool> {
+        match self.get(key)? {
+            Value::Bool(b) => Some(*b),
+            other => value_i64(other).map(|v| v != 0),
+        }
+    }
+
+    pub fn string(&self, key: &str) -> Result<String> {
+        self.opt_string(key).ok_or_else(|| self.missing(key))
+    }
+
+    pub fn opt_string(&self, key: &str) -> Option<String> {
+        match self.get(key)? {
+            Value::String(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+}
+
+pub(crate) fn value_i64(v: &Value) -> Option<i64> {
+    Some(match v {
+        Value::U8(x) => *x as i64,
+        Value::I8(x) => *x as i64,
+        Value::U16(x) => *x as i64,
+        Value::I16(x) => *x as i64,
+        Value::U32(x) => *x as i64,
+        Value::I32(x) => *x as i64,
+        Value::U64(x) => i64::try_from(*x).ok()?,
+        Value::I64(x) => *x,
+        Value::Bool(b) => *b as i64,
+        _ => return None,
+    })
+}
+
+fn config_from_meta(meta: &Meta<'_>, content: &Content) -> Result<ModelConfig> {
+    let path = meta.path;
+    let hidden_size = meta.usize("llama.embedding_length")?;
+    let n_heads = meta.usize("llama.attention.head_count")?;
+    let n_kv_heads = meta
+        .opt_i64("llama.attention.head_count_kv")
+        .map(|v| v as usize)
+        .unwrap_or(n_heads);
+    if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        return Err(Error::Format {
+            path: path.to_path_buf(),
+            detail: format!("GGUF head counts {n_heads} / {n_kv_heads} (kv) are inconsistent; convert the model again"),
+        });
+    }
+    let head_dim = match meta.opt_i64("llama.attention.key_length") {
+        Some(k) => k as usize,
+        None => hidden_size / n_heads,
+    };
+    if let Some(rd) = meta.opt_i64("llama.rope.dimension_count") {
+        if rd as usize != head_dim {
+            return Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                what: format!("partial RoPE (rope dimension {rd} < head dim {head_dim}); use a model that rotates the whole head"),
+            });
+        }
+    }
+    if meta.opt_string("llama.rope.scaling.type").is_some_and(|s| s != "none") {
+        return Err(Error::Unsupported {
+            path: path.to_path_buf(),
+            what: "RoPE scaling (llama.rope.scaling.type); use a model without RoPE scaling".into(),
+        });
+    }
+    // The embedding table is the authority on the vocabulary (llama.vocab_size is optional).
+    let vocab_size = match content.tensor_infos.get("token_embd.weight") {
+        Some(info) => info.shape.dims()[0],
+        None => {
+            return Err(Error::MissingTensor {
+                path: path.to_path_buf(),
+                name: "token_embd.weight".into(),
+            })
+        }
+    };
+    let tokenizer_model = meta.opt_string("tokenizer.ggml.model").unwrap_or_default();
+    // llama.cpp's defaults when the key is absent: SentencePiece vocabularies add BOS, BPE ones do not.
+    let add_bos = meta
+        .opt_bool("tokenizer.ggml.add_bos_token")
+        .unwrap_or(tokenizer_model == "llama");
+    let qkv_bias = content.tensor_infos.contains_key("blk.0.attn_q.bias");
+    Ok(ModelConfig {
+        family: Family::Llama,
+        architecture: "gguf:llama".into(),
+        vocab_size,
+        hidden_size,
+        n_layers: meta.usize("llama.block_count")?,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        intermediate_size: meta.usize("llama.feed_forward_length")?,
+        norm_eps: meta
+            .opt_f64("llama.attention.layer_norm_rms_epsilon")
+            .ok_or_else(|| meta.missing("llama.attention.layer_norm_rms_epsilon"))?,
+        rope_theta: meta.opt_f64("llama.rope.freq_base").unwrap_or(10_000.0),
+        max_position: meta.usize("llama.context_length")?,
+        tie_embeddings: !content.tensor_infos.contains_key("output.weight"),
+        qkv_bias,
+        bos_token_id: meta.opt_i64("tokenizer.ggml.bos_token_id").map(|v| v as u32),
+        eos_token_id: meta.opt_i64("tokenizer.ggml.eos_token_id").map(|v| v as u32),
+        add_bos,
+    })
+}
+
+/// Canonical HF name of a llama-architecture GGUF tensor; None for tensors the forward does not use
+/// (e.g. `rope_freqs`).
+pub fn hf_name(gguf: &str) -> Option<String> {
+    match gguf {
+        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
+        "output_norm.weight" => return Some("model.norm.weight".into()),
+        "output.weight" => return Some("lm_head.weight".into()),
+        _ => {}
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (part, kind) = rest.rsplit_once('.')?;
+    if kind != "weight" && kind != "bias" {
+        return None;
+    }
+    let hf = match part {
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{kind}"))
+}
+
+/// Undo llama.cpp's converter permutation of q/k rows (weights `[rows, in]` or biases `[rows]`).
+///
+/// The converter maps, inside each head of `hd` rows, HF row `half * hd/2 + i` (half ∈ {0,1},
+/// i < hd/2) to file row `2 * i + half`, i.e. reshape `[heads, 2, hd/2]` → swap the two inner axes.
+/// The inverse therefore reads the file rows as `[heads, hd/2, 2]` and swaps them back.
+pub fn unpermute_rows(t: &Tensor, n_heads: usize) -> candle_core::Result<Tensor> {
+    let dims = t.dims().to_vec();
+    let rows = dims[0];
+    let hd = rows / n_heads;
+    let rest: Vec<usize> = dims[1..].to_vec();
+    let mut split = vec![n_heads, hd / 2, 2];
+    split.extend_from_slice(&rest);
+    t.reshape(split)?.transpose(1, 2)?.contiguous()?.reshape(dims)
+}
+
+fn load_weights(
+    reader: &mut BufReader<File>,
+    content: &Content,
+    config: &ModelConfig,
+    path: &Path,
+) -> Result<Weights> {
+    let file_len = reader
+        .seek(SeekFrom::End(0))
+        .map_err(|e| Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    // File order keeps the reads sequential.
+    names.sort_by_key(|n| content.tensor_infos[*n].offset);
+    let mut weights = Weights::new();
+    for gguf_name in names {
+        let Some(hf) = hf_name(gguf_name) else {
+            continue;
+        };
+        let info = &content.tensor_infos[gguf_name];
+        check_type(info.ggml_dtype, gguf_name, path)?;
+        let elems = info.shape.elem_count();
+        let bytes = (elems / info.ggml_dtype.block_size()) as u64 * info.ggml_dtype.type_size() as u64;
+        if content.tensor_data_offset + info.offset + bytes > file_len {
+            return Err(Error::Format {
+                path: path.to_path_buf(),
+                detail: format!(
+                    "truncated GGUF: tensor `{gguf_name}` ends past the end of the file; the download is incomplete, fetch the file again (scripts/fetch-model.sh for SmolLM2)"
+                ),
+            });
+        }
+        let q = info
+            .read(reader, content.tensor_data_offset, &Device::Cpu)
+            .map_err(|e| bad_tensor(path, gguf_name, &e))?;
+        let mut t = q
+            .dequantize(&Device::Cpu)
+            .map_err(|e| bad_tensor(path, gguf_name, &e))?;
+        if gguf_name.contains(".attn_q.") {
+            t = unpermute_rows(&t, config.n_heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
+        } else if gguf_name.contains(".attn_k.") {
+            t = unpermute_rows(&t, config.n_kv_heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
+        }
+        weights.insert(hf, t);
+    }
+    check_complete(&weights, config, path)?;
+    Ok(weights)
+}
+
+fn check_type(dtype: GgmlDType, name: &str, path: &Path) -> Result<()> {
+    use GgmlDType::*;
+    match dtype {
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K => Ok(()),
+        // Q8_1 / Q8K are llama.cpp's internal activation formats, never meant to be stored.
+        other => Err(Error::Unsupported {
+            path: path.to_path_buf(),
+            what: format!(
+                "tensor `{name}` has ggml type {other:?}; re-quantise the model to F16, Q8_0, Q4_0, Q4_1 or a K-quant"
+            ),
+        }),
+    }
+}
+
+fn bad_tensor(path: &Path, name: &str, e: &candle_core::Error) -> Error {
+    Error::BadTensor {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        detail: format!("could not be read ({})", one_line(&e.to_string())),
+    }
+}
+
+/// Every tensor the forward needs must be present with the shape the metadata implies.
+fn check_complete(w: &Weights, c: &ModelConfig, path: &Path) -> Result<()> {
+    let (h, hd, f) = (c.hidden_size, c.head_dim, c.intermediate_size);
+    let mut want: Vec<(String, Vec<usize>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![c.vocab_size, h]),
+        ("model.norm.weight".into(), vec![h]),
+    ];
+    if !c.tie_embeddings {
+        want.push(("lm_head.weight".into(), vec![c.vocab_size, h]));
+    }
+    for l in 0..c.n_layers {
+        let p = format!("model.layers.{l}.");
+        want.push((format!("{p}self_attn.q_proj.weight"), vec![c.n_heads * hd, h]));
+        want.push((format!("{p}self_attn.k_proj.weight"), vec![c.n_kv_heads * hd, h]));
+        want.push((format!("{p}self_attn.v_proj.weight"), vec![c.n_kv_heads * hd, h]));
+        want.push((format!("{p}self_attn.o_proj.weight"), vec![h, c.n_heads * hd]));
+        want.push((format!("{p}mlp.gate_proj.weight"), vec![f, h]));
+        want.push((format!("{p}mlp.up_proj.weight"), vec![f, h]));
+        want.push((format!("{p}mlp.down_proj.weight"), vec![h, f]));
+        want.push((format!("{p}input_layernorm.weight"), vec![h]));
+        want.push((format!("{p}post_attention_layernorm.weight"), vec![h]));
+        if c.qkv_bias {
+            want.push((format!("{p}self_attn.q_proj.bias"), vec![c.n_heads * hd]));
+            want.push((format!("{p}self_attn.k_proj.bias"), vec![c.n_kv_heads * hd]));
+            want.push((format!("{p}self_attn.v_proj.bias"), vec![c.n_kv_heads * hd]));
+        }
+    }
+    for (name, shape) in want {
+        match w.get(&name) {
+            None => {
+                return Err(Error::MissingTensor {
+                    path: path.to_path_buf(),
+                    name: gguf_name_of(&name),
+                })
+            }
+            Some(t) if t.dims() != shape.as_slice() => {
+                return Err(Error::BadTensor {
+                    path: path.to_path_buf(),
+                    name: gguf_name_of(&name),
+                    detail: format!("has shape {:?}, the metadata implies {shape:?}", t.dims()),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// For error messages: the name the user would see in GGUF tooling.
+fn gguf_name_of(hf: &str) -> String {
+    let direct = [
+        ("model.embed_tokens.weight", "token_embd.weight"),
+        ("model.norm.weight", "output_norm.weight"),
+        ("lm_head.weight", "output.weight"),
+    ];
+    for (h, g) in direct {
+        if hf == h {
+            return g.into();
+        }
+    }
+    let pairs = [
+        ("self_attn.q_proj", "attn_q"),
+        ("self_attn.k_proj", "attn_k"),
+        ("self_attn.v_proj", "attn_v"),
+        ("self_attn.o_proj", "attn_output"),
+        ("mlp.gate_proj", "ffn_gate"),
+        ("mlp.up_proj", "ffn_up"),
+        ("mlp.down_proj", "ffn_down"),
+        ("post_attention_layernorm", "ffn_norm"),
+        ("input_layernorm", "attn_norm"),
+    ];
+    let mut s = hf.replacen("model.layers.", "blk.", 1);
+    for (h, g) in pairs {
+        s = s.replacen(h, g, 1);
+    }
+    s
+}
+
+/// A minimal walk over the GGUF header, used only to name the tensor behind candle's
+/// "unknown dtype" error (candle stops before telling which tensor it was).
+mod header_scan {
+    use super::*;
+
+    pub fn type_name(id: u32) -> String {
+        let name = match id {
+            16 => "IQ2_XXS",
+            17 => "IQ2_XS",
+            18 => "IQ3_XXS",
+            19 => "IQ1_S",
+            20 => "IQ4_NL",
+            21 => "IQ3_S",
+            22 => "IQ2_S",
+            23 => "IQ4_XS",
+            24 => "I8",
+            25 => "I16",
+            26 => "I32",
+            27 => "I64",
+            28 => "F64",
+            29 => "IQ1_M",
+            34 => "TQ1_0",
+            35 => "TQ2_0",
+            _ => return format!("id {id}"),
+        };
+        format!("{name} (id {id})")
+    }
+
+    pub fn tensor_with_type(path: &Path, type_id: u32) -> Option<String> {
+        let mut r = BufReader::new(File::open(path).ok()?);
+        let mut s = Scan { r: &mut r };
+        if s.u32()? != u32::from_le_bytes(*b"GGUF") || s.u32()? < 2 {
+            return None;
+        }
+        let n_tensors = s.u64()?;
+        let n_kv = s.u64()?;
+        for _ in 0..n_kv {
+            s.string()?;
+            let t = s.u32()?;
+            s.skip_value(t, 0)?;
+        }
+        for _ in 0..n_tensors {
+            let name = s.string()?;
+            let nd = s.u32()?;
+            for _ in 0..nd {
+                s.u64()?;
+            }
+            let t = s.u32()?;
+            s.u64()?;
+            if t == type_id {
+                return Some(name);
+            }
+        }
+        None
+    }
+
+    struct Scan<'a> {
+        r: &'a mut BufReader<File>,
+    }
+
+    impl Scan<'_> {
+        fn bytes<const N: usize>(&mut self) -> Option<[u8; N]> {
+            let mut b = [0u8; N];
+            self.r.read_exact(&mut b).ok()?;
+            Some(b)
+        }
+        fn u32(&mut self) -> Option<u32> {
+            self.bytes::<4>().map(u32::from_le_bytes)
+        }
+        fn u64(&mut self) -> Option<u64> {
+            self.bytes::<8>().map(u64::from_le_bytes)
+        }
+        fn string(&mut self) -> Option<String> {
+            let n = self.u64()?;
+            if n > 1 << 24 {
+                return None;
+            }
+            let mut v = vec![0u8; n as usize];
+            self.r.read_exact(&mut v).ok()?;
+            Some(String::from_utf8_lossy(&v).into_owned())
+        }
+        fn skip_value(&mut self, t: u32, depth: u32) -> Option<()> {
+            let size: i64 = match t {
+                0 | 1 | 7 => 1,
+                2 | 3 => 2,
+                4 | 5 | 6 => 4,
+                10..=12 => 8,
+                8 => {
+                    let n = self.u64()?;
+                    i64::try_from(n).ok()?
+                }
+                9 if depth < 4 => {
+                    let it = self.u32()?;
+                    let n = self.u64()?;
+                    for _ in 0..n {
+                        self.skip_value(it, depth + 1)?;
+                    }
+                    0
+                }
+                _ => return None,
+            };
+            self.r.seek_relative(size).ok()
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Text <-> token ids, a thin wrapper over `tokenizers::Tokenizer` that owns the BOS decision.
+//!
+//! Encoding never runs the tokenizer's own post-processor: BOS is prepended here, explicitly, so the
+//! `--bos/--no-bos` switch means the same thing for HF folders and GGUF files.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{one_line, Error, Result};
+
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    add_bos: bool,
+    bos_id: Option<u32>,
+    source: PathBuf,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer")
+            .field("add_bos", &self.add_bos)
+            .field("bos_id", &self.bos_id)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl TextTokenizer {
+    /// Load a `tokenizer.json`. The BOS default is guessed from the file's post-processor (does it add
+    /// a leading special token?); HF loading overrides it with `tokenizer_config.json` when present.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        if !path.exists() {
+            return Err(Error::NotFound {
+                path: path.to_path_buf(),
+            });
+        }
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer {
+            path: path.to_path_buf(),
+            detail: format!(
+                "{}; replace tokenizer.json with the model's original file",
+                one_line(&e.to_string())
+            ),
+        })?;
+        let (add_bos, bos_id) = detect_bos(&inner);
+        let mut t = Self::from_tokenizer(inner, add_bos, bos_id);
+        t.source = path.to_path_buf();
+        Ok(t)
+    }
+
+    pub fn from_tokenizer(
+        inner: tokenizers::Tokenizer,
+        add_bos: bool,
+        bos_id: Option<u32>,
+    ) -> Self {
+        Self {
+            inner,
+            add_bos,
+            bos_id,
+            source: PathBuf::from("(in-memory tokenizer)"),
+        }
+    }
+
+    /// Encode without the tokenizer's post-processor; prepend BOS when asked and known.
+    pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(|e| self.err(e))?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if add_bos {
+            if let Some(b) = self.bos_id {
+                ids.push(b);
+            }
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, false).map_err(|e| self.err(e))
+    }
+
+    /// The token's vocabulary string, or `<id N>` when the id is unknown.
+    pub fn token_text(&self, id: u32) -> String {
+        self.inner
+            .id_to_token(id)
+            .unwrap_or_else(|| format!("<id {id}>"))
+    }
+
+    pub fn default_add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    pub fn set_bos(&mut self, add_bos: bool, bos_id: Option<u32>) {
+        self.add_bos = add_bos;
+        if bos_id.is_some() {
+            self.bos_id = bos_id;
+        }
+    }
+
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    fn err(&self, e: tokenizers::Error) -> Error {
+        Error::Tokenizer {
+            path: self.source.clone(),
+            detail: one_line(&e.to_string()),
+        }
+    }
+}
+
+/// Does the post-processor add a leading token? Compare an encoding with and without special tokens.
+fn detect_bos(t: &tokenizers::Tokenizer) -> (bool, Option<u32>) {
+    let plain = t.encode("a", false).ok().map(|e| e.get_ids().to_vec());
+    let special = t.encode("a", true).ok().map(|e| e.get_ids().to_vec());
+    match (plain, special) {
+        (Some(p), Some(s)) if s.len() == p.len() + 1 && s[1..] == p[..] => {
+            (true, s.first().copied())
+        }
+        _ => (false, None),
+    }
+}
