@@ -218,7 +218,10 @@ fn config_from_meta(meta: &Meta<'_>, content: &Content) -> Result<ModelConfig> {
             });
         }
     }
-    if meta.opt_string("llama.rope.scaling.type").is_some_and(|s| s != "none") {
+    if meta
+        .opt_string("llama.rope.scaling.type")
+        .is_some_and(|s| s != "none")
+    {
         return Err(Error::Unsupported {
             path: path.to_path_buf(),
             what: "RoPE scaling (llama.rope.scaling.type); use a model without RoPE scaling".into(),
@@ -257,8 +260,12 @@ fn config_from_meta(meta: &Meta<'_>, content: &Content) -> Result<ModelConfig> {
         max_position: meta.usize("llama.context_length")?,
         tie_embeddings: !content.tensor_infos.contains_key("output.weight"),
         qkv_bias,
-        bos_token_id: meta.opt_i64("tokenizer.ggml.bos_token_id").map(|v| v as u32),
-        eos_token_id: meta.opt_i64("tokenizer.ggml.eos_token_id").map(|v| v as u32),
+        bos_token_id: meta
+            .opt_i64("tokenizer.ggml.bos_token_id")
+            .map(|v| v as u32),
+        eos_token_id: meta
+            .opt_i64("tokenizer.ggml.eos_token_id")
+            .map(|v| v as u32),
         add_bos,
     })
 }
@@ -306,7 +313,10 @@ pub fn unpermute_rows(t: &Tensor, n_heads: usize) -> candle_core::Result<Tensor>
     let rest: Vec<usize> = dims[1..].to_vec();
     let mut split = vec![n_heads, hd / 2, 2];
     split.extend_from_slice(&rest);
-    t.reshape(split)?.transpose(1, 2)?.contiguous()?.reshape(dims)
+    t.reshape(split)?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape(dims)
 }
 
 fn load_weights(
@@ -315,12 +325,10 @@ fn load_weights(
     config: &ModelConfig,
     path: &Path,
 ) -> Result<Weights> {
-    let file_len = reader
-        .seek(SeekFrom::End(0))
-        .map_err(|e| Error::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+    let file_len = reader.seek(SeekFrom::End(0)).map_err(|e| Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     // File order keeps the reads sequential.
     names.sort_by_key(|n| content.tensor_infos[*n].offset);
@@ -332,7 +340,8 @@ fn load_weights(
         let info = &content.tensor_infos[gguf_name];
         check_type(info.ggml_dtype, gguf_name, path)?;
         let elems = info.shape.elem_count();
-        let bytes = (elems / info.ggml_dtype.block_size()) as u64 * info.ggml_dtype.type_size() as u64;
+        let bytes =
+            (elems / info.ggml_dtype.block_size()) as u64 * info.ggml_dtype.type_size() as u64;
         if content.tensor_data_offset + info.offset + bytes > file_len {
             return Err(Error::Format {
                 path: path.to_path_buf(),
@@ -350,7 +359,8 @@ fn load_weights(
         if gguf_name.contains(".attn_q.") {
             t = unpermute_rows(&t, config.n_heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
         } else if gguf_name.contains(".attn_k.") {
-            t = unpermute_rows(&t, config.n_kv_heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
+            t = unpermute_rows(&t, config.n_kv_heads)
+                .map_err(|e| bad_tensor(path, gguf_name, &e))?;
         }
         weights.insert(hf, t);
     }
@@ -392,10 +402,22 @@ fn check_complete(w: &Weights, c: &ModelConfig, path: &Path) -> Result<()> {
     }
     for l in 0..c.n_layers {
         let p = format!("model.layers.{l}.");
-        want.push((format!("{p}self_attn.q_proj.weight"), vec![c.n_heads * hd, h]));
-        want.push((format!("{p}self_attn.k_proj.weight"), vec![c.n_kv_heads * hd, h]));
-        want.push((format!("{p}self_attn.v_proj.weight"), vec![c.n_kv_heads * hd, h]));
-        want.push((format!("{p}self_attn.o_proj.weight"), vec![h, c.n_heads * hd]));
+        want.push((
+            format!("{p}self_attn.q_proj.weight"),
+            vec![c.n_heads * hd, h],
+        ));
+        want.push((
+            format!("{p}self_attn.k_proj.weight"),
+            vec![c.n_kv_heads * hd, h],
+        ));
+        want.push((
+            format!("{p}self_attn.v_proj.weight"),
+            vec![c.n_kv_heads * hd, h],
+        ));
+        want.push((
+            format!("{p}self_attn.o_proj.weight"),
+            vec![h, c.n_heads * hd],
+        ));
         want.push((format!("{p}mlp.gate_proj.weight"), vec![f, h]));
         want.push((format!("{p}mlp.up_proj.weight"), vec![f, h]));
         want.push((format!("{p}mlp.down_proj.weight"), vec![h, f]));
@@ -543,7 +565,7 @@ mod header_scan {
             let size: i64 = match t {
                 0 | 1 | 7 => 1,
                 2 | 3 => 2,
-                4 | 5 | 6 => 4,
+                4..=6 => 4,
                 10..=12 => 8,
                 8 => {
                     let n = self.u64()?;

@@ -41,7 +41,9 @@ pub fn from_metadata(map: &HashMap<String, Value>, path: &Path) -> Result<TextTo
             ),
         });
     }
-    let pre = meta.opt_string("tokenizer.ggml.pre").unwrap_or_else(|| "default".into());
+    let pre = meta
+        .opt_string("tokenizer.ggml.pre")
+        .unwrap_or_else(|| "default".into());
     let pre_tokenizer = pre_tokenizer_for(&pre).ok_or_else(|| Error::Unsupported {
         path: path.to_path_buf(),
         what: format!(
@@ -73,7 +75,12 @@ pub fn from_metadata(map: &HashMap<String, Value>, path: &Path) -> Result<TextTo
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merge_pairs)
         .build()
-        .map_err(|e| err(format!("building BPE failed ({}); convert the GGUF again", one_line(&e.to_string()))))?;
+        .map_err(|e| {
+            err(format!(
+                "building BPE failed ({}); convert the GGUF again",
+                one_line(&e.to_string())
+            ))
+        })?;
 
     let mut tok = Tokenizer::new(bpe);
     tok.with_pre_tokenizer(Some(pre_tokenizer));
@@ -95,10 +102,13 @@ pub fn from_metadata(map: &HashMap<String, Value>, path: &Path) -> Result<TextTo
         .collect();
     tok.add_special_tokens(specials)
         .map_err(|e| err(one_line(&e.to_string())))?;
-    tok.add_tokens(user).map_err(|e| err(one_line(&e.to_string())))?;
+    tok.add_tokens(user)
+        .map_err(|e| err(one_line(&e.to_string())))?;
 
     // llama.cpp's default for BPE vocabularies when the key is absent: no BOS.
-    let add_bos = meta.opt_bool("tokenizer.ggml.add_bos_token").unwrap_or(false);
+    let add_bos = meta
+        .opt_bool("tokenizer.ggml.add_bos_token")
+        .unwrap_or(false);
     let bos = meta
         .opt_i64("tokenizer.ggml.bos_token_id")
         .and_then(|v| u32::try_from(v).ok());
