@@ -1,0 +1,49 @@
+//! The device contract, modelled on HailoRT's infer model for LLMs (contract §6.3) so the hardware
+//! backend stays thin.
+
+use std::collections::BTreeMap;
+
+use kvprobe_schema::{DeviceDescription, GroupKind};
+
+use crate::{Buffer, Result};
+
+/// What one run returns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunOutput {
+    /// The concatenated float32 outputs: one position's logits (contract §2.8).
+    pub logits: Vec<f32>,
+    /// Optional debug outputs: what the graph read from each cache, by cache_id, `[in][features]`
+    /// row-major (dequantised as the graph sees it).
+    pub taps: BTreeMap<u32, Vec<f32>>,
+}
+
+pub trait Device {
+    fn describe(&self) -> &DeviceDescription;
+
+    /// One run of a group with named host buffers (the server's formats, contract §2.1). Does not
+    /// move the read offset: the caller updates it before (contract §2.3).
+    fn run(&mut self, group: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput>;
+
+    /// Several runs of one group at the *current* read offset, one per input set. Rings are
+    /// written by every run; for tbt trials the write slot `R − 1` lies outside the next trial's
+    /// read window, so the trials are independent. The default loops over [`Device::run`].
+    fn run_batch(
+        &mut self,
+        group: GroupKind,
+        batch: &[Vec<(String, Buffer)>],
+    ) -> Result<Vec<RunOutput>> {
+        batch.iter().map(|inputs| self.run(group, inputs)).collect()
+    }
+
+    /// `init_cache(read_offset)`: requires `read_offset < L` (contract §1.6).
+    fn init_cache(&mut self, read_offset: u32) -> Result<()>;
+
+    /// `update_cache_offset(delta)`: `R ← (R + delta as u32) mod L` (contract §1.6).
+    fn update_cache_offset(&mut self, delta: i32) -> Result<()>;
+
+    /// `get_cache_buffers()`: `L × Ep` bytes per cache_id (contract §1.8).
+    fn cache_buffers(&mut self) -> Result<BTreeMap<u32, Vec<u8>>>;
+
+    /// `update_cache_buffer(cache_id, bytes)`: the whole ring, exactly `L × Ep` bytes (contract §1.8).
+    fn write_cache_buffer(&mut self, cache_id: u32, bytes: &[u8]) -> Result<()>;
+}

@@ -1,0 +1,593 @@
+//! The genai driver: always what the Hailo genai server does (contract §2), never a fault.
+//!
+//! Per run: update the host window (drop the oldest `n` rows, append the new ones, `U += n`),
+//! fill embeddings, mask and positions, `update_cache_offset(+n)`, then run (contract §2.3).
+//! Prefill chunks are remainder first, then full chunks of `P`; the prefill embeddings input is the
+//! whole `P`-row window (older rows recomputed, new rows right-aligned, contract §2.4).
+
+use candle_core::Tensor;
+use kvprobe_schema::{
+    DType, DeviceDescription, GroupDescription, GroupKind, InputRole, IoDescription,
+};
+
+use crate::mask::{encode_per_head, encode_tiled, ring_rows, tbt_row, MaskMode};
+use crate::quant::{quantize_u16, quantize_u8};
+use crate::{Buffer, Device, Error, Result, RunOutput};
+
+/// Rows of `embeddings.bin` in the embeddings input's domain (contract §2.11): uint16 codes for a
+/// quantised input, or float rows when the device declares a float embeddings input (the
+/// emulator's `--sim-quant none`).
+#[derive(Debug, Clone)]
+pub struct EmbeddingTable {
+    rows: usize,
+    features: usize,
+    data: TableData,
+}
+
+#[derive(Debug, Clone)]
+enum TableData {
+    U16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+impl EmbeddingTable {
+    /// Quantise a float `[rows, features]` matrix through the prefill embeddings input's quant
+    /// info (what the compiler does when it writes `embeddings.bin`).
+    pub fn from_float(
+        matrix: &[f32],
+        rows: usize,
+        features: usize,
+        input: &IoDescription,
+    ) -> Result<Self> {
+        if matrix.len() != rows * features {
+            return Err(Error::InvalidArgument(format!(
+                "embedding matrix has {} values, expected {rows} × {features}",
+                matrix.len()
+            )));
+        }
+        let data = match input.host_dtype {
+            DType::U16 => TableData::U16(
+                matrix
+                    .iter()
+                    .map(|&x| quantize_u16(x, &input.quant))
+                    .collect(),
+            ),
+            DType::F32 => TableData::F32(matrix.to_vec()),
+            DType::U8 => return Err(Error::Device(format!(
+                "embeddings input `{}` is uint8; the genai server requires UINT16 (contract §2.1)",
+                input.name
+            ))),
+        };
+        Ok(EmbeddingTable {
+            rows,
+            features,
+            data,
+        })
+    }
+
+    /// From a candle `[vocab, hidden]` tensor (the reference model's embedding table).
+    pub fn from_tensor(t: &Tensor, input: &IoDescription) -> Result<Self> {
+        let (rows, features) = t.dims2()?;
+        let v: Vec<f32> = t.flatten_all()?.to_vec1()?;
+        Self::from_float(&v, rows, features, input)
+    }
+
+    /// `embeddings.bin` as shipped: row-major native-endian uint16, `rows = bytes / 2F`.
+    pub fn from_raw(bytes: &[u8], features: usize) -> Result<Self> {
+        if features == 0 || bytes.len() % (2 * features) != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "embeddings.bin of {} bytes is not a whole number of {features}-feature uint16 rows",
+                bytes.len()
+            )));
+        }
+        let codes: Vec<u16> = bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_ne_bytes([c[0], c[1]]))
+            .collect();
+        Ok(EmbeddingTable {
+            rows: bytes.len() / (2 * features),
+            features,
+            data: TableData::U16(codes),
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn features(&self) -> usize {
+        self.features
+    }
+    pub fn is_float(&self) -> bool {
+        matches!(self.data, TableData::F32(_))
+    }
+}
+
+/// The host window of the last `P` embedding rows (contract §2.4).
+#[derive(Debug, Clone)]
+enum Window {
+    U16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+/// Everything the server keeps on the host between runs.
+#[derive(Debug, Clone)]
+pub struct HostState {
+    window: Window,
+    /// Position id of each window row (stale/0 for rows never filled).
+    window_pos: Vec<u64>,
+    /// `U`: cache_usage_size, tokens processed so far.
+    usage: usize,
+    /// The position counter: absolute position of the next token.
+    position: u64,
+}
+
+/// Input names per role of one group.
+#[derive(Debug, Clone)]
+struct GroupInputs {
+    rows: usize,
+    embeddings: IoDescription,
+    mask: IoDescription,
+    pe: Option<[String; 4]>, // q_cos, q_sin, k_cos, k_sin
+    position_ids: Option<String>,
+}
+
+fn find_role<'a>(g: &'a GroupDescription, role: InputRole) -> Option<&'a IoDescription> {
+    g.inputs.iter().find(|i| i.role == Some(role))
+}
+
+impl GroupInputs {
+    fn new(g: &GroupDescription) -> Result<GroupInputs> {
+        let need = |role: InputRole, what: &str| {
+            find_role(g, role).cloned().ok_or_else(|| {
+                Error::Device(format!(
+                    "group `{}` has no {what} input; the genai server needs one (contract §3.1)",
+                    g.name
+                ))
+            })
+        };
+        let embeddings = need(InputRole::Embeddings, "embeddings")?;
+        let mask = need(InputRole::AttentionMask, "attention mask")?;
+        let pe_roles = [
+            InputRole::PeQCos,
+            InputRole::PeQSin,
+            InputRole::PeKCos,
+            InputRole::PeKSin,
+        ];
+        let pe = if pe_roles.iter().all(|&r| find_role(g, r).is_some()) {
+            Some(pe_roles.map(|r| find_role(g, r).map(|i| i.name.clone()).unwrap_or_default()))
+        } else {
+            None
+        };
+        let position_ids = find_role(g, InputRole::PositionIds).map(|i| i.name.clone());
+        if pe.is_none() && position_ids.is_none() {
+            return Err(Error::Device(format!(
+                "group `{}` has neither the four pe_* RoPE inputs nor a position-ids input",
+                g.name
+            )));
+        }
+        Ok(GroupInputs {
+            rows: g.rows,
+            embeddings,
+            mask,
+            pe,
+            position_ids,
+        })
+    }
+}
+
+/// The genai server's host side, device-independent.
+pub struct Driver {
+    cache_len: usize,
+    prefill_len: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    /// RoPE theta vector of length D (contract §2.6), `None` for learned positions.
+    theta: Option<Vec<f32>>,
+    m1: u8,
+    features: usize,
+    table: EmbeddingTable,
+    prefill: GroupInputs,
+    tbt: Option<GroupInputs>,
+    state: HostState,
+    saved: Option<HostState>,
+    mask_buf: Vec<u8>,
+}
+
+/// RoPE theta vector in the HF rotate_half convention: `[inv_freq, inv_freq]`.
+pub fn theta_from_inv_freq(inv_freq: &[f32]) -> Vec<f32> {
+    inv_freq.iter().chain(inv_freq.iter()).copied().collect()
+}
+
+impl Driver {
+    pub fn new(desc: &DeviceDescription, table: EmbeddingTable) -> Result<Driver> {
+        let pg = desc.group(GroupKind::Prefill).ok_or_else(|| {
+            Error::Device(format!("device `{}` has no prefill group", desc.model_name))
+        })?;
+        let prefill = GroupInputs::new(pg)?;
+        let tbt = desc
+            .group(GroupKind::Tbt)
+            .map(GroupInputs::new)
+            .transpose()?;
+        let (l, p) = (desc.cache_len, desc.prefill_len);
+        if p == 0 || p >= l {
+            return Err(Error::Geometry(format!(
+                "prefill rows P = {p} must be at least 1 and below the cache length L = {l}"
+            )));
+        }
+        if prefill.rows != p {
+            return Err(Error::Device(format!(
+                "prefill group has {} rows but the device says P = {p}",
+                prefill.rows
+            )));
+        }
+        // contract §2.1: F = features of the prefill embeddings input; M1 = q(1.0) through the
+        // prefill mask input's quant info, reused for tbt.
+        let features = prefill.embeddings.shape[2];
+        if table.features != features {
+            return Err(Error::InvalidArgument(format!(
+                "embedding table has {} features, the prefill embeddings input has {features}",
+                table.features
+            )));
+        }
+        let want_float = prefill.embeddings.host_dtype == DType::F32;
+        if table.is_float() != want_float {
+            return Err(Error::InvalidArgument(
+                "embedding table type does not match the embeddings input (uint16 codes vs float rows); build it with EmbeddingTable::from_float against this device".into(),
+            ));
+        }
+        let m1 = quantize_u8(1.0, &prefill.mask.quant);
+        let window = if want_float {
+            Window::F32(vec![0.0; p * features])
+        } else {
+            // The server's matrix is uninitialised on first use; we start from raw zeros.
+            Window::U16(vec![0; p * features])
+        };
+        Ok(Driver {
+            cache_len: l,
+            prefill_len: p,
+            n_heads: desc.shape.n_heads,
+            n_kv_heads: desc.shape.n_kv_heads,
+            theta: desc.shape.rope_theta.clone(),
+            m1,
+            features,
+            table,
+            prefill,
+            tbt,
+            state: HostState {
+                window,
+                window_pos: vec![0; p],
+                usage: 0,
+                position: 0,
+            },
+            saved: None,
+            mask_buf: Vec::new(),
+        })
+    }
+
+    pub fn cache_len(&self) -> usize {
+        self.cache_len
+    }
+    pub fn prefill_len(&self) -> usize {
+        self.prefill_len
+    }
+    /// `U`: tokens processed since the last reset (grows past `L`, contract §2.9).
+    pub fn usage(&self) -> usize {
+        self.state.usage
+    }
+    /// Absolute position the next token gets.
+    pub fn position(&self) -> u64 {
+        self.state.position
+    }
+    /// Position ids of the host window rows, oldest first.
+    pub fn window_positions(&self) -> &[u64] {
+        &self.state.window_pos
+    }
+    /// The allowed mask value (contract §2.1).
+    pub fn m1(&self) -> u8 {
+        self.m1
+    }
+    pub fn host_state(&self) -> HostState {
+        self.state.clone()
+    }
+    pub fn set_host_state(&mut self, s: HostState) {
+        self.state = s;
+    }
+
+    /// Reset as the server's "clear context": `init_cache(0)`, `U = 0`, position counter 0. The host
+    /// window and the ring bytes are NOT cleared (contract §2.10).
+    pub fn reset(&mut self, dev: &mut dyn Device) -> Result<()> {
+        dev.init_cache(0)?;
+        self.state.usage = 0;
+        self.state.position = 0;
+        self.saved = None;
+        Ok(())
+    }
+
+    /// Prefill a prompt: remainder chunk first, then full chunks (contract §2.3). Returns the last
+    /// chunk's output (one position's logits). A prompt of `L` tokens or more is refused.
+    pub fn prefill(&mut self, dev: &mut dyn Device, ids: &[u32]) -> Result<RunOutput> {
+        if ids.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        if ids.len() >= self.cache_len {
+            return Err(Error::PromptTooLong {
+                tokens: ids.len(),
+                cache_len: self.cache_len,
+            });
+        }
+        self.check_ids(ids)?;
+        let p = self.prefill_len;
+        let r = ids.len() % p;
+        let mut chunks: Vec<&[u32]> = Vec::new();
+        if r > 0 {
+            chunks.push(&ids[..r]);
+        }
+        chunks.extend(ids[r..].chunks(p));
+        let mut out = RunOutput::default();
+        for c in chunks {
+            out = self.run_prefill_chunk(dev, c)?;
+        }
+        self.saved = None;
+        Ok(out)
+    }
+
+    /// One tbt step with the token `token` (the server's path for every later read, contract §2.2).
+    /// `mode` other than `Ring` is a probe's alternative mask. Saves the host state so
+    /// [`Driver::step_back`] can undo it.
+    pub fn step(&mut self, dev: &mut dyn Device, token: u32, mode: &MaskMode) -> Result<RunOutput> {
+        self.check_ids(&[token])?;
+        let saved = self.state.clone();
+        let out = if self.tbt.is_some() {
+            self.run_tbt(dev, token, mode)?
+        } else if *mode == MaskMode::Ring {
+            // No tbt group: the server runs a 1-token prefill chunk (contract §3.2).
+            self.run_prefill_chunk(dev, &[token])?
+        } else {
+            return Err(Error::InvalidArgument(
+                "this device has no tbt group; only the ring mask is possible".into(),
+            ));
+        };
+        self.saved = Some(saved);
+        Ok(out)
+    }
+
+    /// Undo the last [`Driver::step`]: `update_cache_offset(−1)` and the host state before it. The
+    /// ring slot the step wrote keeps its bytes (it lies outside the next step's read window).
+    pub fn step_back(&mut self, dev: &mut dyn Device) -> Result<()> {
+        let saved = self
+            .saved
+            .take()
+            .ok_or_else(|| Error::InvalidArgument("step_back without a preceding step".into()))?;
+        // Both paths (tbt, or a 1-token prefill chunk) advanced R by exactly one.
+        dev.update_cache_offset(-1)?;
+        self.state = saved;
+        Ok(())
+    }
+
+    /// A step that leaves the driver and the read offset as they were (for trial masks).
+    pub fn trial_step(
+        &mut self,
+        dev: &mut dyn Device,
+        token: u32,
+        mode: &MaskMode,
+    ) -> Result<RunOutput> {
+        let out = self.step(dev, token, mode)?;
+        self.step_back(dev)?;
+        Ok(out)
+    }
+
+    /// Greedy generation as the server does with `do_sample = false`: prefill, then one tbt step per
+    /// further token; the last token is not fed (contract §2.2). Returns `n_new` tokens.
+    pub fn generate_greedy(
+        &mut self,
+        dev: &mut dyn Device,
+        ids: &[u32],
+        n_new: usize,
+    ) -> Result<Vec<u32>> {
+        let mut toks = Vec::with_capacity(n_new);
+        if n_new == 0 {
+            return Ok(toks);
+        }
+        let out = self.prefill(dev, ids)?;
+        toks.push(argmax(&out.logits));
+        while toks.len() < n_new {
+            let last = *toks.last().unwrap_or(&0);
+            let out = self.step(dev, last, &MaskMode::Ring)?;
+            toks.push(argmax(&out.logits));
+        }
+        Ok(toks)
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.table.rows) {
+            return Err(Error::InvalidArgument(format!(
+                "token id {bad} is outside the embedding table of {} rows",
+                self.table.rows
+            )));
+        }
+        Ok(())
+    }
+
+    /// Drop the oldest `n` window rows, append the new ones, `U += n`, positions advance
+    /// (contract §2.4).
+    fn push_tokens(&mut self, ids: &[u32]) {
+        let n = ids.len().min(self.prefill_len);
+        let ids = &ids[ids.len() - n..];
+        let f = self.features;
+        let p = self.prefill_len;
+        match (&mut self.state.window, &self.table.data) {
+            (Window::U16(w), TableData::U16(t)) => {
+                w.copy_within(n * f.., 0);
+                for (i, &id) in ids.iter().enumerate() {
+                    let dst = (p - n + i) * f;
+                    w[dst..dst + f].copy_from_slice(&t[id as usize * f..(id as usize + 1) * f]);
+                }
+            }
+            (Window::F32(w), TableData::F32(t)) => {
+                w.copy_within(n * f.., 0);
+                for (i, &id) in ids.iter().enumerate() {
+                    let dst = (p - n + i) * f;
+                    w[dst..dst + f].copy_from_slice(&t[id as usize * f..(id as usize + 1) * f]);
+                }
+            }
+            // Driver::new checks that table and window have the same element type.
+            _ => {}
+        }
+        self.state.window_pos.copy_within(n.., 0);
+        for i in 0..n {
+            self.state.window_pos[p - n + i] = self.state.position + i as u64;
+        }
+        self.state.position += n as u64;
+        self.state.usage += n;
+    }
+
+    fn embeddings_rows(&self, first_row: usize) -> Buffer {
+        let f = self.features;
+        match &self.state.window {
+            Window::U16(w) => Buffer::U16(w[first_row * f..].to_vec()),
+            Window::F32(w) => Buffer::F32(w[first_row * f..].to_vec()),
+        }
+    }
+
+    /// RoPE or position-id inputs for rows at `positions` (contract §2.6: cos/sin of θ·pos,
+    /// q `[T][NH][D]`, k `[T][NKV][D]`).
+    fn position_inputs(
+        &self,
+        g: &GroupInputs,
+        positions: &[u64],
+        out: &mut Vec<(String, Buffer)>,
+    ) -> Result<()> {
+        if let (Some(names), Some(theta)) = (&g.pe, &self.theta) {
+            let d = theta.len();
+            let t = positions.len();
+            let mut qc = Vec::with_capacity(t * self.n_heads * d);
+            let mut qs = Vec::with_capacity(t * self.n_heads * d);
+            let mut kc = Vec::with_capacity(t * self.n_kv_heads * d);
+            let mut ks = Vec::with_capacity(t * self.n_kv_heads * d);
+            let mut cos = vec![0f32; d];
+            let mut sin = vec![0f32; d];
+            for &pos in positions {
+                for c in 0..d {
+                    let a = theta[c] as f64 * pos as f64;
+                    cos[c] = a.cos() as f32;
+                    sin[c] = a.sin() as f32;
+                }
+                for _ in 0..self.n_heads {
+                    qc.extend_from_slice(&cos);
+                    qs.extend_from_slice(&sin);
+                }
+                for _ in 0..self.n_kv_heads {
+                    kc.extend_from_slice(&cos);
+                    ks.extend_from_slice(&sin);
+                }
+            }
+            out.push((names[0].clone(), Buffer::F32(qc)));
+            out.push((names[1].clone(), Buffer::F32(qs)));
+            out.push((names[2].clone(), Buffer::F32(kc)));
+            out.push((names[3].clone(), Buffer::F32(ks)));
+            Ok(())
+        } else if let Some(name) = &g.position_ids {
+            out.push((
+                name.clone(),
+                Buffer::F32(positions.iter().map(|&p| p as f32).collect()),
+            ));
+            Ok(())
+        } else {
+            Err(Error::Device(
+                "the device has pe_* inputs but no RoPE theta vector; it cannot be driven".into(),
+            ))
+        }
+    }
+
+    fn check_mask_frame(&self, g: &GroupInputs, rows: usize) -> Result<()> {
+        let want = rows * self.n_heads * self.cache_len;
+        if g.mask.elements() != want {
+            return Err(Error::Device(format!(
+                "mask input `{}` has {} elements, the server writes T·NH·KV = {want} (contract §2.5)",
+                g.mask.name,
+                g.mask.elements()
+            )));
+        }
+        Ok(())
+    }
+
+    fn run_prefill_chunk(&mut self, dev: &mut dyn Device, chunk: &[u32]) -> Result<RunOutput> {
+        let p = self.prefill_len;
+        self.push_tokens(chunk);
+        let g = self.prefill.clone();
+        self.check_mask_frame(&g, p)?;
+        let mut inputs = Vec::with_capacity(6);
+        inputs.push((g.embeddings.name.clone(), self.embeddings_rows(0)));
+        let rows = ring_rows(p, self.cache_len, self.state.usage);
+        encode_tiled(
+            &rows,
+            p,
+            self.n_heads,
+            self.cache_len,
+            self.m1,
+            &mut self.mask_buf,
+        );
+        inputs.push((g.mask.name.clone(), Buffer::U8(self.mask_buf.clone())));
+        let pos = self.state.window_pos.clone();
+        self.position_inputs(&g, &pos, &mut inputs)?;
+        dev.update_cache_offset(chunk.len() as i32)?;
+        dev.run(GroupKind::Prefill, &inputs)
+    }
+
+    fn run_tbt(&mut self, dev: &mut dyn Device, token: u32, mode: &MaskMode) -> Result<RunOutput> {
+        let g = self
+            .tbt
+            .clone()
+            .ok_or_else(|| Error::Device("no tbt group".into()))?;
+        self.push_tokens(&[token]);
+        self.check_mask_frame(&g, 1)?;
+        let kv = self.cache_len;
+        let mut inputs = Vec::with_capacity(6);
+        inputs.push((
+            g.embeddings.name.clone(),
+            self.embeddings_rows(self.prefill_len - 1),
+        ));
+        match mode {
+            MaskMode::Custom(maps) => {
+                if !(maps.len() == 1 || maps.len() == self.n_heads)
+                    || maps.iter().any(|m| m.len() != kv)
+                {
+                    return Err(Error::InvalidArgument(format!(
+                        "custom mask needs 1 or {} bitmaps of {kv} columns",
+                        self.n_heads
+                    )));
+                }
+                encode_per_head(maps, self.n_heads, kv, self.m1, &mut self.mask_buf);
+            }
+            MaskMode::SingleKey(j) if *j + 1 >= kv => {
+                return Err(Error::InvalidArgument(format!(
+                    "single-key column {j} is not a read-window entry (0..{})",
+                    kv - 1
+                )));
+            }
+            _ => {
+                let row = tbt_row(mode, kv, self.state.usage).unwrap_or_default();
+                encode_tiled(&row, 1, self.n_heads, kv, self.m1, &mut self.mask_buf);
+            }
+        }
+        inputs.push((g.mask.name.clone(), Buffer::U8(self.mask_buf.clone())));
+        // contract §2.6: tbt uses the newest position pos[P−1]
+        let newest = [self.state.window_pos[self.prefill_len - 1]];
+        self.position_inputs(&g, &newest, &mut inputs)?;
+        dev.update_cache_offset(1)?;
+        dev.run(GroupKind::Tbt, &inputs)
+    }
+}
+
+/// First maximal index (the server's argmax, contract §2.8); NaN never wins.
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &x) in v.iter().enumerate() {
+        if x > bv {
+            bv = x;
+            best = i;
+        }
+    }
+    best as u32
+}
