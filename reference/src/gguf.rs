@@ -85,8 +85,16 @@ fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// candle's message without the backtrace it appends when RUST_BACKTRACE is set.
+fn candle_msg(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_msg(inner),
+        other => one_line(&other.to_string()),
+    }
+}
+
 fn header_error(e: candle_core::Error, path: &Path) -> Error {
-    let msg = one_line(&e.to_string());
+    let msg = candle_msg(&e);
     if let Some(type_id) = msg
         .strip_prefix("unknown dtype for tensor ")
         .and_then(|s| s.trim().parse::<u32>().ok())
@@ -386,7 +394,7 @@ fn bad_tensor(path: &Path, name: &str, e: &candle_core::Error) -> Error {
     Error::BadTensor {
         path: path.to_path_buf(),
         name: name.to_string(),
-        detail: format!("could not be read ({})", one_line(&e.to_string())),
+        detail: format!("could not be read ({})", candle_msg(e)),
     }
 }
 
