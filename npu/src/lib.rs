@@ -17,3 +17,5 @@ pub use error::{Error, Result};
 pub use mask::MaskMode;
 pub use ring::{CacheRing, RingSet};
 
+
+pub mod hef;

@@ -1,0 +1,234 @@
+//! What a HEF implies for the device contract: the schema `DeviceDescription` (L, P, groups,
+//! cache edges with their declared quant) and a sim manifest mirroring its geometry and layouts.
+
+use super::error::{HefError, Result};
+use super::formats;
+use super::lint::Facts;
+use super::model::{CacheEdge, Group, Hef, Layer};
+use super::roles;
+use kvprobe_schema::{
+    CacheEdgeDescription, DType, DeviceDescription, EdgeLayout, GroupDescription, GroupKind,
+    InputRole, IoDescription, ModelIdentity, ModelShape, NamedQuant, SimManifest, SCHEMA_VERSION,
+};
+
+fn dtype_of(data_bytes: u32) -> DType {
+    if data_bytes == 2 {
+        DType::U16
+    } else {
+        DType::U8
+    }
+}
+
+fn io(layer: &Layer, role: Option<InputRole>, output: bool) -> IoDescription {
+    let device_dtype = dtype_of(layer.data_bytes);
+    // The server's overrides (contract §2.1): pe inputs and all outputs are FLOAT32 on the host;
+    // embeddings and mask keep the hardware type.
+    let host_dtype = match role {
+        Some(InputRole::Embeddings) | Some(InputRole::AttentionMask) => device_dtype,
+        _ if output => DType::F32,
+        Some(_) => DType::F32,
+        None => device_dtype,
+    };
+    IoDescription {
+        name: layer.name.clone(),
+        role,
+        shape: layer.shape.map(|x| x as usize),
+        host_dtype,
+        device_dtype,
+        quant: layer.quant,
+    }
+}
+
+fn cache_edge(e: &CacheEdge) -> Result<CacheEdgeDescription> {
+    let cache_id = u32::try_from(e.cache_id).map_err(|_| {
+        HefError::NotDescribable(format!(
+            "negative cache_id {} on edge {}",
+            e.cache_id, e.name
+        ))
+    })?;
+    Ok(CacheEdgeDescription {
+        cache_id,
+        direction: e.direction,
+        entry_size: e.entry_size,
+        padded_entry_size: e.padded_entry_size,
+        length: e.length,
+        data_bytes: e.data_bytes as usize,
+        quant: e.quant,
+        format: e.format_name.map(str::to_string),
+        layer: None,
+        kind: None,
+    })
+}
+
+fn group_desc(g: &Group, kind: GroupKind, rows: usize, facts: &Facts) -> Result<GroupDescription> {
+    let cfg = facts.config();
+    Ok(GroupDescription {
+        name: g.name.clone(),
+        kind,
+        rows,
+        inputs: g
+            .inputs
+            .iter()
+            .map(|l| io(l, roles::role_of(g, cfg, &l.name), false))
+            .collect(),
+        outputs: g.outputs.iter().map(|l| io(l, None, true)).collect(),
+        cache_edges: g
+            .cache_edges
+            .iter()
+            .map(cache_edge)
+            .collect::<Result<_>>()?,
+        taps: Vec::new(),
+    })
+}
+
+/// The genai view of the HEF. Fails when no prefill group resolves or the cache length is not
+/// one value (the lint says why in detail).
+pub fn to_device_description(hef: &Hef) -> Result<DeviceDescription> {
+    let facts = Facts::new(hef);
+    let prefill = facts.prefill.ok_or_else(|| {
+        HefError::NotDescribable(format!(
+            "no group ends with \"{}\"",
+            facts.roles.prefill_suffix
+        ))
+    })?;
+    let mut lengths: Vec<usize> = Vec::new();
+    for g in [Some(prefill), facts.tbt].into_iter().flatten() {
+        for id in g.cache_edges.iter().map(|e| e.cache_id) {
+            let len: usize = g
+                .cache_edges
+                .iter()
+                .filter(|e| e.cache_id == id)
+                .map(|e| e.length)
+                .sum();
+            lengths.push(len);
+        }
+    }
+    lengths.sort_unstable();
+    lengths.dedup();
+    let cache_len = match lengths.as_slice() {
+        [l] => *l,
+        [] => {
+            return Err(HefError::NotDescribable(
+                "the prefill group has no cache edges".into(),
+            ))
+        }
+        more => {
+            return Err(HefError::NotDescribable(format!(
+                "cache lengths differ: {more:?}"
+            )))
+        }
+    };
+    let p = facts.p();
+    let mut groups = vec![group_desc(prefill, GroupKind::Prefill, p, &facts)?];
+    if let Some(t) = facts.tbt {
+        groups.push(group_desc(t, GroupKind::Tbt, 1, &facts)?);
+    }
+    let cfg = facts.config();
+    let hidden = roles::input_for(prefill, cfg, InputRole::Embeddings)
+        .map(|l| l.shape[2] as usize)
+        .unwrap_or(0);
+    let vocab: usize = prefill.outputs.iter().map(|o| o.shape[2] as usize).sum();
+    let ids: std::collections::BTreeSet<i32> =
+        prefill.cache_edges.iter().map(|e| e.cache_id).collect();
+    let head_dim = facts.theta.as_ref().map(Vec::len).unwrap_or(0);
+    Ok(DeviceDescription {
+        backend: "hailo".into(),
+        model_name: roles::scope(&prefill.name).to_string(),
+        cache_len,
+        prefill_len: p,
+        shape: ModelShape {
+            vocab_size: vocab,
+            hidden_size: hidden,
+            // One K and one V cache per layer is the genai export's convention [implied].
+            n_layers: ids.len() / 2,
+            n_heads: facts.nh(),
+            n_kv_heads: facts.nkv(),
+            head_dim,
+            rope_theta: facts.theta.clone(),
+        },
+        groups,
+    })
+}
+
+/// A sim manifest mirroring the HEF: geometry, cache quantisation, declared layouts and every
+/// edge's quant info. Model identity is left for the caller (the user's weights).
+pub fn to_sim_manifest(hef: &Hef, model: ModelIdentity) -> Result<SimManifest> {
+    let desc = to_device_description(hef)?;
+    let mut layouts = Vec::new();
+    let mut quant = Vec::new();
+    let mut widths = std::collections::BTreeSet::new();
+    for (g, gd) in [desc.group(GroupKind::Prefill), desc.group(GroupKind::Tbt)]
+        .into_iter()
+        .flatten()
+        .filter_map(|gd| hef.group(&gd.name).map(|g| (g, gd)))
+    {
+        let kind = gd.kind.suffix();
+        for e in &g.cache_edges {
+            let dir = match e.direction {
+                kvprobe_schema::CacheDirection::Input => "input",
+                kvprobe_schema::CacheDirection::Output => "output",
+            };
+            widths.insert(e.data_bytes);
+            if let (Some(layout), Ok(cache_id)) = (
+                formats::declared_layout(e.format_code, e.padded_shape[1]),
+                u32::try_from(e.cache_id),
+            ) {
+                layouts.push(EdgeLayout {
+                    group: gd.kind,
+                    cache_id,
+                    direction: dir.into(),
+                    layout,
+                });
+            }
+            let short = if dir == "input" { "in" } else { "out" };
+            quant.push(NamedQuant {
+                name: format!("{kind}/cache{}/{short}", e.cache_id),
+                quant: e.quant,
+            });
+        }
+        for i in &gd.inputs {
+            let role = i
+                .role
+                .map(|r| format!("{r:?}"))
+                .unwrap_or_else(|| i.name.clone());
+            quant.push(NamedQuant {
+                name: format!("{kind}/input/{role}"),
+                quant: i.quant,
+            });
+        }
+        for o in &gd.outputs {
+            quant.push(NamedQuant {
+                name: format!("{kind}/output/{}", o.name),
+                quant: o.quant,
+            });
+        }
+    }
+    let cache_quant = match widths.iter().copied().max() {
+        Some(2) => "uint16",
+        Some(_) => "uint8",
+        None => "none",
+    };
+    // Expanded caches hold NH heads per entry, un-expanded NKV (E in bytes, §1.2 [not visible]).
+    let bytes = widths.iter().copied().max().unwrap_or(1) as usize;
+    let e = hef
+        .group(&desc.groups[0].name)
+        .and_then(|g| g.cache_edges.first())
+        .map(|c| c.entry_size)
+        .unwrap_or(0);
+    let expanded = desc.shape.n_heads != desc.shape.n_kv_heads
+        && e == desc.shape.n_heads * desc.shape.head_dim * bytes;
+    Ok(SimManifest {
+        schema_version: SCHEMA_VERSION,
+        model,
+        cache_len: desc.cache_len,
+        prefill_len: desc.prefill_len,
+        cache_quant: cache_quant.into(),
+        cache_heads: if expanded { "expanded" } else { "un-expanded" }.into(),
+        weights: "f32".into(),
+        taps: false,
+        layouts,
+        calibration_prompts: Vec::new(),
+        quant,
+        faults: Vec::new(),
+    })
+}
