@@ -3,14 +3,22 @@
 //! Everything here is the ground truth the probes compare an NPU against, so every path (full
 //! forward, KV steps, emulator graph runs) goes through one engine, [`Model::run_graph`].
 
+mod blocks;
 pub mod config;
 pub mod error;
+pub mod fixtures;
 pub mod gguf;
 pub mod gguf_tokenizer;
+mod gpt2;
 pub mod graph;
+pub mod hf;
+pub mod int8;
 pub mod kv;
+pub mod llama;
+pub mod mask;
 pub mod model;
 pub mod tokenizer;
+mod weights;
 
 pub use config::{Family, ModelConfig};
 pub use error::{Error, Result};

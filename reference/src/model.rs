@@ -1,13 +1,17 @@
-//! The public model: loading dispatch and the thin wrappers (forward, prefix_state, step, step_many)
-//! over the graph engine.
+//! The public model: loading dispatch and the thin wrappers (forward, prefix_state, step,
+//! step_many, decode_step) over the one graph engine in `graph.rs`.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 
-use crate::graph::{GraphInput, GraphOutput};
+use crate::blocks::{Block, Linear, Norm};
+use crate::graph::{GraphInput, GraphOptions, PositionInput};
 use crate::kv::{KeySet, KvState, LayerKv};
-use crate::{Error, ModelConfig, Result, TextTokenizer, Weights};
+use crate::weights::WeightGetter;
+use crate::{gpt2, hf, int8, llama, mask};
+use crate::{Error, Family, LoadedParts, ModelConfig, Result, TextTokenizer, Weights};
 
 /// Options of a full forward.
 #[derive(Debug, Clone, Default)]
@@ -18,6 +22,8 @@ pub struct ForwardOptions {
     pub positions: Option<Vec<usize>>,
     /// Return per-layer K (after RoPE) and V.
     pub taps: bool,
+    /// Graph faults (default = correct math).
+    pub graph: GraphOptions,
 }
 
 #[derive(Debug, Clone)]
@@ -26,23 +32,54 @@ pub struct ForwardOutput {
     pub logits: Vec<f32>,
     pub rows: usize,
     pub vocab: usize,
-    /// Per layer `[n_kv_heads, T, head_dim]` when taps were asked for.
+    /// Per layer `[n_kv_heads, T, head_dim]` (K after RoPE) when taps were asked for.
     pub taps: Option<Vec<LayerKv>>,
 }
 
+impl ForwardOutput {
+    /// Logits of row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.vocab..(i + 1) * self.vocab]
+    }
+}
+
+/// Rows of one batched `step_many` run; bounds the `[rows, vocab]` logits buffer.
+const STEP_MANY_CHUNK: usize = 64;
+
+#[derive(Debug, Clone)]
 pub struct Model {
-    config: ModelConfig,
-    tokenizer: TextTokenizer,
-    embed: Tensor,
-    source: PathBuf,
+    pub(crate) config: ModelConfig,
+    pub(crate) tokenizer: TextTokenizer,
+    pub(crate) source: PathBuf,
+    pub(crate) embed: Tensor,
+    pub(crate) wpe: Option<Tensor>,
+    pub(crate) inv_freq: Option<Vec<f32>>,
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) final_norm: Norm,
+    pub(crate) lm_head: Linear,
+    /// lm_head is the embedding table (tied): int8 leaves it alone like the embeddings.
+    pub(crate) lm_head_tied: bool,
 }
 
 impl Model {
+    /// A Hugging Face folder (config.json + safetensors + tokenizer.json) or a `.gguf` file.
     pub fn load(path: &Path) -> Result<Model> {
-        Err(Error::Unsupported {
-            path: path.to_path_buf(),
-            what: "model loading not built yet".into(),
-        })
+        if !path.exists() {
+            return Err(Error::NotFound {
+                path: path.to_path_buf(),
+            });
+        }
+        let parts = if path.is_dir() {
+            hf::load(path)?
+        } else if is_gguf(path)? {
+            crate::gguf::load(path)?
+        } else {
+            return Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                what: "not a model folder or .gguf file; pass the folder holding config.json or a .gguf file".into(),
+            });
+        };
+        Self::from_parts_at(parts, path)
     }
 
     pub fn from_parts(
@@ -50,65 +87,388 @@ impl Model {
         weights: Weights,
         tokenizer: TextTokenizer,
     ) -> Result<Model> {
-        let embed = weights
-            .get("model.embed_tokens.weight")
-            .cloned()
-            .ok_or_else(|| Error::InvalidInput("not built yet".into()))?;
-        Ok(Model {
+        Self::from_parts_at(
+            LoadedParts {
+                config,
+                weights,
+                tokenizer,
+            },
+            Path::new("(in-memory weights)"),
+        )
+    }
+
+    /// `source` names the model in error messages.
+    pub fn from_parts_at(parts: LoadedParts, source: &Path) -> Result<Model> {
+        let LoadedParts {
             config,
+            weights,
             tokenizer,
-            embed,
-            source: PathBuf::new(),
-        })
+        } = parts;
+        check_config(&config, source)?;
+        match config.family {
+            Family::Llama => {
+                let g = WeightGetter::new(&weights, source);
+                let p = llama::build(&config, &g)?;
+                let lm_head_tied = p.tied;
+                Ok(Model {
+                    inv_freq: Some(llama::inv_freq(config.rope_theta, config.head_dim)),
+                    config,
+                    tokenizer,
+                    source: source.to_path_buf(),
+                    embed: p.embed,
+                    wpe: None,
+                    blocks: p.blocks,
+                    final_norm: p.final_norm,
+                    lm_head: p.lm_head,
+                    lm_head_tied,
+                })
+            }
+            Family::Gpt2 => {
+                let weights: Weights = weights
+                    .into_iter()
+                    .map(|(k, v)| (gpt2::canonical_name(&k).to_string(), v))
+                    .collect();
+                let g = WeightGetter::new(&weights, source);
+                let p = gpt2::build(&config, &g, crate::blocks::Activation::GeluTanh)?;
+                Ok(Model {
+                    config,
+                    tokenizer,
+                    source: source.to_path_buf(),
+                    embed: p.wte,
+                    wpe: Some(p.wpe),
+                    inv_freq: None,
+                    blocks: p.blocks,
+                    final_norm: p.final_norm,
+                    lm_head: p.lm_head,
+                    lm_head_tied: true,
+                })
+            }
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
+
     pub fn tokenizer(&self) -> &TextTokenizer {
         &self.tokenizer
     }
+
+    /// The path the model was loaded from (used in error messages).
     pub fn source(&self) -> &Path {
         &self.source
     }
+
+    /// `bos` None = the model's default (`config.add_bos`).
     pub fn encode(&self, text: &str, bos: Option<bool>) -> Result<Vec<u32>> {
         self.tokenizer
             .encode(text, bos.unwrap_or(self.config.add_bos))
     }
+
+    /// `[vocab, hidden]` f32.
     pub fn embedding_table(&self) -> &Tensor {
         &self.embed
     }
+
+    /// HF `theta^(-2i/hd)`, i < hd/2; None for GPT-2.
     pub fn rope_inv_freq(&self) -> Option<Vec<f32>> {
-        None
+        self.inv_freq.clone()
     }
-    pub fn forward(&self, _ids: &[u32], _opts: &ForwardOptions) -> Result<ForwardOutput> {
-        Err(Error::InvalidInput("not built yet".into()))
+
+    /// Token embeddings `[T, hidden]` (GPT-2: without positions; the graph adds them).
+    pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let vocab = self.config.vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(Error::TokenOutOfRange {
+                path: self.source.clone(),
+                id,
+                vocab,
+            });
+        }
+        let idx = Tensor::from_vec(ids.to_vec(), ids.len(), &Device::Cpu)?;
+        Ok(self.embed.index_select(&idx, 0)?)
     }
-    pub fn prefix_state(&self, _ids: &[u32], _positions: &[usize]) -> Result<KvState> {
-        Err(Error::InvalidInput("not built yet".into()))
+
+    /// Full forward: `mask` None = causal, `positions` None = 0..T; logits `[T, vocab]`.
+    pub fn forward(&self, ids: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
+        let t = ids.len();
+        if t == 0 {
+            return Err(Error::InvalidInput("empty token sequence".into()));
+        }
+        let positions: Vec<usize> = match &opts.positions {
+            Some(p) if p.len() != t => {
+                return Err(Error::InvalidInput(format!(
+                    "{} positions for {t} tokens",
+                    p.len()
+                )))
+            }
+            Some(p) => p.clone(),
+            None => (0..t).collect(),
+        };
+        self.check_positions(&positions)?;
+        let m = match &opts.mask {
+            Some(m) if m.len() != t * t => {
+                return Err(Error::InvalidInput(format!(
+                    "mask has {} entries, expected {t}x{t}",
+                    m.len()
+                )))
+            }
+            Some(m) => m.clone(),
+            None => mask::causal(t),
+        };
+        let out = self.run_graph(&GraphInput {
+            hidden: self.embed(ids)?,
+            positions: PositionInput::Ids(positions.iter().map(|&p| p as f32).collect()),
+            past: Vec::new(),
+            mask: mask::per_head(&m, t, self.config.n_heads),
+            graph: opts.graph,
+            last_only: false,
+        })?;
+        Ok(ForwardOutput {
+            logits: out.logits,
+            rows: out.rows,
+            vocab: self.config.vocab_size,
+            taps: opts.taps.then_some(out.new_kv),
+        })
     }
+
+    /// Keys/values of a causal pass over `ids` at `positions`.
+    pub fn prefix_state(&self, ids: &[u32], positions: &[usize]) -> Result<KvState> {
+        if ids.len() != positions.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} positions for {} tokens",
+                positions.len(),
+                ids.len()
+            )));
+        }
+        if ids.is_empty() {
+            return self.empty_state();
+        }
+        self.check_positions(positions)?;
+        let t = ids.len();
+        let out = self.run_graph(&GraphInput {
+            hidden: self.embed(ids)?,
+            positions: PositionInput::Ids(positions.iter().map(|&p| p as f32).collect()),
+            past: Vec::new(),
+            mask: mask::per_head(&mask::causal(t), t, self.config.n_heads),
+            graph: GraphOptions::default(),
+            last_only: true,
+        })?;
+        Ok(KvState {
+            layers: out.new_kv,
+            positions: positions.to_vec(),
+            ids: ids.to_vec(),
+        })
+    }
+
+    /// A state with no entries (`[n_kv, 0, hd]` per layer).
+    pub fn empty_state(&self) -> Result<KvState> {
+        let c = &self.config;
+        let z = Tensor::zeros(
+            (c.n_kv_heads, 0, c.head_dim),
+            candle_core::DType::F32,
+            &Device::Cpu,
+        )?;
+        Ok(KvState {
+            layers: (0..c.n_layers)
+                .map(|_| LayerKv {
+                    k: z.clone(),
+                    v: z.clone(),
+                })
+                .collect(),
+            positions: Vec::new(),
+            ids: Vec::new(),
+        })
+    }
+
+    /// One token at absolute `position` attending to `keys` of the state plus itself; logits `[vocab]`.
     pub fn step(
         &self,
-        _state: &KvState,
-        _token: u32,
-        _position: usize,
-        _keys: &KeySet,
+        state: &KvState,
+        token: u32,
+        position: usize,
+        keys: &KeySet,
     ) -> Result<Vec<f32>> {
-        Err(Error::InvalidInput("not built yet".into()))
+        let mut rows = self.step_rows(state, token, position, std::slice::from_ref(keys))?;
+        Ok(rows.pop().unwrap_or_default())
     }
+
+    /// The same query against several key sets in one batched pass (colmap): the rows are
+    /// identical copies of the token, row i sees key set i plus its own copy only.
     pub fn step_many(
         &self,
-        _state: &KvState,
-        _token: u32,
-        _position: usize,
-        _keys: &[KeySet],
+        state: &KvState,
+        token: u32,
+        position: usize,
+        keys: &[KeySet],
     ) -> Result<Vec<Vec<f32>>> {
-        Err(Error::InvalidInput("not built yet".into()))
+        let mut all = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(STEP_MANY_CHUNK) {
+            all.extend(self.step_rows(state, token, position, chunk)?);
+        }
+        Ok(all)
     }
-    pub fn run_graph(&self, _input: &GraphInput) -> Result<GraphOutput> {
-        Err(Error::InvalidInput("not built yet".into()))
+
+    /// Greedy-decoding helper: attend to the whole state, then append the token's K/V to it.
+    pub fn decode_step(
+        &self,
+        state: &mut KvState,
+        token: u32,
+        position: usize,
+    ) -> Result<Vec<f32>> {
+        let out = self.step_graph(state, token, position, &[KeySet::All])?;
+        for (l, n) in state.layers.iter_mut().zip(&out.new_kv) {
+            l.k = Tensor::cat(&[&l.k, &n.k], 1)?;
+            l.v = Tensor::cat(&[&l.v, &n.v], 1)?;
+        }
+        state.positions.push(position);
+        state.ids.push(token);
+        Ok(out.logits)
     }
+
+    fn step_rows(
+        &self,
+        state: &KvState,
+        token: u32,
+        position: usize,
+        keys: &[KeySet],
+    ) -> Result<Vec<Vec<f32>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = self.step_graph(state, token, position, keys)?;
+        let v = self.config.vocab_size;
+        Ok(out.logits.chunks(v).map(<[f32]>::to_vec).collect())
+    }
+
+    fn step_graph(
+        &self,
+        state: &KvState,
+        token: u32,
+        position: usize,
+        keys: &[KeySet],
+    ) -> Result<crate::GraphOutput> {
+        let n = state.len();
+        if state.layers.len() != self.config.n_layers {
+            return Err(Error::InvalidInput(format!(
+                "state has {} layers, the model {}",
+                state.layers.len(),
+                self.config.n_layers
+            )));
+        }
+        self.check_positions(&[position])?;
+        let r = keys.len();
+        let nh = self.config.n_heads;
+        let cols = n + r;
+        let mut m = vec![false; r * nh * cols];
+        for (i, ks) in keys.iter().enumerate() {
+            let mut row = vec![false; cols];
+            match ks {
+                KeySet::All => row[..n].iter_mut().for_each(|x| *x = true),
+                KeySet::Subset(idx) => {
+                    for &j in idx {
+                        if j >= n {
+                            return Err(Error::InvalidInput(format!(
+                                "key index {j} is outside the state ({n} entries)"
+                            )));
+                        }
+                        row[j] = true;
+                    }
+                }
+                KeySet::Window(w) => row[n.saturating_sub(*w)..n]
+                    .iter_mut()
+                    .for_each(|x| *x = true),
+                KeySet::None => {}
+            }
+            row[n + i] = true;
+            for h in 0..nh {
+                m[(i * nh + h) * cols..(i * nh + h + 1) * cols].copy_from_slice(&row);
+            }
+        }
+        let hidden = self.embed(&vec![token; r])?;
+        self.run_graph(&GraphInput {
+            hidden,
+            positions: PositionInput::Ids(vec![position as f32; r]),
+            past: if n > 0 {
+                state.layers.clone()
+            } else {
+                Vec::new()
+            },
+            mask: m,
+            graph: GraphOptions::default(),
+            last_only: r == 1,
+        })
+    }
+
+    fn check_positions(&self, p: &[usize]) -> Result<()> {
+        let max = self.config.max_position;
+        match p.iter().find(|&&x| x >= max) {
+            Some(&position) => Err(Error::TooLong {
+                path: self.source.clone(),
+                position,
+                max,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Per-output-channel symmetric int8 fake-quantised copy of every linear weight (sim
+    /// `--sim-weights int8`). Embeddings, norms, biases and a tied lm_head stay f32.
     pub fn with_int8_weights(&self) -> Result<Model> {
-        Err(Error::InvalidInput("not built yet".into()))
+        let mut m = self.clone();
+        for b in &mut m.blocks {
+            for lin in b.linears_mut() {
+                lin.w = int8::fake_quant_per_output(&lin.w, lin.in_out)?;
+            }
+        }
+        if !m.lm_head_tied {
+            m.lm_head.w = int8::fake_quant_per_output(&m.lm_head.w, m.lm_head.in_out)?;
+        }
+        Ok(m)
     }
+}
+
+fn is_gguf(path: &Path) -> Result<bool> {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return Ok(true);
+    }
+    let mut magic = [0u8; 4];
+    let mut f = std::fs::File::open(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(f.read_exact(&mut magic).is_ok() && &magic == b"GGUF")
+}
+
+fn check_config(c: &ModelConfig, path: &Path) -> Result<()> {
+    let fail = |detail: String| Error::Format {
+        path: path.to_path_buf(),
+        detail,
+    };
+    if c.n_heads == 0 || c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) {
+        return Err(fail(format!(
+            "{} attention heads cannot share {} KV heads; fix num_attention_heads/num_key_value_heads",
+            c.n_heads, c.n_kv_heads
+        )));
+    }
+    if c.head_dim == 0
+        || !c.head_dim.is_multiple_of(2)
+        || c.vocab_size == 0
+        || c.hidden_size == 0
+        || c.n_layers == 0
+    {
+        return Err(fail(format!(
+            "implausible sizes (hidden {}, head_dim {}, vocab {}, layers {}); fix the model config",
+            c.hidden_size, c.head_dim, c.vocab_size, c.n_layers
+        )));
+    }
+    if c.family == Family::Gpt2 && c.n_heads * c.head_dim != c.hidden_size {
+        return Err(fail(
+            "GPT-2 needs n_head * head_dim == n_embd; fix the config".into(),
+        ));
+    }
+    Ok(())
 }

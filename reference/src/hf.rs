@@ -1,0 +1,311 @@
+//! Hugging Face model folders: config.json, model.safetensors (or sharded with
+//! model.safetensors.index.json), tokenizer.json (+ tokenizer_config.json for `add_bos_token`).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use serde_json::Value;
+
+use crate::{gpt2, Error, Family, LoadedParts, ModelConfig, Result, TextTokenizer, Weights};
+
+const FOLDER_FIX: &str =
+    "pass a Hugging Face model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file";
+
+/// Load a whole HF folder into parts for [`crate::Model::from_parts`].
+pub fn load(dir: &Path) -> Result<LoadedParts> {
+    let cfg_path = dir.join("config.json");
+    if !cfg_path.is_file() {
+        return Err(missing(dir, "config.json", FOLDER_FIX));
+    }
+    let mut config = parse_config(&read_json(&cfg_path)?, &cfg_path)?;
+    let tok_path = dir.join("tokenizer.json");
+    if !tok_path.is_file() {
+        return Err(missing(
+            dir,
+            "tokenizer.json",
+            "copy the model's tokenizer.json into the folder",
+        ));
+    }
+    let mut tokenizer = TextTokenizer::from_file(&tok_path)?;
+    // tokenizer_config.json's add_bos_token wins over what the post-processor suggests.
+    let tc = dir.join("tokenizer_config.json");
+    let explicit_bos = if tc.is_file() {
+        read_json(&tc)?
+            .get("add_bos_token")
+            .and_then(Value::as_bool)
+    } else {
+        None
+    };
+    let add_bos = explicit_bos.unwrap_or(tokenizer.default_add_bos());
+    let bos_id = config.bos_token_id.or(tokenizer.bos_id());
+    tokenizer.set_bos(add_bos, bos_id);
+    config.add_bos = add_bos && bos_id.is_some();
+    if config.bos_token_id.is_none() {
+        config.bos_token_id = bos_id;
+    }
+    let mut weights = load_weights(dir)?;
+    if config.family == Family::Gpt2 {
+        weights = weights
+            .into_iter()
+            .map(|(k, v)| (gpt2::canonical_name(&k).to_string(), v))
+            .collect();
+    }
+    Ok(LoadedParts {
+        config,
+        weights,
+        tokenizer,
+    })
+}
+
+fn missing(dir: &Path, file: &str, fix: &str) -> Error {
+    Error::MissingFile {
+        dir: dir.to_path_buf(),
+        file: file.to_string(),
+        fix: fix.to_string(),
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| Error::Format {
+        path: path.to_path_buf(),
+        detail: format!("not valid JSON ({e}); restore the original file"),
+    })
+}
+
+/// config.json → [`ModelConfig`] for the supported architectures.
+pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
+    let arch = v
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| {
+            let mt = v.get("model_type").and_then(Value::as_str)?;
+            Some(
+                match mt {
+                    "llama" => "LlamaForCausalLM",
+                    "mistral" => "MistralForCausalLM",
+                    "qwen2" => "Qwen2ForCausalLM",
+                    "gpt2" => "GPT2LMHeadModel",
+                    other => other,
+                }
+                .to_string(),
+            )
+        })
+        .unwrap_or_default();
+    let f = Fields { v, path };
+    match arch.as_str() {
+        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" => {
+            let act = f.str_or("hidden_act", "silu");
+            if act != "silu" {
+                return Err(f.unsupported(format!("hidden_act `{act}` (only silu is implemented)")));
+            }
+            if let Some(rs) = v.get("rope_scaling").filter(|x| !x.is_null()) {
+                return Err(f.unsupported(format!("rope_scaling {rs} (only plain RoPE is implemented)")));
+            }
+            let hidden = f.usize("hidden_size")?;
+            let n_heads = f.usize("num_attention_heads")?;
+            let head_dim = match f.opt_usize("head_dim")? {
+                Some(h) => h,
+                None => hidden / n_heads.max(1),
+            };
+            let qkv_bias = arch == "Qwen2ForCausalLM" || f.bool_or("attention_bias", false);
+            Ok(ModelConfig {
+                family: Family::Llama,
+                architecture: arch.clone(),
+                vocab_size: f.usize("vocab_size")?,
+                hidden_size: hidden,
+                n_layers: f.usize("num_hidden_layers")?,
+                n_heads,
+                n_kv_heads: f.opt_usize("num_key_value_heads")?.unwrap_or(n_heads),
+                head_dim,
+                intermediate_size: f.usize("intermediate_size")?,
+                norm_eps: f.f64_or("rms_norm_eps", 1e-6),
+                rope_theta: f.f64_or("rope_theta", 10000.0),
+                max_position: f.opt_usize("max_position_embeddings")?.unwrap_or(2048),
+                tie_embeddings: f.bool_or("tie_word_embeddings", false),
+                qkv_bias,
+                bos_token_id: f.token_id("bos_token_id"),
+                eos_token_id: f.token_id("eos_token_id"),
+                add_bos: false,
+            })
+        }
+        "GPT2LMHeadModel" => {
+            let act = f.str_or("activation_function", "gelu_new");
+            if act != "gelu_new" && act != "gelu_pytorch_tanh" {
+                return Err(f.unsupported(format!(
+                    "activation_function `{act}` (only the tanh GELU gelu_new is implemented)"
+                )));
+            }
+            let hidden = f.usize("n_embd")?;
+            let n_heads = f.usize("n_head")?;
+            let max_position = match f.opt_usize("n_positions")? {
+                Some(p) => p,
+                None => f.usize("n_ctx")?,
+            };
+            Ok(ModelConfig {
+                family: Family::Gpt2,
+                architecture: arch.clone(),
+                vocab_size: f.usize("vocab_size")?,
+                hidden_size: hidden,
+                n_layers: f.usize("n_layer")?,
+                n_heads,
+                n_kv_heads: n_heads,
+                head_dim: hidden / n_heads.max(1),
+                intermediate_size: f.opt_usize("n_inner")?.unwrap_or(4 * hidden),
+                norm_eps: f.f64_or("layer_norm_epsilon", 1e-5),
+                rope_theta: 0.0,
+                max_position,
+                tie_embeddings: true,
+                qkv_bias: true,
+                bos_token_id: f.token_id("bos_token_id"),
+                eos_token_id: f.token_id("eos_token_id"),
+                add_bos: false,
+            })
+        }
+        "" => Err(f.unsupported(
+            "config without `architectures` or `model_type`; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel".into(),
+        )),
+        other => Err(f.unsupported(format!(
+            "architecture {other}; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel"
+        ))),
+    }
+}
+
+struct Fields<'a> {
+    v: &'a Value,
+    path: &'a Path,
+}
+
+impl Fields<'_> {
+    fn unsupported(&self, what: String) -> Error {
+        Error::Unsupported {
+            path: self.path.to_path_buf(),
+            what,
+        }
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| Error::Format {
+                    path: self.path.to_path_buf(),
+                    detail: format!(
+                        "field `{key}` is {x}, expected a whole number; fix the config"
+                    ),
+                }),
+        }
+    }
+
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?.ok_or_else(|| Error::Format {
+            path: self.path.to_path_buf(),
+            detail: format!("field `{key}` is missing; use the model's original config.json"),
+        })
+    }
+
+    fn f64_or(&self, key: &str, d: f64) -> f64 {
+        self.v.get(key).and_then(Value::as_f64).unwrap_or(d)
+    }
+
+    fn bool_or(&self, key: &str, d: bool) -> bool {
+        self.v.get(key).and_then(Value::as_bool).unwrap_or(d)
+    }
+
+    fn str_or(&self, key: &str, d: &str) -> String {
+        self.v
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or(d)
+            .to_string()
+    }
+
+    /// An id or a list of ids (some configs list several EOS ids): the first one.
+    fn token_id(&self, key: &str) -> Option<u32> {
+        let x = self.v.get(key)?;
+        x.as_u64()
+            .or_else(|| x.get(0).and_then(Value::as_u64))
+            .map(|n| n as u32)
+    }
+}
+
+/// Every tensor of the folder's safetensors, converted to f32 (bf16/f16 checkpoints included).
+pub fn load_weights(dir: &Path) -> Result<Weights> {
+    let single = dir.join("model.safetensors");
+    let index = dir.join("model.safetensors.index.json");
+    let files: Vec<PathBuf> = if single.is_file() {
+        vec![single]
+    } else if index.is_file() {
+        let v = read_json(&index)?;
+        let map = v
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| Error::Format {
+                path: index.clone(),
+                detail: "has no `weight_map` object; restore the original index file".into(),
+            })?;
+        let mut names = BTreeSet::new();
+        for (tensor, file) in map {
+            let file = file.as_str().ok_or_else(|| Error::Format {
+                path: index.clone(),
+                detail: format!("weight_map entry `{tensor}` is not a file name; restore the original index file"),
+            })?;
+            names.insert(file.to_string());
+        }
+        let mut files = Vec::new();
+        for n in names {
+            let p = dir.join(&n);
+            if !p.is_file() {
+                return Err(missing(
+                    dir,
+                    &n,
+                    "download every shard listed in model.safetensors.index.json",
+                ));
+            }
+            files.push(p);
+        }
+        files
+    } else if dir.join("pytorch_model.bin").is_file() {
+        return Err(Error::Unsupported {
+            path: dir.join("pytorch_model.bin"),
+            what: "PyTorch pickle weights; convert them to model.safetensors".into(),
+        });
+    } else {
+        return Err(missing(
+            dir,
+            "model.safetensors (or model.safetensors.index.json)",
+            "download the model's safetensors weights into the folder",
+        ));
+    };
+    let mut weights = Weights::new();
+    for f in files {
+        let tensors = candle_core::safetensors::load(&f, &Device::Cpu).map_err(|e| Error::Format {
+            path: f.clone(),
+            detail: format!(
+                "not a readable safetensors file ({}); it is truncated or corrupt, download it again",
+                crate::error::one_line(&e.to_string())
+            ),
+        })?;
+        for (name, t) in tensors {
+            // Integer/bool buffers (e.g. GPT-2's causal `attn.bias`) are not weights.
+            if !t.dtype().is_float() {
+                continue;
+            }
+            let t = if t.dtype() == DType::F32 {
+                t
+            } else {
+                t.to_dtype(DType::F32)?
+            };
+            weights.insert(name, t);
+        }
+    }
+    Ok(weights)
+}

@@ -1,0 +1,114 @@
+//! Llama family (Llama, SmolLM/SmolLM2, Mistral, Qwen2): weight layout and RoPE tables.
+
+use crate::blocks::{Block, Linear, Mlp, Norm, Qkv};
+use crate::weights::WeightGetter;
+use crate::{ModelConfig, Result};
+use candle_core::Tensor;
+
+pub(crate) struct LlamaParts {
+    pub embed: Tensor,
+    pub blocks: Vec<Block>,
+    pub final_norm: Norm,
+    pub lm_head: Linear,
+    pub tied: bool,
+}
+
+pub(crate) fn build(cfg: &ModelConfig, g: &WeightGetter) -> Result<LlamaParts> {
+    let (h, hd, nh, nkv, inter) = (
+        cfg.hidden_size,
+        cfg.head_dim,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.intermediate_size,
+    );
+    let embed = g.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+    let mut blocks = Vec::with_capacity(cfg.n_layers);
+    for i in 0..cfg.n_layers {
+        let p = format!("model.layers.{i}");
+        let rms = |name: &str| -> Result<Norm> {
+            Ok(Norm::Rms {
+                w: g.get(&format!("{p}.{name}.weight"), &[h])?,
+                eps: cfg.norm_eps,
+            })
+        };
+        blocks.push(Block {
+            norm1: rms("input_layernorm")?,
+            qkv: Qkv::Separate {
+                q: g.linear(&format!("{p}.self_attn.q_proj"), nh * hd, h, cfg.qkv_bias)?,
+                k: g.linear(&format!("{p}.self_attn.k_proj"), nkv * hd, h, cfg.qkv_bias)?,
+                v: g.linear(&format!("{p}.self_attn.v_proj"), nkv * hd, h, cfg.qkv_bias)?,
+            },
+            o: g.linear(&format!("{p}.self_attn.o_proj"), h, nh * hd, false)?,
+            norm2: rms("post_attention_layernorm")?,
+            mlp: Mlp::SwiGlu {
+                gate: g.linear(&format!("{p}.mlp.gate_proj"), inter, h, false)?,
+                up: g.linear(&format!("{p}.mlp.up_proj"), inter, h, false)?,
+                down: g.linear(&format!("{p}.mlp.down_proj"), h, inter, false)?,
+            },
+        });
+    }
+    let final_norm = Norm::Rms {
+        w: g.get("model.norm.weight", &[h])?,
+        eps: cfg.norm_eps,
+    };
+    // Tied when the config says so or the checkpoint simply has no lm_head (SmolLM2, GGUF without
+    // output.weight).
+    let head = if cfg.tie_embeddings {
+        None
+    } else {
+        g.opt("lm_head.weight", &[cfg.vocab_size, h])?
+    };
+    let tied = head.is_none();
+    let lm_head = Linear {
+        w: head.unwrap_or_else(|| embed.clone()),
+        b: None,
+        in_out: false,
+    };
+    Ok(LlamaParts {
+        embed,
+        blocks,
+        final_norm,
+        lm_head,
+        tied,
+    })
+}
+
+/// HF `inv_freq[i] = theta^(-2i/hd)`, i < hd/2, rounded to f32 as HF stores it.
+pub fn inv_freq(theta: f64, head_dim: usize) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
+        .collect()
+}
+
+/// cos/sin tables `[T][hd]` in the rotate_half layout `[freqs, freqs]`.
+///
+/// The angle is the f32 product `pos * inv_freq` (HF forms it with an f32 matmul), then cos/sin of
+/// that f32 value evaluated in f64 and rounded.
+pub fn rope_tables(positions: &[f32], inv_freq: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let half = inv_freq.len();
+    let hd = 2 * half;
+    let mut cos = vec![0f32; positions.len() * hd];
+    let mut sin = vec![0f32; positions.len() * hd];
+    for (t, &p) in positions.iter().enumerate() {
+        for (i, &f) in inv_freq.iter().enumerate() {
+            let a = (p * f) as f64;
+            let (s, c) = a.sin_cos();
+            for j in [i, i + half] {
+                cos[t * hd + j] = c as f32;
+                sin[t * hd + j] = s as f32;
+            }
+        }
+    }
+    (cos, sin)
+}
+
+/// `x*cos + rotate_half(x)*sin` with rotate_half(x) = [-x2, x1]; x `[T, heads, hd]`, cos/sin
+/// broadcastable to it.
+pub(crate) fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let hd = x.dim(2)?;
+    let half = hd / 2;
+    let x1 = x.narrow(2, 0, half)?;
+    let x2 = x.narrow(2, half, half)?;
+    let rot = Tensor::cat(&[&x2.neg()?, &x1], 2)?;
+    Ok((x.broadcast_mul(cos)? + rot.broadcast_mul(sin)?)?)
+}

@@ -1,0 +1,77 @@
+//! Taking tensors out of a [`Weights`] map by canonical name with shape checks.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Tensor};
+
+use crate::blocks::Linear;
+use crate::{Error, Result, Weights};
+
+pub(crate) struct WeightGetter<'a> {
+    pub weights: &'a Weights,
+    pub path: PathBuf,
+}
+
+impl<'a> WeightGetter<'a> {
+    pub fn new(weights: &'a Weights, path: &Path) -> Self {
+        Self {
+            weights,
+            path: path.to_path_buf(),
+        }
+    }
+
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.opt(name, shape)?.ok_or_else(|| Error::MissingTensor {
+            path: self.path.clone(),
+            name: name.to_string(),
+        })
+    }
+
+    pub fn opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+        let Some(t) = self.weights.get(name) else {
+            return Ok(None);
+        };
+        if t.dims() != shape {
+            return Err(Error::BadTensor {
+                path: self.path.clone(),
+                name: name.to_string(),
+                detail: format!("has shape {:?}, expected {:?}", t.dims(), shape),
+            });
+        }
+        let t = if t.dtype() == DType::F32 {
+            t.clone()
+        } else {
+            t.to_dtype(DType::F32)?
+        };
+        Ok(Some(t))
+    }
+
+    /// HF `nn.Linear` (`[out, in]`); the bias is required when `bias_required`, else taken if present.
+    pub fn linear(
+        &self,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        bias_required: bool,
+    ) -> Result<Linear> {
+        let w = self.get(&format!("{prefix}.weight"), &[out, inp])?;
+        let bname = format!("{prefix}.bias");
+        let b = if bias_required {
+            Some(self.get(&bname, &[out])?)
+        } else {
+            self.opt(&bname, &[out])?
+        };
+        Ok(Linear {
+            w,
+            b,
+            in_out: false,
+        })
+    }
+
+    /// GPT-2 `Conv1D` (`[in, out]`, bias required).
+    pub fn conv1d(&self, prefix: &str, inp: usize, out: usize) -> Result<Linear> {
+        let w = self.get(&format!("{prefix}.weight"), &[inp, out])?;
+        let b = Some(self.get(&format!("{prefix}.bias"), &[out])?);
+        Ok(Linear { w, b, in_out: true })
+    }
+}
