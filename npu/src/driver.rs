@@ -53,10 +53,12 @@ impl EmbeddingTable {
                     .collect(),
             ),
             DType::F32 => TableData::F32(matrix.to_vec()),
-            DType::U8 => return Err(Error::Device(format!(
+            DType::U8 => {
+                return Err(Error::Device(format!(
                 "embeddings input `{}` is uint8; the genai server requires UINT16 (contract §2.1)",
                 input.name
-            ))),
+            )))
+            }
         };
         Ok(EmbeddingTable {
             rows,
@@ -74,7 +76,7 @@ impl EmbeddingTable {
 
     /// `embeddings.bin` as shipped: row-major native-endian uint16, `rows = bytes / 2F`.
     pub fn from_raw(bytes: &[u8], features: usize) -> Result<Self> {
-        if features == 0 || bytes.len() % (2 * features) != 0 {
+        if features == 0 || !bytes.len().is_multiple_of(2 * features) {
             return Err(Error::InvalidArgument(format!(
                 "embeddings.bin of {} bytes is not a whole number of {features}-feature uint16 rows",
                 bytes.len()
@@ -131,7 +133,7 @@ struct GroupInputs {
     position_ids: Option<String>,
 }
 
-fn find_role<'a>(g: &'a GroupDescription, role: InputRole) -> Option<&'a IoDescription> {
+fn find_role(g: &GroupDescription, role: InputRole) -> Option<&IoDescription> {
     g.inputs.iter().find(|i| i.role == Some(role))
 }
 

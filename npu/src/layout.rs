@@ -33,7 +33,7 @@ impl StreamShape {
 /// Whether a layout can stream `features` per token without padding (F8CR pads channels to 8,
 /// contract §7.2; the emulator keeps `E = C·b`, so it needs `C` to be a multiple of 8).
 pub fn check_supported(layout: Layout, features: usize) -> Result<()> {
-    if layout == Layout::F8cr && features % 8 != 0 {
+    if layout == Layout::F8cr && !features.is_multiple_of(8) {
         return Err(Error::Geometry(format!(
             "f8cr needs a multiple of 8 features per entry, this cache has {features}; use feature-major"
         )));

@@ -9,6 +9,7 @@ pub mod layout;
 pub mod mask;
 pub mod quant;
 pub mod ring;
+pub mod sim;
 
 pub use buffer::Buffer;
 pub use device::{Device, RunOutput};
@@ -16,6 +17,5 @@ pub use driver::{argmax, Driver, EmbeddingTable, HostState};
 pub use error::{Error, Result};
 pub use mask::MaskMode;
 pub use ring::{CacheRing, RingSet};
-
 
 pub mod hef;

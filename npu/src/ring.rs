@@ -101,7 +101,7 @@ impl CacheRing {
     /// The write stream: chopped into `E`-byte entries stored at consecutive slots from `start`.
     /// Slack bytes stay as they were.
     pub fn write_stream(&mut self, start: usize, stream: &[u8]) -> Result<()> {
-        if stream.len() % self.entry_size != 0 {
+        if !stream.len().is_multiple_of(self.entry_size) {
             return Err(Error::InvalidArgument(format!(
                 "cache write of {} bytes is not a whole number of {}-byte entries",
                 stream.len(),
