@@ -357,6 +357,23 @@ impl SimDevice {
         Ok(dev)
     }
 
+    /// A genai [`Driver`](crate::Driver) for this device, with the embedding table quantised
+    /// through the prefill embeddings input (what `embeddings.bin` would hold).
+    pub fn driver(&self) -> Result<crate::Driver> {
+        let input = self
+            .desc
+            .group(GroupKind::Prefill)
+            .and_then(|g| g.inputs.iter().find(|i| i.role == Some(InputRole::Embeddings)))
+            .ok_or_else(|| Error::Device("prefill group has no embeddings input".into()))?;
+        let table = crate::EmbeddingTable::from_tensor(self.model.embedding_table(), input)?;
+        crate::Driver::new(&self.desc, table)
+    }
+
+    /// The model the graphs compute with (the int8 copy under `--sim-weights int8`).
+    pub fn graph_model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
     pub fn options(&self) -> &SimOptions {
         &self.opts
     }

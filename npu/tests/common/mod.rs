@@ -1,0 +1,85 @@
+#![allow(dead_code)]
+//! Shared helpers of the npu integration tests.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kvprobe_npu::sim::{CacheQuant, SimDevice, SimOptions};
+use kvprobe_npu::{argmax, Driver};
+use kvprobe_reference::{fixtures, ForwardOptions, Model};
+
+pub fn tiny_llama(seed: u64) -> (tempfile::TempDir, Arc<Model>) {
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::write_tiny_llama(dir.path(), seed).unwrap();
+    let m = Model::load(dir.path()).unwrap();
+    (dir, Arc::new(m))
+}
+
+pub fn tiny_gpt2(seed: u64) -> (tempfile::TempDir, Arc<Model>) {
+    let dir = tempfile::tempdir().unwrap();
+    fixtures::write_tiny_gpt2(dir.path(), seed).unwrap();
+    let m = Model::load(dir.path()).unwrap();
+    (dir, Arc::new(m))
+}
+
+pub fn smollm2() -> Option<Arc<Model>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let p: PathBuf = root.join(".cache/models/smollm2-135m-instruct-q4_1.gguf");
+    if !p.exists() {
+        eprintln!("SmolLM2 not fetched ({}); skipping", p.display());
+        return None;
+    }
+    Some(Arc::new(Model::load(&p).unwrap()))
+}
+
+pub fn ids(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 37 + salt * 11 + 5) % vocab) as u32).collect()
+}
+
+pub fn float_opts(l: usize, p: usize) -> SimOptions {
+    SimOptions {
+        cache_len: l,
+        prefill_len: p,
+        cache_quant: CacheQuant::Float,
+        ..SimOptions::default()
+    }
+}
+
+pub fn sim(model: &Arc<Model>, opts: SimOptions) -> (SimDevice, Driver) {
+    let dev = SimDevice::new(model.clone(), opts).unwrap();
+    let drv = dev.driver().unwrap();
+    (dev, drv)
+}
+
+/// Greedy continuation by full forwards of the growing sequence (no KV cache at all).
+pub fn reference_greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut seq = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let f = model.forward(&seq, &ForwardOptions::default()).unwrap();
+        let t = argmax(f.row(f.rows - 1));
+        out.push(t);
+        seq.push(t);
+    }
+    out
+}
+
+/// Last-row logits of a full forward.
+pub fn reference_last_logits(model: &Model, seq: &[u32]) -> Vec<f32> {
+    let f = model.forward(seq, &ForwardOptions::default()).unwrap();
+    f.row(f.rows - 1).to_vec()
+}
+
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        ab += x as f64 * y as f64;
+        aa += x as f64 * x as f64;
+        bb += y as f64 * y as f64;
+    }
+    ab / (aa.sqrt() * bb.sqrt()).max(1e-30)
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
