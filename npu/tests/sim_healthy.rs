@@ -3,7 +3,14 @@
 mod common;
 use common::*;
 
-fn check(model: &std::sync::Arc<kvprobe_reference::Model>, l: usize, p: usize, prompt_len: usize, n_new: usize, salt: usize) {
+fn check(
+    model: &std::sync::Arc<kvprobe_reference::Model>,
+    l: usize,
+    p: usize,
+    prompt_len: usize,
+    n_new: usize,
+    salt: usize,
+) {
     let vocab = model.config().vocab_size;
     let prompt = ids(prompt_len, vocab, salt);
     let want = reference_greedy(model, &prompt, n_new);

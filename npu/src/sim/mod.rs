@@ -363,7 +363,11 @@ impl SimDevice {
         let input = self
             .desc
             .group(GroupKind::Prefill)
-            .and_then(|g| g.inputs.iter().find(|i| i.role == Some(InputRole::Embeddings)))
+            .and_then(|g| {
+                g.inputs
+                    .iter()
+                    .find(|i| i.role == Some(InputRole::Embeddings))
+            })
             .ok_or_else(|| Error::Device("prefill group has no embeddings input".into()))?;
         let table = crate::EmbeddingTable::from_tensor(self.model.embedding_table(), input)?;
         crate::Driver::new(&self.desc, table)

@@ -33,7 +33,9 @@ pub fn smollm2() -> Option<Arc<Model>> {
 }
 
 pub fn ids(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
-    (0..n).map(|i| ((i * 37 + salt * 11 + 5) % vocab) as u32).collect()
+    (0..n)
+        .map(|i| ((i * 37 + salt * 11 + 5) % vocab) as u32)
+        .collect()
 }
 
 pub fn float_opts(l: usize, p: usize) -> SimOptions {
@@ -81,5 +83,8 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
