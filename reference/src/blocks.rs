@@ -150,3 +150,81 @@ impl Block {
         v
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn eye(n: usize) -> Tensor {
+        Tensor::eye(n, candle_core::DType::F32, &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn gelu_mlp_is_tanh_gelu() {
+        // Published values of GPT-2's gelu_new: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+        let mlp = Mlp::Gelu {
+            fc: Linear {
+                w: eye(4),
+                b: None,
+                in_out: true,
+            },
+            proj: Linear {
+                w: eye(4),
+                b: None,
+                in_out: true,
+            },
+            act: Activation::GeluTanh,
+        };
+        let x = Tensor::new(&[[1.0f32, -1.0, 2.0, 0.5]], &Device::Cpu).unwrap();
+        let y: Vec<Vec<f32>> = mlp.forward(&x).unwrap().to_vec2().unwrap();
+        let want = [0.841_192, -0.158_808, 1.954_598, 0.345_714];
+        for (a, b) in y[0].iter().zip(want) {
+            assert!((a - b).abs() < 2e-6, "{:?}", y[0]);
+        }
+    }
+
+    #[test]
+    fn layer_norm_by_hand() {
+        // x = [1,2,3,4]: mean 2.5, biased var 1.25.
+        let n = Norm::Layer {
+            w: Tensor::new(&[1.0f32, 1.0, 2.0, 1.0], &Device::Cpu).unwrap(),
+            b: Tensor::new(&[0.0f32, 0.0, 0.0, 1.0], &Device::Cpu).unwrap(),
+            eps: 0.0,
+        };
+        let x = Tensor::new(&[[1.0f32, 2.0, 3.0, 4.0]], &Device::Cpu).unwrap();
+        let y: Vec<Vec<f32>> = n.forward(&x).unwrap().to_vec2().unwrap();
+        let s = 1.25f32.sqrt();
+        let want = [-1.5 / s, -0.5 / s, 2.0 * 0.5 / s, 1.5 / s + 1.0];
+        for (a, b) in y[0].iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{:?}", y[0]);
+        }
+    }
+
+    #[test]
+    fn linear_layouts() {
+        // nn.Linear [out, in] computes x Wᵀ; Conv1D [in, out] computes x W.
+        let w = Tensor::new(&[[1.0f32, 2.0], [3.0, 4.0], [5.0, 6.0]], &Device::Cpu).unwrap();
+        let x = Tensor::new(&[[1.0f32, 10.0]], &Device::Cpu).unwrap();
+        let lin = Linear {
+            w: w.clone(),
+            b: None,
+            in_out: false,
+        };
+        assert_eq!(
+            lin.forward(&x).unwrap().to_vec2::<f32>().unwrap(),
+            vec![vec![21.0, 43.0, 65.0]]
+        );
+        let x3 = Tensor::new(&[[1.0f32, 10.0, 100.0]], &Device::Cpu).unwrap();
+        let b = Tensor::new(&[0.5f32, -0.5], &Device::Cpu).unwrap();
+        let conv = Linear {
+            w,
+            b: Some(b),
+            in_out: true,
+        };
+        assert_eq!(
+            conv.forward(&x3).unwrap().to_vec2::<f32>().unwrap(),
+            vec![vec![531.5, 641.5]]
+        );
+    }
+}

@@ -24,3 +24,30 @@ pub fn fake_quant_per_output(w: &Tensor, in_out: bool) -> Result<Tensor> {
     }
     Ok(Tensor::from_vec(v, (r, c), w.device())?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn per_row_and_per_column_by_hand() {
+        // Row max 1.0 → scale 1/127: 0.5 → 63.5 → 64 (round half away from zero) → 64/127.
+        let w = Tensor::new(
+            &[[1.0f32, -0.5, 0.25, 0.001], [0.0, 0.0, 0.0, 0.0]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let q: Vec<Vec<f32>> = fake_quant_per_output(&w, false).unwrap().to_vec2().unwrap();
+        let s = 1.0 / 127.0;
+        let want = [1.0, -64.0 * s, 32.0 * s, 0.0];
+        for (a, b) in q[0].iter().zip(want) {
+            assert!((a - b).abs() < 1e-7, "{:?}", q[0]);
+        }
+        assert_eq!(q[1], vec![0.0; 4]);
+        // Same matrix as [in, out]: channels are columns, column 0 has max 1.0, column 1 max 0.5.
+        let q: Vec<Vec<f32>> = fake_quant_per_output(&w, true).unwrap().to_vec2().unwrap();
+        assert_eq!(q[0][1], -0.5); // its own channel max → exactly ±127 steps
+        assert!((q[0][3] - 0.001).abs() < 1e-7); // column 3 holds only 0.001 and 0.0
+    }
+}

@@ -40,3 +40,22 @@ pub fn per_head(mask: &[bool], t: usize, n_heads: usize) -> Vec<bool> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_by_hand() {
+        let t = |s: &str| {
+            s.chars()
+                .filter(|c| *c != ' ')
+                .map(|c| c == '1')
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(causal(3), t("100 110 111"));
+        assert_eq!(banded(4, 1), t("1000 1100 0110 0011"));
+        assert_eq!(single_key(4, 1), t("1000 1100 1110 0101"));
+        assert_eq!(per_head(&t("10 11"), 2, 2), t("10 10 11 11"));
+    }
+}
