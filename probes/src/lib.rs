@@ -1,1 +1,42 @@
-//! skeleton
+//! kvprobe-probes: one module per probe, the metrics they share, and the root-cause diagnosis.
+//!
+//! Probes see only the device contract ([`kvprobe_npu::Device`]) and the genai
+//! [`kvprobe_npu::Driver`]: they must find a fault the way they would on hardware, never from
+//! the emulator's fault list (issue 4).
+
+pub mod colmap;
+pub mod diagnose;
+pub mod error;
+pub mod greedy;
+pub mod inject;
+pub mod layout;
+pub mod maskconv;
+pub mod metrics;
+pub mod positions;
+pub mod prefill;
+pub mod progress;
+pub mod quant;
+pub mod rings;
+pub mod selfmask;
+pub mod session;
+pub mod thresholds;
+pub mod ztap;
+
+pub use diagnose::{diagnose, DiagnoseOptions, Diagnosis};
+pub use error::{Error, Result};
+pub use progress::{NoProgress, Progress};
+pub use session::{Geometry, Session};
+
+/// The probe names, in the order `diagnose` runs them (CLI subcommands share these names).
+pub const PROBES: [&str; 10] = [
+    "quant",
+    "prefill",
+    "selfmask",
+    "greedy",
+    "colmap",
+    "ztap",
+    "maskconv",
+    "positions",
+    "layout",
+    "inject",
+];

@@ -1,0 +1,572 @@
+//! `diagnose`: run the probes stage by stage and name the root cause (rules and thresholds in
+//! docs/diagnosis.md).
+//!
+//! Stage order (issue 4): prefill graph → tbt graph → cache path. The controls run first
+//! (quant, prefill, selfmask, greedy); the cache-path probes run only when the graphs pass, since
+//! a broken graph already explains a bad generation and would poison their references. The
+//! headline `verdict` is the earliest failing stage; `also` lists the other causes found.
+
+use std::time::Instant;
+
+use kvprobe_schema::{Layout, ProbeFindings, Timing, Verdict};
+
+use crate::colmap::ColmapOptions;
+use crate::greedy::{tbt_min, tbt_top1};
+use crate::prefill::PrefillOptions;
+use crate::session::{Geometry, Session};
+use crate::thresholds::*;
+use crate::{
+    colmap, greedy, inject, layout, maskconv, positions, prefill, quant, selfmask, ztap, Result,
+};
+
+#[derive(Debug, Clone)]
+pub struct DiagnoseOptions {
+    /// Greedy steps (generated tokens, the prefill token included).
+    pub steps: usize,
+    pub selfmask_steps: usize,
+    pub prefill: PrefillOptions,
+    pub colmap: ColmapOptions,
+}
+
+impl Default for DiagnoseOptions {
+    fn default() -> Self {
+        DiagnoseOptions {
+            steps: 16,
+            selfmask_steps: 6,
+            prefill: PrefillOptions::default(),
+            colmap: ColmapOptions::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Diagnosis {
+    pub verdict: Verdict,
+    pub confidence: f64,
+    pub evidence: Vec<String>,
+    pub also: Vec<Verdict>,
+    pub warnings: Vec<String>,
+    pub probes: ProbeFindings,
+    pub timings: Vec<Timing>,
+}
+
+/// One cause found by a rule, with how sure the rule is.
+#[derive(Debug, Clone)]
+struct Cause {
+    verdict: Verdict,
+    confidence: f64,
+    /// 0 prefill graph, 1 tbt graph (from its control), 2 cache path.
+    stage: u8,
+}
+
+struct Run<'s, 'a> {
+    s: &'s mut Session<'a>,
+    timings: Vec<Timing>,
+}
+
+impl Run<'_, '_> {
+    fn timed<T>(&mut self, what: &str, f: impl FnOnce(&mut Session) -> Result<T>) -> Result<T> {
+        let t = Instant::now();
+        let r = f(self.s)?;
+        self.timings.push(Timing {
+            what: what.into(),
+            seconds: t.elapsed().as_secs_f64(),
+        });
+        Ok(r)
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", 100.0 * x)
+}
+
+/// Single-chunk and multi-chunk prefill rows: (mean, min, count) of each.
+fn prefill_split(f: &kvprobe_schema::PrefillFinding, g: &Geometry) -> [(f64, f64, usize, f64); 2] {
+    let mut out = [(0.0, f64::INFINITY, 0usize, 0.0); 2];
+    for r in &f.rows {
+        let i = usize::from(g.chunks(r.position + 1) > 1);
+        out[i].0 += r.comparison.cosine;
+        out[i].1 = out[i].1.min(r.comparison.cosine);
+        out[i].2 += 1;
+        out[i].3 += r.comparison.top1_match as usize as f64;
+    }
+    for o in &mut out {
+        if o.2 > 0 {
+            o.0 /= o.2 as f64;
+            o.3 /= o.2 as f64;
+        } else {
+            o.1 = 1.0;
+        }
+    }
+    out
+}
+
+fn stage_ok(mean: f64, min: f64) -> bool {
+    mean >= STAGE_MEAN_COSINE && min >= STAGE_MIN_COSINE
+}
+
+pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
+    let g = s.geometry();
+    let mut run = Run {
+        s,
+        timings: Vec::new(),
+    };
+    let mut p = ProbeFindings::default();
+    let mut ev: Vec<String> = Vec::new();
+    let mut warnings: Vec<String> = Vec::new();
+    let mut causes: Vec<Cause> = Vec::new();
+    let has_tbt = run.s.has_tbt();
+
+    // --- controls -------------------------------------------------------------------------
+    let q = run.timed("quant", |s| quant::run(s.describe()))?;
+    let pf = run.timed("prefill", |s| prefill::run(s, &opts.prefill))?;
+    let [single, multi] = prefill_split(&pf, &g);
+    let pf_single_ok = single.2 == 0 || stage_ok(single.0, single.1);
+    let pf_multi_ok = multi.2 == 0 || stage_ok(multi.0, multi.1);
+    ev.push(format!(
+        "prefill: {} single-chunk prefixes, mean cosine {:.4} (min {:.4}, top-1 {})",
+        single.2,
+        single.0,
+        single.1,
+        pct(single.3)
+    ));
+    if multi.2 > 0 {
+        ev.push(format!(
+            "prefill: {} multi-chunk prefixes (they read the cache), mean cosine {:.4} (min {:.4}, top-1 {})",
+            multi.2,
+            multi.0,
+            multi.1,
+            pct(multi.3)
+        ));
+    }
+    if !pf.rerun_identical {
+        warnings.push(format!(
+            "prefill: re-running the first prefix after the sweep gave cosine {:.6}, not identical: state leaks across reset",
+            pf.rerun_cosine
+        ));
+    }
+    p.quant = Some(q.clone());
+    p.prefill = Some(pf.clone());
+
+    let sm = if has_tbt {
+        Some(run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?)
+    } else {
+        None
+    };
+    let sm_ok = sm
+        .as_ref()
+        .is_none_or(|f| stage_ok(f.mean_cosine, f.min_cosine));
+    if let Some(f) = &sm {
+        ev.push(format!(
+            "selfmask: {} self-only tbt steps, mean cosine {:.4} (min {:.4}, top-1 {})",
+            f.steps.len(),
+            f.mean_cosine,
+            f.min_cosine,
+            pct(f.top1_agreement)
+        ));
+    }
+    p.selfmask = sm.clone();
+
+    let gr = run.timed("greedy", |s| greedy::run(s, opts.steps))?;
+    let g_tbt_mean = gr.tbt_mean_cosine.unwrap_or(1.0);
+    let g_tbt_min = tbt_min(&gr).unwrap_or(1.0);
+    let g_tbt_top1 = tbt_top1(&gr).unwrap_or(1.0);
+    let greedy_ok = stage_ok(g_tbt_mean, g_tbt_min) && g_tbt_top1 >= GREEDY_TOP1;
+    ev.push(format!(
+        "greedy: {} steps, tbt mean cosine {:.4} (min {:.4}, top-1 {}), first divergence {}",
+        gr.steps.len(),
+        g_tbt_mean,
+        g_tbt_min,
+        pct(g_tbt_top1),
+        gr.first_divergence
+            .map_or("none".into(), |d| format!("at step {d}"))
+    ));
+    p.greedy = Some(gr.clone());
+
+    // --- healthy: stop early, placement only as warnings ------------------------------------
+    if pf_single_ok && pf_multi_ok && sm_ok && greedy_ok && q.inconsistent_caches == 0 {
+        let ly = run.timed("layout", layout::run)?;
+        if ly.writer_layout != Layout::TokenMajor || ly.writer_shift != 0 {
+            warnings.push(format!(
+                "layout: the writer's data decodes best as {} at slot shift {} (score {:.3}) yet every output matches: windows stay consistent, no output changes",
+                ly.writer_layout.name(),
+                ly.writer_shift,
+                ly.writer_score
+            ));
+        }
+        ev.push(format!(
+            "layout: writer {} at shift {} (mean correlation {:.3})",
+            ly.writer_layout.name(),
+            ly.writer_shift,
+            ly.writer_score
+        ));
+        p.layout = Some(ly);
+        let margin = [
+            single.0 - STAGE_MEAN_COSINE,
+            sm.as_ref()
+                .map_or(1.0, |f| f.mean_cosine - STAGE_MEAN_COSINE),
+            g_tbt_mean - STAGE_MEAN_COSINE,
+        ]
+        .into_iter()
+        .fold(f64::INFINITY, f64::min);
+        let confidence = if margin >= 0.02 { 0.95 } else { 0.75 };
+        return Ok(finish(
+            Verdict::Healthy,
+            confidence,
+            ev,
+            Vec::new(),
+            warnings,
+            p,
+            run.timings,
+        ));
+    }
+
+    // --- graph stages -------------------------------------------------------------------------
+    let mc = if has_tbt {
+        Some(run.timed("maskconv", maskconv::run)?)
+    } else {
+        None
+    };
+    if let Some(m) = &mc {
+        let list: Vec<String> = m
+            .variants
+            .iter()
+            .map(|v| format!("{} {:.4}", v.name, v.comparison.cosine))
+            .collect();
+        ev.push(format!(
+            "maskconv: first tbt step cosine per mask convention: {}",
+            list.join(", ")
+        ));
+    }
+    p.maskconv = mc.clone();
+    let heads_ignored = mc
+        .as_ref()
+        .and_then(|m| m.other_heads_ignored_cosine)
+        .is_some_and(|c| c >= IDENTICAL_COSINE);
+    if heads_ignored && (!pf_single_ok || !sm_ok || !greedy_ok) {
+        ev.push(format!(
+            "maskconv: giving heads ≥ 1 a self-only row leaves the output unchanged (cosine {:.6} to the ring mask): the graph applies one head's mask row to every head",
+            mc.as_ref().and_then(|m| m.other_heads_ignored_cosine).unwrap_or(0.0)
+        ));
+        causes.push(Cause {
+            verdict: Verdict::MaskConvention,
+            confidence: 0.95,
+            stage: 2,
+        });
+        return Ok(conclude(causes, ev, warnings, p, run.timings));
+    }
+    if !pf_single_ok {
+        ev.push(format!(
+            "prefill graph: single-chunk prefixes (no cache read) fall below {STAGE_MEAN_COSINE} mean / {STAGE_MIN_COSINE} min cosine"
+        ));
+        causes.push(Cause {
+            verdict: Verdict::PrefillGraph,
+            confidence: if single.0 < STAGE_MEAN_COSINE - 0.05 {
+                0.9
+            } else {
+                0.7
+            },
+            stage: 0,
+        });
+    }
+    if !sm_ok {
+        let f = sm.as_ref().map_or(0.0, |f| f.mean_cosine);
+        ev.push(format!(
+            "tbt graph: self-only steps (no cache read) reach only {f:.4} mean cosine against the reference"
+        ));
+        causes.push(Cause {
+            verdict: Verdict::TbtGraph,
+            confidence: if f < STAGE_MEAN_COSINE - 0.05 {
+                0.9
+            } else {
+                0.7
+            },
+            stage: 1,
+        });
+    }
+    if !causes.is_empty() {
+        // A broken graph explains the bad generation; the cache-path probes would compare
+        // against a reference the device never had. Only the free description check adds to it.
+        if q.inconsistent_caches > 0 {
+            causes.push(quant_cause(&q, &mut ev));
+        }
+        ev.push("cache-path probes skipped: a graph control already fails".into());
+        return Ok(conclude(causes, ev, warnings, p, run.timings));
+    }
+    if !has_tbt {
+        ev.push("the device has no tbt group; only prefill could be checked".into());
+        return Ok(conclude(causes, ev, warnings, p, run.timings));
+    }
+
+    // --- cache path ---------------------------------------------------------------------------
+    let ps = run.timed("positions", positions::run)?;
+    let ly = run.timed("layout", layout::run)?;
+    let inj = run.timed("inject", inject::run)?;
+    let zt = run.timed("ztap", ztap::run)?;
+    let cm = run.timed("colmap", |s| colmap::run(s, &opts.colmap))?;
+    p.positions = Some(ps.clone());
+    p.layout = Some(ly.clone());
+    p.inject = Some(inj.clone());
+    p.ztap = Some(zt.clone());
+    p.colmap = Some(cm.clone());
+    let mc = mc.unwrap_or_else(empty_maskconv);
+
+    ev.push(format!(
+        "positions: first tbt step cosine {:.4} at the server's position, best {:.4} at δ = {:+}",
+        ps.baseline_cosine, ps.best_cosine, ps.best_delta
+    ));
+    ev.push(format!(
+        "layout: writer {} at slot shift {:+} (mean correlation {:.3}; token-major at the predicted slots {:.3})",
+        ly.writer_layout.name(),
+        ly.writer_shift,
+        ly.writer_score,
+        mean(ly.caches.iter().map(|c| c.token_major_score))
+    ));
+    ev.push(format!(
+        "inject: device rings {:.4}, golden token-major rings {:.4}, golden K↔V swapped {:.4} → blame {}",
+        inj.device_rings.cosine, inj.golden.cosine, inj.golden_swapped.cosine, inj.blame
+    ));
+    ev.push(format!(
+        "ztap ({}): {}; zero columns {} (transposed reader would show ≈ {:.1})",
+        zt.source,
+        zt.interpretation,
+        zt.caches.iter().map(|c| c.zero_columns).sum::<usize>() / zt.caches.len().max(1),
+        mean(zt.caches.iter().map(|c| c.expected_transposed_zero_columns))
+    ));
+    ev.push(format!(
+        "colmap: diagonal {:.3}, best off-diagonal {:.3}, best shift {:+} ({:.3}), {} clean / {} mixture rows, never-written rows {}",
+        cm.diagonal_strength,
+        cm.best_off_diagonal,
+        cm.best_shift,
+        cm.best_shift_score,
+        cm.clean_rows,
+        cm.mixture_rows,
+        match cm.empty_rows_identical {
+            Some(true) => "identical".to_string(),
+            Some(false) => format!("differ (spread {:.4})", cm.empty_rows_spread.unwrap_or(0.0)),
+            None => "not covered".to_string(),
+        }
+    ));
+
+    // a. declared quant infos
+    if q.inconsistent_caches > 0 {
+        causes.push(quant_cause(&q, &mut ev));
+    }
+    // b. positions
+    if ps.best_delta != 0
+        && ps.best_cosine >= REPRODUCES_COSINE
+        && ps.best_cosine >= ps.baseline_cosine + REPAIR_MARGIN
+    {
+        ev.push(format!(
+            "→ position-mismatch: sending position pos{:+} reproduces the reference ({:.4} vs {:.4}): the tbt graph's positional input is wired {:+} off",
+            ps.best_delta, ps.best_cosine, ps.baseline_cosine, -ps.best_delta
+        ));
+        causes.push(Cause {
+            verdict: Verdict::PositionMismatch,
+            confidence: 0.9,
+            stage: 2,
+        });
+    }
+    // c. layout and placement of the writer
+    let tm_score = mean(ly.caches.iter().map(|c| c.token_major_score));
+    let placement_off = ly.writer_layout == Layout::TokenMajor
+        && ly.writer_shift != 0
+        && ly.writer_score >= LAYOUT_CLEAN
+        && ly.writer_score >= tm_score + LAYOUT_MARGIN;
+    if ly.writer_layout != Layout::TokenMajor
+        && ly.writer_score >= LAYOUT_CLEAN
+        && ly.writer_score >= tm_score + LAYOUT_MARGIN
+    {
+        ev.push(format!(
+            "→ cache-layout-mismatch: the prefill writer's ring bytes decode as {} (correlation {:.3} vs token-major {:.3}); HailoRT's ring needs token-major (contract §7.4)",
+            ly.writer_layout.name(),
+            ly.writer_score,
+            tm_score
+        ));
+        causes.push(Cause {
+            verdict: Verdict::CacheLayoutMismatch,
+            confidence: 0.9,
+            stage: 2,
+        });
+    }
+    // d. mask conventions
+    let reproducing: Vec<&kvprobe_schema::MaskVariant> = mc
+        .variants
+        .iter()
+        .filter(|v| v.reproduces && v.name != "ring" && v.name != "per-head")
+        .collect();
+    if let Some(v) = reproducing
+        .iter()
+        .max_by(|a, b| a.comparison.cosine.total_cmp(&b.comparison.cosine))
+    {
+        if v.name.starts_with("shift") && placement_off {
+            // a shifted mask "repairs" a shifted placement: placement decides (fault signatures)
+        } else {
+            ev.push(format!(
+                "→ mask-convention: the `{}` mask reproduces the reference ({:.4}) where the server's ring mask gives {:.4}",
+                v.name, v.comparison.cosine, mc.variants[0].comparison.cosine
+            ));
+            causes.push(Cause {
+                verdict: Verdict::MaskConvention,
+                confidence: 0.9,
+                stage: 2,
+            });
+        }
+    }
+    if placement_off {
+        ev.push(format!(
+            "→ cache-offset: prompt tokens sit at slot shift {:+} from position mod L (correlation {:.3} vs {:.3} at the predicted slots)",
+            ly.writer_shift, ly.writer_score, tm_score
+        ));
+        causes.push(Cause {
+            verdict: Verdict::CacheOffset,
+            confidence: 0.85,
+            stage: 2,
+        });
+    }
+    // e. truncation
+    if zt.interpretation == "truncation" {
+        ev.push(
+            "→ cache-truncation: the same tail columns are zero in every entry of every cache"
+                .into(),
+        );
+        causes.push(Cause {
+            verdict: Verdict::CacheTruncation,
+            confidence: 0.9,
+            stage: 2,
+        });
+    }
+    // f. the reader
+    if causes.is_empty() {
+        match inj.blame.as_str() {
+            "binding" => {
+                ev.push(format!(
+                    "→ kv-binding: golden rings fail ({:.4}) but the same rings swapped K↔V reproduce the reference ({:.4})",
+                    inj.golden.cosine, inj.golden_swapped.cosine
+                ));
+                causes.push(Cause {
+                    verdict: Verdict::KvBinding,
+                    confidence: 0.9,
+                    stage: 2,
+                });
+            }
+            "reader" => {
+                let mixing = cm.empty_rows_identical == Some(false)
+                    || cm.mixture_rows > cm.clean_rows
+                    || zt.interpretation == "transposition";
+                if mixing {
+                    ev.push(format!(
+                        "→ cache-layout-mismatch (reader): golden token-major rings fail too ({:.4}) and column-map rows are mixtures ({} of {}), never-written rows differ: the tbt reader uses another layout",
+                        inj.golden.cosine, cm.mixture_rows, cm.rows.len()
+                    ));
+                    causes.push(Cause {
+                        verdict: Verdict::CacheLayoutMismatch,
+                        confidence: 0.85,
+                        stage: 2,
+                    });
+                } else {
+                    ev.push(format!(
+                        "→ tbt-graph (by elimination): golden rings fail ({:.4}), the column map stays diagonal ({:.3}), positions, masks, quant and placement are clean; the self-only control is blind to the attention scale",
+                        inj.golden.cosine, cm.diagonal_strength
+                    ));
+                    causes.push(Cause {
+                        verdict: Verdict::TbtGraph,
+                        confidence: 0.65,
+                        stage: 2,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    if causes.is_empty() {
+        ev.push("no rule matched: the cache path fails but no probe isolates why".into());
+    }
+    Ok(conclude(causes, ev, warnings, p, run.timings))
+}
+
+fn quant_cause(q: &kvprobe_schema::QuantFinding, ev: &mut Vec<String>) -> Cause {
+    let worst = q
+        .caches
+        .iter()
+        .map(|c| c.max_scale_ratio)
+        .fold(1.0, f64::max);
+    ev.push(format!(
+        "→ cache-quantization: {} of {} caches declare different quant infos for writer and reader (scale ratio up to {:.3})",
+        q.inconsistent_caches,
+        q.caches.len(),
+        worst
+    ));
+    Cause {
+        verdict: Verdict::CacheQuantization,
+        confidence: 0.9,
+        stage: 2,
+    }
+}
+
+fn mean(it: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = it.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        s / n as f64
+    }
+}
+
+fn empty_maskconv() -> kvprobe_schema::MaskconvFinding {
+    kvprobe_schema::MaskconvFinding {
+        variants: Vec::new(),
+        other_heads_ignored_cosine: None,
+        best: None,
+    }
+}
+
+/// Headline = earliest stage (prefill graph, tbt graph from its control) else the first
+/// cache-path rule that fired; the rest go to `also`.
+fn conclude(
+    causes: Vec<Cause>,
+    ev: Vec<String>,
+    warnings: Vec<String>,
+    p: ProbeFindings,
+    timings: Vec<Timing>,
+) -> Diagnosis {
+    if causes.is_empty() {
+        return finish(Verdict::Unknown, 0.3, ev, Vec::new(), warnings, p, timings);
+    }
+    let head = causes
+        .iter()
+        .enumerate()
+        .min_by_key(|(i, c)| (c.stage, *i))
+        .map(|(i, _)| i)
+        .unwrap_or(0);
+    let verdict = causes[head].verdict;
+    let mut also: Vec<Verdict> = Vec::new();
+    for c in &causes {
+        if c.verdict != verdict && !also.contains(&c.verdict) {
+            also.push(c.verdict);
+        }
+    }
+    // several independent causes on the cache path make each one less certain
+    let confidence = (causes[head].confidence - 0.05 * also.len() as f64).max(0.5);
+    finish(verdict, confidence, ev, also, warnings, p, timings)
+}
+
+fn finish(
+    verdict: Verdict,
+    confidence: f64,
+    evidence: Vec<String>,
+    also: Vec<Verdict>,
+    warnings: Vec<String>,
+    probes: ProbeFindings,
+    timings: Vec<Timing>,
+) -> Diagnosis {
+    Diagnosis {
+        verdict,
+        confidence,
+        evidence,
+        also,
+        warnings,
+        probes,
+        timings,
+    }
+}

@@ -1,0 +1,130 @@
+//! `inject`: write golden rings — the reference K/V quantised with each ring's declared reader
+//! quant info, token-major, at the slots the ring arithmetic predicts (position p at slot
+//! p mod L) — with `write_cache_buffer` (HailoRT `update_cache_buffer`, contract §1.8), then run
+//! the first tbt step. A reference-matching result clears the reader and blames the writer;
+//! otherwise the reader is at fault, or its binding: the same with the K and V rings swapped.
+//! The device's own rings are put back afterwards.
+
+use std::collections::BTreeMap;
+
+use kvprobe_npu::MaskMode;
+use kvprobe_schema::{CacheKind, InjectFinding, LogitComparison};
+
+use crate::metrics::compare;
+use crate::rings::{cache_infos, quantize_entry, reference_entries, CacheInfo};
+use crate::session::Session;
+use crate::thresholds::REPRODUCES_COSINE;
+use crate::Result;
+
+pub fn run(s: &mut Session) -> Result<InjectFinding> {
+    s.require_tbt("inject")?;
+    let g = s.geometry();
+    let infos = cache_infos(s.describe())?;
+    s.progress.phase("inject", 4);
+    let first = s.first_step()?;
+    let q = first.query;
+    s.progress.inc(1);
+    let device_rings = compare(
+        &s.driver.trial_step(s.dev, q, &MaskMode::Ring)?.logits,
+        &first.reference,
+    );
+    s.progress.inc(1);
+    let original = s.dev.cache_buffers()?;
+    let prompt = s.prompt_ref()?;
+    let nh = s.model.config().n_heads;
+    let mut refs = BTreeMap::new();
+    for info in &infos {
+        refs.insert(info.cache_id, reference_entries(&prompt.state, info, nh)?);
+    }
+    let golden = run_with_rings(
+        s,
+        &infos,
+        &refs,
+        false,
+        g.prompt_len,
+        g.cache_len,
+        q,
+        &first.reference,
+    )?;
+    s.progress.inc(1);
+    let golden_swapped = run_with_rings(
+        s,
+        &infos,
+        &refs,
+        true,
+        g.prompt_len,
+        g.cache_len,
+        q,
+        &first.reference,
+    )?;
+    s.progress.inc(1);
+    for (id, bytes) in &original {
+        s.dev.write_cache_buffer(*id, bytes)?;
+    }
+    let ok = |c: &LogitComparison| c.cosine >= REPRODUCES_COSINE;
+    let blame = if ok(&device_rings) && ok(&golden) {
+        "none"
+    } else if ok(&golden) {
+        "writer"
+    } else if ok(&golden_swapped) {
+        "binding"
+    } else {
+        "reader"
+    };
+    Ok(InjectFinding {
+        device_rings,
+        golden,
+        golden_swapped,
+        blame: blame.into(),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_with_rings(
+    s: &mut Session,
+    infos: &[CacheInfo],
+    refs: &BTreeMap<u32, Vec<f32>>,
+    swapped: bool,
+    n: usize,
+    l: usize,
+    q: u32,
+    reference: &[f32],
+) -> Result<LogitComparison> {
+    let mut entry = Vec::new();
+    for info in infos {
+        let source = if swapped {
+            partner(infos, info).unwrap_or(info)
+        } else {
+            info
+        };
+        let data = &refs[&source.cache_id];
+        let f = info.features.min(source.features);
+        let mut ring = vec![0u8; l * info.padded_entry_size];
+        let qi = info.reader_quant();
+        for p in 0..n {
+            quantize_entry(
+                &data[p * source.features..p * source.features + f],
+                info.elem_bytes,
+                &qi,
+                &mut entry,
+            );
+            let o = (p % l) * info.padded_entry_size;
+            let e = entry.len().min(info.entry_size);
+            ring[o..o + e].copy_from_slice(&entry[..e]);
+        }
+        s.dev.write_cache_buffer(info.cache_id, &ring)?;
+    }
+    let out = s.driver.trial_step(s.dev, q, &MaskMode::Ring)?;
+    Ok(compare(&out.logits, reference))
+}
+
+/// The other cache of the same layer (K ↔ V).
+fn partner<'i>(infos: &'i [CacheInfo], info: &CacheInfo) -> Option<&'i CacheInfo> {
+    let want = match info.kind {
+        CacheKind::K => CacheKind::V,
+        CacheKind::V => CacheKind::K,
+    };
+    infos
+        .iter()
+        .find(|c| c.layer == info.layer && c.kind == want)
+}

@@ -1,0 +1,154 @@
+//! `maskconv`: the first tbt step under alternative mask conventions built from the contract
+//! (§2.5 ring right-aligned; prior art §2.4 left-valid; the ring shifted by ±1; a per-head
+//! variant). Whichever reproduces the reference tells how the graph reads its mask.
+//!
+//! The per-head variant gives head 0 the ring row and every other head the self-only row, and is
+//! compared with a reference computed with exactly those per-head masks. A graph that uses one
+//! head's row for all heads (F4, mask repeated instead of tiled) returns the same logits as the
+//! plain ring mask: `other_heads_ignored_cosine` ≈ 1.
+
+use kvprobe_npu::mask::{left_valid_row, ring_rows};
+use kvprobe_npu::MaskMode;
+use kvprobe_reference::{GraphInput, GraphOptions, PositionInput};
+use kvprobe_schema::{MaskVariant, MaskconvFinding};
+
+use crate::metrics::{compare, cosine};
+use crate::session::Session;
+use crate::thresholds::{REPAIR_MARGIN, REPRODUCES_COSINE};
+use crate::Result;
+
+/// The ring row with every cached column moved by `delta` (self stays in the last column).
+pub fn shifted_ring_row(keys: usize, usage: usize, delta: i64) -> Vec<bool> {
+    let ring = ring_rows(1, keys, usage);
+    let mut row = vec![false; keys];
+    for (c, &a) in ring[..keys - 1].iter().enumerate() {
+        let d = c as i64 + delta;
+        if a && d >= 0 && (d as usize) < keys - 1 {
+            row[d as usize] = true;
+        }
+    }
+    row[keys - 1] = true;
+    row
+}
+
+pub fn run(s: &mut Session) -> Result<MaskconvFinding> {
+    s.require_tbt("maskconv")?;
+    let g = s.geometry();
+    let l = g.cache_len;
+    let usage = g.prompt_len + 1;
+    let nh = s.model.config().n_heads;
+    s.progress.phase("maskconv", 7);
+    let first = s.first_step()?;
+    s.progress.inc(1);
+    let q = first.query;
+    let ring = ring_rows(1, l, usage);
+    let mut self_only = vec![false; l];
+    self_only[l - 1] = true;
+    let plain: Vec<(&str, Vec<bool>)> = vec![
+        ("ring", ring.clone()),
+        ("left-valid", left_valid_row(l, usage)),
+        ("shift-1", shifted_ring_row(l, usage, -1)),
+        ("shift+1", shifted_ring_row(l, usage, 1)),
+    ];
+    let mut variants = Vec::new();
+    let mut ring_logits = Vec::new();
+    for (name, row) in plain {
+        let out = s
+            .driver
+            .trial_step(s.dev, q, &MaskMode::Custom(vec![row]))?;
+        s.progress.inc(1);
+        let comparison = compare(&out.logits, &first.reference);
+        if name == "ring" {
+            ring_logits = out.logits;
+        }
+        variants.push(MaskVariant {
+            name: name.to_string(),
+            comparison,
+            reproduces: false,
+        });
+    }
+    // per-head: head 0 ring, others self-only
+    let mut maps = vec![self_only.clone(); nh];
+    maps[0] = ring.clone();
+    let per_head_dev = s
+        .driver
+        .trial_step(s.dev, q, &MaskMode::Custom(maps))?
+        .logits;
+    s.progress.inc(1);
+    let per_head_ref = per_head_reference(s, q)?;
+    s.progress.inc(1);
+    variants.push(MaskVariant {
+        name: "per-head".into(),
+        comparison: compare(&per_head_dev, &per_head_ref),
+        reproduces: false,
+    });
+    let other_heads_ignored_cosine = (nh > 1).then(|| cosine(&per_head_dev, &ring_logits));
+    let ring_cos = variants[0].comparison.cosine;
+    for v in &mut variants {
+        v.reproduces = v.comparison.cosine >= REPRODUCES_COSINE
+            && (v.name == "ring"
+                || v.name == "per-head"
+                || v.comparison.cosine >= ring_cos + REPAIR_MARGIN);
+    }
+    let best = variants
+        .iter()
+        .filter(|v| v.name != "per-head")
+        .max_by(|a, b| a.comparison.cosine.total_cmp(&b.comparison.cosine))
+        .map(|v| v.name.clone());
+    Ok(MaskconvFinding {
+        variants,
+        other_heads_ignored_cosine,
+        best,
+    })
+}
+
+/// Reference of the first tbt step where head 0 sees every prompt key and the other heads only
+/// the token itself.
+fn per_head_reference(s: &mut Session, q: u32) -> Result<Vec<f32>> {
+    let prompt = s.prompt_ref()?;
+    let n = s.ids.len();
+    let nh = s.model.config().n_heads;
+    let mut mask = vec![false; nh * (n + 1)];
+    for h in 0..nh {
+        let row = &mut mask[h * (n + 1)..(h + 1) * (n + 1)];
+        row[n] = true;
+        if h == 0 {
+            row[..n].fill(true);
+        }
+    }
+    let out = s.model.run_graph(&GraphInput {
+        hidden: s.model.embed(&[q])?,
+        positions: PositionInput::Ids(vec![n as f32]),
+        past: prompt.state.layers.clone(),
+        mask,
+        graph: GraphOptions::default(),
+        last_only: true,
+    })?;
+    Ok(out.logits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn show(r: &[bool]) -> String {
+        r.iter().map(|&a| if a { '#' } else { '.' }).collect()
+    }
+
+    #[test]
+    fn shifted_rows_prior_art_geometry() {
+        // L = 24, first tbt step after 16 tokens: ring ".......#################"
+        assert_eq!(
+            show(&shifted_ring_row(24, 17, 0)),
+            ".......#################"
+        );
+        assert_eq!(
+            show(&shifted_ring_row(24, 17, -1)),
+            "......################.#"
+        );
+        assert_eq!(
+            show(&shifted_ring_row(24, 17, 1)),
+            "........################"
+        );
+    }
+}

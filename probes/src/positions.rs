@@ -1,0 +1,150 @@
+//! `positions`: the first tbt step with its positional input at `pos + δ`, δ ∈ [−4, 4]. If some
+//! δ ≠ 0 reproduces the reference at `pos`, the tbt graph's positions are wired δ off.
+//!
+//! The genai driver always sends the server's positions (contract §2.6), so the sweep wraps the
+//! device: [`PositionShift`] rewrites the tbt run's `pe_*` (or position-ids) inputs for the
+//! shifted position before they reach the device. Nothing else of the run changes.
+
+use std::collections::BTreeMap;
+
+use kvprobe_npu::{Buffer, Device, MaskMode, RunOutput};
+use kvprobe_schema::{DeviceDescription, GroupKind, InputRole, PositionPoint, PositionsFinding};
+
+use crate::metrics::compare;
+use crate::session::Session;
+use crate::Result;
+
+pub const DELTAS: std::ops::RangeInclusive<i64> = -4..=4;
+
+/// A device whose tbt runs get their positional inputs recomputed for `position`.
+pub struct PositionShift<'d> {
+    pub inner: &'d mut dyn Device,
+    pub position: f64,
+    names: BTreeMap<String, InputRole>,
+}
+
+impl<'d> PositionShift<'d> {
+    pub fn new(inner: &'d mut dyn Device, position: f64) -> Self {
+        let names = inner
+            .describe()
+            .group(GroupKind::Tbt)
+            .map(|g| {
+                g.inputs
+                    .iter()
+                    .filter_map(|i| i.role.map(|r| (i.name.clone(), r)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        PositionShift {
+            inner,
+            position,
+            names,
+        }
+    }
+
+    fn rewrite(&self, name: &str, buf: &Buffer) -> Option<Buffer> {
+        let role = *self.names.get(name)?;
+        let s = &self.inner.describe().shape;
+        let trig = |heads: usize, sin: bool| -> Option<Buffer> {
+            let theta = s.rope_theta.as_ref()?;
+            let row: Vec<f32> = theta
+                .iter()
+                .map(|&t| {
+                    let a = t as f64 * self.position;
+                    (if sin { a.sin() } else { a.cos() }) as f32
+                })
+                .collect();
+            Some(Buffer::F32(
+                row.iter()
+                    .copied()
+                    .cycle()
+                    .take(row.len() * heads)
+                    .collect(),
+            ))
+        };
+        let out = match role {
+            InputRole::PeQCos => trig(s.n_heads, false),
+            InputRole::PeQSin => trig(s.n_heads, true),
+            InputRole::PeKCos => trig(s.n_kv_heads, false),
+            InputRole::PeKSin => trig(s.n_kv_heads, true),
+            InputRole::PositionIds => Some(Buffer::F32(vec![self.position as f32])),
+            _ => None,
+        }?;
+        // Only replace a buffer of the same size (a device with another layout is left alone).
+        (out.len() == buf.len()).then_some(out)
+    }
+}
+
+impl Device for PositionShift<'_> {
+    fn describe(&self) -> &DeviceDescription {
+        self.inner.describe()
+    }
+    fn run(
+        &mut self,
+        group: GroupKind,
+        inputs: &[(String, Buffer)],
+    ) -> kvprobe_npu::Result<RunOutput> {
+        if group != GroupKind::Tbt {
+            return self.inner.run(group, inputs);
+        }
+        let rewritten: Vec<(String, Buffer)> = inputs
+            .iter()
+            .map(|(n, b)| (n.clone(), self.rewrite(n, b).unwrap_or_else(|| b.clone())))
+            .collect();
+        self.inner.run(group, &rewritten)
+    }
+    fn init_cache(&mut self, read_offset: u32) -> kvprobe_npu::Result<()> {
+        self.inner.init_cache(read_offset)
+    }
+    fn update_cache_offset(&mut self, delta: i32) -> kvprobe_npu::Result<()> {
+        self.inner.update_cache_offset(delta)
+    }
+    fn cache_buffers(&mut self) -> kvprobe_npu::Result<BTreeMap<u32, Vec<u8>>> {
+        self.inner.cache_buffers()
+    }
+    fn write_cache_buffer(&mut self, cache_id: u32, bytes: &[u8]) -> kvprobe_npu::Result<()> {
+        self.inner.write_cache_buffer(cache_id, bytes)
+    }
+}
+
+pub fn run(s: &mut Session) -> Result<PositionsFinding> {
+    s.require_tbt("positions")?;
+    s.progress.phase("positions", DELTAS.count() as u64 + 1);
+    let first = s.first_step()?;
+    s.progress.inc(1);
+    let pos = first.position as i64;
+    let mut points = Vec::new();
+    for delta in DELTAS {
+        if pos + delta < 0 {
+            continue;
+        }
+        let mut shifted = PositionShift::new(s.dev, (pos + delta) as f64);
+        let out = s
+            .driver
+            .trial_step(&mut shifted, first.query, &MaskMode::Ring)?;
+        s.progress.inc(1);
+        points.push(PositionPoint {
+            delta,
+            comparison: compare(&out.logits, &first.reference),
+        });
+    }
+    let baseline_cosine = points
+        .iter()
+        .find(|p| p.delta == 0)
+        .map_or(0.0, |p| p.comparison.cosine);
+    let best = points
+        .iter()
+        .max_by(|a, b| {
+            a.comparison
+                .cosine
+                .total_cmp(&b.comparison.cosine)
+                .then(b.delta.abs().cmp(&a.delta.abs()))
+        })
+        .map_or((0, 0.0), |p| (p.delta, p.comparison.cosine));
+    Ok(PositionsFinding {
+        points,
+        best_delta: best.0,
+        best_cosine: best.1,
+        baseline_cosine,
+    })
+}

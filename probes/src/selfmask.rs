@@ -1,0 +1,56 @@
+//! `selfmask`: tbt steps whose mask allows only the token itself, against reference single-token
+//! steps with no prefix keys at the same position (prior art §2.3, kv_greedy `--mask-mode self`).
+//!
+//! It isolates the tbt graph from the cache. With one visible key per head the softmax weight is
+//! exactly 1, so this control is blind to positions and to the attention scale (fault signatures).
+
+use kvprobe_npu::MaskMode;
+use kvprobe_reference::ForwardOptions;
+use kvprobe_schema::{SelfmaskFinding, SelfmaskStep};
+
+use crate::metrics::{compare, summarise, top1};
+use crate::session::Session;
+use crate::Result;
+
+/// `steps` self-only steps; queries = the device's prefill argmax, then the prompt's tokens
+/// (varied, real tokens of this prompt).
+pub fn run(s: &mut Session, steps: usize) -> Result<SelfmaskFinding> {
+    s.require_tbt("selfmask")?;
+    let steps = steps.max(1);
+    s.progress.phase("selfmask", steps as u64 + 1);
+    let n = s.ids.len();
+    let out = s.prefill_prompt()?;
+    s.progress.inc(1);
+    let mut tokens = vec![top1(&out.logits)];
+    tokens.extend(s.ids.iter().copied().cycle().take(steps - 1));
+    let positions: Vec<usize> = (n..n + steps).collect();
+    // One batched reference pass: each row sees only itself (identity mask).
+    let t = tokens.len();
+    let mask: Vec<bool> = (0..t * t).map(|i| i / t == i % t).collect();
+    let reference = s.model.forward(
+        &tokens,
+        &ForwardOptions {
+            mask: Some(mask),
+            positions: Some(positions.clone()),
+            ..Default::default()
+        },
+    )?;
+    let mut rows = Vec::with_capacity(steps);
+    for (i, &token) in tokens.iter().enumerate() {
+        let dev = s.driver.step(s.dev, token, &MaskMode::SelfOnly)?;
+        rows.push(SelfmaskStep {
+            step: i,
+            position: positions[i],
+            input_token: token,
+            comparison: compare(&dev.logits, reference.row(i)),
+        });
+        s.progress.inc(1);
+    }
+    let (mean_cosine, min_cosine, top1_agreement) = summarise(rows.iter().map(|r| &r.comparison));
+    Ok(SelfmaskFinding {
+        steps: rows,
+        mean_cosine,
+        min_cosine,
+        top1_agreement,
+    })
+}

@@ -1,0 +1,311 @@
+//! What every probe shares: the device, the genai driver, the prompt, and the reference results
+//! computed once per run (the prompt's forward with K/V taps, the first tbt step).
+
+use std::rc::Rc;
+
+use candle_core::Tensor;
+use kvprobe_npu::{Device, Driver, EmbeddingTable, RunOutput};
+use kvprobe_reference::{
+    ForwardOptions, GraphInput, GraphOptions, KvState, LayerKv, Model, PositionInput,
+};
+use kvprobe_schema::{DeviceDescription, GroupKind, InputRole};
+
+use crate::progress::Progress;
+use crate::{Error, Result};
+
+/// Ring geometry of one run (contract §1.3, §2.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// `L`: entries per ring.
+    pub cache_len: usize,
+    /// `P`: prefill rows.
+    pub prefill_len: usize,
+    /// `n`: prompt tokens.
+    pub prompt_len: usize,
+}
+
+impl Geometry {
+    /// Entries of the tbt read window (`in = L − 1`, contract §1.3).
+    pub fn tbt_window(&self) -> usize {
+        self.cache_len - 1
+    }
+
+    /// Absolute position held by read-window column `j` of the first tbt step. With `T = n + 1`
+    /// tokens submitted, column j holds position `T − L + j` (prior art §1.7 invariant: entry
+    /// index ≡ position mod L); `None` = never written.
+    pub fn first_window_position(&self, j: usize) -> Option<usize> {
+        let p = (self.prompt_len + 1 + j) as i64 - self.cache_len as i64;
+        (p >= 0 && (p as usize) < self.prompt_len).then_some(p as usize)
+    }
+
+    /// Column of the first tbt window holding prompt position `p`.
+    pub fn first_window_column(&self, p: usize) -> usize {
+        self.cache_len + p - self.prompt_len - 1
+    }
+
+    /// Prefill chunks the driver runs for a prefix of `k` tokens (remainder first, contract §2.3).
+    pub fn chunks(&self, k: usize) -> usize {
+        k.div_ceil(self.prefill_len)
+    }
+}
+
+/// The prompt's reference: causal logits at every position and the K/V state.
+pub struct PromptRef {
+    /// `[n, vocab]` row-major: row i = the logits after prefix `ids[..=i]`.
+    pub logits: Vec<f32>,
+    pub vocab: usize,
+    pub state: KvState,
+}
+
+impl PromptRef {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.vocab..(i + 1) * self.vocab]
+    }
+}
+
+/// The first tbt step of the server's path: query = the device's prefill argmax at position n.
+pub struct FirstStep {
+    pub device_prefill: Vec<f32>,
+    pub query: u32,
+    pub position: usize,
+    /// Reference logits of that step over the whole prompt.
+    pub reference: Vec<f32>,
+}
+
+pub struct Session<'a> {
+    pub model: &'a Model,
+    pub dev: &'a mut dyn Device,
+    pub driver: Driver,
+    pub ids: Vec<u32>,
+    pub progress: &'a dyn Progress,
+    prompt: Option<Rc<PromptRef>>,
+    first: Option<Rc<FirstStep>>,
+}
+
+impl<'a> Session<'a> {
+    pub fn new(
+        model: &'a Model,
+        dev: &'a mut dyn Device,
+        ids: Vec<u32>,
+        progress: &'a dyn Progress,
+    ) -> Result<Self> {
+        let desc = dev.describe().clone();
+        check_model_matches(model, &desc)?;
+        let emb = desc
+            .group(GroupKind::Prefill)
+            .and_then(|g| {
+                g.inputs
+                    .iter()
+                    .find(|i| i.role == Some(InputRole::Embeddings))
+            })
+            .ok_or_else(|| {
+                Error::Device("the prefill group has no embeddings input (contract §3.1)".into())
+            })?
+            .clone();
+        let table = EmbeddingTable::from_tensor(model.embedding_table(), &emb)?;
+        let driver = Driver::new(&desc, table)?;
+        if ids.is_empty() {
+            return Err(kvprobe_npu::Error::EmptyPrompt.into());
+        }
+        if ids.len() >= desc.cache_len {
+            return Err(kvprobe_npu::Error::PromptTooLong {
+                tokens: ids.len(),
+                cache_len: desc.cache_len,
+            }
+            .into());
+        }
+        let vocab = model.config().vocab_size;
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Input(format!(
+                "token id {bad} is outside the model's vocabulary of {vocab}; pass ids below {vocab}"
+            )));
+        }
+        Ok(Session {
+            model,
+            dev,
+            driver,
+            ids,
+            progress,
+            prompt: None,
+            first: None,
+        })
+    }
+
+    pub fn describe(&self) -> &DeviceDescription {
+        self.dev.describe()
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        let d = self.dev.describe();
+        Geometry {
+            cache_len: d.cache_len,
+            prefill_len: d.prefill_len,
+            prompt_len: self.ids.len(),
+        }
+    }
+
+    pub fn has_tbt(&self) -> bool {
+        self.dev.describe().group(GroupKind::Tbt).is_some()
+    }
+
+    pub fn require_tbt(&self, probe: &str) -> Result<()> {
+        if self.has_tbt() {
+            Ok(())
+        } else {
+            Err(Error::Device(format!(
+                "`{probe}` needs a tbt group; this device has only prefill"
+            )))
+        }
+    }
+
+    /// Reset as the server's clear-context, then prefill `ids` (contract §2.10, §2.3).
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<RunOutput> {
+        self.driver.reset(self.dev)?;
+        Ok(self.driver.prefill(self.dev, ids)?)
+    }
+
+    /// Reset and prefill the session's prompt.
+    pub fn prefill_prompt(&mut self) -> Result<RunOutput> {
+        let ids = self.ids.clone();
+        self.prefill(&ids)
+    }
+
+    /// The prompt's causal forward with K/V taps (computed once).
+    pub fn prompt_ref(&mut self) -> Result<Rc<PromptRef>> {
+        if let Some(p) = &self.prompt {
+            return Ok(p.clone());
+        }
+        let out = self.model.forward(
+            &self.ids,
+            &ForwardOptions {
+                taps: true,
+                ..Default::default()
+            },
+        )?;
+        let layers = out
+            .taps
+            .ok_or_else(|| Error::Candle("reference forward returned no K/V taps".into()))?;
+        let p = Rc::new(PromptRef {
+            logits: out.logits,
+            vocab: out.vocab,
+            state: KvState {
+                layers,
+                positions: (0..self.ids.len()).collect(),
+                ids: self.ids.clone(),
+            },
+        });
+        self.prompt = Some(p.clone());
+        Ok(p)
+    }
+
+    /// The device's prefill of the prompt, its argmax (the query token of colmap, maskconv,
+    /// positions and inject) and the reference of the first tbt step. Leaves the device right
+    /// after that prefill.
+    pub fn first_step(&mut self) -> Result<Rc<FirstStep>> {
+        let out = self.prefill_prompt()?;
+        if let Some(f) = &self.first {
+            return Ok(f.clone());
+        }
+        let query = kvprobe_npu::argmax(&out.logits);
+        let prompt = self.prompt_ref()?;
+        let n = self.ids.len();
+        let reference = window_step(self.model, &prompt.state, query, n, n)?.0;
+        let f = Rc::new(FirstStep {
+            device_prefill: out.logits,
+            query,
+            position: n,
+            reference,
+        });
+        self.first = Some(f.clone());
+        Ok(f)
+    }
+}
+
+/// One reference token at `position` attending to the last `window` entries of `state` and
+/// itself, as a tbt step sees a (possibly wrapped) ring. Returns the logits and the token's own
+/// K/V (`[n_kv, 1, hd]` per layer), computed the way the device computes them: with the same
+/// windowed attention in earlier layers.
+pub fn window_step(
+    model: &Model,
+    state: &KvState,
+    token: u32,
+    position: usize,
+    window: usize,
+) -> Result<(Vec<f32>, Vec<LayerKv>)> {
+    let n = state.len();
+    let w = window.min(n);
+    let past: Vec<LayerKv> = if w == 0 {
+        Vec::new()
+    } else {
+        state
+            .layers
+            .iter()
+            .map(|l| -> Result<LayerKv> {
+                Ok(LayerKv {
+                    k: l.k.narrow(1, n - w, w)?,
+                    v: l.v.narrow(1, n - w, w)?,
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    let nh = model.config().n_heads;
+    let out = model.run_graph(&GraphInput {
+        hidden: model.embed(&[token])?,
+        positions: PositionInput::Ids(vec![position as f32]),
+        past,
+        mask: vec![true; nh * (w + 1)],
+        graph: GraphOptions::default(),
+        last_only: true,
+    })?;
+    Ok((out.logits, out.new_kv))
+}
+
+/// Append one token's K/V to a state.
+pub fn append(state: &mut KvState, kv: &[LayerKv], token: u32, position: usize) -> Result<()> {
+    for (l, n) in state.layers.iter_mut().zip(kv) {
+        l.k = Tensor::cat(&[&l.k, &n.k], 1)?;
+        l.v = Tensor::cat(&[&l.v, &n.v], 1)?;
+    }
+    state.positions.push(position);
+    state.ids.push(token);
+    Ok(())
+}
+
+/// The model the user passed must be the one the device was compiled from (same shape).
+fn check_model_matches(model: &Model, desc: &DeviceDescription) -> Result<()> {
+    let c = model.config();
+    let s = &desc.shape;
+    if c.hidden_size != s.hidden_size
+        || c.n_layers != s.n_layers
+        || c.n_heads != s.n_heads
+        || c.n_kv_heads != s.n_kv_heads
+    {
+        return Err(Error::Input(format!(
+            "the model (hidden {}, {} layers, {}/{} heads) does not match the device (hidden {}, {} layers, {}/{} heads); pass --model the checkpoint the device was compiled from",
+            c.hidden_size, c.n_layers, c.n_heads, c.n_kv_heads, s.hidden_size, s.n_layers, s.n_heads, s.n_kv_heads
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_window_prior_art_example() {
+        // prior art §2.6: L = 24, P = 16, 16-token prompt: cols 0..6 empty, cols 7..22 = pos 0..15
+        let g = Geometry {
+            cache_len: 24,
+            prefill_len: 16,
+            prompt_len: 16,
+        };
+        assert_eq!(g.tbt_window(), 23);
+        assert_eq!(g.first_window_position(6), None);
+        assert_eq!(g.first_window_position(7), Some(0));
+        assert_eq!(g.first_window_position(22), Some(15));
+        assert_eq!(g.first_window_column(0), 7);
+        assert_eq!(g.chunks(16), 1);
+        assert_eq!(g.chunks(17), 2);
+    }
+}

@@ -1,0 +1,34 @@
+//! Diagnosis thresholds (docs/diagnosis.md explains each). Grounded in the prior art's numbers
+//! (prior-art doc §8) and calibrated on the emulator with default INT8 edges; the margins keep a
+//! healthy quantised device (0.96-0.99 cosine, dependency notes) clear of the fault levels
+//! (0.84-0.86 for a mis-laid-out cache on hardware).
+
+/// Logit cosine at or above which a stage (prefill rows, self-only steps, greedy steps) agrees
+/// with the reference. Below the 0.96 floor of a healthy INT8 device, above the 0.84-0.86 of F9.
+pub const STAGE_MEAN_COSINE: f64 = 0.94;
+/// A single row/step may dip further on a healthy INT8 device (clipping on an unlucky token).
+pub const STAGE_MIN_COSINE: f64 = 0.85;
+/// Greedy top-1 agreement (teacher-forced) below which the tbt path is called broken, even when
+/// the mean cosine passes (prior art: healthy on chip 13/16 = 0.81).
+pub const GREEDY_TOP1: f64 = 0.6;
+/// A variant (mask convention, position shift, golden ring) "reproduces the reference" at this
+/// cosine, and must beat the server's own path by at least `REPAIR_MARGIN`.
+pub const REPRODUCES_COSINE: f64 = 0.94;
+pub const REPAIR_MARGIN: f64 = 0.02;
+/// Outputs this close (cosine) are the same run (mask rows ignored by the graph). Device runs
+/// are deterministic, so an ignored input gives exactly the same logits.
+pub const IDENTICAL_COSINE: f64 = 0.999_999;
+/// Relative scale difference between cache writer and reader that counts as a mismatch.
+pub const QUANT_SCALE_TOLERANCE: f64 = 1e-3;
+/// Layout probe: Pearson correlation of decoded entries with the reference K/V for a clean match;
+/// the winner must beat token-major at the predicted slots by `LAYOUT_MARGIN`.
+pub const LAYOUT_CLEAN: f64 = 0.8;
+pub const LAYOUT_MARGIN: f64 = 0.1;
+/// Colmap: a row is `clean` when its best cell beats the second by this margin; `none` below
+/// `COLMAP_MATCH`. Never-written rows are identical when their spread (1 − cosine) is below
+/// `COLMAP_EMPTY_SPREAD`.
+pub const COLMAP_MATCH: f64 = 0.3;
+pub const COLMAP_CLEAN_MARGIN: f64 = 0.15;
+pub const COLMAP_EMPTY_SPREAD: f64 = 1e-4;
+/// Diagonal strength of a healthy column map.
+pub const COLMAP_DIAGONAL: f64 = 0.6;

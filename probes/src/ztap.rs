@@ -1,0 +1,180 @@
+//! `ztap` (zero-column taps): which columns of the cache data are zero in every entry.
+//!
+//! Source: the tbt graph's taps when the device has them (what the graph read: a debug HEF, or
+//! the emulator's `--sim-taps`), otherwise the writer-side ring bytes after prefill (the finding
+//! says which). Compared with `never-written entries × entry width / entries`: a transposed
+//! reader spreads the never-written entries' zeros over that many columns (Finding 9: 82/272 ≈
+//! 7·272/23), a truncated entry zeroes the same tail bytes in every written entry, and a healthy
+//! cache has neither. "Zero" means code 0 (raw 0 bytes; in taps, the dequantised code 0).
+
+use kvprobe_npu::quant::dequantize;
+use kvprobe_npu::MaskMode;
+use kvprobe_schema::{GroupKind, ZtapCache, ZtapFinding};
+
+use crate::rings::cache_infos;
+use crate::session::Session;
+use crate::Result;
+
+pub fn run(s: &mut Session) -> Result<ZtapFinding> {
+    let g = s.geometry();
+    let infos = cache_infos(s.describe())?;
+    let has_taps = s
+        .describe()
+        .group(GroupKind::Tbt)
+        .is_some_and(|t| !t.taps.is_empty());
+    s.progress.phase("ztap", 2);
+    let window = g.tbt_window();
+    let empty = (0..window)
+        .filter(|&j| g.first_window_position(j).is_none())
+        .count();
+    let mut caches = Vec::new();
+    let source;
+    if has_taps {
+        source = "taps";
+        let first = s.first_step()?;
+        s.progress.inc(1);
+        let out = s.driver.trial_step(s.dev, first.query, &MaskMode::Ring)?;
+        s.progress.inc(1);
+        for info in &infos {
+            let Some(tap) = out.taps.get(&info.cache_id) else {
+                continue;
+            };
+            if tap.is_empty() || tap.len() % window != 0 {
+                continue;
+            }
+            let width = tap.len() / window;
+            let q = info.reader_quant();
+            let zero = dequantize(0.0, &q);
+            let tol = (q.scale.abs() * 0.5).max(f32::EPSILON);
+            let zero_map: Vec<bool> = (0..width)
+                .map(|c| (0..window).all(|t| (tap[t * width + c] - zero).abs() <= tol))
+                .collect();
+            caches.push(finish(
+                info.cache_id,
+                info.layer,
+                info.kind,
+                window,
+                width,
+                empty,
+                zero_map,
+            ));
+        }
+    } else {
+        source = "ring-bytes";
+        s.prefill_prompt()?;
+        s.progress.inc(1);
+        let rings = s.dev.cache_buffers()?;
+        s.progress.inc(1);
+        let l = g.cache_len;
+        // the first tbt step reads L − 1 entries from R = n + 1 (contract §1.5)
+        let start = g.prompt_len + 1;
+        for info in &infos {
+            let Some(ring) = rings.get(&info.cache_id) else {
+                continue;
+            };
+            let width = info.entry_size;
+            let zero_map: Vec<bool> = (0..width)
+                .map(|c| {
+                    (0..window).all(|j| {
+                        let o = ((start + j) % l) * info.padded_entry_size + c;
+                        ring.get(o).is_none_or(|&b| b == 0)
+                    })
+                })
+                .collect();
+            caches.push(finish(
+                info.cache_id,
+                info.layer,
+                info.kind,
+                window,
+                width,
+                empty,
+                zero_map,
+            ));
+        }
+    }
+    let trunc = caches
+        .iter()
+        .filter(|c| c.interpretation == "truncation")
+        .count();
+    let trans = caches
+        .iter()
+        .filter(|c| c.interpretation == "transposition")
+        .count();
+    let interpretation = if trunc * 2 > caches.len() {
+        "truncation"
+    } else if trans * 2 > caches.len() {
+        "transposition"
+    } else {
+        "none"
+    };
+    Ok(ZtapFinding {
+        source: source.into(),
+        caches,
+        interpretation: interpretation.into(),
+    })
+}
+
+fn finish(
+    cache_id: u32,
+    layer: usize,
+    kind: kvprobe_schema::CacheKind,
+    entries: usize,
+    width: usize,
+    empty: usize,
+    zero_map: Vec<bool>,
+) -> ZtapCache {
+    let zero_columns = zero_map.iter().filter(|&&z| z).count();
+    let expected = empty as f64 * width as f64 / entries.max(1) as f64;
+    let interpretation = interpret(&zero_map, expected);
+    ZtapCache {
+        cache_id,
+        layer: Some(layer),
+        kind: Some(kind),
+        entries,
+        width,
+        zero_columns,
+        zero_map,
+        empty_entries: empty,
+        expected_transposed_zero_columns: expected,
+        interpretation: interpretation.into(),
+    }
+}
+
+/// "truncation" when the zero columns are a contiguous tail of at least two columns;
+/// "transposition" when their count is within 20 % (or 2) of the transposed expectation;
+/// otherwise "none" (scattered zeros from clipping).
+pub fn interpret(zero_map: &[bool], expected_transposed: f64) -> &'static str {
+    let zeros = zero_map.iter().filter(|&&z| z).count();
+    if zeros == 0 {
+        return "none";
+    }
+    let tail = zero_map.iter().rev().take_while(|&&z| z).count();
+    if tail == zeros && tail >= 2 {
+        return "truncation";
+    }
+    if expected_transposed >= 1.0
+        && (zeros as f64 - expected_transposed).abs() <= (0.2 * expected_transposed).max(2.0)
+    {
+        return "transposition";
+    }
+    "none"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finding9_numbers_read_as_transposition() {
+        // K: 82 of 272 columns zero, window 23 with 7 empty: 7·272/23 = 82.8
+        let mut map = vec![false; 272];
+        map[..82].fill(true);
+        assert_eq!(interpret(&map, 7.0 * 272.0 / 23.0), "transposition");
+        let mut tail = vec![false; 64];
+        tail[40..].fill(true);
+        assert_eq!(interpret(&tail, 0.0), "truncation");
+        let mut one = vec![false; 64];
+        one[5] = true;
+        assert_eq!(interpret(&one, 20.0), "none");
+    }
+}
