@@ -216,7 +216,11 @@ pub fn to_sim_manifest(hef: &Hef, model: ModelIdentity) -> Result<SimManifest> {
         .map(|c| c.entry_size)
         .unwrap_or(0);
     let expanded = desc.shape.n_heads != desc.shape.n_kv_heads
-        && e == desc.shape.n_heads * desc.shape.head_dim * bytes;
+        && e == desc
+            .shape
+            .n_heads
+            .saturating_mul(desc.shape.head_dim)
+            .saturating_mul(bytes);
     Ok(SimManifest {
         schema_version: SCHEMA_VERSION,
         model,

@@ -126,7 +126,7 @@ impl<'a> Facts<'a> {
             .map(|l| l.shape[2] as usize)
             .filter(|&f| f > 0);
         let embedding_rows = match (hef.resource("embeddings.bin"), f) {
-            (Some(b), Some(f)) => Some(b.len() / (2 * f)),
+            (Some(b), Some(f)) => Some(b.len() / f.saturating_mul(2)),
             _ => None,
         };
         let tokenizer_vocab = hef
@@ -812,10 +812,10 @@ fn io_checks(facts: &Facts, out: &mut Out) {
         }
         if let Some(m) = roles::input_for(g, cfg, InputRole::AttentionMask) {
             let frame = m.elements();
-            if m.data_bytes != 1 || frame != t * nh * kv {
+            if m.data_bytes != 1 || frame != t.saturating_mul(nh).saturating_mul(kv) {
                 out.push(
                     "mask-shape",
-                    format!("{what} mask \"{}\": {} bytes/elem, frame {frame}, expected uint8 frame T·NH·KV = {t}·{nh}·{kv} = {}", m.name, m.data_bytes, t * nh * kv),
+                    format!("{what} mask \"{}\": {} bytes/elem, frame {frame}, expected uint8 frame T·NH·KV = {t}·{nh}·{kv} = {}", m.name, m.data_bytes, t.saturating_mul(nh).saturating_mul(kv)),
                     "declare the mask input as uint8 [T, NH, KV] with the config's heads and kv_cache_size",
                 );
             }
@@ -831,8 +831,8 @@ fn io_checks(facts: &Facts, out: &mut Out) {
             };
             let frame = l.elements();
             let bad = match d {
-                Some(d) => frame != t * heads * d,
-                None => t * heads == 0 || frame % (t * heads) != 0,
+                Some(d) => frame != t.saturating_mul(heads).saturating_mul(d),
+                None => t.saturating_mul(heads) == 0 || frame % t.saturating_mul(heads) != 0,
             };
             if bad {
                 out.push(
@@ -894,7 +894,7 @@ fn io_checks(facts: &Facts, out: &mut Out) {
         );
     }
     if let (Some(&(_, f)), Some(len)) = (f_seen.first(), facts.embedding_bytes) {
-        if f > 0 && len % (2 * f) != 0 {
+        if f > 0 && len % f.saturating_mul(2) != 0 {
             out.push(
                 "embeddings-table",
                 format!(

@@ -28,10 +28,10 @@ pub struct Layer {
 
 impl Layer {
     pub fn rows(&self) -> usize {
-        self.shape[0] as usize * self.shape[1] as usize
+        (self.shape[0] as usize).saturating_mul(self.shape[1] as usize)
     }
     pub fn elements(&self) -> usize {
-        self.rows() * self.shape[2] as usize
+        self.rows().saturating_mul(self.shape[2] as usize)
     }
 }
 
