@@ -221,8 +221,8 @@ def softmax_masked(scores, allow):
 def build_mask(T, single_key):
     allow = np.tril(np.ones((T, T), dtype=bool))
     if single_key is not None:
-        if not 0 <= single_key < T - 1:
-            raise SystemExit(f"--single-key {single_key} must be in 0..{T - 2}")
+        if not 0 <= single_key < T:
+            raise SystemExit(f"--single-key {single_key} must be in 0..{T - 1}")
         allow[T - 1, :] = False
         allow[T - 1, single_key] = True
         allow[T - 1, T - 1] = True
@@ -436,9 +436,9 @@ def cmd_compare(a):
     top = np.argmax(x, axis=1) == np.argmax(y, axis=1)
     label = f"[{a.label}] " if a.label else ""
     for t in range(x.shape[0]):
-        print(f"{label}pos {t:3d}  cosine {cos[t]:.9f}  top1 {int(np.argmax(x[t])):6d} vs {int(np.argmax(y[t])):6d}"
+        print(f"{label}pos {t:3d}  cosine {cos[t]:.9f} (1-cos {1.0 - cos[t]:.1e})  top1 {int(np.argmax(x[t])):6d} vs {int(np.argmax(y[t])):6d}"
               f"  {'ok' if top[t] else 'DIFF'}  max|d| {np.max(np.abs(x[t] - y[t])):.3e}")
-    print(f"{label}min cosine {cos.min():.9f}  mean cosine {cos.mean():.9f}  top-1 agreement "
+    print(f"{label}min cosine {cos.min():.9f} (1-cos {1.0 - cos.min():.1e})  mean cosine {cos.mean():.9f}  top-1 agreement "
           f"{int(top.sum())}/{len(top)} ({100.0 * top.mean():.1f} %)")
     if a.min_cos is not None and (cos.min() < a.min_cos or not top.all()):
         print(f"{label}FAIL: need min cosine >= {a.min_cos} and 100 % top-1", file=sys.stderr)

@@ -1,0 +1,108 @@
+//! Plumbing shared by every subcommand: exit codes, the default model, atomic output files.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Usage or input error (bad flag, missing file, malformed model, ids outside the vocabulary).
+pub const EXIT_USAGE: u8 = 2;
+/// The device failed (HailoRT error, missing device).
+pub const EXIT_DEVICE: u8 = 3;
+/// Reserved: a diagnosis ran and found a fault.
+pub const EXIT_FAULT_FOUND: u8 = 1;
+
+/// Where `scripts/fetch-model.sh` puts SmolLM2-135M-Instruct, relative to the working directory.
+pub const DEFAULT_MODEL: &str = ".cache/models/smollm2-135m-instruct-q4_1.gguf";
+
+/// An input/usage error raised by the CLI itself (not by a library).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+/// A device error; mapped to exit code 3.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DeviceError(pub String);
+
+/// Print the error as one line on stderr and pick the exit code.
+pub fn report_error(e: &anyhow::Error) -> ExitCode {
+    let msg = format!("{e:#}");
+    let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
+    eprintln!("error: {one_line}");
+    ExitCode::from(exit_code(e))
+}
+
+/// Exit code of an error chain: device errors are 3, everything else is an input/usage error (2).
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.chain().any(|c| c.downcast_ref::<DeviceError>().is_some()) {
+        EXIT_DEVICE
+    } else {
+        EXIT_USAGE
+    }
+}
+
+/// `--model` if given, else the fetched SmolLM2 (searched from the working directory upwards so
+/// that it is found from any folder inside the checkout).
+pub fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = model {
+        return Ok(p.to_path_buf());
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        for dir in cwd.ancestors() {
+            let p = dir.join(DEFAULT_MODEL);
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+    }
+    Err(usage(format!(
+        "no --model given and the default model {DEFAULT_MODEL} is not there; run scripts/fetch-model.sh (or pass --model PATH)"
+    )))
+}
+
+/// Write `path` through a temporary file in the same folder, renamed into place only when `fill`
+/// succeeded: a failed run never leaves a partial or stale-looking output file.
+pub fn write_atomic(
+    path: &Path,
+    fill: impl FnOnce(&mut std::fs::File) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(usage(format!(
+            "{}: the output folder does not exist; create it or choose another --out",
+            dir.display()
+        )));
+    }
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".kvprobe-")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(|e| {
+            usage(format!(
+                "{}: cannot create a file there ({e}); choose another --out",
+                dir.display()
+            ))
+        })?;
+    fill(tmp.as_file_mut())?;
+    tmp.as_file_mut().flush().map_err(|e| {
+        usage(format!(
+            "{}: write failed ({e}); check free space",
+            path.display()
+        ))
+    })?;
+    tmp.persist(path).map_err(|e| {
+        usage(format!(
+            "{}: cannot write ({}); choose another --out",
+            path.display(),
+            e.error
+        ))
+    })?;
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! The `kvprobe` command line. One module per subcommand; shared plumbing (exit codes, default
+//! model, atomic writes) lives in [`common`]. A new subcommand is a new module plus one variant of
+//! [`Command`] and one arm in [`run`].
+
+pub mod common;
+pub mod ref_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kvprobe",
+    version,
+    about = "Finds out why an LLM compiled for an NPU generates garbage through its KV-cache"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The float32 reference model: greedy generation, logits.
+    #[command(name = "ref")]
+    Ref(ref_cmd::RefArgs),
+}
+
+/// Parse the process arguments, run, and map the outcome to an exit code (design.md: 2 input or
+/// usage, 3 device, 1 reserved for "fault diagnosed").
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help / --version: not errors.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line, like every other error: clap's message without its usage block.
+            let rendered = e.render().to_string();
+            let msg: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .collect();
+            let msg = msg.join(" ");
+            let msg = msg.split_whitespace().collect::<Vec<_>>().join(" ");
+            eprintln!("{msg} (see kvprobe --help)");
+            return ExitCode::from(common::EXIT_USAGE);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => common::report_error(&e),
+    }
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Ref(args) => ref_cmd::run(args),
+    }
+}

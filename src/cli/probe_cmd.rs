@@ -1,0 +1,426 @@
+//! `kvprobe prefill|greedy|selfmask|colmap|ztap|quant|maskconv|positions|layout|inject|diagnose`.
+//!
+//! Exit codes (README): 0 healthy, or a single probe that ran; 1 a fault diagnosed or `unknown`;
+//! 2 usage or input; 3 device.
+
+use std::cell::{Cell, RefCell};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Subcommand;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvprobe_npu::sim::manifest::model_identity;
+use kvprobe_npu::Device;
+use kvprobe_probes::colmap::ColmapOptions;
+use kvprobe_probes::prefill::PrefillOptions;
+use kvprobe_probes::{DiagnoseOptions, Progress, Session};
+use kvprobe_schema::{ProbeFindings, Provenance, Results, Timing, Verdict, SCHEMA_VERSION};
+
+use super::common::{usage, EXIT_FAULT_FOUND};
+use super::device_args::{probe_error, Backend, DeviceArgs};
+
+#[derive(Debug, Subcommand)]
+pub enum ProbeCommand {
+    /// Device prefill logits against the reference, per prompt prefix.
+    Prefill(DeviceArgs),
+    /// Greedy generation through the server's ring mask, teacher-forced comparison per step.
+    Greedy(DeviceArgs),
+    /// tbt steps that see only themselves: the tbt graph without the cache.
+    Selfmask(DeviceArgs),
+    /// Single-key column-to-token map of the first tbt window.
+    Colmap(DeviceArgs),
+    /// Always-zero columns of what the tbt graph read (or of the ring bytes).
+    Ztap(DeviceArgs),
+    /// Declared quant infos of every cache edge, the mask and the embeddings.
+    Quant(DeviceArgs),
+    /// The first tbt step under alternative mask conventions.
+    Maskconv(DeviceArgs),
+    /// The first tbt step with positions shifted by -4..4.
+    Positions(DeviceArgs),
+    /// Which layout and placement the prefill writer used, from the ring bytes.
+    Layout(DeviceArgs),
+    /// Golden reference rings written into the device, then a tbt step.
+    Inject(DeviceArgs),
+    /// Run the probes and name the root cause.
+    Diagnose(DeviceArgs),
+}
+
+impl ProbeCommand {
+    fn parts(&self) -> (&'static str, &DeviceArgs) {
+        match self {
+            ProbeCommand::Prefill(a) => ("prefill", a),
+            ProbeCommand::Greedy(a) => ("greedy", a),
+            ProbeCommand::Selfmask(a) => ("selfmask", a),
+            ProbeCommand::Colmap(a) => ("colmap", a),
+            ProbeCommand::Ztap(a) => ("ztap", a),
+            ProbeCommand::Quant(a) => ("quant", a),
+            ProbeCommand::Maskconv(a) => ("maskconv", a),
+            ProbeCommand::Positions(a) => ("positions", a),
+            ProbeCommand::Layout(a) => ("layout", a),
+            ProbeCommand::Inject(a) => ("inject", a),
+            ProbeCommand::Diagnose(a) => ("diagnose", a),
+        }
+    }
+}
+
+/// A progress bar on stderr that appears only when stderr is a terminal and the run has lasted
+/// about two seconds.
+struct Bar {
+    bar: ProgressBar,
+    start: Instant,
+    shown: Cell<bool>,
+    tty: bool,
+    phase: RefCell<String>,
+}
+
+impl Bar {
+    fn new() -> Bar {
+        let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
+        if let Ok(style) = ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ETA {eta}") {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        Bar {
+            bar,
+            start: Instant::now(),
+            shown: Cell::new(false),
+            tty: std::io::stderr().is_terminal(),
+            phase: RefCell::new(String::new()),
+        }
+    }
+    fn maybe_show(&self) {
+        if self.tty && !self.shown.get() && self.start.elapsed() > Duration::from_secs(2) {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+            self.shown.set(true);
+        }
+    }
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Progress for Bar {
+    fn phase(&self, name: &str, total: u64) {
+        *self.phase.borrow_mut() = name.to_string();
+        self.bar.set_message(name.to_string());
+        self.bar.set_length(total);
+        self.bar.set_position(0);
+        self.bar.reset_eta();
+        self.maybe_show();
+    }
+    fn inc(&self, n: u64) {
+        self.bar.inc(n);
+        self.maybe_show();
+    }
+}
+
+pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    let (name, args) = cmd.parts();
+    // Refuse a bad --out before any work (and so before any partial artefact).
+    if let Some(out) = &args.out {
+        check_out_dir(out, args.force)?;
+    }
+    let t0 = Instant::now();
+    let (model_path, model) = args.load_model()?;
+    let (prompt, ids) = args.prompt_ids(&model)?;
+    let mut timings = vec![Timing {
+        what: "load model".into(),
+        seconds: t0.elapsed().as_secs_f64(),
+    }];
+    let t1 = Instant::now();
+    let Backend::Sim(mut sim) = args.open_device(&model)?;
+    timings.push(Timing {
+        what: "open device".into(),
+        seconds: t1.elapsed().as_secs_f64(),
+    });
+    let manifest = sim.manifest().clone();
+    let desc = sim.describe().clone();
+    let bar = Bar::new();
+    let t2 = Instant::now();
+    let outcome = {
+        let dev: &mut dyn Device = sim.as_mut();
+        let mut s = Session::new(&model, dev, ids.clone(), &bar).map_err(probe_error)?;
+        run_probe(name, args, &mut s)
+    };
+    bar.finish();
+    let (verdict, confidence, evidence, also, warnings, probes, probe_timings) = outcome.map_err(probe_error)?;
+    timings.extend(probe_timings);
+    timings.push(Timing {
+        what: "probes total".into(),
+        seconds: t2.elapsed().as_secs_f64(),
+    });
+    let identity = model_identity(&model).map_err(super::device_args::npu_error)?;
+    let tok = model.tokenizer();
+    let results = Results {
+        schema_version: SCHEMA_VERSION,
+        command: name.to_string(),
+        verdict,
+        confidence,
+        evidence,
+        also,
+        warnings,
+        probes,
+        provenance: Provenance {
+            command: argv,
+            kvprobe_version: env!("CARGO_PKG_VERSION").to_string(),
+            git_hash: option_env!("KVPROBE_GIT_HASH").map(str::to_string),
+            model_path: model_path.display().to_string(),
+            model_sha256: identity.sha256,
+            model_architecture: model.config().architecture.clone(),
+            backend: desc.backend.clone(),
+            hef_path: None,
+            hef_sha256: None,
+            sim_manifest: Some(manifest),
+            cache_len: desc.cache_len,
+            prefill_len: desc.prefill_len,
+            prompt,
+            prompt_tokens: ids.iter().map(|&t| tok.token_text(t)).collect(),
+            prompt_ids: ids,
+            timings,
+            host: host(),
+        },
+    };
+    if let Some(out) = &args.out {
+        write_out(out, args.force, &results, &sim)?;
+    }
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        writeln!(stdout, "{}", serde_json::to_string(&results)?)?;
+    } else {
+        write!(stdout, "{}", summary(&results))?;
+    }
+    stdout.flush()?;
+    drop(stdout);
+    let fault = matches!(results.verdict, Some(v) if v != Verdict::Healthy);
+    if fault {
+        // exit code 1 = a fault diagnosed (or unknown); everything is written and flushed
+        std::process::exit(EXIT_FAULT_FOUND as i32);
+    }
+    Ok(())
+}
+
+type Outcome = (
+    Option<Verdict>,
+    Option<f64>,
+    Vec<String>,
+    Vec<Verdict>,
+    Vec<String>,
+    ProbeFindings,
+    Vec<Timing>,
+);
+
+fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::Result<Outcome> {
+    use kvprobe_probes::*;
+    let mut p = ProbeFindings::default();
+    let t = Instant::now();
+    let steps = args.steps.max(1);
+    match name {
+        "diagnose" => {
+            let opts = DiagnoseOptions {
+                steps,
+                ..DiagnoseOptions::default()
+            };
+            let d = diagnose(s, &opts)?;
+            return Ok((
+                Some(d.verdict),
+                Some(d.confidence),
+                d.evidence,
+                d.also,
+                d.warnings,
+                d.probes,
+                d.timings,
+            ));
+        }
+        "prefill" => p.prefill = Some(prefill::run(s, &PrefillOptions::default())?),
+        "greedy" => p.greedy = Some(greedy::run(s, steps)?),
+        "selfmask" => p.selfmask = Some(selfmask::run(s, steps.min(16))?),
+        "colmap" => p.colmap = Some(colmap::run(s, &ColmapOptions::default())?),
+        "ztap" => p.ztap = Some(ztap::run(s)?),
+        "quant" => p.quant = Some(quant::run(s.describe())?),
+        "maskconv" => p.maskconv = Some(maskconv::run(s)?),
+        "positions" => p.positions = Some(positions::run(s)?),
+        "layout" => p.layout = Some(layout::run(s)?),
+        "inject" => p.inject = Some(inject::run(s)?),
+        other => return Err(Error::Input(format!("unknown probe `{other}`"))),
+    }
+    let timings = vec![Timing {
+        what: name.to_string(),
+        seconds: t.elapsed().as_secs_f64(),
+    }];
+    Ok((None, None, Vec::new(), Vec::new(), Vec::new(), p, timings))
+}
+
+fn host() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{} {}, {cpus} cpus", std::env::consts::OS, std::env::consts::ARCH)
+}
+
+fn check_out_dir(out: &Path, force: bool) -> anyhow::Result<()> {
+    if out.exists() {
+        if !out.is_dir() {
+            return Err(usage(format!("{}: exists and is not a folder; choose another --out", out.display())));
+        }
+        let non_empty = std::fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(true);
+        if non_empty && !force {
+            return Err(usage(format!(
+                "{}: folder exists and is not empty; pass --force to replace it or choose another --out",
+                out.display()
+            )));
+        }
+    }
+    let parent = parent_of(out);
+    if !parent.is_dir() {
+        return Err(usage(format!(
+            "{}: the parent folder does not exist; create it or choose another --out",
+            parent.display()
+        )));
+    }
+    Ok(())
+}
+
+fn parent_of(out: &Path) -> PathBuf {
+    match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Artefacts into a temporary sibling folder, renamed into place only when complete.
+fn write_out(out: &Path, force: bool, results: &Results, sim: &kvprobe_npu::sim::SimDevice) -> anyhow::Result<()> {
+    check_out_dir(out, force)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".kvprobe-out-")
+        .tempdir_in(parent_of(out))
+        .map_err(|e| usage(format!("{}: cannot create a folder next to it ({e}); choose another --out", out.display())))?;
+    kvprobe_reports::write_artifacts(results, &[], tmp.path())
+        .map_err(|e| usage(format!("{}: {e}", out.display())))?;
+    sim.write_manifest(&tmp.path().join("sim-manifest.json"))
+        .map_err(super::device_args::npu_error)?;
+    if out.exists() {
+        std::fs::remove_dir_all(out)
+            .map_err(|e| usage(format!("{}: cannot replace it ({e}); choose another --out", out.display())))?;
+    }
+    let tmp_path = tmp.keep();
+    std::fs::rename(&tmp_path, out).map_err(|e| {
+        let _ = std::fs::remove_dir_all(&tmp_path);
+        usage(format!("{}: cannot move the artefacts into place ({e})", out.display()))
+    })?;
+    Ok(())
+}
+
+/// The compact human summary.
+pub fn summary(r: &Results) -> String {
+    let mut s = String::new();
+    let p = &r.probes;
+    if let Some(v) = r.verdict {
+        s += &format!("verdict: {} (confidence {:.2})\n", v.name(), r.confidence.unwrap_or(0.0));
+        if !r.also.is_empty() {
+            let also: Vec<&str> = r.also.iter().map(|v| v.name()).collect();
+            s += &format!("also: {}\n", also.join(", "));
+        }
+        for e in &r.evidence {
+            s += &format!("  - {e}\n");
+        }
+    }
+    if r.verdict.is_none() {
+        if let Some(f) = &p.prefill {
+            s += &format!(
+                "prefill: {} prefixes, mean cosine {:.4}, min {:.4}, top-1 {:.0}%, re-run {}\n",
+                f.rows.len(),
+                f.mean_cosine,
+                f.min_cosine,
+                100.0 * f.top1_agreement,
+                if f.rerun_identical { "identical" } else { "DIFFERS" }
+            );
+            for row in &f.rows {
+                s += &format!("  pos {:>4}: cosine {:.4} top-1 {}\n", row.position, row.comparison.cosine, row.comparison.top1_match);
+            }
+        }
+        if let Some(f) = &p.greedy {
+            s += &format!(
+                "greedy: {} steps, mean cosine {:.4} (tbt {:.4}), top-1 {:.0}%, first divergence {:?}\n  device:    {:?}\n  reference: {:?}\n",
+                f.steps.len(),
+                f.mean_cosine,
+                f.tbt_mean_cosine.unwrap_or(f64::NAN),
+                100.0 * f.top1_agreement,
+                f.first_divergence,
+                f.device_text,
+                f.reference_text
+            );
+        }
+        if let Some(f) = &p.selfmask {
+            s += &format!(
+                "selfmask: {} steps, mean cosine {:.4}, min {:.4}, top-1 {:.0}%\n",
+                f.steps.len(),
+                f.mean_cosine,
+                f.min_cosine,
+                100.0 * f.top1_agreement
+            );
+        }
+        if let Some(f) = &p.colmap {
+            s += &format!(
+                "colmap: {} entries × {} positions, diagonal {:.3}, best off-diagonal {:.3}, best shift {:+} ({:.3}), permutation {:.3}, {} clean / {} mixture, never-written rows identical: {:?}\n",
+                f.entries.len(),
+                f.positions.len(),
+                f.diagonal_strength,
+                f.best_off_diagonal,
+                f.best_shift,
+                f.best_shift_score,
+                f.best_permutation_score,
+                f.clean_rows,
+                f.mixture_rows,
+                f.empty_rows_identical
+            );
+        }
+        if let Some(f) = &p.ztap {
+            let z: usize = f.caches.iter().map(|c| c.zero_columns).sum();
+            s += &format!("ztap ({}): {} — {} zero columns over {} caches\n", f.source, f.interpretation, z, f.caches.len());
+        }
+        if let Some(f) = &p.quant {
+            s += &format!(
+                "quant: {} caches, {} inconsistent; mask allowed value {:?}\n",
+                f.caches.len(),
+                f.inconsistent_caches,
+                f.mask_allowed_value
+            );
+        }
+        if let Some(f) = &p.maskconv {
+            for v in &f.variants {
+                s += &format!(
+                    "maskconv {:>10}: cosine {:.4}{}\n",
+                    v.name,
+                    v.comparison.cosine,
+                    if v.reproduces { "  reproduces" } else { "" }
+                );
+            }
+            if let Some(c) = f.other_heads_ignored_cosine {
+                s += &format!("maskconv: other heads' rows changed → output cosine {c:.6} to the ring output\n");
+            }
+        }
+        if let Some(f) = &p.positions {
+            s += &format!(
+                "positions: baseline cosine {:.4}, best {:.4} at δ = {:+}\n",
+                f.baseline_cosine, f.best_cosine, f.best_delta
+            );
+        }
+        if let Some(f) = &p.layout {
+            s += &format!(
+                "layout: writer {} at shift {:+}, mean correlation {:.3}\n",
+                f.writer_layout.name(),
+                f.writer_shift,
+                f.writer_score
+            );
+        }
+        if let Some(f) = &p.inject {
+            s += &format!(
+                "inject: device rings {:.4}, golden {:.4}, golden swapped {:.4} → blame {}\n",
+                f.device_rings.cosine, f.golden.cosine, f.golden_swapped.cosine, f.blame
+            );
+        }
+    }
+    for w in &r.warnings {
+        s += &format!("warning: {w}\n");
+    }
+    s
+}

@@ -1,0 +1,322 @@
+//! `kvprobe ref ...`: the float32 reference model on its own (issue 2 "CLI").
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use kvprobe_reference::{ForwardOptions, Model};
+
+use super::common::{resolve_model, usage, write_atomic};
+
+#[derive(Debug, Args)]
+pub struct RefArgs {
+    #[command(subcommand)]
+    pub command: RefCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RefCommand {
+    /// Greedy continuation of a prompt (with a KV state, like a real decoder).
+    Generate(GenerateArgs),
+    /// Write float32 logits [T, vocab] of a prompt or of token ids as .npy.
+    Logits(LogitsArgs),
+    /// Prefill and decode throughput (used by scripts/bench.sh).
+    #[command(hide = true)]
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ModelArg {
+    /// Hugging Face model folder or .gguf file [default: the SmolLM2 fetched by scripts/fetch-model.sh]
+    #[arg(long, value_name = "PATH")]
+    pub model: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BosArgs {
+    /// Prepend the BOS token (overrides the model's default).
+    #[arg(long, overrides_with = "no_bos")]
+    pub bos: bool,
+    /// Do not prepend the BOS token (overrides the model's default).
+    #[arg(long, overrides_with = "bos")]
+    pub no_bos: bool,
+}
+
+impl BosArgs {
+    /// None = the model's default.
+    pub fn choice(&self) -> Option<bool> {
+        match (self.bos, self.no_bos) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Prompt text (special tokens such as <|im_start|> are recognised).
+    #[arg(long)]
+    pub prompt: String,
+    /// Tokens to generate (stops early at the end-of-sequence token or the context limit).
+    #[arg(long, default_value_t = 20)]
+    pub max_new: usize,
+    /// Print one JSON object {prompt_ids, generated_ids, text} instead of the text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub bos: BosArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "ids"])))]
+pub struct LogitsArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Prompt text.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Comma-separated token ids, e.g. 1,2,3.
+    #[arg(long)]
+    pub ids: Option<String>,
+    /// The last query attends only to position K (0-based) and to itself; other rows causal.
+    #[arg(long, value_name = "K")]
+    pub single_key: Option<usize>,
+    /// Output .npy file (float32 [T, vocab]).
+    #[arg(long, value_name = "FILE.npy")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub bos: BosArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Prompt length of the prefill measurement.
+    #[arg(long, default_value_t = 128)]
+    pub prefill: usize,
+    /// Number of single-token decode steps measured after the prefill.
+    #[arg(long, default_value_t = 32)]
+    pub decode: usize,
+}
+
+pub fn run(args: RefArgs) -> anyhow::Result<()> {
+    match args.command {
+        RefCommand::Generate(a) => generate(a),
+        RefCommand::Logits(a) => logits(a),
+        RefCommand::Bench(a) => bench(a),
+    }
+}
+
+fn load(model: &ModelArg) -> anyhow::Result<Model> {
+    let path = resolve_model(model.model.as_deref())?;
+    // The library error already names the file and the fix.
+    Ok(Model::load(&path)?)
+}
+
+fn encode(model: &Model, prompt: &str, bos: Option<bool>) -> anyhow::Result<Vec<u32>> {
+    let ids = model.encode(prompt, bos)?;
+    if ids.is_empty() {
+        return Err(usage(
+            "--prompt encodes to no tokens; pass a non-empty --prompt (or --bos)",
+        ));
+    }
+    check_context(model, ids.len())?;
+    Ok(ids)
+}
+
+fn check_context(model: &Model, len: usize) -> anyhow::Result<()> {
+    let max = model.config().max_position;
+    if len > max {
+        return Err(usage(format!(
+            "{}: the input has {len} tokens but the model context is {max}; shorten the prompt to at most {max} tokens",
+            model.source().display()
+        )));
+    }
+    Ok(())
+}
+
+fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
+    let ids = s
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .map_err(|_| usage(format!("--ids: `{t}` is not a token id; pass comma-separated non-negative integers like 1,2,3")))
+        })
+        .collect::<anyhow::Result<Vec<u32>>>()?;
+    if ids.is_empty() {
+        return Err(usage(
+            "--ids is empty; pass comma-separated token ids like 1,2,3",
+        ));
+    }
+    Ok(ids)
+}
+
+fn check_vocab(model: &Model, ids: &[u32]) -> anyhow::Result<()> {
+    let vocab = model.config().vocab_size;
+    if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(usage(format!(
+            "--ids: token id {id} is outside the vocabulary of {} (size {vocab}); pass ids below {vocab}",
+            model.source().display()
+        )));
+    }
+    Ok(())
+}
+
+/// Greedy argmax; the first maximum wins on ties (as numpy's argmax).
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Greedy decoding with a KV state: the prompt minus its last token fills the state, then every
+/// step attends to the whole state and appends its own K/V.
+pub fn greedy(model: &Model, prompt: &[u32], max_new: usize) -> anyhow::Result<Vec<u32>> {
+    let max_pos = model.config().max_position;
+    let eos = model.config().eos_token_id;
+    let n = prompt.len();
+    let positions: Vec<usize> = (0..n - 1).collect();
+    let mut state = model.prefix_state(&prompt[..n - 1], &positions)?;
+    let mut token = prompt[n - 1];
+    let mut position = n - 1;
+    let mut out = Vec::with_capacity(max_new);
+    while out.len() < max_new && position < max_pos {
+        let logits = model.decode_step(&mut state, token, position)?;
+        token = argmax(&logits);
+        out.push(token);
+        if Some(token) == eos {
+            break;
+        }
+        position += 1;
+    }
+    Ok(out)
+}
+
+fn generate(a: GenerateArgs) -> anyhow::Result<()> {
+    let model = load(&a.model)?;
+    let prompt_ids = encode(&model, &a.prompt, a.bos.choice())?;
+    let generated = greedy(&model, &prompt_ids, a.max_new)?;
+    let text = model.tokenizer().decode(&generated)?;
+    if a.json {
+        let v = serde_json::json!({
+            "prompt_ids": prompt_ids,
+            "generated_ids": generated,
+            "text": text,
+        });
+        println!("{v}");
+    } else {
+        println!("{text}");
+    }
+    Ok(())
+}
+
+/// Row-major `[T*T]` "may attend": causal, except that the last row sees only `k` and itself.
+pub fn single_key_mask(t: usize, k: usize) -> Vec<bool> {
+    let mut m = vec![false; t * t];
+    for r in 0..t {
+        for c in 0..=r {
+            m[r * t + c] = true;
+        }
+    }
+    let last = t - 1;
+    for c in 0..t {
+        m[last * t + c] = c == k || c == last;
+    }
+    m
+}
+
+fn logits(a: LogitsArgs) -> anyhow::Result<()> {
+    // Validate what needs no model first, so a bad flag fails fast.
+    let given_ids = a.ids.as_deref().map(parse_ids).transpose()?;
+    let model = load(&a.model)?;
+    let ids = match (given_ids, &a.prompt) {
+        (Some(ids), _) => ids,
+        (None, Some(p)) => encode(&model, p, a.bos.choice())?,
+        (None, None) => return Err(usage("pass --prompt TEXT or --ids 1,2,3")),
+    };
+    check_vocab(&model, &ids)?;
+    check_context(&model, ids.len())?;
+    let t = ids.len();
+    let mask = match a.single_key {
+        Some(k) if k >= t => {
+            return Err(usage(format!(
+                "--single-key {k} is not a position of the {t}-token input; pass 0..{}",
+                t - 1
+            )))
+        }
+        Some(k) => Some(single_key_mask(t, k)),
+        None => None,
+    };
+    let out = model.forward(
+        &ids,
+        &ForwardOptions {
+            mask,
+            ..Default::default()
+        },
+    )?;
+    let arr = ndarray::Array2::from_shape_vec((out.rows, out.vocab), out.logits)
+        .context("logits have an unexpected size")?;
+    write_npy(&a.out, &arr)
+}
+
+fn write_npy(path: &Path, arr: &ndarray::Array2<f32>) -> anyhow::Result<()> {
+    use ndarray_npy::WriteNpyExt;
+    write_atomic(path, |f| {
+        let w = std::io::BufWriter::new(f);
+        arr.write_npy(w).map_err(|e| {
+            usage(format!(
+                "{}: could not write .npy ({e}); check free space",
+                path.display()
+            ))
+        })
+    })
+}
+
+fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let model = load(&a.model)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let c = model.config();
+    // Deterministic ordinary ids (avoid the control tokens at the start of most vocabularies).
+    let base = c.vocab_size.min(1000) as u32 / 2;
+    let span = c.vocab_size as u32 - base;
+    let n = a.prefill.min(c.max_position.saturating_sub(a.decode + 1));
+    let ids: Vec<u32> = (0..n as u32).map(|i| base + (i * 7919) % span).collect();
+    check_vocab(&model, &ids)?;
+
+    let t1 = Instant::now();
+    let positions: Vec<usize> = (0..n).collect();
+    let mut state = model.prefix_state(&ids, &positions)?;
+    let prefill_s = t1.elapsed().as_secs_f64();
+
+    let t2 = Instant::now();
+    let mut token = ids[n - 1];
+    for i in 0..a.decode {
+        let logits = model.decode_step(&mut state, token, n + i)?;
+        token = argmax(&logits);
+    }
+    let decode_s = t2.elapsed().as_secs_f64();
+    println!("model {}", model.source().display());
+    println!("load_s {load_s:.3}");
+    println!("prefill_tokens {n}");
+    println!("prefill_s {prefill_s:.3}");
+    println!("prefill_tokens_per_s {:.1}", n as f64 / prefill_s);
+    println!("decode_steps {}", a.decode);
+    println!("decode_s {decode_s:.3}");
+    println!(
+        "decode_tokens_per_s {:.1}",
+        a.decode as f64 / decode_s.max(1e-9)
+    );
+    Ok(())
+}
