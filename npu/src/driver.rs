@@ -123,6 +123,21 @@ pub struct HostState {
     position: u64,
 }
 
+impl HostState {
+    pub fn usage(&self) -> usize {
+        self.usage
+    }
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+    /// The same state with the position counter moved by `by` (position sweeps: the next token
+    /// gets position `position + by`; usage, window and ring are unchanged).
+    pub fn with_position_offset(mut self, by: i64) -> HostState {
+        self.position = (self.position as i64 + by).max(0) as u64;
+        self
+    }
+}
+
 /// Input names per role of one group.
 #[derive(Debug, Clone)]
 struct GroupInputs {
