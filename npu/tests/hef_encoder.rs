@@ -137,6 +137,7 @@ pub struct HefSpec {
 
 /// Geometry of the healthy fixture: L = 32, P = 8, NH = 4, NKV = 2, D = head_dim = 8,
 /// hidden F = 32, vocab 64, 2 layers (cache ids 0..4: K0, V0, K1, V1), uint8 caches, E = NKV·D = 16.
+#[derive(Clone, Copy, Debug)]
 pub struct Geo {
     pub l: u32,
     pub p: u32,
@@ -186,7 +187,11 @@ pub fn cache_quant(id: i32) -> Quant {
 }
 
 pub fn group(scope: &str, kind: &str, t: u32) -> GroupSpec {
-    let g = GEO;
+    group_geo(scope, kind, t, &GEO)
+}
+
+pub fn group_geo(scope: &str, kind: &str, t: u32, geo: &Geo) -> GroupSpec {
+    let g = *geo;
     let name = format!("{scope}__{kind}");
     let inp = |i: u32| format!("{name}/input_layer{i}");
     let inputs = vec![
@@ -240,6 +245,10 @@ pub fn group(scope: &str, kind: &str, t: u32) -> GroupSpec {
 }
 
 pub fn config_json(kv: u32, p: u32) -> Vec<u8> {
+    config_json_geo(kv, p, &GEO)
+}
+
+pub fn config_json_geo(kv: u32, p: u32, geo: &Geo) -> Vec<u8> {
     serde_json::json!({
         "eos_token_id": 2,
         "chat_template": "",
@@ -247,8 +256,8 @@ pub fn config_json(kv: u32, p: u32) -> Vec<u8> {
         "default_generation_params": {"max_new_tokens": 16, "temperature": 1.0, "do_sample": false},
         "pre_process_params": {
             "kv_cache_size": kv,
-            "num_attention_heads": GEO.nh,
-            "num_key_value_heads": GEO.nkv,
+            "num_attention_heads": geo.nh,
+            "num_key_value_heads": geo.nkv,
             "prefill_input_tokens_count": p
         },
         "input_layers_names_suffixes": {
@@ -311,7 +320,11 @@ pub fn theta_bin(d: u32, base: f32) -> Vec<u8> {
 
 /// The healthy LLM HEF of the tests.
 pub fn healthy() -> HefSpec {
-    let g = GEO;
+    healthy_geo(&GEO)
+}
+
+pub fn healthy_geo(geo: &Geo) -> HefSpec {
+    let g = *geo;
     HefSpec {
         container_version: 3,
         proto_hash: true,
@@ -319,9 +332,12 @@ pub fn healthy() -> HefSpec {
         proto_version: 1,
         extensions: vec![13, 26, 31],
         net_flow: true,
-        groups: vec![group("m", "prefill", g.p), group("m", "tbt", 1)],
+        groups: vec![
+            group_geo("m", "prefill", g.p, geo),
+            group_geo("m", "tbt", 1, geo),
+        ],
         resources: vec![
-            ("hailo-config.json".into(), config_json(g.l, g.p)),
+            ("hailo-config.json".into(), config_json_geo(g.l, g.p, geo)),
             ("tokenizer.json".into(), tokenizer_json(g.vocab)),
             ("embeddings.bin".into(), embeddings_bin(g.vocab, g.f)),
             ("rope_theta_data.bin".into(), theta_bin(g.d, 10000.0)),
