@@ -309,7 +309,7 @@ class Gpt2:
     def forward(self, ids, allow, last_only=False):
         w = self.w
         T = len(ids)
-        x = w["wte"][np.asarray(ids)] + w["wpe"][np.arange(T)]
+        x = w["wte.weight"][np.asarray(ids)] + w["wpe.weight"][np.arange(T)]
         D = x.shape[1]
         H = self.n_heads
         hd = D // H
@@ -330,7 +330,7 @@ class Gpt2:
         x = layer_norm(x, w["ln_f.weight"], w["ln_f.bias"], self.eps)
         if last_only:
             x = x[-1:]
-        return x @ w["wte"].T
+        return x @ w["wte.weight"].T
 
 
 def load_gguf_model(path, dtype):
