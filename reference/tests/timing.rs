@@ -19,8 +19,8 @@ fn time(name: &str, m: &Model) {
     let mut st = m.prefix_state(&x, &(0..t).collect::<Vec<_>>()).unwrap();
     let s = Instant::now();
     let n = 10;
-    for i in 0..n {
-        m.decode_step(&mut st, x[i], t + i).unwrap();
+    for (i, &tok) in x.iter().take(n).enumerate() {
+        m.decode_step(&mut st, tok, t + i).unwrap();
     }
     let step = s.elapsed() / n as u32;
     let sets: Vec<KeySet> = (0..t).map(|j| KeySet::Subset(vec![j])).collect();

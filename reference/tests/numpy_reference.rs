@@ -1,0 +1,123 @@
+//! Logits of the tiny fixtures against the independent numpy implementation
+//! (`scripts/np_reference.py`, float64, written from the HF modelling code without sharing code
+//! with this crate). Skipped with a message when python3 + numpy are not available.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{cosine, ids};
+use kvprobe_reference::{mask, ForwardOptions, Model};
+
+fn script() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/np_reference.py");
+    let numpy = Command::new("python3")
+        .args(["-c", "import numpy"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    (p.is_file() && numpy).then_some(p)
+}
+
+/// Minimal .npy reader: little-endian f4/f8, C order, 2-D.
+fn read_npy(path: &Path) -> (Vec<f32>, usize, usize) {
+    let b = std::fs::read(path).unwrap();
+    assert_eq!(&b[..6], b"\x93NUMPY");
+    let (hlen, start) = if b[6] == 1 {
+        (u16::from_le_bytes([b[8], b[9]]) as usize, 10)
+    } else {
+        (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12)
+    };
+    let header = std::str::from_utf8(&b[start..start + hlen]).unwrap();
+    assert!(header.contains("'fortran_order': False"), "{header}");
+    let shape = &header[header.find("'shape': (").unwrap() + 10..];
+    let dims: Vec<usize> = shape[..shape.find(')').unwrap()]
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let data = &b[start + hlen..];
+    let v: Vec<f32> = if header.contains("'<f8'") {
+        data.chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect()
+    } else {
+        assert!(header.contains("'<f4'"), "{header}");
+        data.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    assert_eq!(v.len(), dims[0] * dims[1]);
+    (v, dims[0], dims[1])
+}
+
+fn argmax(x: &[f32]) -> usize {
+    x.iter()
+        .enumerate()
+        .fold(0, |b, (i, v)| if *v > x[b] { i } else { b })
+}
+
+fn check(script: &Path, dir: &Path, name: &str) {
+    let m = Model::load(dir).unwrap();
+    let v = m.config().vocab_size;
+    let x = ids(15, v, 42);
+    let ids_arg = x.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    for single_key in [None, Some(4usize)] {
+        let out = dir.join("np.npy");
+        let mut cmd = Command::new("python3");
+        cmd.arg(script)
+            .args(["logits", "--model"])
+            .arg(dir)
+            .args(["--ids", &ids_arg, "--out"])
+            .arg(&out);
+        if let Some(k) = single_key {
+            cmd.args(["--single-key", &k.to_string()]);
+        }
+        let st = cmd.output().unwrap();
+        assert!(
+            st.status.success(),
+            "np_reference failed: {}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        let (np, rows, cols) = read_npy(&out);
+        assert_eq!((rows, cols), (15, v));
+        let ours = m
+            .forward(
+                &x,
+                &ForwardOptions {
+                    mask: single_key.map(|k| mask::single_key(15, k)),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let mut min_cos = 1.0f64;
+        for t in 0..15 {
+            let (a, b) = (ours.row(t), &np[t * v..(t + 1) * v]);
+            min_cos = min_cos.min(cosine(a, b));
+            assert_eq!(
+                argmax(a),
+                argmax(b),
+                "{name} {single_key:?} row {t}: top-1 differs"
+            );
+        }
+        println!("{name} single_key={single_key:?}: min cosine vs numpy {min_cos:.9}");
+        assert!(
+            min_cos > 0.99999,
+            "{name} {single_key:?}: min cosine {min_cos}"
+        );
+    }
+}
+
+#[test]
+fn tiny_fixtures_match_numpy_reference() {
+    let Some(script) = script() else {
+        eprintln!("skipped: python3 with numpy or scripts/np_reference.py not available");
+        return;
+    };
+    let a = tempfile::tempdir().unwrap();
+    kvprobe_reference::fixtures::write_tiny_llama(a.path(), 21).unwrap();
+    check(&script, a.path(), "tiny llama");
+    let b = tempfile::tempdir().unwrap();
+    kvprobe_reference::fixtures::write_tiny_gpt2(b.path(), 21).unwrap();
+    check(&script, b.path(), "tiny gpt2");
+}
