@@ -60,10 +60,11 @@ fn argmax(x: &[f32]) -> usize {
 fn check(script: &Path, dir: &Path, name: &str) {
     let m = Model::load(dir).unwrap();
     let v = m.config().vocab_size;
-    let x = ids(15, v, 42);
+    let x = ids(15, v.min(20000), 42);
     let ids_arg = x.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     for single_key in [None, Some(4usize)] {
-        let out = dir.join("np.npy");
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("np.npy");
         let mut cmd = Command::new("python3");
         cmd.arg(script)
             .args(["logits", "--model"])
@@ -120,4 +121,17 @@ fn tiny_fixtures_match_numpy_reference() {
     let b = tempfile::tempdir().unwrap();
     kvprobe_reference::fixtures::write_tiny_gpt2(b.path(), 21).unwrap();
     check(&script, b.path(), "tiny gpt2");
+}
+
+/// `KVPROBE_NP_MODEL=path cargo test -p kvprobe-reference --test numpy_reference -- --ignored
+/// --nocapture`: the same check on a real model (HF folder or GGUF).
+#[test]
+#[ignore = "needs a real model in KVPROBE_NP_MODEL; slow"]
+fn model_from_env_matches_numpy_reference() {
+    let (Some(script), Ok(model)) = (script(), std::env::var("KVPROBE_NP_MODEL")) else {
+        eprintln!("skipped: set KVPROBE_NP_MODEL and install numpy");
+        return;
+    };
+    let p = PathBuf::from(model);
+    check(&script, &p, &p.display().to_string());
 }
