@@ -459,3 +459,30 @@ fn extract_writes_each_resource() {
         );
     }
 }
+
+/// The binary HEFs the CLI tests read (tests/inspect_cli.rs cannot link the encoder's hash
+/// crates). Regenerate with `KVPROBE_REGEN_HEF_FIXTURES=1 cargo test -p kvprobe-npu --test hef_lint`.
+#[test]
+fn committed_cli_fixtures_match_the_encoder() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hef");
+    let mut broken = healthy();
+    for g in broken.groups.iter_mut() {
+        g.outputs[0].shape[2] = GEO.f;
+        g.outputs[0].padded[2] = GEO.f;
+    }
+    for (name, spec) in [
+        ("healthy.hef", healthy()),
+        ("broken_output_width.hef", broken),
+    ] {
+        let bytes = encode(&spec);
+        let path = dir.join(name);
+        if std::env::var_os("KVPROBE_REGEN_HEF_FIXTURES").is_some() {
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        let committed = std::fs::read(&path).unwrap_or_default();
+        assert!(
+            committed == bytes,
+            "{name} differs from the encoder; regenerate it"
+        );
+    }
+}

@@ -4,12 +4,8 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HefError {
-    #[error("{path}: cannot read the file: {source}; check the path and permissions")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{path}: cannot read the file: {err}; check the path and permissions")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("HEF is {len} bytes, shorter than its {need}-byte header; the file is truncated, copy it again")]
     Truncated { len: usize, need: usize },
     #[error(
@@ -36,12 +32,8 @@ pub enum HefError {
         "HEF cannot drive a genai device: {0}; run `kvprobe inspect` on it and fix the errors"
     )]
     NotDescribable(String),
-    #[error("{path}: cannot write extracted resource: {source}; check the directory")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{path}: cannot write extracted resource: {err}; check the directory")]
+    Write { path: PathBuf, err: std::io::Error },
 }
 
 pub type Result<T> = std::result::Result<T, HefError>;

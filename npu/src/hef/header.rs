@@ -124,20 +124,28 @@ pub fn parse(file: &[u8]) -> Result<(ContainerHeader, HeaderChecks, &[u8])> {
         file_hash_ok: None,
         hash_string: String::new(),
     };
-    let mut size_rule = |expected: u64, text: String| {
+    // A file shorter than its header declares is truncated (unreadable); a longer one is a lint.
+    let mut size_rule = |expected: u64, text: String| -> Result<()> {
+        if expected > residue_len {
+            return Err(HefError::Truncated {
+                len: file.len(),
+                need: usize::try_from(expected.saturating_add(hlen as u64)).unwrap_or(usize::MAX),
+            });
+        }
         if expected != residue_len {
             checks.size_ok = false;
             checks.size_detail = Some(format!(
                 "{text} = {expected}, but {residue_len} bytes follow the header"
             ));
         }
+        Ok(())
     };
     match version {
         0 => {
             let mut digest = [0u8; 16];
             digest.copy_from_slice(&file[16..32]);
             header.checksum = Checksum::Md5 { digest };
-            size_rule(proto_size, "proto_size".into());
+            size_rule(proto_size, "proto_size".into())?;
             let computed: [u8; 16] = Md5::digest(residue).into();
             if computed != digest {
                 return Err(HefError::HashMismatch {
@@ -155,7 +163,7 @@ pub fn parse(file: &[u8]) -> Result<(ContainerHeader, HeaderChecks, &[u8])> {
             size_rule(
                 proto_size.saturating_add(header.ccws_size),
                 "proto_size + ccws_size".into(),
-            );
+            )?;
             let computed = crc32fast::hash(residue);
             if computed != crc {
                 return Err(HefError::HashMismatch {
@@ -173,7 +181,7 @@ pub fn parse(file: &[u8]) -> Result<(ContainerHeader, HeaderChecks, &[u8])> {
             size_rule(
                 proto_size.saturating_add(header.ccws_size),
                 "proto_size + ccws_size".into(),
-            );
+            )?;
             let computed = xxhash_rust::xxh3::xxh3_64(residue);
             if computed != x {
                 return Err(HefError::HashMismatch {
@@ -196,7 +204,7 @@ pub fn parse(file: &[u8]) -> Result<(ContainerHeader, HeaderChecks, &[u8])> {
                     .saturating_add(header.ccws_size)
                     .saturating_add(header.additional_info_size),
                 "proto_size + ccws_size_with_padding + additional_info_size".into(),
-            );
+            )?;
             checks.padding_ok = header.ccws_size >= u64::from(header.padding_size);
             let whole = xxhash_rust::xxh3::xxh3_64(residue);
             if header.proto_xxh3 != 0 {

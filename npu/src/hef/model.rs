@@ -112,9 +112,9 @@ pub struct Hef {
 
 impl Hef {
     pub fn open(path: &Path) -> Result<Hef> {
-        let bytes = std::fs::read(path).map_err(|source| super::HefError::Io {
+        let bytes = std::fs::read(path).map_err(|err| super::HefError::Io {
             path: path.to_path_buf(),
-            source,
+            err,
         })?;
         Hef::parse(bytes)
     }
@@ -186,9 +186,9 @@ impl Hef {
 
     /// Writes every readable resource into `dir` (created if needed); returns the paths.
     pub fn extract(&self, dir: &Path) -> Result<Vec<std::path::PathBuf>> {
-        std::fs::create_dir_all(dir).map_err(|source| super::HefError::Write {
+        std::fs::create_dir_all(dir).map_err(|err| super::HefError::Write {
             path: dir.to_path_buf(),
-            source,
+            err,
         })?;
         let mut written = Vec::new();
         for r in &self.resources {
@@ -201,9 +201,9 @@ impl Hef {
                 .map(|n| n.to_os_string())
                 .unwrap_or_else(|| "resource.bin".into());
             let path = dir.join(file_name);
-            std::fs::write(&path, bytes).map_err(|source| super::HefError::Write {
+            std::fs::write(&path, bytes).map_err(|err| super::HefError::Write {
                 path: path.clone(),
-                source,
+                err,
             })?;
             written.push(path);
         }
