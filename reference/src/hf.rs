@@ -115,6 +115,15 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
                 None => hidden / n_heads.max(1),
             };
             let qkv_bias = arch == "Qwen2ForCausalLM" || f.bool_or("attention_bias", false);
+            // Sliding-window attention is not modelled: cap the context at the window instead of
+            // silently computing full attention beyond it (Mistral always, Qwen2 when enabled).
+            let window = match arch.as_str() {
+                "MistralForCausalLM" => f.opt_usize("sliding_window")?,
+                "Qwen2ForCausalLM" if f.bool_or("use_sliding_window", false) => f.opt_usize("sliding_window")?,
+                _ => None,
+            };
+            let max_position = f.opt_usize("max_position_embeddings")?.unwrap_or(2048);
+            let max_position = window.map_or(max_position, |w| w.min(max_position));
             Ok(ModelConfig {
                 family: Family::Llama,
                 architecture: arch.clone(),
@@ -127,7 +136,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
                 intermediate_size: f.usize("intermediate_size")?,
                 norm_eps: f.f64_or("rms_norm_eps", 1e-6),
                 rope_theta: f.f64_or("rope_theta", 10000.0),
-                max_position: f.opt_usize("max_position_embeddings")?.unwrap_or(2048),
+                max_position,
                 tie_embeddings: f.bool_or("tie_word_embeddings", false),
                 qkv_bias,
                 bos_token_id: f.token_id("bos_token_id"),
@@ -141,6 +150,11 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
                 return Err(f.unsupported(format!(
                     "activation_function `{act}` (only the tanh GELU gelu_new is implemented)"
                 )));
+            }
+            for flag in ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"] {
+                if f.bool_or(flag, false) {
+                    return Err(f.unsupported(format!("GPT-2 option `{flag}: true`")));
+                }
             }
             let hidden = f.usize("n_embd")?;
             let n_heads = f.usize("n_head")?;
@@ -295,8 +309,12 @@ pub fn load_weights(dir: &Path) -> Result<Weights> {
             ),
         })?;
         for (name, t) in tensors {
-            // Integer/bool buffers (e.g. GPT-2's causal `attn.bias`) are not weights.
-            if !t.dtype().is_float() {
+            // Buffers are not weights: GPT-2's causal-mask `h.N.attn.bias` / `attn.masked_bias`
+            // (4 MB each in float checkpoints) and any integer/bool tensor.
+            if !t.dtype().is_float()
+                || name.ends_with(".attn.bias")
+                || name.ends_with(".attn.masked_bias")
+            {
                 continue;
             }
             let t = if t.dtype() == DType::F32 {

@@ -111,10 +111,13 @@ fn gpt2_names_with_or_without_transformer_prefix() {
     let st = b.path().join("model.safetensors");
     let w = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
     assert!(w.keys().all(|k| k.starts_with("transformer.")));
-    let bare: HashMap<String, Tensor> = w
+    let mut bare: HashMap<String, Tensor> = w
         .into_iter()
         .map(|(k, v)| (k.trim_start_matches("transformer.").to_string(), v))
         .collect();
+    // HF GPT-2 checkpoints carry the causal-mask buffer; it is not a weight.
+    let buf = Tensor::ones((1, 1, 128, 128), DType::F32, &Device::Cpu).unwrap();
+    bare.insert("h.0.attn.bias".into(), buf);
     candle_core::safetensors::save(&bare, &st).unwrap();
     let x = ids(6, 280, 5);
     assert_eq!(
@@ -180,6 +183,9 @@ fn mistral_loads_like_llama_and_qwen2_needs_biases() {
         v["architectures"] = serde_json::json!(["MistralForCausalLM"])
     });
     assert_eq!(logits(&Model::load(&f.path()).unwrap(), &x), base);
+    // Sliding-window attention is not modelled: the window caps the context instead.
+    edit_config(&f.path(), |v| v["sliding_window"] = serde_json::json!(32));
+    assert_eq!(Model::load(&f.path()).unwrap().config().max_position, 32);
 
     edit_config(&f.path(), |v| {
         v["architectures"] = serde_json::json!(["Qwen2ForCausalLM"])
