@@ -1,1 +1,24 @@
-//! skeleton
+//! kvprobe reports: results.json, CSV tables, `.npy` arrays, SVG charts and a self-contained
+//! report.html from the schema's findings alone (depends on `kvprobe-schema`, never on probes,
+//! devices or models — design.md).
+//!
+//! - [`write_artifacts`] writes a run's folder;
+//! - [`render_report`] re-renders report.html and the SVGs from results.json, byte-identical;
+//! - [`render_compare`] writes compare.html: before the fix beside after the fix.
+
+pub mod arrays;
+pub mod charts;
+pub mod error;
+pub mod fixtures;
+mod fsio;
+pub mod html;
+pub mod render;
+pub mod tables;
+pub mod text;
+
+pub use arrays::{ArrayData, NamedArray};
+pub use error::{Error, Result};
+pub use render::{
+    load_results, render_compare, render_report, write_artifacts, COMPARE_HTML, REPORT_HTML,
+    RESULTS_JSON,
+};

@@ -1,0 +1,158 @@
+//! report.html (one run) and compare.html (before / after).
+
+use super::probes::{blocks, ProbeBlock};
+use super::style::CSS;
+use super::{banner, evidence, provenance};
+use crate::text::{html, html_visible};
+use kvprobe_schema::Results;
+
+fn head(title: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+         <title>{}</title>\n<style>{CSS}</style>\n</head>\n<body>\n",
+        html(title)
+    )
+}
+
+const FOOT: &str = "</body>\n</html>\n";
+
+fn title_of(r: &Results) -> String {
+    match r.verdict {
+        Some(v) => format!("kvprobe {}: {}", r.command, v.name()),
+        None => format!("kvprobe {}", r.command),
+    }
+}
+
+/// Files of the folder that belong to this report (what a reader can open next).
+fn artefacts(r: &Results, charts: &[(&'static str, String)]) -> String {
+    let mut files = vec!["results.json".to_string()];
+    files.extend(crate::tables::tables(r).into_iter().map(|(n, _)| n));
+    files.extend(crate::arrays::derived_array_files(r));
+    files.extend(charts.iter().map(|(n, _)| n.to_string()));
+    let items: Vec<String> = files
+        .iter()
+        .map(|f| format!("<code>{}</code>", html(f)))
+        .collect();
+    format!(
+        "<section id=\"artefacts\"><h2>Artefacts in this folder</h2>\n<p>{}</p>\n\
+         <p class=\"muted\">Further <code>.npy</code> arrays of the run (such as the compared logits) sit beside these; \
+         <code>kvprobe report DIR</code> re-renders this page from results.json.</p></section>\n",
+        items.join(" · ")
+    )
+}
+
+pub fn report(r: &Results, charts: &[(&'static str, String)]) -> String {
+    let blocks = blocks(r, charts);
+    let mut s = head(&title_of(r));
+    s.push_str(&format!(
+        "<h1>kvprobe report — <code>{}</code></h1>\n",
+        html_visible(&r.command)
+    ));
+    s.push_str(&banner(r, None));
+    s.push_str(&evidence(r));
+    if !blocks.is_empty() {
+        s.push_str("<nav class=\"toc\">Probes: ");
+        for b in &blocks {
+            s.push_str(&format!("<a href=\"#{}\">{}</a>", b.id, b.id));
+        }
+        s.push_str("<a href=\"#provenance\">provenance</a></nav>\n");
+    }
+    for b in &blocks {
+        s.push_str(&section(b));
+    }
+    s.push_str(&provenance::section(r));
+    s.push_str(&artefacts(r, charts));
+    s.push_str(FOOT);
+    s
+}
+
+fn section(b: &ProbeBlock) -> String {
+    format!(
+        "<section id=\"{}\"><h2>{}</h2>\n{}{}{}</section>\n",
+        b.id,
+        html(b.title),
+        b.summary,
+        b.chart,
+        b.detail
+    )
+}
+
+/// Before / after on one page: verdicts, probe tables side by side, charts paired.
+pub fn compare(
+    before: &Results,
+    before_charts: &[(&'static str, String)],
+    after: &Results,
+    after_charts: &[(&'static str, String)],
+) -> String {
+    let bb = blocks(before, before_charts);
+    let ab = blocks(after, after_charts);
+    let verdict = |r: &Results| r.verdict.map(|v| v.name()).unwrap_or("no diagnosis");
+    let mut s = head(&format!(
+        "kvprobe before/after: {} → {}",
+        verdict(before),
+        verdict(after)
+    ));
+    s.push_str("<h1>kvprobe — before the fix / after the fix</h1>\n");
+    s.push_str("<div class=\"pair\">\n<div>\n");
+    s.push_str(&banner(before, Some("Before the fix")));
+    s.push_str(&evidence(before));
+    s.push_str("</div>\n<div>\n");
+    s.push_str(&banner(after, Some("After the fix")));
+    s.push_str(&evidence(after));
+    s.push_str("</div>\n</div>\n");
+
+    // Probe order follows the single-run page; a probe that ran on one side only still shows.
+    let mut ids: Vec<&str> = Vec::new();
+    for b in bb.iter().chain(ab.iter()) {
+        if !ids.contains(&b.id) {
+            ids.push(b.id);
+        }
+    }
+    const ORDER: [&str; 10] = [
+        "prefill",
+        "greedy",
+        "selfmask",
+        "colmap",
+        "ztap",
+        "quant",
+        "maskconv",
+        "positions",
+        "layout",
+        "inject",
+    ];
+    ids.sort_by_key(|id| ORDER.iter().position(|o| o == id));
+    for id in ids {
+        let find = |v: &[ProbeBlock]| v.iter().position(|b| b.id == id);
+        let (bi, ai) = (find(&bb), find(&ab));
+        let title = bi
+            .map(|i| bb[i].title)
+            .or(ai.map(|i| ab[i].title))
+            .unwrap_or(id);
+        s.push_str(&format!(
+            "<section id=\"{id}\"><h2>{}</h2>\n<div class=\"pair\">\n",
+            html(title)
+        ));
+        for (label, blocks, idx) in [("Before", &bb, bi), ("After", &ab, ai)] {
+            s.push_str(&format!("<div><h3>{label}</h3>\n"));
+            match idx {
+                Some(i) => {
+                    let b = &blocks[i];
+                    s.push_str(&b.summary);
+                    s.push_str(&b.chart);
+                    s.push_str(&b.detail);
+                }
+                None => s.push_str("<p class=\"muted\">did not run</p>\n"),
+            }
+            s.push_str("</div>\n");
+        }
+        s.push_str("</div></section>\n");
+    }
+    s.push_str("<section id=\"provenance\"><h2>Provenance</h2>\n<div class=\"pair\">\n<div><h3>Before</h3>\n");
+    s.push_str(&provenance::brief(before));
+    s.push_str("</div>\n<div><h3>After</h3>\n");
+    s.push_str(&provenance::brief(after));
+    s.push_str("</div>\n</div></section>\n");
+    s.push_str(FOOT);
+    s
+}

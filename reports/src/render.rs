@@ -1,0 +1,100 @@
+//! Writing a run's folder, re-rendering it from results.json, and the before/after page.
+
+use crate::arrays::{self, NamedArray};
+use crate::charts::probes::charts;
+use crate::error::{Error, Result};
+use crate::fsio::{ensure_dir, write_atomic};
+use crate::html::page;
+use crate::tables::write_tables;
+use kvprobe_schema::{Results, SCHEMA_VERSION};
+use std::path::Path;
+
+pub const RESULTS_JSON: &str = "results.json";
+pub const REPORT_HTML: &str = "report.html";
+pub const COMPARE_HTML: &str = "compare.html";
+
+/// Write every artefact of a run into `out_dir` (created if missing): results.json, CSV tables,
+/// `.npy` arrays (derived ones plus `arrays`), SVG charts and report.html.
+///
+/// The page is rendered from results.json as written and read back, so `render_report` on the
+/// folder later gives the same bytes. Each file is written whole or not at all; making the folder
+/// itself appear atomically (temp folder + rename) is the caller's job.
+pub fn write_artifacts(results: &Results, arrays: &[NamedArray], out_dir: &Path) -> Result<()> {
+    arrays::validate(arrays)?;
+    if results.schema_version > SCHEMA_VERSION {
+        return Err(Error::SchemaTooNew {
+            path: out_dir.join(RESULTS_JSON),
+            found: results.schema_version as u64,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let json = serde_json::to_string_pretty(results).map_err(Error::Serialize)?;
+    // JSON cannot hold NaN (serde writes null, which does not read back as a number): check the
+    // round trip now, before any file exists, rather than leave an unreadable results.json.
+    let reread: Results = serde_json::from_str(&json).map_err(Error::Serialize)?;
+    // Charts before files: a drawing failure must not leave a folder without its page.
+    let svgs = charts(&reread)?;
+    let html = page::report(&reread, &svgs);
+
+    ensure_dir(out_dir)?;
+    write_atomic(&out_dir.join(RESULTS_JSON), format!("{json}\n").as_bytes())?;
+    write_tables(&reread, out_dir)?;
+    arrays::write_derived_arrays(&reread, out_dir)?;
+    arrays::write_caller_arrays(arrays, out_dir)?;
+    for (name, svg) in &svgs {
+        write_atomic(&out_dir.join(name), svg.as_bytes())?;
+    }
+    write_atomic(&out_dir.join(REPORT_HTML), html.as_bytes())
+}
+
+/// Read and check `dir/results.json`: present, readable, valid, and not from a newer kvprobe.
+pub fn load_results(dir: &Path) -> Result<Results> {
+    let path = dir.join(RESULTS_JSON);
+    if !path.is_file() {
+        if !dir.is_dir() {
+            return Err(Error::io(
+                dir,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "folder not found"),
+            ));
+        }
+        return Err(Error::MissingResults {
+            path: dir.to_path_buf(),
+        });
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|source| Error::Json {
+        path: path.clone(),
+        source,
+    })?;
+    // Version first: a newer file may not even parse into today's types.
+    if let Some(found) = value.get("schema_version").and_then(|v| v.as_u64()) {
+        if found > SCHEMA_VERSION as u64 {
+            return Err(Error::SchemaTooNew {
+                path,
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+    }
+    serde_json::from_value(value).map_err(|source| Error::Json { path, source })
+}
+
+/// Re-render report.html and the SVG charts of a run folder from its results.json alone.
+pub fn render_report(dir: &Path) -> Result<()> {
+    let results = load_results(dir)?;
+    let svgs = charts(&results)?;
+    let html = page::report(&results, &svgs);
+    for (name, svg) in &svgs {
+        write_atomic(&dir.join(name), svg.as_bytes())?;
+    }
+    write_atomic(&dir.join(REPORT_HTML), html.as_bytes())
+}
+
+/// Write `out_dir/compare.html`: both verdicts, probe tables side by side, charts paired.
+pub fn render_compare(before_dir: &Path, after_dir: &Path, out_dir: &Path) -> Result<()> {
+    let before = load_results(before_dir)?;
+    let after = load_results(after_dir)?;
+    let html = page::compare(&before, &charts(&before)?, &after, &charts(&after)?);
+    ensure_dir(out_dir)?;
+    write_atomic(&out_dir.join(COMPARE_HTML), html.as_bytes())
+}
