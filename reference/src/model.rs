@@ -317,9 +317,13 @@ impl Model {
         position: usize,
     ) -> Result<Vec<f32>> {
         let out = self.step_graph(state, token, position, &[KeySet::All])?;
-        for (l, n) in state.layers.iter_mut().zip(&out.new_kv) {
-            l.k = Tensor::cat(&[&l.k, &n.k], 1)?;
-            l.v = Tensor::cat(&[&l.v, &n.v], 1)?;
+        if state.is_empty() {
+            state.layers = out.new_kv;
+        } else {
+            for (l, n) in state.layers.iter_mut().zip(&out.new_kv) {
+                l.k = Tensor::cat(&[&l.k, &n.k], 1)?;
+                l.v = Tensor::cat(&[&l.v, &n.v], 1)?;
+            }
         }
         state.positions.push(position);
         state.ids.push(token);

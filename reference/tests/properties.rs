@@ -108,6 +108,12 @@ fn kv_decode_step_equals_last_row_of_full_forward() {
             assert_close(&format!("{name} decode {i}"), full.row(i), &l);
         }
         assert_eq!(st.len(), 14);
+        // From an empty state, token by token.
+        let mut st = f.model.prefix_state(&[], &[]).unwrap();
+        for (i, &tok) in x.iter().enumerate() {
+            let l = f.model.decode_step(&mut st, tok, i).unwrap();
+            assert_close(&format!("{name} decode from empty {i}"), full.row(i), &l);
+        }
     }
 }
 
