@@ -10,9 +10,12 @@ use kvprobe_npu::sim::SimDevice;
 use kvprobe_npu::{Buffer, Device, Error, MaskMode, Result, RunOutput};
 use kvprobe_schema::{DeviceDescription, GroupKind, InputRole};
 
+/// One recorded run: group, read offset at run time, inputs.
+type RunLog = (GroupKind, u32, Vec<(String, Buffer)>);
+
 struct Rec {
     inner: SimDevice,
-    runs: Vec<(GroupKind, u32, Vec<(String, Buffer)>)>,
+    runs: Vec<RunLog>,
 }
 
 impl Device for Rec {

@@ -1,3 +1,4 @@
+#![allow(clippy::needless_range_loop)] // slot/token indices read clearer in timelines
 //! Ring timelines on the emulator (contract §1.5, §2.3, §2.7; prior art §2.6), with float edges so
 //! the ring bytes can be compared with the reference's K directly.
 

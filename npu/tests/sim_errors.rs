@@ -84,11 +84,12 @@ fn geometry_and_flags() {
 fn faults_unknown_scoped_and_noop() {
     let (_d, m) = tiny_llama(42);
     let (_g, gpt2) = tiny_gpt2(42);
-    let cases: Vec<(
-        &std::sync::Arc<kvprobe_reference::Model>,
-        &str,
+    type Case<'a> = (
+        &'a std::sync::Arc<kvprobe_reference::Model>,
+        &'a str,
         fn(&Error) -> bool,
-    )> = vec![
+    );
+    let cases: Vec<Case> = vec![
         (&m, "flip-bits", |e| matches!(e, Error::UnknownFault { .. })),
         (&m, "kv-swap@k", |e| matches!(e, Error::FaultScope { .. })),
         (&m, "tbt-position=+1@layer=0", |e| {

@@ -45,13 +45,26 @@ fn report(name: &str, r: &(f64, Vec<f64>, usize)) {
 fn fixtures_default_quantisation() {
     let (_d, m) = tiny_llama(51);
     for (l, p, n) in [(24, 16, 16), (32, 8, 13)] {
-        let o = SimOptions { cache_len: l, prefill_len: p, ..SimOptions::default() };
+        let o = SimOptions {
+            cache_len: l,
+            prefill_len: p,
+            ..SimOptions::default()
+        };
         let r = cosines(&m, o, &ids(n, m.config().vocab_size, 2), 7);
         report(&format!("tiny llama L={l} P={p} n={n} uint8"), &r);
         assert!(r.0 > 0.9 && r.1.iter().all(|&c| c > 0.9));
     }
     let (_g, g) = tiny_gpt2(52);
-    let r = cosines(&g, SimOptions { cache_len: 24, prefill_len: 16, ..SimOptions::default() }, &ids(16, g.config().vocab_size, 2), 7);
+    let r = cosines(
+        &g,
+        SimOptions {
+            cache_len: 24,
+            prefill_len: 16,
+            ..SimOptions::default()
+        },
+        &ids(16, g.config().vocab_size, 2),
+        7,
+    );
     report("tiny gpt2 L=24 P=16 uint8", &r);
     assert!(r.0 > 0.9 && r.1.iter().all(|&c| c > 0.9));
 }
@@ -64,10 +77,19 @@ fn smollm2_default_quantisation() {
         .unwrap();
     for (name, o) in [
         ("uint8", SimOptions::default()),
-        ("uint16", SimOptions { cache_quant: kvprobe_npu::sim::CacheQuant::U16, ..SimOptions::default() }),
+        (
+            "uint16",
+            SimOptions {
+                cache_quant: kvprobe_npu::sim::CacheQuant::U16,
+                ..SimOptions::default()
+            },
+        ),
     ] {
         let r = cosines(&m, o, &prompt, 16);
-        report(&format!("SmolLM2 L=128 P=32 {name} ({} prompt tokens)", prompt.len()), &r);
+        report(
+            &format!("SmolLM2 L=128 P=32 {name} ({} prompt tokens)", prompt.len()),
+            &r,
+        );
         assert!(r.0 > 0.9, "prefill cosine {}", r.0);
     }
 }
