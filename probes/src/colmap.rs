@@ -57,6 +57,7 @@ pub fn run(s: &mut Session, opts: &ColmapOptions) -> Result<ColmapFinding> {
     let n = g.prompt_len;
     let entries = covered_entries(&g, opts);
     s.progress.phase("colmap", entries.len() as u64 + 2);
+    s.clear_rings()?;
     let first = s.first_step()?;
     s.progress.inc(1);
     let q = first.query;
@@ -94,7 +95,11 @@ pub fn run(s: &mut Session, opts: &ColmapOptions) -> Result<ColmapFinding> {
     let (diagonal_strength, best_off_diagonal) = diagonal_stats(&expected, &matrix);
     let (best_shift, best_shift_score) = best_shift(&g, &entries, &matrix);
     let best_permutation_score = best_assignment_mean(&matrix);
-    let (empty_rows_identical, empty_rows_spread) = empty_spread(&expected, &dev_rows, &dev_self);
+    let never: Vec<bool> = entries
+        .iter()
+        .map(|&j| g.first_window_never_written(j))
+        .collect();
+    let (empty_rows_identical, empty_rows_spread) = empty_spread(&never, &dev_rows, &dev_self);
     Ok(ColmapFinding {
         query_token: q,
         query_position: n,
@@ -308,14 +313,14 @@ fn hungarian(a: &[Vec<f64>], r: usize, c: usize) -> Vec<usize> {
 /// Whether the device rows of never-written entries are identical (token-local fault or
 /// healthy: the same zero bytes give the same key) or differ (layout mixing spreads real data).
 fn empty_spread(
-    expected: &[Option<usize>],
+    never_written: &[bool],
     dev_rows: &[Vec<f32>],
     dev_self: &[f32],
 ) -> (Option<bool>, Option<f64>) {
-    let empty: Vec<&Vec<f32>> = expected
+    let empty: Vec<&Vec<f32>> = never_written
         .iter()
         .zip(dev_rows)
-        .filter(|(e, _)| e.is_none())
+        .filter(|(&e, _)| e)
         .map(|(_, r)| r)
         .collect();
     if empty.len() < 2 {

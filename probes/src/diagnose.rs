@@ -121,8 +121,8 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let q = run.timed("quant", |s| quant::run(s.describe()))?;
     let pf = run.timed("prefill", |s| prefill::run(s, &opts.prefill))?;
     let [single, multi] = prefill_split(&pf, &g);
-    let pf_single_ok = single.2 == 0 || stage_ok(single.0, single.1);
-    let pf_multi_ok = multi.2 == 0 || stage_ok(multi.0, multi.1);
+    let pf_single_ok = single.2 == 0 || (stage_ok(single.0, single.1) && single.3 >= PREFILL_TOP1);
+    let pf_multi_ok = multi.2 == 0 || (stage_ok(multi.0, multi.1) && multi.3 >= PREFILL_TOP1);
     ev.push(format!(
         "prefill: {} single-chunk prefixes, mean cosine {:.4} (min {:.4}, top-1 {})",
         single.2,
@@ -183,8 +183,28 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     ));
     p.greedy = Some(gr.clone());
 
+    // --- healthy so far: the cheap positive discriminators (a mask convention or a position
+    // shift that reproduces the reference better than the server's own) still run, since a
+    // small model can hide a wiring fault inside the greedy tolerance.
+    let mut quiet_fault = false;
+    if pf_single_ok && pf_multi_ok && sm_ok && greedy_ok && q.inconsistent_caches == 0 && has_tbt {
+        let ps = run.timed("positions", positions::run)?;
+        let mc = run.timed("maskconv", maskconv::run)?;
+        quiet_fault = position_fault(&ps) || mask_variant_fault(&mc).is_some();
+        p.positions = Some(ps);
+        p.maskconv = Some(mc);
+        if quiet_fault {
+            ev.push("positions/maskconv: a non-server convention reproduces the reference better than the server's own".into());
+        }
+    }
     // --- healthy: stop early, placement only as warnings ------------------------------------
-    if pf_single_ok && pf_multi_ok && sm_ok && greedy_ok && q.inconsistent_caches == 0 {
+    if pf_single_ok
+        && pf_multi_ok
+        && sm_ok
+        && greedy_ok
+        && q.inconsistent_caches == 0
+        && !quiet_fault
+    {
         let ly = run.timed("layout", layout::run)?;
         if ly.writer_layout != Layout::TokenMajor || ly.writer_shift != 0 {
             warnings.push(format!(
@@ -299,7 +319,10 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     }
 
     // --- cache path ---------------------------------------------------------------------------
-    let ps = run.timed("positions", positions::run)?;
+    let ps = match p.positions.clone() {
+        Some(x) => x,
+        None => run.timed("positions", positions::run)?,
+    };
     let ly = run.timed("layout", layout::run)?;
     let inj = run.timed("inject", inject::run)?;
     let zt = run.timed("ztap", ztap::run)?;
@@ -479,10 +502,45 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             _ => {}
         }
     }
+    // g. elimination: nothing on the cache path is wrong, the column map is clean, yet steps
+    // that read the cache fail — the tbt graph's attention over cached keys (e.g. its scale,
+    // to which the self-only control is blind).
+    if causes.is_empty()
+        && cm.diagonal_strength >= COLMAP_DIAGONAL
+        && cm.empty_rows_identical != Some(false)
+    {
+        ev.push(format!(
+            "→ tbt-graph (by elimination): positions, masks, quant, placement and injection are clean and the column map is diagonal ({:.3}), yet steps that read the cache fail; the self-only control is blind to the attention scale",
+            cm.diagonal_strength
+        ));
+        causes.push(Cause {
+            verdict: Verdict::TbtGraph,
+            confidence: 0.6,
+            stage: 2,
+        });
+    }
     if causes.is_empty() {
         ev.push("no rule matched: the cache path fails but no probe isolates why".into());
     }
     Ok(conclude(causes, ev, warnings, p, run.timings))
+}
+
+/// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position.
+fn position_fault(ps: &kvprobe_schema::PositionsFinding) -> bool {
+    ps.best_delta != 0
+        && ps.best_cosine >= REPRODUCES_COSINE
+        && ps.best_cosine >= ps.baseline_cosine + POSITION_MARGIN
+}
+
+/// The best non-server mask convention that reproduces the reference (maskconv marks a variant
+/// `reproduces` only when it beats the ring mask by the repair margin).
+fn mask_variant_fault(
+    mc: &kvprobe_schema::MaskconvFinding,
+) -> Option<&kvprobe_schema::MaskVariant> {
+    mc.variants
+        .iter()
+        .filter(|v| v.reproduces && v.name != "ring" && v.name != "per-head")
+        .max_by(|a, b| a.comparison.cosine.total_cmp(&b.comparison.cosine))
 }
 
 fn quant_cause(q: &kvprobe_schema::QuantFinding, ev: &mut Vec<String>) -> Cause {

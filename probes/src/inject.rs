@@ -13,7 +13,7 @@ use kvprobe_schema::{CacheKind, InjectFinding, LogitComparison};
 use crate::metrics::compare;
 use crate::rings::{cache_infos, quantize_entry, reference_entries, CacheInfo};
 use crate::session::Session;
-use crate::thresholds::REPRODUCES_COSINE;
+use crate::thresholds::{REPAIR_MARGIN, REPRODUCES_COSINE};
 use crate::Result;
 
 pub fn run(s: &mut Session) -> Result<InjectFinding> {
@@ -36,41 +36,32 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
     for info in &infos {
         refs.insert(info.cache_id, reference_entries(&prompt.state, info, nh)?);
     }
-    let golden = run_with_rings(
-        s,
-        &infos,
-        &refs,
-        false,
-        g.prompt_len,
-        g.cache_len,
-        q,
-        &first.reference,
-    )?;
+    let (n, l) = (g.prompt_len, g.cache_len);
+    let golden = run_with_rings(s, &infos, &refs, Swap::No, n, l, q, &first.reference)?;
     s.progress.inc(1);
-    let golden_swapped = run_with_rings(
+    // Which declared info a crosswise-bound reader dequantises with is the binding's business:
+    // try the ring's own and its partner's, keep the better.
+    let own = run_with_rings(s, &infos, &refs, Swap::OwnQuant, n, l, q, &first.reference)?;
+    let other = run_with_rings(
         s,
         &infos,
         &refs,
-        true,
-        g.prompt_len,
-        g.cache_len,
+        Swap::PartnerQuant,
+        n,
+        l,
         q,
         &first.reference,
     )?;
+    let golden_swapped = if other.cosine > own.cosine {
+        other
+    } else {
+        own
+    };
     s.progress.inc(1);
     for (id, bytes) in &original {
         s.dev.write_cache_buffer(*id, bytes)?;
     }
-    let ok = |c: &LogitComparison| c.cosine >= REPRODUCES_COSINE;
-    let blame = if ok(&device_rings) && ok(&golden) {
-        "none"
-    } else if ok(&golden) {
-        "writer"
-    } else if ok(&golden_swapped) {
-        "binding"
-    } else {
-        "reader"
-    };
+    let blame = blame(&device_rings, &golden, &golden_swapped);
     Ok(InjectFinding {
         device_rings,
         golden,
@@ -79,12 +70,41 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
     })
 }
 
+/// Who the injection blames, by which rings reproduce the reference: golden rings that repair
+/// the step clear the reader ("writer"); rings that only work swapped K↔V blame the binding;
+/// golden rings no better than the device's own blame the reader; all fine = "none".
+pub fn blame(
+    device: &LogitComparison,
+    golden: &LogitComparison,
+    swapped: &LogitComparison,
+) -> &'static str {
+    let ok = |c: &LogitComparison| c.cosine >= REPRODUCES_COSINE;
+    if swapped.cosine >= golden.cosine.max(device.cosine) + REPAIR_MARGIN
+        && swapped.cosine >= golden.cosine
+    {
+        "binding"
+    } else if ok(golden) && golden.cosine >= device.cosine + REPAIR_MARGIN {
+        "writer"
+    } else if ok(device) && ok(golden) {
+        "none"
+    } else {
+        "reader"
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Swap {
+    No,
+    OwnQuant,
+    PartnerQuant,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_with_rings(
     s: &mut Session,
     infos: &[CacheInfo],
     refs: &BTreeMap<u32, Vec<f32>>,
-    swapped: bool,
+    swap: Swap,
     n: usize,
     l: usize,
     q: u32,
@@ -92,15 +112,19 @@ fn run_with_rings(
 ) -> Result<LogitComparison> {
     let mut entry = Vec::new();
     for info in infos {
-        let source = if swapped {
-            partner(infos, info).unwrap_or(info)
-        } else {
+        let source = if swap == Swap::No {
             info
+        } else {
+            partner(infos, info).unwrap_or(info)
         };
         let data = &refs[&source.cache_id];
         let f = info.features.min(source.features);
         let mut ring = vec![0u8; l * info.padded_entry_size];
-        let qi = info.reader_quant();
+        let qi = if swap == Swap::PartnerQuant {
+            source.reader_quant()
+        } else {
+            info.reader_quant()
+        };
         for p in 0..n {
             quantize_entry(
                 &data[p * source.features..p * source.features + f],

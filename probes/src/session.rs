@@ -38,6 +38,28 @@ impl Geometry {
         (p >= 0 && (p as usize) < self.prompt_len).then_some(p as usize)
     }
 
+    /// Lowest (negative) position whose slot a prefill padding row wrote: a short first chunk of
+    /// `r = n mod P` tokens runs all `P` rows, so positions `r − P … −1` hold padding K/V
+    /// (contract §2.4); below that, slots were never written since the rings were cleared.
+    pub fn padding_floor(&self) -> i64 {
+        let r = self.prompt_len % self.prefill_len;
+        if self.prompt_len < self.prefill_len || r != 0 {
+            let r = if self.prompt_len < self.prefill_len {
+                self.prompt_len
+            } else {
+                r
+            };
+            r as i64 - self.prefill_len as i64
+        } else {
+            0
+        }
+    }
+
+    /// Read-window column j of the first tbt step was never written (not even by padding rows).
+    pub fn first_window_never_written(&self, j: usize) -> bool {
+        ((self.prompt_len + 1 + j) as i64 - (self.cache_len as i64)) < self.padding_floor()
+    }
+
     /// Column of the first tbt window holding prompt position `p`.
     pub fn first_window_column(&self, p: usize) -> usize {
         self.cache_len + p - self.prompt_len - 1
@@ -164,6 +186,18 @@ impl<'a> Session<'a> {
         Ok(self.driver.prefill(self.dev, ids)?)
     }
 
+    /// Zero every ring (HailoRT `update_cache_buffer`, contract §1.8), as a freshly configured
+    /// device; probes that read never-written entries start from here, since a reset keeps the
+    /// ring bytes (contract §2.10).
+    pub fn clear_rings(&mut self) -> Result<()> {
+        let l = self.dev.describe().cache_len;
+        for info in crate::rings::cache_infos(self.dev.describe())? {
+            self.dev
+                .write_cache_buffer(info.cache_id, &vec![0u8; l * info.padded_entry_size])?;
+        }
+        Ok(())
+    }
+
     /// Reset and prefill the session's prompt.
     pub fn prefill_prompt(&mut self) -> Result<RunOutput> {
         let ids = self.ids.clone();
@@ -242,8 +276,8 @@ pub fn window_step(
             .iter()
             .map(|l| -> Result<LayerKv> {
                 Ok(LayerKv {
-                    k: l.k.narrow(1, n - w, w)?,
-                    v: l.v.narrow(1, n - w, w)?,
+                    k: l.k.narrow(1, n - w, w)?.contiguous()?,
+                    v: l.v.narrow(1, n - w, w)?.contiguous()?,
                 })
             })
             .collect::<Result<_>>()?

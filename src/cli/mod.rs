@@ -3,6 +3,9 @@
 //! [`Command`] and one arm in [`run`].
 
 pub mod common;
+pub mod device_args;
+pub mod inspect;
+pub mod probe_cmd;
 pub mod ref_cmd;
 
 use std::process::ExitCode;
@@ -25,6 +28,10 @@ pub enum Command {
     /// The float32 reference model: greedy generation, logits.
     #[command(name = "ref")]
     Ref(ref_cmd::RefArgs),
+    /// Read a HEF offline: groups, caches, resources, contract lint (exit 1 on errors).
+    Inspect(inspect::InspectArgs),
+    #[command(flatten)]
+    Probe(probe_cmd::ProbeCommand),
 }
 
 /// Parse the process arguments, run, and map the outcome to an exit code (design.md: 2 input or
@@ -50,6 +57,9 @@ pub fn main() -> ExitCode {
             return ExitCode::from(common::EXIT_USAGE);
         }
     };
+    if let Command::Inspect(args) = cli.command {
+        return inspect::main(args);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => common::report_error(&e),
@@ -59,5 +69,7 @@ pub fn main() -> ExitCode {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Ref(args) => ref_cmd::run(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Probe(cmd) => probe_cmd::run(cmd),
     }
 }

@@ -14,7 +14,7 @@ use kvprobe_npu::sim::manifest::model_identity;
 use kvprobe_npu::Device;
 use kvprobe_probes::colmap::ColmapOptions;
 use kvprobe_probes::prefill::PrefillOptions;
-use kvprobe_probes::{DiagnoseOptions, Progress, Session};
+use kvprobe_probes::{Progress, Session};
 use kvprobe_schema::{ProbeFindings, Provenance, Results, Timing, Verdict, SCHEMA_VERSION};
 
 use super::common::{usage, EXIT_FAULT_FOUND};

@@ -1,0 +1,55 @@
+//! Shared helpers of the probe/diagnose CLI tests: fixture models and running the binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+static FIXTURE_LOCK: Mutex<()> = Mutex::new(());
+
+/// A fixture model folder (written once per target dir): "llama" or "gpt2".
+pub fn fixture(kind: &str, seed: u64) -> PathBuf {
+    let _g = FIXTURE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("probe-fixtures/{kind}-{seed}"));
+    if !dir.join("tokenizer.json").is_file() {
+        let tmp = dir.with_extension("partial");
+        let _ = std::fs::remove_dir_all(&tmp);
+        match kind {
+            "llama" => kvprobe_reference::fixtures::write_tiny_llama(&tmp, seed).expect("write fixture"),
+            _ => kvprobe_reference::fixtures::write_tiny_gpt2(&tmp, seed).expect("write fixture"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::rename(&tmp, &dir).expect("place fixture");
+    }
+    dir
+}
+
+/// The fetched SmolLM2, when present (CI always has it).
+pub fn smollm2() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/smollm2-135m-instruct-q4_1.gguf");
+    p.is_file().then_some(p)
+}
+
+pub fn kvprobe(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvprobe"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run kvprobe")
+}
+
+/// Run with `--json` and parse stdout; returns (exit code, results JSON, stderr).
+pub fn kvprobe_json(args: &[&str]) -> (i32, serde_json::Value, String) {
+    let mut a: Vec<&str> = args.to_vec();
+    a.push("--json");
+    let out = kvprobe(&a);
+    let code = out.status.code().unwrap_or(-1);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("kvprobe {args:?}: stdout is not JSON ({e}); exit {code}; stderr: {stderr}"));
+    (code, v, stderr)
+}
+
+pub fn verdict(v: &serde_json::Value) -> String {
+    v["verdict"].as_str().unwrap_or("null").to_string()
+}
