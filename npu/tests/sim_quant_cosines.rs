@@ -93,3 +93,48 @@ fn smollm2_default_quantisation() {
         assert!(r.0 > 0.9, "prefill cosine {}", r.0);
     }
 }
+
+#[test]
+fn int8_weights_and_expanded_uint16_cache_stay_close() {
+    let (_d, m) = tiny_llama(53);
+    let prompt = ids(13, m.config().vocab_size, 4);
+    for (name, o) in [
+        (
+            "int8 weights",
+            SimOptions {
+                cache_len: 24,
+                prefill_len: 8,
+                weights: kvprobe_npu::sim::SimWeights::Int8,
+                ..SimOptions::default()
+            },
+        ),
+        (
+            "expanded uint16",
+            SimOptions {
+                cache_len: 24,
+                prefill_len: 8,
+                cache_heads: kvprobe_npu::sim::CacheHeads::Expanded,
+                cache_quant: kvprobe_npu::sim::CacheQuant::U16,
+                ..SimOptions::default()
+            },
+        ),
+    ] {
+        let r = cosines(&m, o, &prompt, 5);
+        report(&format!("tiny llama {name}"), &r);
+        assert!(r.0 > 0.9 && r.1.iter().all(|&c| c > 0.9), "{name}");
+    }
+    // int8 weights really change the computation
+    let (mut a, mut da) = sim(
+        &m,
+        SimOptions {
+            cache_len: 24,
+            prefill_len: 8,
+            weights: kvprobe_npu::sim::SimWeights::Int8,
+            ..float_opts(24, 8)
+        },
+    );
+    let (mut b, mut db) = sim(&m, float_opts(24, 8));
+    let la = da.prefill(&mut a, &prompt).unwrap().logits;
+    let lb = db.prefill(&mut b, &prompt).unwrap().logits;
+    assert!(max_abs_diff(&la, &lb) > 1e-5);
+}
