@@ -11,6 +11,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let m = Arc::new(kvprobe_reference::Model::load(std::path::Path::new(&path))?);
     let t1 = Instant::now();
+    let tf = Instant::now();
+    let fdev = SimDevice::new(
+        m.clone(),
+        SimOptions {
+            cache_quant: kvprobe_npu::sim::CacheQuant::Float,
+            ..SimOptions::default()
+        },
+    )?;
+    let tf2 = Instant::now();
+    let _ = fdev.driver()?;
+    let tc = Instant::now();
+    let _ = kvprobe_npu::sim::calibrate::measure(&m, 96)?;
+    println!(
+        "float build {:.2}s, driver {:.2}s, calibrate {:.2}s",
+        (tf2 - tf).as_secs_f64(),
+        (tc - tf2).as_secs_f64(),
+        tc.elapsed().as_secs_f64()
+    );
     let mut dev = SimDevice::new(m.clone(), SimOptions::default())?;
     let mut drv = dev.driver()?;
     let t2 = Instant::now();
