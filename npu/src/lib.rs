@@ -19,3 +19,5 @@ pub use mask::MaskMode;
 pub use ring::{CacheRing, RingSet};
 
 pub mod hef;
+#[cfg(feature = "hailo")]
+pub mod hailo;

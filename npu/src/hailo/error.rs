@@ -1,0 +1,55 @@
+//! Typed errors of the HailoRT backend. Device failures carry the HailoRT status name and point
+//! at `hailortcli logs`, where the firmware says more (prior-art F8).
+
+use crate::hef::HefError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HailoError {
+    #[error("HailoRT {op} failed with {name} ({code}){detail}; run `hailortcli logs runtime` (and `system_control`, `nnc`) on the device for the firmware's side")]
+    Status {
+        op: String,
+        code: i32,
+        name: &'static str,
+        detail: String,
+    },
+    #[error("this kvprobe was built without the HailoRT C++ shim (hailo/hailort.h was not found at build time); install the HailoRT development headers or set HAILORT_INCLUDE_DIR, then rebuild with --features hailo")]
+    ShimNotBuilt,
+    #[error("{0}")]
+    Hef(#[from] HefError),
+    #[error("{path}: {detail}")]
+    Path { path: String, detail: String },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+pub type Result<T> = std::result::Result<T, HailoError>;
+
+impl HailoError {
+    pub fn status(op: impl Into<String>, code: i32, detail: &str) -> HailoError {
+        let detail = detail.split_whitespace().collect::<Vec<_>>().join(" ");
+        HailoError::Status {
+            op: op.into(),
+            code,
+            name: super::status::status_name(code),
+            detail: if detail.is_empty() {
+                String::new()
+            } else {
+                format!(": {detail}")
+            },
+        }
+    }
+
+    /// Device failures are exit code 3; HEF/argument problems are input errors.
+    pub fn is_device_error(&self) -> bool {
+        matches!(self, HailoError::Status { .. } | HailoError::ShimNotBuilt)
+    }
+}
+
+impl From<HailoError> for crate::Error {
+    fn from(e: HailoError) -> crate::Error {
+        match e {
+            HailoError::InvalidArgument(s) => crate::Error::InvalidArgument(s),
+            other => crate::Error::Device(other.to_string()),
+        }
+    }
+}
