@@ -45,7 +45,8 @@ pub(crate) fn kv_table(pairs: &[(&str, String)]) -> String {
 
 /// Long tables fold away (a `<details>` works without JavaScript).
 pub(crate) fn fold(summary: &str, body: &str, rows: usize) -> String {
-    let open = if rows <= 40 { " open" } else { "" };
+    // Short tables stay open; longer ones fold so the charts of later probes stay near the top.
+    let open = if rows <= 12 { " open" } else { "" };
     format!(
         "<details{open}><summary>{} ({rows} rows)</summary>\n{body}</details>\n",
         html(summary)
