@@ -1,0 +1,271 @@
+//! `kvprobe inspect model.hef`: offline HEF reader and contract lint (no HailoRT needed).
+//! Exit codes (issue 6): 0 clean (warnings allowed), 1 any error-level lint, 2 unreadable input.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Args;
+use kvprobe_npu::hef::{self, describe, lint::Severity, pairing, Hef, Lint};
+use kvprobe_reference::Model;
+use kvprobe_schema::ModelIdentity;
+
+use super::common;
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The compiled model (.hef).
+    pub hef: PathBuf,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Check that the HEF belongs to this model (Hugging Face folder or .gguf).
+    #[arg(long, value_name = "DIR|FILE.gguf")]
+    pub model: Option<PathBuf>,
+    /// Write the embedded resources (hailo-config.json, tokenizer.json, ...) into this folder.
+    #[arg(long, value_name = "DIR")]
+    pub extract: Option<PathBuf>,
+    /// Write a sim manifest mirroring this HEF's geometry, quant infos and declared layouts.
+    #[arg(long, value_name = "FILE")]
+    pub emit_sim: Option<PathBuf>,
+}
+
+/// What an inspection found.
+pub struct Outcome {
+    pub hef: Hef,
+    pub lints: Vec<Lint>,
+    pub pairing: Vec<Lint>,
+    pub extracted: Vec<PathBuf>,
+}
+
+impl Outcome {
+    pub fn errors(&self) -> usize {
+        self.lints
+            .iter()
+            .chain(&self.pairing)
+            .filter(|l| l.severity == Severity::Error)
+            .count()
+    }
+}
+
+/// Reads, lints, optionally pairs/extracts/emits. Errors are unreadable input (exit 2).
+pub fn inspect(args: &InspectArgs) -> anyhow::Result<Outcome> {
+    let hef = Hef::open(&args.hef).map_err(|e| match e {
+        hef::HefError::Io { .. } => anyhow::Error::from(e),
+        other => anyhow::Error::from(other).context(args.hef.display().to_string()),
+    })?;
+    let lints = hef::lint(&hef);
+    let model = match &args.model {
+        Some(p) => Some(Model::load(p).with_context(|| format!("--model {}", p.display()))?),
+        None => None,
+    };
+    let pairing = model
+        .as_ref()
+        .map(|m| pairing::pair(&hef, m))
+        .unwrap_or_default();
+    let extracted = match &args.extract {
+        Some(dir) => hef.extract(dir)?,
+        None => Vec::new(),
+    };
+    if let Some(path) = &args.emit_sim {
+        let identity = match &model {
+            Some(m) => kvprobe_npu::sim::manifest::model_identity(m)?,
+            None => ModelIdentity {
+                path: String::new(),
+                sha256: String::new(),
+                architecture: String::new(),
+            },
+        };
+        let manifest = describe::to_sim_manifest(&hef, identity)?;
+        common::write_atomic(path, |f| {
+            serde_json::to_writer_pretty(&mut *f, &manifest)?;
+            f.write_all(b"\n")?;
+            Ok(())
+        })?;
+    }
+    Ok(Outcome {
+        hef,
+        lints,
+        pairing,
+        extracted,
+    })
+}
+
+pub fn main(args: InspectArgs) -> ExitCode {
+    match inspect(&args) {
+        Ok(outcome) => {
+            let printed = if args.json {
+                print_json(&outcome)
+            } else {
+                print_text(&outcome)
+            };
+            if let Err(e) = printed {
+                return common::report_error(&e);
+            }
+            if outcome.errors() > 0 {
+                ExitCode::from(common::EXIT_FAULT_FOUND)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => common::report_error(&e),
+    }
+}
+
+/// For `cli::run`: same work, exit status folded into the result.
+pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    let outcome = inspect(&args)?;
+    if args.json {
+        print_json(&outcome)?
+    } else {
+        print_text(&outcome)?
+    }
+    match outcome.errors() {
+        0 => Ok(()),
+        n => Err(common::usage(format!(
+            "{}: {n} error-level lint(s)",
+            args.hef.display()
+        ))),
+    }
+}
+
+fn print_json(o: &Outcome) -> anyhow::Result<()> {
+    let description = describe::to_device_description(&o.hef).ok();
+    let doc = serde_json::json!({
+        "hef": o.hef,
+        "lints": o.lints,
+        "pairing": o.pairing,
+        "errors": o.errors(),
+        "device": description,
+        "extracted": o.extracted,
+    });
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, &doc)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn print_text(o: &Outcome) -> anyhow::Result<()> {
+    let h = &o.hef;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "HEF v{} ({} bytes), proto {} bytes, arch {}, SDK {}, hash {}",
+        h.header.version,
+        h.file_len,
+        h.header.proto_size,
+        h.hw_arch_name,
+        h.sdk_version,
+        h.header_checks.hash_string
+    )?;
+    writeln!(
+        out,
+        "extensions {:?} (optional {:?})",
+        h.extensions, h.optional_extensions
+    )?;
+    for g in &h.groups {
+        writeln!(
+            out,
+            "\ngroup {} [{}; core op {}; {} contexts; {} path]",
+            g.name,
+            g.index,
+            g.core_op_name,
+            g.contexts,
+            if g.net_flow { "net-flow" } else { "legacy" }
+        )?;
+        for (dir, layers) in [("in ", &g.inputs), ("out", &g.outputs)] {
+            for l in layers.iter() {
+                writeln!(
+                    out,
+                    "  {dir} {:<40} shape {:?} padded {:?} {} {}B  scale {} zp {}{}",
+                    l.name,
+                    l.shape,
+                    l.padded_shape,
+                    l.format_name.unwrap_or("invalid format"),
+                    l.data_bytes,
+                    l.quant.scale,
+                    l.quant.zero_point,
+                    if l.per_feature_quant {
+                        " (per-feature)"
+                    } else {
+                        ""
+                    }
+                )?;
+            }
+        }
+        for e in &g.cache_edges {
+            writeln!(
+                out,
+                "  cache {:>3} {:<6} {:<34} E {} Ep {} len {} {} {}B  scale {} zp {}",
+                e.cache_id,
+                format!("{:?}", e.direction).to_lowercase(),
+                e.name,
+                e.entry_size,
+                e.padded_entry_size,
+                e.length,
+                e.format_name.unwrap_or("invalid format"),
+                e.data_bytes,
+                e.quant.scale,
+                e.quant.zero_point
+            )?;
+        }
+        writeln!(
+            out,
+            "  sorted outputs ({}): {:?}",
+            g.sorted_output_source, g.sorted_output_names
+        )?;
+    }
+    writeln!(out)?;
+    for r in &h.resources {
+        let status = match (r.range, r.hash_ok) {
+            (None, _) => "OUT OF RANGE",
+            (_, Some(false)) => "HASH MISMATCH",
+            (_, Some(true)) => "hash ok",
+            (_, None) => "no hash",
+        };
+        writeln!(
+            out,
+            "resource {:<22} {:>10} bytes at +{} ({status})",
+            r.name, r.size, r.offset
+        )?;
+    }
+    for p in &o.extracted {
+        writeln!(out, "extracted {}", p.display())?;
+    }
+    if let Ok(d) = describe::to_device_description(h) {
+        writeln!(
+            out,
+            "\ndevice: model {} L {} P {} vocab {} hidden {} layers {} heads {}/{} head_dim {}",
+            d.model_name,
+            d.cache_len,
+            d.prefill_len,
+            d.shape.vocab_size,
+            d.shape.hidden_size,
+            d.shape.n_layers,
+            d.shape.n_heads,
+            d.shape.n_kv_heads,
+            d.shape.head_dim
+        )?;
+    }
+    writeln!(out)?;
+    for (title, lints) in [("lint", &o.lints), ("pairing", &o.pairing)] {
+        for l in lints.iter() {
+            let sev = match l.severity {
+                Severity::Error => "error",
+                Severity::Warning => "warning",
+            };
+            writeln!(out, "{sev}[{}] {} ({})", l.id, l.message, l.refs.join(", "))?;
+            writeln!(out, "    fix: {}", l.fix)?;
+        }
+        let _ = title;
+    }
+    let warnings = o
+        .lints
+        .iter()
+        .chain(&o.pairing)
+        .filter(|l| l.severity == Severity::Warning)
+        .count();
+    writeln!(out, "{} error(s), {warnings} warning(s)", o.errors())?;
+    Ok(())
+}
