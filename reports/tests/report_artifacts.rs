@@ -398,7 +398,7 @@ fn heatmap_labels_never_overlap_and_the_expected_map_is_drawn() {
             assert_eq!(outlines, 96);
         } else {
             assert!(
-                outlines >= 600 / 3 - 1 && outlines <= 600,
+                (600 / 3 - 1..=600).contains(&outlines),
                 "{outlines} outlines"
             );
             assert!(svg.contains("shown pooled"));
@@ -452,7 +452,8 @@ fn bad_arrays_and_nan_results_write_nothing() {
     ];
     for a in cases {
         let dir = tempfile::tempdir().unwrap();
-        let e = write_artifacts(&healthy_results(), &[a.clone()], dir.path()).unwrap_err();
+        let e =
+            write_artifacts(&healthy_results(), std::slice::from_ref(&a), dir.path()).unwrap_err();
         assert!(matches!(e, Error::BadArray { .. }), "{}: {e}", a.name);
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),
