@@ -181,8 +181,8 @@ fn q4_1_and_q8_0_blocks_dequantise_per_spec() {
     let mut q80 = Vec::new();
     for r in 0..n {
         q80.extend(F16_QUARTER.to_le_bytes());
-        for j in 0..32 {
-            q80.push(((j as i32 - 16 + r as i32 % 3) as i8) as u8);
+        for j in 0..32i32 {
+            q80.push(((j - 16 + r as i32 % 3) as i8) as u8);
         }
     }
     for t in tensors.iter_mut() {
@@ -208,8 +208,8 @@ fn q4_1_and_q8_0_blocks_dequantise_per_spec() {
                 j + 16
             );
         }
-        for j in 0..32 {
-            assert_eq!(out[r][j], (j as i32 - 16 + r as i32 % 3) as f32 * 0.25);
+        for (j, &v) in out[r].iter().enumerate() {
+            assert_eq!(v, (j as i32 - 16 + r as i32 % 3) as f32 * 0.25);
         }
     }
 }

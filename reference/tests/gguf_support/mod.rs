@@ -135,7 +135,8 @@ pub const HIDDEN: usize = 32;
 pub const HEADS: usize = 2;
 pub const KV_HEADS: usize = 1;
 pub const HEAD_DIM: usize = 16;
-pub const FFN: usize = 64;
+/// 256 = one K-quant super-block per ffn_down row.
+pub const FFN: usize = 256;
 pub const LAYERS: usize = 1;
 
 /// Byte-level vocabulary: the printable ASCII letters as GPT-2 byte-level symbols, a merge
