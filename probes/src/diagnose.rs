@@ -32,8 +32,8 @@ impl Default for DiagnoseOptions {
     fn default() -> Self {
         DiagnoseOptions {
             steps: 16,
-            selfmask_steps: 6,
-            prefill: PrefillOptions::default(),
+            selfmask_steps: 4,
+            prefill: PrefillOptions { max_rows: 6 },
             colmap: ColmapOptions::default(),
         }
     }
@@ -101,6 +101,12 @@ fn prefill_split(f: &kvprobe_schema::PrefillFinding, g: &Geometry) -> [(f64, f64
     out
 }
 
+/// Top-1 agreement counts only where the logits are not near-identical: a flat distribution
+/// (random-weight fixtures, near-tie tokens) flips its argmax on edge noise alone.
+fn top1_ok(agreement: f64, floor: f64, mean_cosine: f64) -> bool {
+    agreement >= floor || mean_cosine >= TOP1_IRRELEVANT_ABOVE
+}
+
 fn stage_ok(mean: f64, min: f64) -> bool {
     mean >= STAGE_MEAN_COSINE && min >= STAGE_MIN_COSINE
 }
@@ -121,8 +127,10 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let q = run.timed("quant", |s| quant::run(s.describe()))?;
     let pf = run.timed("prefill", |s| prefill::run(s, &opts.prefill))?;
     let [single, multi] = prefill_split(&pf, &g);
-    let pf_single_ok = single.2 == 0 || (stage_ok(single.0, single.1) && single.3 >= PREFILL_TOP1);
-    let pf_multi_ok = multi.2 == 0 || (stage_ok(multi.0, multi.1) && multi.3 >= PREFILL_TOP1);
+    let pf_single_ok = single.2 == 0
+        || (stage_ok(single.0, single.1) && top1_ok(single.3, PREFILL_TOP1, single.0));
+    let pf_multi_ok =
+        multi.2 == 0 || (stage_ok(multi.0, multi.1) && top1_ok(multi.3, PREFILL_TOP1, multi.0));
     ev.push(format!(
         "prefill: {} single-chunk prefixes, mean cosine {:.4} (min {:.4}, top-1 {})",
         single.2,
@@ -171,7 +179,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let g_tbt_mean = gr.tbt_mean_cosine.unwrap_or(1.0);
     let g_tbt_min = tbt_min(&gr).unwrap_or(1.0);
     let g_tbt_top1 = tbt_top1(&gr).unwrap_or(1.0);
-    let greedy_ok = stage_ok(g_tbt_mean, g_tbt_min) && g_tbt_top1 >= GREEDY_TOP1;
+    let greedy_ok = stage_ok(g_tbt_mean, g_tbt_min) && top1_ok(g_tbt_top1, GREEDY_TOP1, g_tbt_mean);
     ev.push(format!(
         "greedy: {} steps, tbt mean cosine {:.4} (min {:.4}, top-1 {}), first divergence {}",
         gr.steps.len(),
@@ -275,6 +283,20 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         });
         return Ok(conclude(causes, ev, warnings, p, run.timings));
     }
+    if pf_single_ok && !pf_multi_ok && sm_ok && greedy_ok {
+        // The tbt steps read the same rings fine, so the cache holds the right data: the prefill
+        // graph's attention over cached keys (later chunks) is what fails.
+        ev.push(format!(
+            "prefill graph: multi-chunk prefixes fail (mean {:.4}, top-1 {}) while tbt steps read the same rings correctly",
+            multi.0,
+            pct(multi.3)
+        ));
+        causes.push(Cause {
+            verdict: Verdict::PrefillGraph,
+            confidence: 0.7,
+            stage: 0,
+        });
+    }
     if !pf_single_ok {
         ev.push(format!(
             "prefill graph: single-chunk prefixes (no cache read) fall below {STAGE_MEAN_COSINE} mean / {STAGE_MIN_COSINE} min cosine"
@@ -376,10 +398,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         causes.push(quant_cause(&q, &mut ev));
     }
     // b. positions
-    if ps.best_delta != 0
-        && ps.best_cosine >= REPRODUCES_COSINE
-        && ps.best_cosine >= ps.baseline_cosine + REPAIR_MARGIN
-    {
+    if position_fault(&ps) {
         ev.push(format!(
             "→ position-mismatch: sending position pos{:+} reproduces the reference ({:.4} vs {:.4}): the tbt graph's positional input is wired {:+} off",
             ps.best_delta, ps.best_cosine, ps.baseline_cosine, -ps.best_delta

@@ -4,6 +4,7 @@
 //! device's own tokens so that one divergence does not cascade.
 
 use kvprobe_npu::MaskMode;
+use kvprobe_reference::ForwardOptions;
 use kvprobe_schema::{GreedyFinding, GreedyStep};
 
 use crate::metrics::{compare, summarise, top1};
@@ -17,59 +18,71 @@ pub fn run(s: &mut Session, steps: usize) -> Result<GreedyFinding> {
     }
     let g = s.geometry();
     let n = g.prompt_len;
-    s.progress.phase("greedy", steps as u64);
-    let prompt = s.prompt_ref()?;
+    let l = g.cache_len;
+    s.progress.phase("greedy", steps as u64 + 1);
+    // Device first: prefill, then tbt steps on its own argmax, exactly as the server.
     let out = s.prefill_prompt()?;
     s.progress.inc(1);
-    let mut device_ids = vec![top1(&out.logits)];
-    let mut out_steps = vec![GreedyStep {
-        step: 0,
-        position: n - 1,
-        input_token: s.ids[n - 1],
-        visible_keys: n - 1,
-        comparison: compare(&out.logits, prompt.row(n - 1)),
-    }];
-    let mut state = prompt.state.clone();
-    let mut first_divergence = (!out_steps[0].comparison.top1_match).then_some(0);
-    // The reference's own greedy continuation equals the device's tokens until the first
-    // divergence; from there it runs free on a copy of the teacher-forced state.
-    let mut free: Option<(Vec<u32>, kvprobe_reference::KvState)> = None;
-    if first_divergence.is_some() {
-        free = Some((vec![out_steps[0].comparison.reference_top1], state.clone()));
-    }
+    let mut device_logits = vec![out.logits];
+    let mut device_ids = vec![top1(&device_logits[0])];
     for step in 1..steps {
-        let token = device_ids[step - 1];
-        let position = n + step - 1;
-        let usage = n + step;
-        let window = usage.min(g.cache_len) - 1;
-        let dev = s.driver.step(s.dev, token, &MaskMode::Ring)?;
-        let (logits, kv) = window_step(s.model, &state, token, position, window)?;
-        append(&mut state, &kv, token, position)?;
-        let c = compare(&dev.logits, &logits);
+        let dev = s
+            .driver
+            .step(s.dev, device_ids[step - 1], &MaskMode::Ring)?;
+        device_ids.push(top1(&dev.logits));
+        device_logits.push(dev.logits);
+        s.progress.inc(1);
+    }
+    // Reference teacher-forced on the device's tokens, all steps in one forward: row i may see
+    // positions i − (L − 1) … i, the window a ring of L entries leaves a tbt step (contract §2.9);
+    // earlier layers are windowed the same way, as on the device.
+    let mut seq = s.ids.clone();
+    seq.extend_from_slice(&device_ids[..steps - 1]);
+    let t = seq.len();
+    let mask: Vec<bool> = (0..t * t)
+        .map(|k| (k % t) <= (k / t) && (k / t) - (k % t) < l)
+        .collect();
+    let reference = s.model.forward(
+        &seq,
+        &ForwardOptions {
+            mask: Some(mask),
+            ..Default::default()
+        },
+    )?;
+    s.progress.inc(1);
+    let mut out_steps = Vec::with_capacity(steps);
+    let mut first_divergence = None;
+    for (step, logits) in device_logits.iter().enumerate() {
+        let position = n - 1 + step;
+        let c = compare(logits, reference.row(position));
         if !c.top1_match && first_divergence.is_none() {
             first_divergence = Some(step);
-            let mut ids = device_ids.clone();
-            ids.push(c.reference_top1);
-            free = Some((ids, state.clone()));
         }
-        device_ids.push(top1(&dev.logits));
         out_steps.push(GreedyStep {
             step,
             position,
-            input_token: token,
-            visible_keys: window,
+            input_token: seq[position],
+            visible_keys: position.min(l - 1),
             comparison: c,
         });
-        s.progress.inc(1);
     }
-    let reference_ids = match free {
+    // The reference's own greedy continuation equals the device's tokens up to the first
+    // divergence; from there it runs free on the reference's KV state.
+    let reference_ids = match first_divergence {
         None => device_ids.clone(),
-        Some((mut ids, mut st)) => {
+        Some(d) => {
+            let mut ids = device_ids[..d].to_vec();
+            ids.push(out_steps[d].comparison.reference_top1);
+            let prefix: Vec<u32> = s.ids.iter().chain(&ids[..d]).copied().collect();
+            let mut st = s
+                .model
+                .prefix_state(&prefix, &(0..prefix.len()).collect::<Vec<_>>())?;
+            // (a wrapped prefix would need its own windows; keep the state to the ring's reach)
             while ids.len() < steps {
                 let step = ids.len();
                 let token = ids[step - 1];
                 let position = n + step - 1;
-                let window = (n + step).min(g.cache_len) - 1;
+                let window = (n + step).min(l) - 1;
                 let (logits, kv) = window_step(s.model, &st, token, position, window)?;
                 append(&mut st, &kv, token, position)?;
                 ids.push(top1(&logits));

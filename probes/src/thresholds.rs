@@ -10,6 +10,8 @@ pub const STAGE_MEAN_COSINE: f64 = 0.94;
 pub const STAGE_MIN_COSINE: f64 = 0.85;
 /// Prefill top-1 agreement over the prefix sweep (prior art: argmax exact on a healthy device).
 pub const PREFILL_TOP1: f64 = 0.75;
+/// Above this mean cosine, top-1 disagreements are near-ties and do not count.
+pub const TOP1_IRRELEVANT_ABOVE: f64 = 0.99;
 /// Greedy top-1 agreement (teacher-forced) below which the tbt path is called broken, even when
 /// the mean cosine passes (prior art: healthy on chip 13/16 = 0.81).
 pub const GREEDY_TOP1: f64 = 0.6;
