@@ -61,11 +61,12 @@ pub fn load_results(dir: &Path) -> Result<Results> {
             path: dir.to_path_buf(),
         });
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|source| Error::Json {
-        path: path.clone(),
-        source,
-    })?;
+    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|source| Error::Json {
+            path: path.clone(),
+            source,
+        })?;
     // Version first: a newer file may not even parse into today's types.
     if let Some(found) = value.get("schema_version").and_then(|v| v.as_u64()) {
         if found > SCHEMA_VERSION as u64 {

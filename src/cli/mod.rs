@@ -7,6 +7,7 @@ pub mod device_args;
 pub mod inspect;
 pub mod probe_cmd;
 pub mod ref_cmd;
+pub mod report;
 
 use std::process::ExitCode;
 
@@ -30,6 +31,8 @@ pub enum Command {
     Ref(ref_cmd::RefArgs),
     /// Read a HEF offline: groups, caches, resources, contract lint (exit 1 on errors).
     Inspect(inspect::InspectArgs),
+    /// Re-render report.html from a run folder, or compare two runs (--compare BEFORE AFTER --out DIR).
+    Report(report::ReportArgs),
     #[command(flatten)]
     Probe(probe_cmd::ProbeCommand),
 }
@@ -70,6 +73,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Ref(args) => ref_cmd::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Report(args) => report::run(args),
         Command::Probe(cmd) => probe_cmd::run(cmd),
     }
 }

@@ -1,0 +1,48 @@
+//! `kvprobe report DIR` re-renders a run's report.html and charts from its results.json;
+//! `kvprobe report --compare BEFORE AFTER --out DIR` writes the before/after page (issue 5).
+//! Every failure is an input error: one line, exit code 2.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::common::usage;
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Run folder to re-render (the --out DIR of a kvprobe run).
+    #[arg(
+        value_name = "DIR",
+        required_unless_present = "compare",
+        conflicts_with = "compare"
+    )]
+    pub dir: Option<PathBuf>,
+    /// Before/after page from two run folders.
+    #[arg(long, num_args = 2, value_names = ["BEFORE", "AFTER"], requires = "out")]
+    pub compare: Option<Vec<PathBuf>>,
+    /// Folder for compare.html (created if missing).
+    #[arg(long, value_name = "DIR", requires = "compare")]
+    pub out: Option<PathBuf>,
+}
+
+pub fn run(args: ReportArgs) -> anyhow::Result<()> {
+    match (args.compare, args.out, args.dir) {
+        (Some(pair), Some(out), _) => {
+            let [before, after] = <[PathBuf; 2]>::try_from(pair)
+                .map_err(|_| usage("--compare takes two folders: BEFORE AFTER"))?;
+            kvprobe_reports::render_compare(&before, &after, &out)
+                .map_err(|e| usage(e.to_string()))?;
+            println!("{}", out.join(kvprobe_reports::COMPARE_HTML).display());
+        }
+        (None, _, Some(dir)) => {
+            kvprobe_reports::render_report(&dir).map_err(|e| usage(e.to_string()))?;
+            println!("{}", dir.join(kvprobe_reports::REPORT_HTML).display());
+        }
+        _ => {
+            return Err(usage(
+                "kvprobe report needs DIR, or --compare BEFORE AFTER --out DIR",
+            ))
+        }
+    }
+    Ok(())
+}
