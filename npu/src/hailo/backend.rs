@@ -347,3 +347,23 @@ mod with_shim {
         }
     }
 }
+
+/// The `--hef` entry point (issue 6): the pairing check against the user's model runs first and
+/// an error-level pairing finding refuses the device (a wrong model makes every probe
+/// meaningless). Structural lint errors do not: a HEF with, say, a ring-unsafe cache layout is
+/// exactly what the probes are for.
+pub fn open_paired(hef_path: &Path, model: &kvprobe_reference::Model) -> Result<HailoDevice> {
+    let hef = Hef::open(hef_path)?;
+    let errors: Vec<String> = hef::pairing::pair(&hef, model)
+        .into_iter()
+        .filter(|l| l.severity == hef::Severity::Error)
+        .map(|l| format!("[{}] {}", l.id, l.message))
+        .collect();
+    if !errors.is_empty() {
+        return Err(HailoError::Pairing {
+            hef: hef_path.display().to_string(),
+            errors: errors.join("; "),
+        });
+    }
+    HailoDevice::open(hef_path)
+}

@@ -16,6 +16,8 @@ pub enum HailoError {
     ShimNotBuilt,
     #[error("{0}")]
     Hef(#[from] HefError),
+    #[error("{hef}: the HEF does not pair with the model: {errors}; run `kvprobe inspect {hef} --model ...` for details")]
+    Pairing { hef: String, errors: String },
     #[error("{path}: {detail}")]
     Path { path: String, detail: String },
     #[error("invalid argument: {0}")]
@@ -47,9 +49,10 @@ impl HailoError {
 
 impl From<HailoError> for crate::Error {
     fn from(e: HailoError) -> crate::Error {
-        match e {
-            HailoError::InvalidArgument(s) => crate::Error::InvalidArgument(s),
-            other => crate::Error::Device(other.to_string()),
+        if e.is_device_error() {
+            crate::Error::Device(e.to_string())
+        } else {
+            crate::Error::InvalidArgument(e.to_string())
         }
     }
 }

@@ -16,7 +16,7 @@ mod ffi;
 pub mod status;
 pub mod sys;
 
-pub use backend::HailoDevice;
+pub use backend::{open_paired, HailoDevice};
 pub use error::{HailoError, Result};
 
 /// The server's inference timeout (contract §2.3, `INFERENCE_TIMEOUT`).
