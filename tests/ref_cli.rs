@@ -138,6 +138,69 @@ fn truncated_real_gguf() {
     assert_input_error(&r, "truncated", &out);
 }
 
+/// A GGUF v3 header: `kv` string metadata and `tensors` (name, ggml type id) of shape [32].
+fn gguf_header(kv: &[(&str, &str)], tensors: &[(&str, u32)]) -> Vec<u8> {
+    let put = |b: &mut Vec<u8>, s: &str| {
+        b.extend((s.len() as u64).to_le_bytes());
+        b.extend(s.as_bytes());
+    };
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend((kv.len() as u64).to_le_bytes());
+    for (k, v) in kv {
+        put(&mut b, k);
+        b.extend(8u32.to_le_bytes());
+        put(&mut b, v);
+    }
+    for (name, ty) in tensors {
+        put(&mut b, name);
+        b.extend(1u32.to_le_bytes());
+        b.extend(32u64.to_le_bytes());
+        b.extend(ty.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+    }
+    b
+}
+
+#[test]
+fn unsupported_gguf_architecture_and_quant_type() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("o.npy");
+    let m = d.path().join("arch.gguf");
+    std::fs::write(&m, gguf_header(&[("general.architecture", "mamba")], &[])).unwrap();
+    let r = kvprobe(&[
+        "ref",
+        "logits",
+        "--model",
+        s(&m),
+        "--ids",
+        "1",
+        "--out",
+        s(&out),
+    ]);
+    assert_input_error(&r, "mamba", &out);
+    let m = d.path().join("quant.gguf");
+    // ggml type 20 = IQ4_NL
+    let bytes = gguf_header(
+        &[("general.architecture", "llama")],
+        &[("blk.0.ffn_up.weight", 20)],
+    );
+    std::fs::write(&m, bytes).unwrap();
+    let r = kvprobe(&[
+        "ref",
+        "logits",
+        "--model",
+        s(&m),
+        "--ids",
+        "1",
+        "--out",
+        s(&out),
+    ]);
+    assert_input_error(&r, "IQ4_NL", &out);
+    assert!(r.stderr.contains("blk.0.ffn_up.weight"), "{}", r.stderr);
+}
+
 #[test]
 fn corrupt_safetensors() {
     let d = tempfile::tempdir().unwrap();
