@@ -3,6 +3,7 @@
 use super::{chart_err, font_px, FONT};
 use crate::error::Result;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 pub struct MetricChart {
     pub title: String,
@@ -50,9 +51,40 @@ pub fn render(m: &MetricChart) -> Result<String> {
             _ => (0.0, 1.0),
         };
         let (y0, y1) = y_range(&m.cosine);
+        // Title left, legend right, both above the plot: a legend inside would hide points.
+        upper
+            .draw(&Text::new(
+                m.title.clone(),
+                (12, 8),
+                TextStyle::from((FONT, font_px(14.0)).into_font())
+                    .color(&RGBColor(40, 40, 40))
+                    .pos(Pos::new(HPos::Left, VPos::Top)),
+            ))
+            .map_err(&err)?;
+        let mut legend: Vec<(String, RGBColor)> =
+            vec![("cosine, device vs reference".to_string(), BLUE_LINE)];
+        if let Some((_, label)) = &m.marker {
+            legend.push((label.clone(), BAD));
+        }
+        let small = TextStyle::from((FONT, font_px(11.0)).into_font())
+            .color(&RGBColor(40, 40, 40))
+            .pos(Pos::new(HPos::Left, VPos::Center));
+        for (i, (label, color)) in legend.iter().enumerate() {
+            let x = WIDTH as i32 - 250;
+            let y = 12 + 16 * i as i32;
+            upper
+                .draw(&PathElement::new(
+                    vec![(x, y), (x + 20, y)],
+                    color.stroke_width(2),
+                ))
+                .map_err(&err)?;
+            upper
+                .draw(&Text::new(label.clone(), (x + 26, y), small.clone()))
+                .map_err(&err)?;
+        }
         let mut chart = ChartBuilder::on(&upper)
-            .caption(m.title.clone(), (FONT, font_px(15.0)))
             .margin(10)
+            .margin_top(16 + 16 * legend.len() as u32)
             .x_label_area_size(0)
             .y_label_area_size(60)
             .build_cartesian_2d(x0..x1, y0..y1)
@@ -76,32 +108,18 @@ pub fn render(m: &MetricChart) -> Result<String> {
                 pts.clone(),
                 BLUE_LINE.stroke_width(2),
             )))
-            .map_err(&err)?
-            .label("cosine device vs reference")
-            .legend(|(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], BLUE_LINE.stroke_width(2))
-            });
+            .map_err(&err)?;
         chart
             .draw_series(pts.iter().map(|p| Circle::new(*p, 3, BLUE_LINE.filled())))
             .map_err(&err)?;
-        if let Some((mx, label)) = &m.marker {
+        if let Some((mx, _)) = &m.marker {
             chart
                 .draw_series(std::iter::once(PathElement::new(
                     vec![(*mx, y0), (*mx, y1)],
                     BAD.stroke_width(1),
                 )))
-                .map_err(&err)?
-                .label(label.clone())
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BAD));
+                .map_err(&err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerLeft)
-            .label_font((FONT, font_px(11.0)))
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(160, 160, 160))
-            .draw()
-            .map_err(&err)?;
 
         let mut strip = ChartBuilder::on(&lower)
             .margin_left(10)

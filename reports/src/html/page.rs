@@ -6,11 +6,11 @@ use super::{banner, evidence, provenance};
 use crate::text::{html, html_visible};
 use kvprobe_schema::Results;
 
-fn head(title: &str) -> String {
+fn head(title: &str, body_class: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
-         <title>{}</title>\n<style>{CSS}</style>\n</head>\n<body>\n",
+         <title>{}</title>\n<style>{CSS}</style>\n</head>\n<body class=\"{body_class}\">\n",
         html(title)
     )
 }
@@ -44,7 +44,7 @@ fn artefacts(r: &Results, charts: &[(&'static str, String)]) -> String {
 
 pub fn report(r: &Results, charts: &[(&'static str, String)]) -> String {
     let blocks = blocks(r, charts);
-    let mut s = head(&title_of(r));
+    let mut s = head(&title_of(r), "run");
     s.push_str(&format!(
         "<h1>kvprobe report — <code>{}</code></h1>\n",
         html_visible(&r.command)
@@ -88,11 +88,15 @@ pub fn compare(
     let bb = blocks(before, before_charts);
     let ab = blocks(after, after_charts);
     let verdict = |r: &Results| r.verdict.map(|v| v.name()).unwrap_or("no diagnosis");
-    let mut s = head(&format!(
-        "kvprobe before/after: {} → {}",
-        verdict(before),
-        verdict(after)
-    ));
+    // Wide body: paired heatmaps keep their natural size on a wide screen.
+    let mut s = head(
+        &format!(
+            "kvprobe before/after: {} → {}",
+            verdict(before),
+            verdict(after)
+        ),
+        "wide",
+    );
     s.push_str("<h1>kvprobe — before the fix / after the fix</h1>\n");
     s.push_str("<div class=\"pair\">\n<div>\n");
     s.push_str(&banner(before, Some("Before the fix")));

@@ -33,5 +33,6 @@ nav.toc a { margin-right: 12px; }
 .pair > div { min-width: 0; }
 .pair h3 { margin-top: 0.4em; }
 .muted { color: #777; }
+body.wide { max-width: 2700px; }
 footer { margin-top: 3em; color: #777; font-size: 0.85em; }
 "#;
