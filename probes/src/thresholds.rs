@@ -21,7 +21,7 @@ pub const REPRODUCES_COSINE: f64 = 0.94;
 pub const REPAIR_MARGIN: f64 = 0.02;
 /// A position shift competes only with other shifts over the same ring (same edge noise), so a
 /// smaller lead suffices once the shifted step reproduces the reference.
-pub const POSITION_MARGIN: f64 = 0.01;
+pub const POSITION_MARGIN: f64 = 0.005;
 /// Outputs this close (cosine) are the same run (mask rows ignored by the graph). Device runs
 /// are deterministic, so an ignored input gives exactly the same logits.
 pub const IDENTICAL_COSINE: f64 = 0.999_999;
