@@ -437,8 +437,35 @@ fn sim_manifest_of_healthy_hef() {
         .layouts
         .iter()
         .all(|l| l.layout == kvprobe_schema::Layout::TokenMajor));
-    let k0 = m.quant.iter().find(|n| n.name == "tbt/cache0/in").unwrap();
-    assert_eq!(k0.quant.scale, 0.02);
+    // the emulator's names: 5 graph quants + cache/k0, cache/v0, cache/k1, cache/v1
+    let names: Vec<&str> = m.quant.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "embeddings",
+            "attention_mask",
+            "pe",
+            "position_ids",
+            "logits",
+            "cache/k0",
+            "cache/v0",
+            "cache/k1",
+            "cache/v1"
+        ]
+    );
+    assert_eq!(m.quant[5].quant.scale, 0.02);
+    assert_eq!(m.quant[8].quant.scale, 0.02 + 0.01 * 3.0);
+    assert_eq!(m.quant[0].quant.zero_point, 32768.0);
+    // layout order: prefill then tbt, ids ascending, input then output
+    assert_eq!(
+        (m.layouts[0].cache_id, m.layouts[0].direction.as_str()),
+        (0, "input")
+    );
+    assert_eq!(
+        (m.layouts[1].cache_id, m.layouts[1].direction.as_str()),
+        (0, "output")
+    );
+    assert_eq!(m.layouts[8].group, kvprobe_schema::GroupKind::Tbt);
     let json = serde_json::to_string(&m).unwrap();
     let back: kvprobe_schema::SimManifest = serde_json::from_str(&json).unwrap();
     assert_eq!(back, m);

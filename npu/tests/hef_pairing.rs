@@ -165,3 +165,32 @@ fn each_mismatch_is_reported() {
     let registered: BTreeSet<&str> = pairing::CHECKS.iter().map(|c| c.id).collect();
     assert_eq!(tested, registered);
 }
+
+/// `--emit-sim`: the manifest written from a HEF paired with the tiny Llama loads into the
+/// emulator, which then mirrors the HEF's geometry and declared quant infos.
+#[test]
+fn emitted_sim_manifest_loads_into_the_emulator() {
+    use kvprobe_npu::sim::{manifest::model_identity, SimDevice, SimFlags, SimOptions};
+    use kvprobe_npu::Device;
+    let (dir, m) = model(1);
+    let s = paired_spec(dir.path(), &m, tiny_geo());
+    let h = Hef::parse(encode(&s)).unwrap();
+    let manifest = hef::describe::to_sim_manifest(&h, model_identity(&m).unwrap()).unwrap();
+    let path = dir.path().join("sim.json");
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let flags = SimFlags {
+        sim_manifest: Some(path),
+        ..SimFlags::default()
+    };
+    let opts = SimOptions::from_flags(&flags).unwrap();
+    let dev = SimDevice::new(std::sync::Arc::new(m), opts).unwrap();
+    let d = dev.describe();
+    assert_eq!((d.cache_len, d.prefill_len), (32, 8));
+    let k1 = cache_quant(2);
+    let edge = d.groups[0]
+        .cache_edges
+        .iter()
+        .find(|e| e.cache_id == 2)
+        .unwrap();
+    assert_eq!((edge.quant.scale, edge.quant.zero_point), (k1.scale, k1.zp));
+}

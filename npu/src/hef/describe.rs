@@ -150,57 +150,107 @@ pub fn to_device_description(hef: &Hef) -> Result<DeviceDescription> {
     })
 }
 
-/// A sim manifest mirroring the HEF: geometry, cache quantisation, declared layouts and every
-/// edge's quant info. Model identity is left for the caller (the user's weights).
+/// The emulator's name for a cache's quant info (`npu/src/sim`): id `2·layer + (0 K, 1 V)`, the
+/// genai export's convention [implied], written `cache/k3` / `cache/v3`.
+fn sim_cache_name(id: u32) -> String {
+    format!("cache/{}{}", if id % 2 == 0 { "k" } else { "v" }, id / 2)
+}
+
+/// A sim manifest mirroring the HEF, in the emulator's vocabulary: geometry, cache
+/// quantisation, declared layouts (prefill then tbt, ids ascending, input then output) and the
+/// quant infos the emulator names `embeddings`, `attention_mask`, `pe`, `position_ids`, `logits`
+/// and `cache/kN` / `cache/vN` (the writer's declared quant). Model identity is the caller's.
 pub fn to_sim_manifest(hef: &Hef, model: ModelIdentity) -> Result<SimManifest> {
     let desc = to_device_description(hef)?;
-    let mut layouts = Vec::new();
-    let mut quant = Vec::new();
-    let mut widths = std::collections::BTreeSet::new();
-    for (g, gd) in [desc.group(GroupKind::Prefill), desc.group(GroupKind::Tbt)]
-        .into_iter()
-        .flatten()
-        .filter_map(|gd| hef.group(&gd.name).map(|g| (g, gd)))
-    {
-        let kind = gd.kind.suffix();
-        for e in &g.cache_edges {
-            let dir = match e.direction {
-                kvprobe_schema::CacheDirection::Input => "input",
-                kvprobe_schema::CacheDirection::Output => "output",
-            };
-            widths.insert(e.data_bytes);
-            if let (Some(layout), Ok(cache_id)) = (
-                formats::declared_layout(e.format_code, e.padded_shape[1]),
-                u32::try_from(e.cache_id),
-            ) {
-                layouts.push(EdgeLayout {
-                    group: gd.kind,
-                    cache_id,
-                    direction: dir.into(),
-                    layout,
-                });
-            }
-            let short = if dir == "input" { "in" } else { "out" };
+    let facts = Facts::new(hef);
+    let prefill = facts
+        .prefill
+        .ok_or_else(|| HefError::NotDescribable("no prefill group".into()))?;
+    let cfg = facts.config();
+    let input_quant = |role: InputRole| roles::input_for(prefill, cfg, role).map(|l| l.quant);
+    let missing =
+        |what: &str| HefError::NotDescribable(format!("the prefill group has no {what} input"));
+    let mut quant = vec![
+        NamedQuant {
+            name: "embeddings".into(),
+            quant: input_quant(InputRole::Embeddings).ok_or_else(|| missing("embeddings"))?,
+        },
+        NamedQuant {
+            name: "attention_mask".into(),
+            quant: input_quant(InputRole::AttentionMask)
+                .ok_or_else(|| missing("attention_mask"))?,
+        },
+        NamedQuant {
+            name: "pe".into(),
+            quant: input_quant(InputRole::PeQCos).ok_or_else(|| missing("pe_q_cos"))?,
+        },
+        NamedQuant {
+            name: "position_ids".into(),
+            quant: kvprobe_schema::QuantInfo::IDENTITY,
+        },
+        NamedQuant {
+            name: "logits".into(),
+            quant: prefill.outputs.first().map(|o| o.quant).ok_or_else(|| {
+                HefError::NotDescribable("the prefill group has no output".into())
+            })?,
+        },
+    ];
+    let ids: std::collections::BTreeSet<u32> = prefill
+        .cache_edges
+        .iter()
+        .filter_map(|e| u32::try_from(e.cache_id).ok())
+        .collect();
+    for &id in &ids {
+        let writer = prefill
+            .cache_edges
+            .iter()
+            .find(|e| {
+                e.cache_id == id as i32 && e.direction == kvprobe_schema::CacheDirection::Output
+            })
+            .or_else(|| prefill.cache_edges.iter().find(|e| e.cache_id == id as i32));
+        if let Some(e) = writer {
             quant.push(NamedQuant {
-                name: format!("{kind}/cache{}/{short}", e.cache_id),
+                name: sim_cache_name(id),
                 quant: e.quant,
             });
         }
-        for i in &gd.inputs {
-            let role = i
-                .role
-                .map(|r| format!("{r:?}"))
-                .unwrap_or_else(|| i.name.clone());
-            quant.push(NamedQuant {
-                name: format!("{kind}/input/{role}"),
-                quant: i.quant,
-            });
-        }
-        for o in &gd.outputs {
-            quant.push(NamedQuant {
-                name: format!("{kind}/output/{}", o.name),
-                quant: o.quant,
-            });
+    }
+    let mut layouts = Vec::new();
+    let mut widths = std::collections::BTreeSet::new();
+    for gd in [desc.group(GroupKind::Prefill), desc.group(GroupKind::Tbt)]
+        .into_iter()
+        .flatten()
+    {
+        let Some(g) = hef.group(&gd.name) else {
+            continue;
+        };
+        for &id in &ids {
+            for dir in [
+                kvprobe_schema::CacheDirection::Input,
+                kvprobe_schema::CacheDirection::Output,
+            ] {
+                let Some(e) = g
+                    .cache_edges
+                    .iter()
+                    .find(|e| e.cache_id == id as i32 && e.direction == dir)
+                else {
+                    continue;
+                };
+                widths.insert(e.data_bytes);
+                if let Some(layout) = formats::declared_layout(e.format_code, e.padded_shape[1]) {
+                    let direction = if dir == kvprobe_schema::CacheDirection::Input {
+                        "input"
+                    } else {
+                        "output"
+                    };
+                    layouts.push(EdgeLayout {
+                        group: gd.kind,
+                        cache_id: id,
+                        direction: direction.into(),
+                        layout,
+                    });
+                }
+            }
         }
     }
     let cache_quant = match widths.iter().copied().max() {
@@ -210,9 +260,9 @@ pub fn to_sim_manifest(hef: &Hef, model: ModelIdentity) -> Result<SimManifest> {
     };
     // Expanded caches hold NH heads per entry, un-expanded NKV (E in bytes, §1.2 [not visible]).
     let bytes = widths.iter().copied().max().unwrap_or(1) as usize;
-    let e = hef
-        .group(&desc.groups[0].name)
-        .and_then(|g| g.cache_edges.first())
+    let e = prefill
+        .cache_edges
+        .first()
         .map(|c| c.entry_size)
         .unwrap_or(0);
     let expanded = desc.shape.n_heads != desc.shape.n_kv_heads
