@@ -18,6 +18,7 @@ ul.warnings li { color: #6b4300; }
 table { border-collapse: collapse; margin: 6px 0 12px; font-size: 0.92em; }
 th, td { border: 1px solid #d0d0d0; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
+td { overflow-wrap: anywhere; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.fail td { background: #fdecea; }
 tr.ok td.flag { color: #1a7f37; }
