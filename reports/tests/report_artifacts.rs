@@ -477,3 +477,24 @@ fn bad_arrays_and_nan_results_write_nothing() {
     let e = write_artifacts(&r, &[], dir.path()).unwrap_err();
     assert!(matches!(e, Error::BadArray { .. }), "{e}");
 }
+
+#[test]
+fn degenerate_findings_render_without_panicking() {
+    let mut r = healthy_results();
+    let c = r.probes.colmap.as_mut().unwrap();
+    c.entries.clear();
+    c.positions.clear();
+    c.position_tokens.clear();
+    c.matrix.clear();
+    c.rows.clear();
+    r.probes.greedy.as_mut().unwrap().steps.truncate(1);
+    r.probes.selfmask.as_mut().unwrap().steps.clear();
+    r.probes.ztap.as_mut().unwrap().caches.clear();
+    r.probes.layout.as_mut().unwrap().caches.clear();
+    r.provenance.prompt_tokens.clear();
+    let dir = written(&r, &[]);
+    let html = read(&dir.path().join("report.html"));
+    assert!(html.contains("<section id=\"colmap\">") && html.ends_with("</html>\n"));
+    let m: Array2<f32> = read_npy(dir.path().join("colmap.npy")).unwrap();
+    assert_eq!(m.shape(), &[0, 0]);
+}
