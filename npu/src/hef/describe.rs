@@ -153,7 +153,11 @@ pub fn to_device_description(hef: &Hef) -> Result<DeviceDescription> {
 /// The emulator's name for a cache's quant info (`npu/src/sim`): id `2·layer + (0 K, 1 V)`, the
 /// genai export's convention [implied], written `cache/k3` / `cache/v3`.
 fn sim_cache_name(id: u32) -> String {
-    format!("cache/{}{}", if id.is_multiple_of(2) { "k" } else { "v" }, id / 2)
+    format!(
+        "cache/{}{}",
+        if id.is_multiple_of(2) { "k" } else { "v" },
+        id / 2
+    )
 }
 
 /// A sim manifest mirroring the HEF, in the emulator's vocabulary: geometry, cache

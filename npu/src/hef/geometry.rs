@@ -99,8 +99,14 @@ mod tests {
                 stride: 2048
             }
         );
-        // and "with the 512-byte default page, L ≤ 8192 and E ≤ 3584, no doubling occurs"
-        assert_eq!(desc_stride(3584, 8192), DescStride::Ep(3584));
+        // "with the 512-byte default page, L ≤ 8192 and E ≤ 3584, no doubling occurs": one side
+        // holds at most L − 1 = 8191 entries, and (⌈3584/512⌉ + 1)·8191 = 65528 ≤ 65535
+        assert_eq!(desc_stride(3584, 8191), DescStride::Ep(3584));
+        // one entry more crosses the bound: (7 + 1)·8192 = 65536
+        assert!(matches!(
+            desc_stride(3584, 8192),
+            DescStride::Doubled { page: 1024, .. }
+        ));
         assert_eq!(desc_stride(64, 2047), DescStride::Ep(64));
     }
 }

@@ -263,21 +263,11 @@ fn build_groups(proto: &HefProto) -> Vec<Group> {
             let name = group_name(g, arch);
             // Net-flow path: the first op with a core op; legacy: the group's own contexts.
             let core = g.ops.iter().find_map(|op| op.core_op.as_ref());
-            let (contexts, core_meta, core_sorted, fused, net_flow) = match core {
-                Some(c) if net_flow_ext || g.contexts.is_empty() => (
-                    &c.contexts,
-                    c.metadata.as_ref(),
-                    &c.sorted_outputs_order,
-                    c.fused.as_ref(),
-                    true,
-                ),
-                _ => (
-                    &g.contexts,
-                    g.metadata.as_ref(),
-                    &g.sorted_outputs_order,
-                    g.fused.as_ref(),
-                    false,
-                ),
+            let (contexts, core_meta, fused, net_flow) = match core {
+                Some(c) if net_flow_ext || g.contexts.is_empty() => {
+                    (&c.contexts, c.metadata.as_ref(), c.fused.as_ref(), true)
+                }
+                _ => (&g.contexts, g.metadata.as_ref(), g.fused.as_ref(), false),
             };
             let core_op_name = core_meta
                 .map(|m| m.network_group_name.clone())
@@ -299,7 +289,7 @@ fn build_groups(proto: &HefProto) -> Vec<Group> {
             for ctx in contexts {
                 collect_edges(ctx, transposed_net, &mut group);
             }
-            let (names, source) = sorted_outputs(g, core_sorted, fused, contexts);
+            let (names, source) = sorted_outputs(g, net_flow, fused, contexts);
             // InferModel::outputs() follows the sorted list (§2.1); unknown names go last.
             let pos = |n: &str| names.iter().position(|x| x == n).unwrap_or(usize::MAX);
             group.outputs.sort_by_key(|o| pos(&o.name));
@@ -310,9 +300,12 @@ fn build_groups(proto: &HefProto) -> Vec<Group> {
         .collect()
 }
 
+/// The order of `InferModel::outputs()` (contract §5.2): the fused-layers list when the core op
+/// has fused layers; else the group's list (a legacy HEF with partials tries the first partial's
+/// list first); else the last context's list.
 fn sorted_outputs(
     g: &NetworkGroup,
-    core_sorted: &[String],
+    net_flow: bool,
     fused: Option<&proto::FusedLayers>,
     contexts: &[Context],
 ) -> (Vec<String>, &'static str) {
@@ -322,14 +315,18 @@ fn sorted_outputs(
             "fused_layers_metadata",
         );
     }
+    if !net_flow {
+        if let Some(p) = g.partial_network_groups.first() {
+            if !p.sorted_outputs_order.is_empty() {
+                return (p.sorted_outputs_order.clone(), "partial network group");
+            }
+        }
+    }
     if !g.sorted_outputs_order.is_empty() {
         return (
             g.sorted_outputs_order.clone(),
             "network_group.sorted_outputs_order",
         );
-    }
-    if !core_sorted.is_empty() {
-        return (core_sorted.to_vec(), "core_op.sorted_outputs_order");
     }
     if let Some(m) = contexts.last().and_then(|c| c.metadata.as_ref()) {
         if !m.sorted_outputs_order.is_empty() {
