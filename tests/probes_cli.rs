@@ -4,8 +4,163 @@
 mod common;
 use common::*;
 
+const GEOMETRIES: [[&str; 4]; 2] = [
+    ["--cache-len", "24", "--prefill-len", "8"],  // 13-token prompts: remainder chunk of 5
+    ["--cache-len", "40", "--prefill-len", "16"], // prompts shorter than P: one padded chunk
+];
+const PROMPTS: [&str; 3] = [
+    "1,5,9,22,41,17,3,99,150,200,12,7,8",
+    "40,41,42,43,44,45,46,47,48,49,50,51,52",
+    "250,3,77,128,9,201,33,64,12,180,5,99,42",
+];
+
 #[test]
-fn make_fixtures() {
-    assert!(fixture("llama", 7).join("config.json").is_file());
-    assert!(fixture("gpt2", 7).join("config.json").is_file());
+fn healthy_fixtures_are_healthy_over_prompts_and_geometries() {
+    let mut bad = Vec::new();
+    for kind in ["llama", "gpt2"] {
+        let f = fixture(kind, 7);
+        for g in GEOMETRIES {
+            for ids in PROMPTS {
+                let mut a = vec!["diagnose", "--sim", "--model", f.to_str().unwrap(), "--ids", ids];
+                a.extend_from_slice(&g);
+                let (code, v, _) = kvprobe_json(&a);
+                if verdict(&v) != "healthy" || code != 0 {
+                    bad.push(format!("{kind} {g:?} {ids}: {} exit {code}: {}", verdict(&v), v["evidence"]));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+}
+
+#[test]
+fn healthy_smollm2_is_healthy() {
+    let Some(model) = smollm2() else {
+        eprintln!("SmolLM2 not fetched: skipped");
+        return;
+    };
+    let m = model.to_str().unwrap();
+    let cases: [(&[&str], &str); 3] = [
+        (&["--cache-len", "64", "--prefill-len", "16"], "The capital of France is Paris. The capital of Italy is"),
+        (&["--cache-len", "48", "--prefill-len", "8"], "def add(a, b):\n    return"),
+        (&["--cache-len", "64", "--prefill-len", "16"], "Once upon a time there was a little girl who"),
+    ];
+    for (g, prompt) in cases {
+        let mut a = vec!["diagnose", "--sim", "--model", m, "--prompt", prompt, "--steps", "8"];
+        a.extend_from_slice(g);
+        let (code, v, _) = kvprobe_json(&a);
+        assert_eq!((verdict(&v).as_str(), code), ("healthy", 0), "{prompt:?} {g:?}: {}", v["evidence"]);
+    }
+}
+
+fn llama_args<'a>(probe: &'a str, f: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![probe, "--sim", "--model", f, "--ids", PROMPTS[0]];
+    a.extend_from_slice(&GEOMETRIES[0]);
+    a.extend_from_slice(extra);
+    a
+}
+
+#[test]
+fn selfmask_stays_high_under_every_cache_fault() {
+    let f = fixture("llama", 7);
+    let f = f.to_str().unwrap();
+    for fault in [
+        "tbt-read-layout=feature-major",
+        "prefill-write-layout=f8cr",
+        "offset=after-run",
+        "tbt-cache-scale=1.5",
+        "tbt-position=+2",
+        "kv-swap",
+        "truncate-entry=16",
+        "mask=left-valid",
+    ] {
+        let (code, v, _) = kvprobe_json(&llama_args("selfmask", f, &["--fault", fault]));
+        assert_eq!(code, 0, "{fault}");
+        assert!(v["verdict"].is_null());
+        let min = v["probes"]["selfmask"]["min_cosine"].as_f64().unwrap();
+        assert!(min > 0.99, "{fault}: selfmask min cosine {min}");
+    }
+}
+
+#[test]
+fn colmap_is_diagonal_and_inject_matches_on_a_healthy_device() {
+    let f = fixture("llama", 7);
+    let f = f.to_str().unwrap();
+    let (_, v, _) = kvprobe_json(&llama_args("colmap", f, &[]));
+    let c = &v["probes"]["colmap"];
+    // every written entry's best position is the one the ring arithmetic predicts
+    for row in c["rows"].as_array().unwrap() {
+        if !row["expected_position"].is_null() {
+            assert_eq!(row["best_position"], row["expected_position"], "{row}");
+        }
+    }
+    assert_eq!(c["best_shift"], 0);
+    assert_eq!(c["empty_rows_identical"], true);
+    let (_, v, _) = kvprobe_json(&llama_args("inject", f, &[]));
+    let i = &v["probes"]["inject"];
+    assert_eq!(i["blame"], "none", "{i}");
+    assert!(i["golden"]["cosine"].as_f64().unwrap() > 0.99);
+    assert!(i["golden"]["top1_match"].as_bool().unwrap());
+}
+
+#[test]
+fn layout_finds_the_writer_and_quant_sees_scales() {
+    let f = fixture("llama", 7);
+    let f = f.to_str().unwrap();
+    let (_, v, _) = kvprobe_json(&llama_args("layout", f, &["--fault", "prefill-write-layout=feature-major"]));
+    assert_eq!(v["probes"]["layout"]["writer_layout"], "feature-major");
+    let (_, v, _) = kvprobe_json(&llama_args("layout", f, &[]));
+    assert_eq!(v["probes"]["layout"]["writer_layout"], "token-major");
+    assert_eq!(v["probes"]["layout"]["writer_shift"], 0);
+    let (_, v, _) = kvprobe_json(&llama_args("quant", f, &["--fault", "tbt-cache-scale=1.5"]));
+    let q = &v["probes"]["quant"];
+    assert!(q["inconsistent_caches"].as_u64().unwrap() > 0);
+    let ratio = q["caches"][0]["max_scale_ratio"].as_f64().unwrap();
+    assert!((ratio - 1.5).abs() < 1e-3, "{ratio}");
+}
+
+#[test]
+fn out_dir_gets_artefacts_and_is_not_overwritten_without_force() {
+    let f = fixture("llama", 7);
+    let f = f.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let o = out.to_str().unwrap();
+    let (code, _, _) = kvprobe_json(&llama_args("diagnose", f, &["--out", o]));
+    assert_eq!(code, 0);
+    assert!(out.join("results.json").is_file() && out.join("report.html").is_file());
+    let again = kvprobe(&llama_args("diagnose", f, &["--out", o]));
+    assert_eq!(again.status.code(), Some(2));
+    let (code, _, _) = kvprobe_json(&llama_args("diagnose", f, &["--out", o, "--force"]));
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line_and_no_artefacts() {
+    let f = fixture("llama", 7);
+    let f = f.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never");
+    let o = out.to_str().unwrap();
+    let long: String = (0..30).map(|i| (i % 50 + 3).to_string()).collect::<Vec<_>>().join(",");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["diagnose", "--sim", "--model", f, "--ids", "999999", "--out", o],
+        vec!["diagnose", "--sim", "--model", f, "--ids", &long, "--cache-len", "24", "--out", o],
+        vec!["diagnose", "--sim", "--model", f, "--fault", "no-such-fault", "--out", o],
+        vec!["diagnose", "--sim", "--model", f, "--cache-len", "8", "--prefill-len", "8", "--out", o],
+        vec!["diagnose", "--sim", "--model", "/nonexistent/model", "--out", o],
+        vec!["diagnose", "--model", f, "--out", o],
+        vec!["greedy", "--sim", "--model", f, "--ids", "1,x"],
+    ];
+    for a in cases {
+        let r = kvprobe(&a);
+        let stderr = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{a:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{a:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{a:?}: {stderr}");
+        assert!(!out.exists(), "{a:?} left {}", out.display());
+    }
+    let r = kvprobe(&["diagnose", "--hef", "model.hef", "--model", f]);
+    assert_eq!(r.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("--features hailo"));
 }
