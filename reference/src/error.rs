@@ -69,7 +69,15 @@ pub enum Error {
 
 impl From<candle_core::Error> for Error {
     fn from(e: candle_core::Error) -> Self {
-        Error::Candle(one_line(&e.to_string()))
+        Error::Candle(candle_message(&e))
+    }
+}
+
+/// candle's message without the backtrace it appends when RUST_BACKTRACE is set.
+pub(crate) fn candle_message(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        other => one_line(&other.to_string()),
     }
 }
 

@@ -15,7 +15,6 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 
-use crate::error::one_line;
 use crate::{Error, Family, LoadedParts, ModelConfig, Result, Weights};
 
 /// Load a `.gguf` file (llama architecture) into config, f32 weights (HF names) and tokenizer.
@@ -85,12 +84,8 @@ fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// candle's message without the backtrace it appends when RUST_BACKTRACE is set.
 fn candle_msg(e: &candle_core::Error) -> String {
-    match e {
-        candle_core::Error::WithBacktrace { inner, .. } => candle_msg(inner),
-        other => one_line(&other.to_string()),
-    }
+    crate::error::candle_message(e)
 }
 
 fn header_error(e: candle_core::Error, path: &Path) -> Error {

@@ -112,7 +112,7 @@ pub fn from_metadata(map: &HashMap<String, Value>, path: &Path) -> Result<TextTo
     let bos = meta
         .opt_i64("tokenizer.ggml.bos_token_id")
         .and_then(|v| u32::try_from(v).ok());
-    Ok(TextTokenizer::from_tokenizer(tok, add_bos, bos))
+    Ok(TextTokenizer::from_tokenizer(tok, add_bos, bos).with_source(path))
 }
 
 /// The pre-tokenizer llama.cpp applies for a `tokenizer.ggml.pre` name.

@@ -60,6 +60,12 @@ impl TextTokenizer {
         }
     }
 
+    /// Name the file the vocabulary came from, so tokenizer errors point at it.
+    pub fn with_source(mut self, path: &Path) -> Self {
+        self.source = path.to_path_buf();
+        self
+    }
+
     /// Encode without the tokenizer's post-processor; prepend BOS when asked and known.
     pub fn encode(&self, text: &str, add_bos: bool) -> Result<Vec<u32>> {
         let enc = self.inner.encode(text, false).map_err(|e| self.err(e))?;
