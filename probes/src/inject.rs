@@ -79,8 +79,7 @@ pub fn blame(
     swapped: &LogitComparison,
 ) -> &'static str {
     let ok = |c: &LogitComparison| c.cosine >= REPRODUCES_COSINE;
-    if ok(swapped) && swapped.cosine >= golden.cosine.max(device.cosine) + REPAIR_MARGIN
-    {
+    if ok(swapped) && swapped.cosine >= golden.cosine.max(device.cosine) + REPAIR_MARGIN {
         "binding"
     } else if ok(golden) && golden.cosine >= device.cosine + REPAIR_MARGIN {
         "writer"
