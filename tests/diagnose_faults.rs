@@ -12,7 +12,10 @@ use common::*;
 const TABLE: &[(&str, &str)] = &[
     ("tbt-read-layout=feature-major", "cache-layout-mismatch"),
     ("tbt-read-layout=f8cr", "cache-layout-mismatch"),
-    ("prefill-write-layout=feature-major", "cache-layout-mismatch"),
+    (
+        "prefill-write-layout=feature-major",
+        "cache-layout-mismatch",
+    ),
     ("prefill-write-layout=f8cr", "cache-layout-mismatch"),
     ("mask=left-valid", "mask-convention"),
     ("mask=repeat", "mask-convention"),
@@ -39,7 +42,10 @@ fn check(model: &str, geometry: &[&str], fault: &str, want: &str) -> Option<Stri
     let (code, v, stderr) = kvprobe_json(&args);
     let got = verdict(&v);
     if got != want || code != 1 {
-        return Some(format!("{fault}: got {got} (exit {code}), want {want}; {stderr}; evidence {}", v["evidence"]));
+        return Some(format!(
+            "{fault}: got {got} (exit {code}), want {want}; {stderr}; evidence {}",
+            v["evidence"]
+        ));
     }
     None
 }
@@ -48,8 +54,20 @@ fn check(model: &str, geometry: &[&str], fault: &str, want: &str) -> Option<Stri
 fn every_fault_gets_its_verdict_on_the_llama_fixture_with_a_remainder_chunk() {
     let f = fixture("llama", 7);
     let m = f.to_str().unwrap();
-    let geo = ["--cache-len", "24", "--prefill-len", "8", "--ids", IDS_REMAINDER, "--steps", "16"];
-    let failures: Vec<String> = TABLE.iter().filter_map(|(fault, want)| check(m, &geo, fault, want)).collect();
+    let geo = [
+        "--cache-len",
+        "24",
+        "--prefill-len",
+        "8",
+        "--ids",
+        IDS_REMAINDER,
+        "--steps",
+        "16",
+    ];
+    let failures: Vec<String> = TABLE
+        .iter()
+        .filter_map(|(fault, want)| check(m, &geo, fault, want))
+        .collect();
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
@@ -57,7 +75,14 @@ fn every_fault_gets_its_verdict_on_the_llama_fixture_with_a_remainder_chunk() {
 fn cache_faults_on_a_second_geometry_without_remainder() {
     let f = fixture("llama", 7);
     let m = f.to_str().unwrap();
-    let geo = ["--cache-len", "32", "--prefill-len", "8", "--ids", "3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18"];
+    let geo = [
+        "--cache-len",
+        "32",
+        "--prefill-len",
+        "8",
+        "--ids",
+        "3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18",
+    ];
     let picks = [
         "tbt-read-layout=feature-major",
         "prefill-write-layout=f8cr",
@@ -83,13 +108,25 @@ fn smollm2_fault_matrix() {
         return;
     };
     let m = model.to_str().unwrap();
-    let geo = ["--cache-len", "64", "--prefill-len", "16", "--prompt", "The capital of France is Paris. The capital of Italy is", "--steps", "8"];
+    let geo = [
+        "--cache-len",
+        "64",
+        "--prefill-len",
+        "16",
+        "--prompt",
+        "The capital of France is Paris. The capital of Italy is",
+        "--steps",
+        "8",
+    ];
     let picks = [
         ("tbt-read-layout=feature-major", "cache-layout-mismatch"),
         ("kv-swap", "kv-binding"),
         ("tbt-cache-scale=1.5", "cache-quantization"),
         ("tbt-position=+3", "position-mismatch"),
     ];
-    let failures: Vec<String> = picks.iter().filter_map(|(fault, want)| check(m, &geo, fault, want)).collect();
+    let failures: Vec<String> = picks
+        .iter()
+        .filter_map(|(fault, want)| check(m, &geo, fault, want))
+        .collect();
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 
 const GEOMETRIES: [[&str; 4]; 2] = [
-    ["--cache-len", "24", "--prefill-len", "8"],  // 13-token prompts: remainder chunk of 5
+    ["--cache-len", "24", "--prefill-len", "8"], // 13-token prompts: remainder chunk of 5
     ["--cache-len", "40", "--prefill-len", "16"], // prompts shorter than P: one padded chunk
 ];
 const PROMPTS: [&str; 3] = [
@@ -21,11 +21,22 @@ fn healthy_fixtures_are_healthy_over_prompts_and_geometries() {
         let f = fixture(kind, 7);
         for g in GEOMETRIES {
             for ids in PROMPTS {
-                let mut a = vec!["diagnose", "--sim", "--model", f.to_str().unwrap(), "--ids", ids];
+                let mut a = vec![
+                    "diagnose",
+                    "--sim",
+                    "--model",
+                    f.to_str().unwrap(),
+                    "--ids",
+                    ids,
+                ];
                 a.extend_from_slice(&g);
                 let (code, v, _) = kvprobe_json(&a);
                 if verdict(&v) != "healthy" || code != 0 {
-                    bad.push(format!("{kind} {g:?} {ids}: {} exit {code}: {}", verdict(&v), v["evidence"]));
+                    bad.push(format!(
+                        "{kind} {g:?} {ids}: {} exit {code}: {}",
+                        verdict(&v),
+                        v["evidence"]
+                    ));
                 }
             }
         }
@@ -41,15 +52,31 @@ fn healthy_smollm2_is_healthy() {
     };
     let m = model.to_str().unwrap();
     let cases: [(&[&str], &str); 3] = [
-        (&["--cache-len", "64", "--prefill-len", "16"], "The capital of France is Paris. The capital of Italy is"),
-        (&["--cache-len", "48", "--prefill-len", "8"], "def add(a, b):\n    return"),
-        (&["--cache-len", "64", "--prefill-len", "16"], "Once upon a time there was a little girl who"),
+        (
+            &["--cache-len", "64", "--prefill-len", "16"],
+            "The capital of France is Paris. The capital of Italy is",
+        ),
+        (
+            &["--cache-len", "48", "--prefill-len", "8"],
+            "def add(a, b):\n    return",
+        ),
+        (
+            &["--cache-len", "64", "--prefill-len", "16"],
+            "Once upon a time there was a little girl who",
+        ),
     ];
     for (g, prompt) in cases {
-        let mut a = vec!["diagnose", "--sim", "--model", m, "--prompt", prompt, "--steps", "8"];
+        let mut a = vec![
+            "diagnose", "--sim", "--model", m, "--prompt", prompt, "--steps", "8",
+        ];
         a.extend_from_slice(g);
         let (code, v, _) = kvprobe_json(&a);
-        assert_eq!((verdict(&v).as_str(), code), ("healthy", 0), "{prompt:?} {g:?}: {}", v["evidence"]);
+        assert_eq!(
+            (verdict(&v).as_str(), code),
+            ("healthy", 0),
+            "{prompt:?} {g:?}: {}",
+            v["evidence"]
+        );
     }
 }
 
@@ -107,7 +134,11 @@ fn colmap_is_diagonal_and_inject_matches_on_a_healthy_device() {
 fn layout_finds_the_writer_and_quant_sees_scales() {
     let f = fixture("llama", 7);
     let f = f.to_str().unwrap();
-    let (_, v, _) = kvprobe_json(&llama_args("layout", f, &["--fault", "prefill-write-layout=feature-major"]));
+    let (_, v, _) = kvprobe_json(&llama_args(
+        "layout",
+        f,
+        &["--fault", "prefill-write-layout=feature-major"],
+    ));
     assert_eq!(v["probes"]["layout"]["writer_layout"], "feature-major");
     let (_, v, _) = kvprobe_json(&llama_args("layout", f, &[]));
     assert_eq!(v["probes"]["layout"]["writer_layout"], "token-major");
@@ -142,13 +173,56 @@ fn bad_input_exits_2_with_one_line_and_no_artefacts() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("never");
     let o = out.to_str().unwrap();
-    let long: String = (0..30).map(|i| (i % 50 + 3).to_string()).collect::<Vec<_>>().join(",");
+    let long: String = (0..30)
+        .map(|i| (i % 50 + 3).to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let cases: Vec<Vec<&str>> = vec![
-        vec!["diagnose", "--sim", "--model", f, "--ids", "999999", "--out", o],
-        vec!["diagnose", "--sim", "--model", f, "--ids", &long, "--cache-len", "24", "--out", o],
-        vec!["diagnose", "--sim", "--model", f, "--fault", "no-such-fault", "--out", o],
-        vec!["diagnose", "--sim", "--model", f, "--cache-len", "8", "--prefill-len", "8", "--out", o],
-        vec!["diagnose", "--sim", "--model", "/nonexistent/model", "--out", o],
+        vec![
+            "diagnose", "--sim", "--model", f, "--ids", "999999", "--out", o,
+        ],
+        vec![
+            "diagnose",
+            "--sim",
+            "--model",
+            f,
+            "--ids",
+            &long,
+            "--cache-len",
+            "24",
+            "--out",
+            o,
+        ],
+        vec![
+            "diagnose",
+            "--sim",
+            "--model",
+            f,
+            "--fault",
+            "no-such-fault",
+            "--out",
+            o,
+        ],
+        vec![
+            "diagnose",
+            "--sim",
+            "--model",
+            f,
+            "--cache-len",
+            "8",
+            "--prefill-len",
+            "8",
+            "--out",
+            o,
+        ],
+        vec![
+            "diagnose",
+            "--sim",
+            "--model",
+            "/nonexistent/model",
+            "--out",
+            o,
+        ],
         vec!["diagnose", "--model", f, "--out", o],
         vec!["greedy", "--sim", "--model", f, "--ids", "1,x"],
     ];

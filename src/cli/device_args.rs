@@ -12,7 +12,8 @@ use kvprobe_reference::Model;
 use super::common::{resolve_model, usage, DeviceError};
 
 /// The prompt used when neither --prompt nor --ids is given.
-pub const DEFAULT_PROMPT: &str = "Once upon a time there was a little girl who lived in a small house near the woods.";
+pub const DEFAULT_PROMPT: &str =
+    "Once upon a time there was a little girl who lived in a small house near the woods.";
 
 #[derive(Debug, Clone, Args)]
 pub struct DeviceArgs {
@@ -124,11 +125,16 @@ impl DeviceArgs {
             let text = model.tokenizer().decode(ids).unwrap_or_default();
             return Ok((text, ids.clone()));
         }
-        let text = self.prompt.clone().unwrap_or_else(|| DEFAULT_PROMPT.to_string());
+        let text = self
+            .prompt
+            .clone()
+            .unwrap_or_else(|| DEFAULT_PROMPT.to_string());
         if text.is_empty() {
             return Err(usage("--prompt is empty; give some text or --ids"));
         }
-        let ids = model.encode(&text, None).map_err(|e| usage(e.to_string()))?;
+        let ids = model
+            .encode(&text, None)
+            .map_err(|e| usage(e.to_string()))?;
         Ok((text, ids))
     }
 }

@@ -77,7 +77,9 @@ struct Bar {
 impl Bar {
     fn new() -> Bar {
         let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
-        if let Ok(style) = ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ETA {eta}") {
+        if let Ok(style) =
+            ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ETA {eta}")
+        {
             bar.set_style(style.progress_chars("=> "));
         }
         Bar {
@@ -144,7 +146,8 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         run_probe(name, args, &mut s)
     };
     bar.finish();
-    let (verdict, confidence, evidence, also, warnings, probes, probe_timings) = outcome.map_err(probe_error)?;
+    let (verdict, confidence, evidence, also, warnings, probes, probe_timings) =
+        outcome.map_err(probe_error)?;
     timings.extend(probe_timings);
     timings.push(Timing {
         what: "probes total".into(),
@@ -253,15 +256,24 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
 
 fn host() -> String {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{} {}, {cpus} cpus", std::env::consts::OS, std::env::consts::ARCH)
+    format!(
+        "{} {}, {cpus} cpus",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
 }
 
 fn check_out_dir(out: &Path, force: bool) -> anyhow::Result<()> {
     if out.exists() {
         if !out.is_dir() {
-            return Err(usage(format!("{}: exists and is not a folder; choose another --out", out.display())));
+            return Err(usage(format!(
+                "{}: exists and is not a folder; choose another --out",
+                out.display()
+            )));
         }
-        let non_empty = std::fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(true);
+        let non_empty = std::fs::read_dir(out)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true);
         if non_empty && !force {
             return Err(usage(format!(
                 "{}: folder exists and is not empty; pass --force to replace it or choose another --out",
@@ -287,24 +299,41 @@ fn parent_of(out: &Path) -> PathBuf {
 }
 
 /// Artefacts into a temporary sibling folder, renamed into place only when complete.
-fn write_out(out: &Path, force: bool, results: &Results, sim: &kvprobe_npu::sim::SimDevice) -> anyhow::Result<()> {
+fn write_out(
+    out: &Path,
+    force: bool,
+    results: &Results,
+    sim: &kvprobe_npu::sim::SimDevice,
+) -> anyhow::Result<()> {
     check_out_dir(out, force)?;
     let tmp = tempfile::Builder::new()
         .prefix(".kvprobe-out-")
         .tempdir_in(parent_of(out))
-        .map_err(|e| usage(format!("{}: cannot create a folder next to it ({e}); choose another --out", out.display())))?;
+        .map_err(|e| {
+            usage(format!(
+                "{}: cannot create a folder next to it ({e}); choose another --out",
+                out.display()
+            ))
+        })?;
     kvprobe_reports::write_artifacts(results, &[], tmp.path())
         .map_err(|e| usage(format!("{}: {e}", out.display())))?;
     sim.write_manifest(&tmp.path().join("sim-manifest.json"))
         .map_err(super::device_args::npu_error)?;
     if out.exists() {
-        std::fs::remove_dir_all(out)
-            .map_err(|e| usage(format!("{}: cannot replace it ({e}); choose another --out", out.display())))?;
+        std::fs::remove_dir_all(out).map_err(|e| {
+            usage(format!(
+                "{}: cannot replace it ({e}); choose another --out",
+                out.display()
+            ))
+        })?;
     }
     let tmp_path = tmp.keep();
     std::fs::rename(&tmp_path, out).map_err(|e| {
         let _ = std::fs::remove_dir_all(&tmp_path);
-        usage(format!("{}: cannot move the artefacts into place ({e})", out.display()))
+        usage(format!(
+            "{}: cannot move the artefacts into place ({e})",
+            out.display()
+        ))
     })?;
     Ok(())
 }
@@ -314,7 +343,11 @@ pub fn summary(r: &Results) -> String {
     let mut s = String::new();
     let p = &r.probes;
     if let Some(v) = r.verdict {
-        s += &format!("verdict: {} (confidence {:.2})\n", v.name(), r.confidence.unwrap_or(0.0));
+        s += &format!(
+            "verdict: {} (confidence {:.2})\n",
+            v.name(),
+            r.confidence.unwrap_or(0.0)
+        );
         if !r.also.is_empty() {
             let also: Vec<&str> = r.also.iter().map(|v| v.name()).collect();
             s += &format!("also: {}\n", also.join(", "));
@@ -331,10 +364,17 @@ pub fn summary(r: &Results) -> String {
                 f.mean_cosine,
                 f.min_cosine,
                 100.0 * f.top1_agreement,
-                if f.rerun_identical { "identical" } else { "DIFFERS" }
+                if f.rerun_identical {
+                    "identical"
+                } else {
+                    "DIFFERS"
+                }
             );
             for row in &f.rows {
-                s += &format!("  pos {:>4}: cosine {:.4} top-1 {}\n", row.position, row.comparison.cosine, row.comparison.top1_match);
+                s += &format!(
+                    "  pos {:>4}: cosine {:.4} top-1 {}\n",
+                    row.position, row.comparison.cosine, row.comparison.top1_match
+                );
             }
         }
         if let Some(f) = &p.greedy {
@@ -375,7 +415,13 @@ pub fn summary(r: &Results) -> String {
         }
         if let Some(f) = &p.ztap {
             let z: usize = f.caches.iter().map(|c| c.zero_columns).sum();
-            s += &format!("ztap ({}): {} — {} zero columns over {} caches\n", f.source, f.interpretation, z, f.caches.len());
+            s += &format!(
+                "ztap ({}): {} — {} zero columns over {} caches\n",
+                f.source,
+                f.interpretation,
+                z,
+                f.caches.len()
+            );
         }
         if let Some(f) = &p.quant {
             s += &format!(

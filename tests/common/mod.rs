@@ -15,7 +15,9 @@ pub fn fixture(kind: &str, seed: u64) -> PathBuf {
         let tmp = dir.with_extension("partial");
         let _ = std::fs::remove_dir_all(&tmp);
         match kind {
-            "llama" => kvprobe_reference::fixtures::write_tiny_llama(&tmp, seed).expect("write fixture"),
+            "llama" => {
+                kvprobe_reference::fixtures::write_tiny_llama(&tmp, seed).expect("write fixture")
+            }
             _ => kvprobe_reference::fixtures::write_tiny_gpt2(&tmp, seed).expect("write fixture"),
         }
         let _ = std::fs::remove_dir_all(&dir);
@@ -26,7 +28,8 @@ pub fn fixture(kind: &str, seed: u64) -> PathBuf {
 
 /// The fetched SmolLM2, when present (CI always has it).
 pub fn smollm2() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/smollm2-135m-instruct-q4_1.gguf");
+    let p =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/smollm2-135m-instruct-q4_1.gguf");
     p.is_file().then_some(p)
 }
 
@@ -45,8 +48,9 @@ pub fn kvprobe_json(args: &[&str]) -> (i32, serde_json::Value, String) {
     let out = kvprobe(&a);
     let code = out.status.code().unwrap_or(-1);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let v = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("kvprobe {args:?}: stdout is not JSON ({e}); exit {code}; stderr: {stderr}"));
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("kvprobe {args:?}: stdout is not JSON ({e}); exit {code}; stderr: {stderr}")
+    });
     (code, v, stderr)
 }
 
