@@ -341,5 +341,25 @@ mod tests {
         assert_eq!(g.first_window_column(0), 7);
         assert_eq!(g.chunks(16), 1);
         assert_eq!(g.chunks(17), 2);
+        // one full chunk: nothing below position 0 was written
+        assert_eq!(g.padding_floor(), 0);
+        assert!(g.first_window_never_written(6) && !g.first_window_never_written(7));
+        // 13 tokens, P = 8: remainder chunk of 5 runs 8 rows, positions −3..−1 are padding
+        let g = Geometry {
+            cache_len: 24,
+            prefill_len: 8,
+            prompt_len: 13,
+        };
+        assert_eq!(g.padding_floor(), -3);
+        // column j holds position 13 + 1 + j − 24 = j − 10: j = 7 → −3 (padding), j = 6 → −4
+        assert!(!g.first_window_never_written(7));
+        assert!(g.first_window_never_written(6));
+        // 5 tokens, P = 8: one chunk of 5 real + 3 padding rows
+        let g = Geometry {
+            cache_len: 24,
+            prefill_len: 8,
+            prompt_len: 5,
+        };
+        assert_eq!(g.padding_floor(), -3);
     }
 }
