@@ -1,7 +1,7 @@
 //! Building blocks shared by both families: linear layers (HF `Linear` or GPT-2 `Conv1D` layout),
 //! norms, and the two MLP kinds.
 
-use candle_core::{Tensor, D};
+use candle_core::{Device, Tensor};
 
 use crate::Result;
 
@@ -28,6 +28,13 @@ impl Linear {
             None => y,
         })
     }
+
+    /// `forward` on `rows` row-major input rows held in a slice.
+    pub fn forward_rows(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        let inp = x.len() / rows.max(1);
+        let xt = Tensor::from_slice(x, (rows, inp), &Device::Cpu)?;
+        Ok(self.forward(&xt)?.flatten_all()?.to_vec1()?)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -39,21 +46,59 @@ pub(crate) enum Norm {
 }
 
 impl Norm {
+    /// The tensor form, kept as the independent check of `forward_rows` in the tests.
+    #[cfg(test)]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Norm::Rms { w, eps } => {
-                let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+                let ms = x.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
                 let inv = (ms + *eps)?.sqrt()?.recip()?;
                 x.broadcast_mul(&inv)?.broadcast_mul(w)?
             }
             Norm::Layer { w, b, eps } => {
-                let mean = x.mean_keepdim(D::Minus1)?;
+                let mean = x.mean_keepdim(candle_core::D::Minus1)?;
                 let xc = x.broadcast_sub(&mean)?;
-                let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+                let var = xc.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
                 let inv = (var + *eps)?.sqrt()?.recip()?;
                 xc.broadcast_mul(&inv)?.broadcast_mul(w)?.broadcast_add(b)?
             }
         })
+    }
+
+    /// `forward` on row-major rows of `n` features held in a slice (the same f32 formula as the
+    /// tensor form, one row at a time).
+    pub fn forward_rows(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; x.len()];
+        match self {
+            Norm::Rms { w, eps } => {
+                let w: Vec<f32> = w.to_vec1()?;
+                let eps = *eps as f32;
+                for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+                    let ms = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
+                    let inv = (ms + eps).sqrt().recip();
+                    for ((o, &v), &g) in or.iter_mut().zip(xr).zip(&w) {
+                        *o = v * inv * g;
+                    }
+                }
+            }
+            Norm::Layer { w, b, eps } => {
+                let w: Vec<f32> = w.to_vec1()?;
+                let b: Vec<f32> = b.to_vec1()?;
+                let eps = *eps as f32;
+                for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+                    let mean = xr.iter().sum::<f32>() / n as f32;
+                    for (o, &v) in or.iter_mut().zip(xr) {
+                        *o = v - mean;
+                    }
+                    let var = or.iter().map(|v| v * v).sum::<f32>() / n as f32;
+                    let inv = (var + eps).sqrt().recip();
+                    for ((o, &g), &bb) in or.iter_mut().zip(&w).zip(&b) {
+                        *o = *o * inv * g + bb;
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -97,6 +142,26 @@ impl Mlp {
         }
     }
 
+    /// `forward` on `rows` row-major rows held in a slice.
+    pub fn forward_rows(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        match self {
+            Mlp::SwiGlu { gate, up, down } => {
+                let mut g = gate.forward_rows(x, rows)?;
+                let u = up.forward_rows(x, rows)?;
+                // candle's silu: x / (1 + exp(-x))
+                for (a, &b) in g.iter_mut().zip(&u) {
+                    *a = *a / (1.0 + (-*a).exp()) * b;
+                }
+                down.forward_rows(&g, rows)
+            }
+            Mlp::Gelu { .. } => {
+                let n = x.len() / rows.max(1);
+                let xt = Tensor::from_slice(x, (rows, n), &Device::Cpu)?;
+                Ok(self.forward(&xt)?.flatten_all()?.to_vec1()?)
+            }
+        }
+    }
+
     pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
         match self {
             Mlp::SwiGlu { gate, up, down } => vec![gate, up, down],
@@ -125,17 +190,34 @@ pub(crate) struct Block {
 }
 
 impl Block {
-    /// Returns q `[T, nh*hd]`, k and v `[T, nkv*hd]`.
-    pub fn qkv(&self, h: &Tensor, q_dim: usize, kv_dim: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    /// `qkv` on `rows` row-major rows held in a slice: q `[T*q_dim]`, k and v `[T*kv_dim]`.
+    pub fn qkv_rows(
+        &self,
+        h: &[f32],
+        rows: usize,
+        q_dim: usize,
+        kv_dim: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         Ok(match &self.qkv {
-            Qkv::Separate { q, k, v } => (q.forward(h)?, k.forward(h)?, v.forward(h)?),
+            Qkv::Separate { q, k, v } => (
+                q.forward_rows(h, rows)?,
+                k.forward_rows(h, rows)?,
+                v.forward_rows(h, rows)?,
+            ),
             Qkv::Fused(lin) => {
-                let all = lin.forward(h)?;
-                (
-                    all.narrow(1, 0, q_dim)?,
-                    all.narrow(1, q_dim, kv_dim)?,
-                    all.narrow(1, q_dim + kv_dim, kv_dim)?,
-                )
+                let all = lin.forward_rows(h, rows)?;
+                let width = q_dim + 2 * kv_dim;
+                let (mut q, mut k, mut v) = (
+                    Vec::with_capacity(rows * q_dim),
+                    Vec::with_capacity(rows * kv_dim),
+                    Vec::with_capacity(rows * kv_dim),
+                );
+                for r in all.chunks_exact(width) {
+                    q.extend_from_slice(&r[..q_dim]);
+                    k.extend_from_slice(&r[q_dim..q_dim + kv_dim]);
+                    v.extend_from_slice(&r[q_dim + kv_dim..]);
+                }
+                (q, k, v)
             }
         })
     }
@@ -194,10 +276,28 @@ mod tests {
         };
         let x = Tensor::new(&[[1.0f32, 2.0, 3.0, 4.0]], &Device::Cpu).unwrap();
         let y: Vec<Vec<f32>> = n.forward(&x).unwrap().to_vec2().unwrap();
+        let rows = n.forward_rows(&[1.0, 2.0, 3.0, 4.0], 4).unwrap();
         let s = 1.25f32.sqrt();
         let want = [-1.5 / s, -0.5 / s, 2.0 * 0.5 / s, 1.5 / s + 1.0];
-        for (a, b) in y[0].iter().zip(want) {
+        for ((a, r), b) in y[0].iter().zip(&rows).zip(want) {
             assert!((a - b).abs() < 1e-6, "{:?}", y[0]);
+            assert!((r - b).abs() < 1e-6, "{rows:?}");
+        }
+    }
+
+    #[test]
+    fn rms_norm_by_hand() {
+        // x = [1, 2, 2, 4]: mean square 25/4, 1/sqrt(6.25) = 0.4; eps 0.
+        let n = Norm::Rms {
+            w: Tensor::new(&[1.0f32, 2.0, 1.0, 0.5], &Device::Cpu).unwrap(),
+            eps: 0.0,
+        };
+        let y = n
+            .forward_rows(&[1.0, 2.0, 2.0, 4.0, 0.0, 0.0, 0.0, 3.0], 4)
+            .unwrap();
+        let want = [0.4, 1.6, 0.8, 0.8, 0.0, 0.0, 0.0, 1.0];
+        for (a, b) in y.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{y:?}");
         }
     }
 

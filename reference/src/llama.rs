@@ -101,14 +101,3 @@ pub fn rope_tables(positions: &[f32], inv_freq: &[f32]) -> (Vec<f32>, Vec<f32>) 
     }
     (cos, sin)
 }
-
-/// `x*cos + rotate_half(x)*sin` with rotate_half(x) = [-x2, x1]; x `[T, heads, hd]`, cos/sin
-/// broadcastable to it.
-pub(crate) fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let hd = x.dim(2)?;
-    let half = hd / 2;
-    let x1 = x.narrow(2, 0, half)?;
-    let x2 = x.narrow(2, half, half)?;
-    let rot = Tensor::cat(&[&x2.neg()?, &x1], 2)?;
-    Ok((x.broadcast_mul(cos)? + rot.broadcast_mul(sin)?)?)
-}
