@@ -123,6 +123,9 @@ fn smollm2_fault_matrix() {
         ("kv-swap", "kv-binding"),
         ("tbt-cache-scale=1.5", "cache-quantization"),
         ("tbt-position=+3", "position-mismatch"),
+        // a doubled attention scale is partly mimicked by a position shift (0.944 at δ = −2):
+        // the position rule must not take it
+        ("tbt-attn-scale=2", "tbt-graph"),
     ];
     let failures: Vec<String> = picks
         .iter()

@@ -493,12 +493,17 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
                 });
             }
             "reader" => {
-                let mixing = cm.empty_rows_identical == Some(false)
-                    || cm.mixture_rows > cm.clean_rows
-                    || zt.interpretation == "transposition";
+                // Never-written entries are the decisive rows (fault signatures): identical =
+                // token-local, different = a reader layout spreading real data over them. Row
+                // classes decide only when no never-written entry was covered: single-key
+                // responses of a real model share a common component, so its rows look mixed.
+                let mixing = match cm.empty_rows_identical {
+                    Some(identical) => !identical,
+                    None => cm.mixture_rows > cm.clean_rows || zt.interpretation == "transposition",
+                };
                 if mixing {
                     ev.push(format!(
-                        "→ cache-layout-mismatch (reader): golden token-major rings fail too ({:.4}) and column-map rows are mixtures ({} of {}), never-written rows differ: the tbt reader uses another layout",
+                        "→ cache-layout-mismatch (reader): golden token-major rings fail too ({:.4}) and column-map rows mix tokens ({} of {} mixtures; never-written rows differ): the tbt reader uses another layout",
                         inj.golden.cosine, cm.mixture_rows, cm.rows.len()
                     ));
                     causes.push(Cause {
@@ -547,7 +552,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
 /// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position.
 fn position_fault(ps: &kvprobe_schema::PositionsFinding) -> bool {
     ps.best_delta != 0
-        && ps.best_cosine >= REPRODUCES_COSINE
+        && ps.best_cosine >= POSITION_REPRODUCES
         && ps.best_cosine >= ps.baseline_cosine + POSITION_MARGIN
 }
 

@@ -22,6 +22,10 @@ pub const REPAIR_MARGIN: f64 = 0.02;
 /// A position shift competes only with other shifts over the same ring (same edge noise), so a
 /// smaller lead suffices once the shifted step reproduces the reference.
 pub const POSITION_MARGIN: f64 = 0.005;
+/// A wiring offset is reproduced at the healthy level (SmolLM2: 0.991 for ±2/−3 faults), while a
+/// wrong attention scale can be partly mimicked by a shift (SmolLM2 tbt-attn-scale=2: 0.944 at
+/// δ = −2), so the shifted step must reach this cosine.
+pub const POSITION_REPRODUCES: f64 = 0.97;
 /// Outputs this close (cosine) are the same run (mask rows ignored by the graph). Device runs
 /// are deterministic, so an ignored input gives exactly the same logits.
 pub const IDENTICAL_COSINE: f64 = 0.999_999;
