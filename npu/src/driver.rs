@@ -552,6 +552,13 @@ impl Driver {
     }
 
     fn run_tbt(&mut self, dev: &mut dyn Device, token: u32, mode: &MaskMode) -> Result<RunOutput> {
+        let inputs = self.tbt_inputs(token, mode)?;
+        dev.update_cache_offset(1)?;
+        dev.run(GroupKind::Tbt, &inputs)
+    }
+
+    /// Push `token` into the host window and build its tbt run's inputs under `mode`.
+    fn tbt_inputs(&mut self, token: u32, mode: &MaskMode) -> Result<Vec<(String, Buffer)>> {
         let g = self
             .tbt
             .clone()
@@ -591,9 +598,79 @@ impl Driver {
         // contract §2.6: tbt uses the newest position pos[P−1]
         let newest = [self.state.window_pos[self.prefill_len - 1]];
         self.position_inputs(&g, &newest, &mut inputs)?;
-        dev.update_cache_offset(1)?;
-        dev.run(GroupKind::Tbt, &inputs)
+        Ok(inputs)
     }
+
+    /// Several independent trial steps from the current state, in one [`Device::run_batch`]:
+    /// each trial is what [`Driver::trial_step`] would run after
+    /// `set_host_state(host_state().with_position_offset(trial.position_shift))`, and the driver
+    /// and the read offset are left as they were. A device that batches (the emulator) serves all
+    /// trials with one pass over the weights; others loop. Without a tbt group the trials run
+    /// one by one as 1-token prefill chunks (ring mask only).
+    pub fn trial_batch(
+        &mut self,
+        dev: &mut dyn Device,
+        trials: &[Trial],
+    ) -> Result<Vec<RunOutput>> {
+        for t in trials {
+            self.check_ids(&[t.token])?;
+        }
+        let start = self.state.clone();
+        if self.tbt.is_none() {
+            let mut outs = Vec::with_capacity(trials.len());
+            for t in trials {
+                self.state = start.clone().with_position_offset(t.position_shift);
+                let out = self.trial_step(dev, t.token, &t.mode);
+                self.state = start.clone();
+                outs.push(out?);
+            }
+            return Ok(outs);
+        }
+        let mut batch = Vec::with_capacity(trials.len());
+        for t in trials {
+            self.state = start.clone().with_position_offset(t.position_shift);
+            let inputs = self.tbt_inputs(t.token, &t.mode);
+            self.state = start.clone();
+            batch.push(inputs?);
+        }
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        dev.update_cache_offset(1)?;
+        let outs = dev.run_batch(GroupKind::Tbt, &batch);
+        // every trial advanced R by one and was stepped back: undo the one advance
+        dev.update_cache_offset(-1)?;
+        self.saved = None;
+        outs
+    }
+
+    /// [`Driver::trial_batch`] of one token under several masks (colmap's single keys, maskconv's
+    /// conventions): equal to calling [`Driver::trial_step`] once per mode.
+    pub fn trial_steps(
+        &mut self,
+        dev: &mut dyn Device,
+        token: u32,
+        modes: &[MaskMode],
+    ) -> Result<Vec<RunOutput>> {
+        let trials: Vec<Trial> = modes
+            .iter()
+            .map(|m| Trial {
+                token,
+                mode: m.clone(),
+                position_shift: 0,
+            })
+            .collect();
+        self.trial_batch(dev, &trials)
+    }
+}
+
+/// One trial of [`Driver::trial_batch`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trial {
+    pub token: u32,
+    pub mode: MaskMode,
+    /// Moves the trial's position from the driver's next position (position sweeps).
+    pub position_shift: i64,
 }
 
 /// First maximal index (the server's argmax, contract §2.8); NaN never wins.

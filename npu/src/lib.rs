@@ -13,11 +13,11 @@ pub mod sim;
 
 pub use buffer::Buffer;
 pub use device::{Device, RunOutput};
-pub use driver::{argmax, Driver, EmbeddingTable, HostState};
+pub use driver::{argmax, Driver, EmbeddingTable, HostState, Trial};
 pub use error::{Error, Result};
 pub use mask::MaskMode;
 pub use ring::{CacheRing, RingSet};
 
-pub mod hef;
 #[cfg(feature = "hailo")]
 pub mod hailo;
+pub mod hef;

@@ -917,6 +917,204 @@ impl SimDevice {
     }
 }
 
+/// Rows of one batched tbt graph run (bounds the `[rows, vocab]` logits buffer).
+const BATCH_ROWS: usize = 64;
+
+/// What the graph read, per cache_id (`RunOutput::taps`).
+type Taps = BTreeMap<u32, Vec<f32>>;
+
+/// One run's inputs as the graph sees them.
+struct Decoded {
+    hidden: Vec<f32>,
+    positions: PositionInput,
+    mask: Vec<bool>,
+}
+
+impl SimDevice {
+    fn group_of(&self, g: GroupKind) -> Result<(GroupDescription, GroupGeom)> {
+        let gd = self
+            .desc
+            .group(g)
+            .cloned()
+            .ok_or_else(|| Error::Device(format!("no group {}", g.suffix())))?;
+        Ok((gd, self.geom(g)))
+    }
+
+    /// Check the input names and decode embeddings, positions and mask (with the mask faults).
+    fn decode_inputs(
+        &self,
+        g: GroupKind,
+        gd: &GroupDescription,
+        inputs: &[(String, Buffer)],
+        geom: GroupGeom,
+    ) -> Result<Decoded> {
+        if let Some((name, _)) = inputs
+            .iter()
+            .find(|(n, _)| !gd.inputs.iter().any(|i| &i.name == n))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "group `{}` has no input `{name}`",
+                gd.name
+            )));
+        }
+        // embeddings: raw uint16 rows dequantised by the graph (contract §2.11)
+        let ed = gd
+            .inputs
+            .iter()
+            .find(|i| i.role == Some(InputRole::Embeddings))
+            .ok_or_else(|| Error::Device("embeddings input missing".into()))?;
+        let hidden: Vec<f32> = match self.input(inputs, ed)? {
+            Buffer::U16(v) => v.iter().map(|&c| dequantize(c as f32, &ed.quant)).collect(),
+            Buffer::F32(v) => v.clone(),
+            Buffer::U8(_) => {
+                return Err(Error::InvalidArgument("embeddings must be uint16".into()))
+            }
+        };
+        let positions = self.positions(g, gd, inputs, geom.rows)?;
+        let mask = self.mask(g, gd, inputs, geom)?;
+        Ok(Decoded {
+            hidden,
+            positions,
+            mask,
+        })
+    }
+
+    /// All layers' past read up front: read and write windows are disjoint (contract §1.5).
+    fn read_past(
+        &mut self,
+        g: GroupKind,
+        geom: GroupGeom,
+    ) -> Result<(Vec<LayerKv>, Taps)> {
+        let n_layers = self.desc.shape.n_layers;
+        let mut past = Vec::with_capacity(n_layers);
+        let mut taps = BTreeMap::new();
+        for layer in 0..n_layers {
+            let k = self.read_edge(g, layer, CacheKind::K, geom.input_len)?;
+            let v = self.read_edge(g, layer, CacheKind::V, geom.input_len)?;
+            if self.opts.taps {
+                taps.insert(cache_id(layer, CacheKind::K), k.clone());
+                taps.insert(cache_id(layer, CacheKind::V), v.clone());
+            }
+            past.push(LayerKv {
+                k: self.heads_tensor(k, geom.input_len)?,
+                v: self.heads_tensor(v, geom.input_len)?,
+            });
+        }
+        Ok((past, taps))
+    }
+
+    fn graph_options(&self, g: GroupKind) -> GraphOptions {
+        let attn_scale = self
+            .faults
+            .iter()
+            .find_map(|f| match (f.kind.clone(), g) {
+                (FaultKind::TbtAttnScale(x), GroupKind::Tbt)
+                | (FaultKind::PrefillAttnScale(x), GroupKind::Prefill) => Some(x),
+                _ => None,
+            })
+            .unwrap_or(1.0);
+        GraphOptions {
+            attn_scale,
+            shared_softmax: self
+                .find_fault(g, |k| *k == FaultKind::SharedSoftmax)
+                .is_some(),
+            gqa_block_order: self.find_fault(g, |k| *k == FaultKind::GqaBlock).is_some(),
+        }
+    }
+
+    /// Write every layer's new K/V rows through the writers.
+    fn write_new(&mut self, g: GroupKind, geom: GroupGeom, new_kv: &[LayerKv]) -> Result<()> {
+        for (layer, kv) in new_kv.iter().enumerate() {
+            let k = self.entries_from_heads(&kv.k)?;
+            let v = self.entries_from_heads(&kv.v)?;
+            self.write_edge(g, layer, CacheKind::K, geom.input_len, &k)?;
+            self.write_edge(g, layer, CacheKind::V, geom.input_len, &v)?;
+        }
+        Ok(())
+    }
+
+    /// Row `r` of `[rows, vocab]` logits through the logits output quant.
+    fn output_logits(&self, all: &[f32], r: usize) -> Vec<f32> {
+        let vocab = self.desc.shape.vocab_size;
+        let mut logits = all[r * vocab..(r + 1) * vocab].to_vec();
+        if !self.float() {
+            quant::fake_quantize_in_place(&mut logits, &self.quant.logits, LOGIT_BITS);
+        }
+        logits
+    }
+
+    /// N single-row tbt runs over the same past as one `[N]`-row graph input: row r keeps its
+    /// own mask over the W past columns and sees only its own new column.
+    fn batched_input(
+        &self,
+        rows: &[Decoded],
+        past: &[LayerKv],
+        geom: GroupGeom,
+        g: GroupKind,
+    ) -> Result<GraphInput> {
+        let n = rows.len();
+        let (nh, w) = (self.desc.shape.n_heads, geom.input_len);
+        let kv = self.desc.cache_len; // W + 1 columns per single-run mask row
+        let cols = w + n;
+        let mut mask = vec![false; n * nh * cols];
+        for (r, d) in rows.iter().enumerate() {
+            for h in 0..nh {
+                let src = &d.mask[h * kv..(h + 1) * kv];
+                let dst = &mut mask[(r * nh + h) * cols..(r * nh + h + 1) * cols];
+                dst[..w].copy_from_slice(&src[..w]);
+                dst[w + r] = src[w];
+            }
+        }
+        let mut hidden = Vec::with_capacity(n * self.desc.shape.hidden_size);
+        for d in rows {
+            hidden.extend_from_slice(&d.hidden);
+        }
+        let positions = match &rows[0].positions {
+            PositionInput::Ids(_) => {
+                let mut ids = Vec::with_capacity(n);
+                for d in rows {
+                    if let PositionInput::Ids(v) = &d.positions {
+                        ids.extend_from_slice(v);
+                    }
+                }
+                PositionInput::Ids(ids)
+            }
+            PositionInput::Rope { .. } => {
+                let (mut qc, mut qs, mut kc, mut ks) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for d in rows {
+                    if let PositionInput::Rope {
+                        q_cos,
+                        q_sin,
+                        k_cos,
+                        k_sin,
+                    } = &d.positions
+                    {
+                        qc.extend_from_slice(q_cos);
+                        qs.extend_from_slice(q_sin);
+                        kc.extend_from_slice(k_cos);
+                        ks.extend_from_slice(k_sin);
+                    }
+                }
+                PositionInput::Rope {
+                    q_cos: qc,
+                    q_sin: qs,
+                    k_cos: kc,
+                    k_sin: ks,
+                }
+            }
+        };
+        Ok(GraphInput {
+            hidden: Tensor::from_vec(hidden, (n, self.desc.shape.hidden_size), &CDevice::Cpu)?,
+            positions,
+            past: past.to_vec(),
+            mask,
+            graph: self.graph_options(g),
+            last_only: false,
+        })
+    }
+}
+
 /// Group prefix from a model path: the file stem, lower case, `[a-z0-9_]` only.
 fn scope_name(path: &Path) -> String {
     let stem = path
@@ -940,100 +1138,79 @@ impl Device for SimDevice {
     }
 
     fn run(&mut self, g: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput> {
-        let gd = self
-            .desc
-            .group(g)
-            .cloned()
-            .ok_or_else(|| Error::Device(format!("no group {}", g.suffix())))?;
-        if let Some((name, _)) = inputs
-            .iter()
-            .find(|(n, _)| !gd.inputs.iter().any(|i| &i.name == n))
-        {
-            return Err(Error::InvalidArgument(format!(
-                "group `{}` has no input `{name}`",
-                gd.name
-            )));
-        }
-        let geom = self.geom(g);
-        let t = geom.rows;
-        let s = self.desc.shape.clone();
-
-        // embeddings: raw uint16 rows dequantised by the graph (contract §2.11)
-        let ed = gd
-            .inputs
-            .iter()
-            .find(|i| i.role == Some(InputRole::Embeddings))
-            .cloned();
-        let ed = ed.ok_or_else(|| Error::Device("embeddings input missing".into()))?;
-        let hidden: Vec<f32> = match self.input(inputs, &ed)? {
-            Buffer::U16(v) => v.iter().map(|&c| dequantize(c as f32, &ed.quant)).collect(),
-            Buffer::F32(v) => v.clone(),
-            Buffer::U8(_) => {
-                return Err(Error::InvalidArgument("embeddings must be uint16".into()))
-            }
-        };
-        let hidden = Tensor::from_vec(hidden, (t, s.hidden_size), &CDevice::Cpu)?;
-        let positions = self.positions(g, &gd, inputs, t)?;
-        let mask = self.mask(g, &gd, inputs, geom)?;
-
-        // all layers' past read up front: read and write windows are disjoint (contract §1.5)
-        let mut past = Vec::with_capacity(s.n_layers);
-        let mut taps = BTreeMap::new();
-        for layer in 0..s.n_layers {
-            let k = self.read_edge(g, layer, CacheKind::K, geom.input_len)?;
-            let v = self.read_edge(g, layer, CacheKind::V, geom.input_len)?;
-            if self.opts.taps {
-                taps.insert(cache_id(layer, CacheKind::K), k.clone());
-                taps.insert(cache_id(layer, CacheKind::V), v.clone());
-            }
-            past.push(LayerKv {
-                k: self.heads_tensor(k, geom.input_len)?,
-                v: self.heads_tensor(v, geom.input_len)?,
-            });
-        }
-
-        let attn_scale = self
-            .faults
-            .iter()
-            .find_map(|f| match (f.kind.clone(), g) {
-                (FaultKind::TbtAttnScale(x), GroupKind::Tbt)
-                | (FaultKind::PrefillAttnScale(x), GroupKind::Prefill) => Some(x),
-                _ => None,
-            })
-            .unwrap_or(1.0);
-        let graph = GraphOptions {
-            attn_scale,
-            shared_softmax: self
-                .find_fault(g, |k| *k == FaultKind::SharedSoftmax)
-                .is_some(),
-            gqa_block_order: self.find_fault(g, |k| *k == FaultKind::GqaBlock).is_some(),
-        };
+        let (gd, geom) = self.group_of(g)?;
+        let d = self.decode_inputs(g, &gd, inputs, geom)?;
+        let (past, taps) = self.read_past(g, geom)?;
         let out = self.model.run_graph(&GraphInput {
-            hidden,
-            positions,
+            hidden: Tensor::from_vec(
+                d.hidden,
+                (geom.rows, self.desc.shape.hidden_size),
+                &CDevice::Cpu,
+            )?,
+            positions: d.positions,
             past,
-            mask,
-            graph,
+            mask: d.mask,
+            graph: self.graph_options(g),
             last_only: true,
         })?;
-
-        for (layer, kv) in out.new_kv.iter().enumerate() {
-            let k = self.entries_from_heads(&kv.k)?;
-            let v = self.entries_from_heads(&kv.v)?;
-            self.write_edge(g, layer, CacheKind::K, geom.input_len, &k)?;
-            self.write_edge(g, layer, CacheKind::V, geom.input_len, &v)?;
-        }
-
-        let vocab = s.vocab_size;
+        self.write_new(g, geom, &out.new_kv)?;
         let last = out.rows.saturating_sub(1);
-        let mut logits = out.logits[last * vocab..(last + 1) * vocab].to_vec();
-        if !self.float() {
-            quant::fake_quantize_in_place(&mut logits, &self.quant.logits, LOGIT_BITS);
-        }
+        let logits = self.output_logits(&out.logits, last);
         for d in std::mem::take(&mut self.pending) {
             self.rings.update_cache_offset(d);
         }
         Ok(RunOutput { logits, taps })
+    }
+
+    /// tbt trials at the current read offset as ONE graph run of N rows: every row reads the same
+    /// window, sees its own past columns and only its own new key (the other trials' new columns
+    /// are blocked), so one pass over the weights serves all trials. Equal to the looped runs: the
+    /// write slot `R − 1` is outside the read window, and the slot keeps the last trial's K/V as
+    /// the loop would leave it. Prefill groups, single runs and a pending `offset=after-run` delta
+    /// (the loop's later runs would read at another offset) take the loop.
+    fn run_batch(
+        &mut self,
+        g: GroupKind,
+        batch: &[Vec<(String, Buffer)>],
+    ) -> Result<Vec<RunOutput>> {
+        if g != GroupKind::Tbt || batch.len() < 2 || !self.pending.is_empty() {
+            return batch.iter().map(|inputs| self.run(g, inputs)).collect();
+        }
+        let (gd, geom) = self.group_of(g)?;
+        let decoded = batch
+            .iter()
+            .map(|inputs| self.decode_inputs(g, &gd, inputs, geom))
+            .collect::<Result<Vec<_>>>()?;
+        let (past, taps) = self.read_past(g, geom)?;
+        let mut outs = Vec::with_capacity(batch.len());
+        let chunks: Vec<&[Decoded]> = decoded.chunks(BATCH_ROWS).collect();
+        for (ci, chunk) in chunks.iter().enumerate() {
+            let out = self
+                .model
+                .run_graph(&self.batched_input(chunk, &past, geom, g)?)?;
+            if ci + 1 == chunks.len() {
+                // the loop's last run is the one whose write stays in the slot
+                let last = out.rows - 1;
+                let kv: Vec<LayerKv> = out
+                    .new_kv
+                    .iter()
+                    .map(|l| -> Result<LayerKv> {
+                        Ok(LayerKv {
+                            k: l.k.narrow(1, last, 1)?.contiguous()?,
+                            v: l.v.narrow(1, last, 1)?.contiguous()?,
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+                self.write_new(g, geom, &kv)?;
+            }
+            for r in 0..out.rows {
+                outs.push(RunOutput {
+                    logits: self.output_logits(&out.logits, r),
+                    taps: taps.clone(),
+                });
+            }
+        }
+        Ok(outs)
     }
 
     fn init_cache(&mut self, read_offset: u32) -> Result<()> {
