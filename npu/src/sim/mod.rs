@@ -205,10 +205,10 @@ impl SimDevice {
         let cfg = model.config().clone();
         let n_layers = cfg.n_layers;
         let mut from_manifest: Option<(SimManifest, std::path::PathBuf)> = None;
+        let identity = manifest::model_identity(&model)?;
         if let Some(path) = opts.manifest.clone() {
             let m = manifest::read(&path)?;
-            let id = manifest::model_identity(&model)?;
-            manifest::check_model(&m, &id, &path)?;
+            manifest::check_model(&m, &identity, &path)?;
             let bad = |what: &str| Error::Manifest {
                 path: path.clone(),
                 detail: format!("unknown {what}; write a new manifest"),
@@ -272,7 +272,9 @@ impl SimDevice {
             (Some((m, path)), _) => SimQuant::from_named(&m.quant, n_layers, path)?,
             (None, CacheQuant::Float) => SimQuant::float(n_layers),
             (None, cq) => {
-                let ranges = calibrate::measure(&graph_model, 96)?;
+                // in-memory weights are identified by their configuration only: never cached
+                let sha = model.source().exists().then_some(identity.sha256.as_str());
+                let ranges = calibrate::measure_cached(&graph_model, 96, sha, opts.weights.name())?;
                 let bits = if cq == CacheQuant::U16 { 16 } else { 8 };
                 SimQuant::calibrated(&ranges, bits, opts.calibration_margin)
             }
@@ -312,7 +314,7 @@ impl SimDevice {
             pending: Vec::new(),
             manifest: SimManifest {
                 schema_version: SCHEMA_VERSION,
-                model: manifest::model_identity(&model)?,
+                model: identity,
                 cache_len: l,
                 prefill_len: p,
                 cache_quant: opts.cache_quant.name().into(),
@@ -980,11 +982,7 @@ impl SimDevice {
     }
 
     /// All layers' past read up front: read and write windows are disjoint (contract §1.5).
-    fn read_past(
-        &mut self,
-        g: GroupKind,
-        geom: GroupGeom,
-    ) -> Result<(Vec<LayerKv>, Taps)> {
+    fn read_past(&mut self, g: GroupKind, geom: GroupGeom) -> Result<(Vec<LayerKv>, Taps)> {
         let n_layers = self.desc.shape.n_layers;
         let mut past = Vec::with_capacity(n_layers);
         let mut taps = BTreeMap::new();
