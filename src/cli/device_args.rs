@@ -1,13 +1,15 @@
 //! Arguments every probe subcommand shares: the model, the device (emulator or HEF), the prompt,
 //! and the output options.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
 use kvprobe_npu::sim::options::{SimFlags, SimOptions};
 use kvprobe_npu::sim::SimDevice;
-use kvprobe_reference::Model;
+use kvprobe_npu::Device;
+use kvprobe_reference::{Model, TextTokenizer};
+use kvprobe_schema::{DeviceDescription, SimManifest};
 
 use super::common::{resolve_model, usage, DeviceError};
 
@@ -17,14 +19,16 @@ pub const DEFAULT_PROMPT: &str =
 
 #[derive(Debug, Clone, Args)]
 pub struct DeviceArgs {
-    /// Hugging Face model folder or .gguf file [default: the SmolLM2 fetched by scripts/fetch-model.sh]
+    /// Hugging Face model folder or .gguf file [default with --sim: the SmolLM2 fetched by
+    /// scripts/fetch-model.sh; required with --hef]
     #[arg(long, value_name = "PATH")]
     pub model: Option<PathBuf>,
 
     /// Use the HailoRT KV-cache emulator as the device.
     #[arg(long, conflicts_with = "hef")]
     pub sim: bool,
-    /// Compiled model for the Hailo-10H (needs a build with --features hailo).
+    /// Compiled model for the Hailo-10H (needs a build with --features hailo, and --model: the
+    /// model it was compiled from). L, P and the tokenizer come from the HEF.
     #[arg(long, value_name = "FILE")]
     pub hef: Option<PathBuf>,
 
@@ -80,9 +84,109 @@ pub struct DeviceArgs {
 /// What a run drives.
 pub enum Backend {
     Sim(Box<SimDevice>),
+    /// A Hailo-10H through HailoRT, opened from `--hef` after the pairing check (issue 6).
+    #[cfg(feature = "hailo")]
+    Hailo(Box<HailoRun>),
+}
+
+/// The HailoRT device and what the run needs from its HEF.
+#[cfg(feature = "hailo")]
+pub struct HailoRun {
+    pub device: kvprobe_npu::hailo::HailoDevice,
+    pub hef: PathBuf,
+    /// The HEF's `tokenizer.json`, the one the genai server encodes prompts with (contract
+    /// §2.11); `None` when the HEF embeds none (`inspect` flags that as `resource-missing`).
+    pub tokenizer: Option<TextTokenizer>,
+}
+
+/// How prompt text becomes token ids.
+pub enum PromptTokenizer<'a> {
+    /// The model's tokenizer with the model's BOS default (the emulator).
+    Model,
+    /// As the genai server does (contract §2.11): this tokenizer, never a BOS.
+    Server(&'a TextTokenizer),
+}
+
+impl Backend {
+    pub fn device(&mut self) -> &mut dyn Device {
+        match self {
+            Backend::Sim(s) => s.as_mut(),
+            #[cfg(feature = "hailo")]
+            Backend::Hailo(h) => &mut h.device,
+        }
+    }
+
+    pub fn describe(&self) -> &DeviceDescription {
+        match self {
+            Backend::Sim(s) => s.describe(),
+            #[cfg(feature = "hailo")]
+            Backend::Hailo(h) => h.device.describe(),
+        }
+    }
+
+    /// The emulator, when that is what runs.
+    pub fn sim(&self) -> Option<&SimDevice> {
+        match self {
+            Backend::Sim(s) => Some(s),
+            #[cfg(feature = "hailo")]
+            Backend::Hailo(_) => None,
+        }
+    }
+
+    /// The emulator's manifest (what reproduces the run); a real device has none.
+    pub fn sim_manifest(&self) -> Option<&SimManifest> {
+        self.sim().map(SimDevice::manifest)
+    }
+
+    pub fn hef_path(&self) -> Option<&Path> {
+        match self {
+            Backend::Sim(_) => None,
+            #[cfg(feature = "hailo")]
+            Backend::Hailo(h) => Some(&h.hef),
+        }
+    }
+
+    /// With a HEF the prompt is encoded like the server encodes it: the HEF's tokenizer (else
+    /// the model's, which the pairing check compares it with) and no BOS.
+    pub fn prompt_tokenizer<'a>(&'a self, model: &'a Model) -> PromptTokenizer<'a> {
+        match self {
+            Backend::Sim(_) => {
+                let _ = model;
+                PromptTokenizer::Model
+            }
+            #[cfg(feature = "hailo")]
+            Backend::Hailo(h) => {
+                PromptTokenizer::Server(h.tokenizer.as_ref().unwrap_or(model.tokenizer()))
+            }
+        }
+    }
 }
 
 impl DeviceArgs {
+    /// Device flag checks that need neither the model nor a device, in the order a user should
+    /// hear them: a build without HailoRT says so first (no flag fixes that; exit 3, issue 6),
+    /// then `--hef` without `--model` (exit 2), then no device at all (exit 2).
+    pub fn check_device_flags(&self) -> anyhow::Result<()> {
+        if let Some(hef) = &self.hef {
+            #[cfg(not(feature = "hailo"))]
+            return Err(DeviceError(format!(
+                "{}: built without HailoRT support: rebuild with --features hailo",
+                hef.display()
+            ))
+            .into());
+            #[cfg(feature = "hailo")]
+            if self.model.is_none() {
+                return Err(usage(format!(
+                    "{}: --hef needs --model PATH, the model the HEF was compiled from (no default model is assumed for a HEF)",
+                    hef.display()
+                )));
+            }
+        } else if !self.sim {
+            return Err(usage("no device: pass --sim (the emulator) or --hef FILE"));
+        }
+        Ok(())
+    }
+
     pub fn load_model(&self) -> anyhow::Result<(PathBuf, Arc<Model>)> {
         let path = resolve_model(self.model.as_deref())?;
         let model = Model::load(&path).map_err(|e| usage(e.to_string()))?;
@@ -90,15 +194,10 @@ impl DeviceArgs {
     }
 
     pub fn open_device(&self, model: &Arc<Model>) -> anyhow::Result<Backend> {
+        self.check_device_flags()?;
+        #[cfg(feature = "hailo")]
         if let Some(hef) = &self.hef {
-            return Err(DeviceError(format!(
-                "{}: built without HailoRT support: rebuild with --features hailo",
-                hef.display()
-            ))
-            .into());
-        }
-        if !self.sim {
-            return Err(usage("no device: pass --sim (the emulator) or --hef FILE"));
+            return open_hailo(hef, model);
         }
         let flags = SimFlags {
             cache_len: self.cache_len,
@@ -117,12 +216,20 @@ impl DeviceArgs {
     }
 
     /// Prompt token ids: --ids, else --prompt (or the default prompt) through the tokenizer.
-    pub fn prompt_ids(&self, model: &Model) -> anyhow::Result<(String, Vec<u32>)> {
+    pub fn prompt_ids(
+        &self,
+        model: &Model,
+        how: PromptTokenizer,
+    ) -> anyhow::Result<(String, Vec<u32>)> {
+        let tokenizer = match how {
+            PromptTokenizer::Model => model.tokenizer(),
+            PromptTokenizer::Server(t) => t,
+        };
         if let Some(ids) = &self.ids {
             if ids.is_empty() {
                 return Err(usage("--ids is empty; give at least one token id"));
             }
-            let text = model.tokenizer().decode(ids).unwrap_or_default();
+            let text = tokenizer.decode(ids).unwrap_or_default();
             return Ok((text, ids.clone()));
         }
         let text = self
@@ -132,10 +239,66 @@ impl DeviceArgs {
         if text.is_empty() {
             return Err(usage("--prompt is empty; give some text or --ids"));
         }
-        let ids = model
-            .encode(&text, None)
-            .map_err(|e| usage(e.to_string()))?;
+        let ids = match how {
+            PromptTokenizer::Model => model.encode(&text, None),
+            PromptTokenizer::Server(t) => t.encode(&text, false),
+        }
+        .map_err(|e| usage(e.to_string()))?;
         Ok((text, ids))
+    }
+}
+
+/// `--hef`: the pairing check, then the device (both inside `open_paired`), then the HEF's
+/// tokenizer.
+#[cfg(feature = "hailo")]
+fn open_hailo(hef: &Path, model: &Model) -> anyhow::Result<Backend> {
+    let device = kvprobe_npu::hailo::open_paired(hef, model).map_err(hailo_error)?;
+    let tokenizer = hef_tokenizer(hef)?;
+    Ok(Backend::Hailo(Box::new(HailoRun {
+        device,
+        hef: hef.to_path_buf(),
+        tokenizer,
+    })))
+}
+
+/// The HEF's embedded `tokenizer.json`, if any.
+#[cfg(feature = "hailo")]
+fn hef_tokenizer(hef_path: &Path) -> anyhow::Result<Option<TextTokenizer>> {
+    use std::io::Write;
+    let hef = kvprobe_npu::hef::Hef::open(hef_path).map_err(|e| usage(e.to_string()))?;
+    let Some(bytes) = hef.resource("tokenizer.json") else {
+        return Ok(None);
+    };
+    // `TextTokenizer` loads from a path and the HEF holds bytes: go through a temporary file,
+    // then name the HEF in any later tokenizer error.
+    let cannot = |e: std::io::Error| {
+        usage(format!(
+            "{}: cannot stage the embedded tokenizer.json in a temporary file ({e}); check TMPDIR",
+            hef_path.display()
+        ))
+    };
+    let mut tmp = tempfile::NamedTempFile::new().map_err(cannot)?;
+    tmp.write_all(bytes).map_err(cannot)?;
+    tmp.flush().map_err(cannot)?;
+    let tokenizer = TextTokenizer::from_file(tmp.path())
+        .map_err(|e| {
+            usage(format!(
+                "{}: embedded tokenizer.json: {e}",
+                hef_path.display()
+            ))
+        })?
+        .with_source(hef_path);
+    Ok(Some(tokenizer))
+}
+
+/// A HailoRT backend error: device failures (a HailoRT status, whose message points at
+/// `hailortcli logs`, or a build without the shim) are exit 3; HEF and pairing problems exit 2.
+#[cfg(feature = "hailo")]
+pub fn hailo_error(e: kvprobe_npu::hailo::HailoError) -> anyhow::Error {
+    if e.is_device_error() {
+        DeviceError(e.to_string()).into()
+    } else {
+        usage(e.to_string())
     }
 }
 

@@ -11,14 +11,13 @@ use std::time::{Duration, Instant};
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvprobe_npu::sim::manifest::model_identity;
-use kvprobe_npu::Device;
 use kvprobe_probes::colmap::ColmapOptions;
 use kvprobe_probes::prefill::PrefillOptions;
 use kvprobe_probes::{Progress, Session};
 use kvprobe_schema::{ProbeFindings, Provenance, Results, Timing, Verdict, SCHEMA_VERSION};
 
 use super::common::{usage, EXIT_FAULT_FOUND};
-use super::device_args::{probe_error, Backend, DeviceArgs};
+use super::device_args::{probe_error, Backend, DeviceArgs, PromptTokenizer};
 
 #[derive(Debug, Subcommand)]
 pub enum ProbeCommand {
@@ -119,30 +118,49 @@ impl Progress for Bar {
 pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     let (name, args) = cmd.parts();
+    args.check_device_flags()?;
     // Refuse a bad --out before any work (and so before any partial artefact).
     if let Some(out) = &args.out {
         check_out_dir(out, args.force)?;
     }
     let t0 = Instant::now();
     let (model_path, model) = args.load_model()?;
-    let (prompt, ids) = args.prompt_ids(&model)?;
+    // Emulator: prompt errors come before its calibration. HEF: the pairing check and the device
+    // come first, then the HEF's tokenizer encodes the prompt (issue 6).
+    let early_prompt = if args.hef.is_none() {
+        Some(args.prompt_ids(&model, PromptTokenizer::Model)?)
+    } else {
+        None
+    };
     let mut timings = vec![Timing {
         what: "load model".into(),
         seconds: t0.elapsed().as_secs_f64(),
     }];
     let t1 = Instant::now();
-    let Backend::Sim(mut sim) = args.open_device(&model)?;
+    let mut backend = args.open_device(&model)?;
     timings.push(Timing {
         what: "open device".into(),
         seconds: t1.elapsed().as_secs_f64(),
     });
-    let manifest = sim.manifest().clone();
-    let desc = sim.describe().clone();
+    let (prompt, ids) = match early_prompt {
+        Some(p) => p,
+        None => args.prompt_ids(&model, backend.prompt_tokenizer(&model))?,
+    };
+    let tokens: Vec<String> = {
+        let tok = match backend.prompt_tokenizer(&model) {
+            PromptTokenizer::Model => model.tokenizer(),
+            PromptTokenizer::Server(t) => t,
+        };
+        ids.iter().map(|&t| tok.token_text(t)).collect()
+    };
+    let manifest = backend.sim_manifest().cloned();
+    let desc = backend.describe().clone();
+    let hef_path = backend.hef_path().map(Path::to_path_buf);
     let bar = Bar::new();
     let t2 = Instant::now();
     let outcome = {
-        let dev: &mut dyn Device = sim.as_mut();
-        let mut s = Session::new(&model, dev, ids.clone(), &bar).map_err(probe_error)?;
+        let mut s =
+            Session::new(&model, backend.device(), ids.clone(), &bar).map_err(probe_error)?;
         run_probe(name, args, &mut s)
     };
     bar.finish();
@@ -154,7 +172,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         seconds: t2.elapsed().as_secs_f64(),
     });
     let identity = model_identity(&model).map_err(super::device_args::npu_error)?;
-    let tok = model.tokenizer();
+    let hef_sha256 = hef_path.as_deref().map(file_sha256).transpose()?;
     let results = Results {
         schema_version: SCHEMA_VERSION,
         command: name.to_string(),
@@ -172,20 +190,20 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
             model_sha256: identity.sha256,
             model_architecture: model.config().architecture.clone(),
             backend: desc.backend.clone(),
-            hef_path: None,
-            hef_sha256: None,
-            sim_manifest: Some(manifest),
+            hef_path: hef_path.map(|p| p.display().to_string()),
+            hef_sha256,
+            sim_manifest: manifest,
             cache_len: desc.cache_len,
             prefill_len: desc.prefill_len,
             prompt,
-            prompt_tokens: ids.iter().map(|&t| tok.token_text(t)).collect(),
+            prompt_tokens: tokens,
             prompt_ids: ids,
             timings,
             host: host(),
         },
     };
     if let Some(out) = &args.out {
-        write_out(out, args.force, &results, &sim)?;
+        write_out(out, args.force, &results, &backend)?;
     }
     let mut stdout = std::io::stdout().lock();
     if args.json {
@@ -254,6 +272,17 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
     Ok((None, None, Vec::new(), Vec::new(), Vec::new(), p, timings))
 }
 
+/// Hex SHA-256 of a file (the HEF in the provenance).
+fn file_sha256(path: &Path) -> anyhow::Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| usage(format!("{}: cannot read ({e})", path.display())))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h)
+        .map_err(|e| usage(format!("{}: cannot read ({e})", path.display())))?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
 fn host() -> String {
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!(
@@ -299,12 +328,7 @@ fn parent_of(out: &Path) -> PathBuf {
 }
 
 /// Artefacts into a temporary sibling folder, renamed into place only when complete.
-fn write_out(
-    out: &Path,
-    force: bool,
-    results: &Results,
-    sim: &kvprobe_npu::sim::SimDevice,
-) -> anyhow::Result<()> {
+fn write_out(out: &Path, force: bool, results: &Results, backend: &Backend) -> anyhow::Result<()> {
     check_out_dir(out, force)?;
     let tmp = tempfile::Builder::new()
         .prefix(".kvprobe-out-")
@@ -317,8 +341,10 @@ fn write_out(
         })?;
     kvprobe_reports::write_artifacts(results, &[], tmp.path())
         .map_err(|e| usage(format!("{}: {e}", out.display())))?;
-    sim.write_manifest(&tmp.path().join("sim-manifest.json"))
-        .map_err(super::device_args::npu_error)?;
+    if let Some(sim) = backend.sim() {
+        sim.write_manifest(&tmp.path().join("sim-manifest.json"))
+            .map_err(super::device_args::npu_error)?;
+    }
     if out.exists() {
         std::fs::remove_dir_all(out).map_err(|e| {
             usage(format!(
