@@ -1,7 +1,9 @@
 //! The probe subcommands with `--hef` (issue 6). A default build refuses `--hef` with exit 3
 //! before anything else, `--model` included. A `--features hailo` build needs `--model` (exit 2),
 //! refuses a HEF that does not pair with the model (exit 2, the lint message), and reports a device
-//! it cannot open as exit 3. The feature tests link libhailort, so they run only where it exists.
+//! it cannot open as exit 3. The feature tests link libhailort, so they run only where it exists,
+//! or against a stand-in: a `libhailort.so` defining `hailo_get_library_version` and
+//! `hailo_scan_devices` (both returning 1), found through `LIBRARY_PATH` and `LD_LIBRARY_PATH`.
 
 mod common;
 use common::*;
