@@ -5,7 +5,9 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/refs/heads");
-    let out = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).output();
+    let out = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output();
     if let Ok(o) = out {
         if o.status.success() {
             let hash = String::from_utf8_lossy(&o.stdout).trim().to_string();

@@ -44,7 +44,11 @@ fn compare(label: &str, ours: &Array2<f32>, theirs: &Array2<f32>, min_cos: f64) 
     assert_eq!(ours.dim(), theirs.dim(), "{label}: shapes");
     let mut worst = 1.0f64;
     for (t, (a, b)) in ours.rows().into_iter().zip(theirs.rows()).enumerate() {
-        let dot: f64 = a.iter().zip(b.iter()).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let dot: f64 = a
+            .iter()
+            .zip(b.iter())
+            .map(|(x, y)| *x as f64 * *y as f64)
+            .sum();
         let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
         let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
         let cos = dot / (na * nb);
@@ -53,7 +57,10 @@ fn compare(label: &str, ours: &Array2<f32>, theirs: &Array2<f32>, min_cos: f64) 
         let bm = argmax(b.iter());
         assert_eq!(am, bm, "{label}: top-1 differs at position {t} (cos {cos})");
     }
-    eprintln!("{label}: min cosine {worst:.9} (1-cos {:.1e}), top-1 100 %", 1.0 - worst);
+    eprintln!(
+        "{label}: min cosine {worst:.9} (1-cos {:.1e}), top-1 100 %",
+        1.0 - worst
+    );
     assert!(worst >= min_cos, "{label}: min cosine {worst} < {min_cos}");
 }
 
@@ -72,11 +79,26 @@ fn check(label: &str, model: &Path, ids: &str, single_key: Option<usize>, min_co
     let ours = d.path().join("ours.npy");
     let theirs = d.path().join("np.npy");
     let mut k = Command::new(env!("CARGO_BIN_EXE_kvprobe"));
-    k.args(["ref", "logits", "--model", model.to_str().unwrap(), "--ids", ids, "--out"])
-        .arg(&ours);
+    k.args([
+        "ref",
+        "logits",
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        ids,
+        "--out",
+    ])
+    .arg(&ours);
     let mut p = Command::new("python3");
     p.arg(Path::new(ROOT).join("scripts/np_reference.py"))
-        .args(["logits", "--model", model.to_str().unwrap(), "--ids", ids, "--out"])
+        .args([
+            "logits",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            ids,
+            "--out",
+        ])
         .arg(&theirs);
     if let Some(k_) = single_key {
         k.args(["--single-key", &k_.to_string()]);
