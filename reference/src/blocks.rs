@@ -3,6 +3,7 @@
 
 use candle_core::{Device, Tensor};
 
+use crate::matmul::{self, Rhs};
 use crate::Result;
 
 /// A linear map. HF `nn.Linear` stores `[out, in]` (y = x Wᵀ + b), GPT-2 `Conv1D` stores `[in, out]`
@@ -29,11 +30,31 @@ impl Linear {
         })
     }
 
-    /// `forward` on `rows` row-major input rows held in a slice.
+    /// `forward` on `rows` row-major input rows held in a slice: the same product as `forward`
+    /// (see `matmul`), bias added the same way.
     pub fn forward_rows(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
         let inp = x.len() / rows.max(1);
-        let xt = Tensor::from_slice(x, (rows, inp), &Device::Cpu)?;
-        Ok(self.forward(&xt)?.flatten_all()?.to_vec1()?)
+        let (kind, out) = if self.in_out {
+            (Rhs::Plain, self.w.dim(1)?)
+        } else {
+            (Rhs::Transposed, self.w.dim(0)?)
+        };
+        let direct =
+            matmul::with_slice(&self.w, |w| matmul::batched(x, w, kind, 1, rows, inp, out));
+        let Some(y) = direct else {
+            let xt = Tensor::from_slice(x, (rows, inp), &Device::Cpu)?;
+            return Ok(self.forward(&xt)?.flatten_all()?.to_vec1()?);
+        };
+        let mut y = y?;
+        if let Some(b) = &self.b {
+            let b: Vec<f32> = b.to_vec1()?;
+            for r in y.chunks_exact_mut(out) {
+                for (v, &bb) in r.iter_mut().zip(&b) {
+                    *v += bb;
+                }
+            }
+        }
+        Ok(y)
     }
 }
 

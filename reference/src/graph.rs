@@ -69,6 +69,7 @@ pub struct GraphOutput {
 use candle_core::{DType, Device};
 
 use crate::llama::rope_tables;
+use crate::matmul::{self, Rhs};
 use crate::{Error, Family, Model, Result};
 
 /// cos/sin tables `[T][heads][hd]`, `heads` = 1 when every head shares a row (position ids).
@@ -429,14 +430,9 @@ impl AttnCtx<'_> {
                 row_of[h] = gi * per + a;
             }
         }
-        let dev = &Device::Cpu;
-        let qt = Tensor::from_vec(qg, (g, per * t, hd), dev)?;
-        let kt = Tensor::from_vec(kg, (g, c, hd), dev)?;
-        let vt = Tensor::from_vec(vg, (g, c, hd), dev)?;
-        let mut s = qt.matmul(&kt.t()?)?.flatten_all()?.to_vec1::<f32>()?; // [G, per*T, C]
+        let mut s = matmul::batched(&qg, &kg, Rhs::Transposed, g, per * t, hd, c)?; // [G, per*T, C]
         self.masked_softmax_rows(&mut s, |h, i| (row_of[h] * t + i) * c);
-        let p = Tensor::from_vec(s, (g, per * t, c), dev)?;
-        let og = p.matmul(&vt)?.flatten_all()?.to_vec1::<f32>()?; // [G, per*T, hd]
+        let og = matmul::batched(&s, &vg, Rhs::Plain, g, per * t, c, hd)?; // [G, per*T, hd]
         let mut o = vec![0f32; t * nh * hd];
         for (h, &r) in row_of.iter().enumerate() {
             for i in 0..t {

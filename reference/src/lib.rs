@@ -16,6 +16,7 @@ pub mod int8;
 pub mod kv;
 pub mod llama;
 pub mod mask;
+mod matmul;
 pub mod model;
 pub mod tokenizer;
 mod weights;
