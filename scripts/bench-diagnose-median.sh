@@ -30,7 +30,8 @@ for fault in "${FAULTS[@]}"; do
     for i in $(seq "$RUNS"); do
         /usr/bin/time -f '%e %M' -o "$TMP/time" "$BIN" "${args[@]}" >"$TMP/out.$i" 2>"$TMP/err" || [[ $? -eq 1 ]] \
             || { cat "$TMP/err" >&2; exit 1; }
-        read -r wall kb <"$TMP/time"
+        # GNU time prefixes "Command exited with non-zero status 1" when a fault is diagnosed
+        read -r wall kb < <(tail -1 "$TMP/time")
         echo "$wall $((kb / 1024)) $i" >>"$TMP/runs"
     done
     read -r wall mib idx < <(sort -n "$TMP/runs" | sed -n "$(((RUNS + 1) / 2))p")
