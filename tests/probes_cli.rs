@@ -167,6 +167,43 @@ fn out_dir_gets_artefacts_and_is_not_overwritten_without_force() {
 }
 
 #[test]
+fn out_dir_parents_are_created_only_by_a_successful_run() {
+    let f = fixture("llama", 7);
+    let f = f.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    // a failing run (an unknown fault, refused when the device is built) must not create the
+    // missing parents
+    let failed = tmp.path().join("a/b/run");
+    let o = failed.to_str().unwrap();
+    let out = kvprobe(&llama_args(
+        "diagnose",
+        f,
+        &["--fault", "no-such-fault", "--out", o],
+    ));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!tmp.path().join("a").exists(), "a failed run left folders");
+    // a successful one creates them, as `--out out/demo` in the README needs on a fresh clone
+    let nested = tmp.path().join("x/y/run");
+    let o = nested.to_str().unwrap();
+    let (code, _, _) = kvprobe_json(&llama_args("diagnose", f, &["--out", o]));
+    assert_eq!(code, 0);
+    assert!(nested.join("report.html").is_file());
+    // a parent that is a file is refused up front
+    std::fs::write(tmp.path().join("file"), b"x").unwrap();
+    let bad = tmp.path().join("file/run");
+    let out = kvprobe(&llama_args(
+        "diagnose",
+        f,
+        &["--out", bad.to_str().unwrap()],
+    ));
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim().lines().count(),
+        1
+    );
+}
+
+#[test]
 fn bad_input_exits_2_with_one_line_and_no_artefacts() {
     let f = fixture("llama", 7);
     let f = f.to_str().unwrap();

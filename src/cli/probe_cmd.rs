@@ -310,12 +310,20 @@ fn check_out_dir(out: &Path, force: bool) -> anyhow::Result<()> {
             )));
         }
     }
+    // Missing parents are created only once the run has succeeded (write_out), so a failed run
+    // leaves nothing behind; here we only check that they can be.
     let parent = parent_of(out);
-    if !parent.is_dir() {
-        return Err(usage(format!(
-            "{}: the parent folder does not exist; create it or choose another --out",
-            parent.display()
-        )));
+    let existing = parent
+        .ancestors()
+        .find(|a| a.as_os_str().is_empty() || a.exists());
+    if let Some(a) = existing {
+        if !a.as_os_str().is_empty() && !a.is_dir() {
+            return Err(usage(format!(
+                "{}: is not a folder, so {} cannot be created; choose another --out",
+                a.display(),
+                out.display()
+            )));
+        }
     }
     Ok(())
 }
@@ -330,6 +338,12 @@ fn parent_of(out: &Path) -> PathBuf {
 /// Artefacts into a temporary sibling folder, renamed into place only when complete.
 fn write_out(out: &Path, force: bool, results: &Results, backend: &Backend) -> anyhow::Result<()> {
     check_out_dir(out, force)?;
+    std::fs::create_dir_all(parent_of(out)).map_err(|e| {
+        usage(format!(
+            "{}: cannot create its parent folder ({e}); choose another --out",
+            out.display()
+        ))
+    })?;
     let tmp = tempfile::Builder::new()
         .prefix(".kvprobe-out-")
         .tempdir_in(parent_of(out))
