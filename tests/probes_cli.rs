@@ -160,6 +160,16 @@ fn out_dir_gets_artefacts_and_is_not_overwritten_without_force() {
     let (code, _, _) = kvprobe_json(&llama_args("diagnose", f, &["--out", o]));
     assert_eq!(code, 0);
     assert!(out.join("results.json").is_file() && out.join("report.html").is_file());
+    // the compared greedy logits are written beside the findings, one row per generated token
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    let steps = results["probes"]["greedy"]["steps"].as_array().unwrap().len();
+    for side in ["device", "reference"] {
+        let a: ndarray::Array2<f32> =
+            ndarray_npy::read_npy(out.join(format!("greedy_{side}_logits.npy"))).unwrap();
+        assert_eq!(a.nrows(), steps, "{side}");
+        assert!(a.ncols() > 100 && a.iter().all(|x| x.is_finite()), "{side}");
+    }
     let again = kvprobe(&llama_args("diagnose", f, &["--out", o]));
     assert_eq!(again.status.code(), Some(2));
     let (code, _, _) = kvprobe_json(&llama_args("diagnose", f, &["--out", o, "--force"]));

@@ -8,7 +8,7 @@ use kvprobe_reference::ForwardOptions;
 use kvprobe_schema::{GreedyFinding, GreedyStep};
 
 use crate::metrics::{compare, summarise, top1};
-use crate::session::{append, window_step, Session};
+use crate::session::{append, window_step, ComparedLogits, Session};
 use crate::Result;
 
 pub fn run(s: &mut Session, steps: usize) -> Result<GreedyFinding> {
@@ -90,6 +90,23 @@ pub fn run(s: &mut Session, steps: usize) -> Result<GreedyFinding> {
             ids
         }
     };
+    let vocab = device_logits.first().map_or(0, Vec::len);
+    let mut reference_rows = Vec::with_capacity(steps * vocab);
+    for step in 0..steps {
+        reference_rows.extend_from_slice(reference.row(n - 1 + step));
+    }
+    s.compared.push(ComparedLogits {
+        name: "greedy_device_logits".into(),
+        rows: steps,
+        cols: vocab,
+        data: device_logits.concat(),
+    });
+    s.compared.push(ComparedLogits {
+        name: "greedy_reference_logits".into(),
+        rows: steps,
+        cols: vocab,
+        data: reference_rows,
+    });
     let tok = s.model.tokenizer();
     let device_text = tok.decode(&device_ids).unwrap_or_default();
     let reference_text = tok.decode(&reference_ids).unwrap_or_default();

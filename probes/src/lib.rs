@@ -25,7 +25,7 @@ pub mod ztap;
 pub use diagnose::{diagnose, DiagnoseOptions, Diagnosis};
 pub use error::{Error, Result};
 pub use progress::{NoProgress, Progress};
-pub use session::{Geometry, Session};
+pub use session::{ComparedLogits, Geometry, Session};
 
 /// The probe names, in the order `diagnose` runs them (CLI subcommands share these names).
 pub const PROBES: [&str; 10] = [

@@ -94,12 +94,24 @@ pub struct FirstStep {
     pub reference: Vec<f32>,
 }
 
+/// Logits a probe compared, row-major `[rows][cols]`, kept out of the findings because they are
+/// too large for results.json; the CLI writes them as `.npy` next to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ComparedLogits {
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
 pub struct Session<'a> {
     pub model: &'a Model,
     pub dev: &'a mut dyn Device,
     pub driver: Driver,
     pub ids: Vec<u32>,
     pub progress: &'a dyn Progress,
+    /// Compared logits of the probes that ran (device and reference side by side).
+    pub compared: Vec<ComparedLogits>,
     prompt: Option<Rc<PromptRef>>,
     first: Option<Rc<FirstStep>>,
 }
@@ -148,6 +160,7 @@ impl<'a> Session<'a> {
             driver,
             ids,
             progress,
+            compared: Vec::new(),
             prompt: None,
             first: None,
         })

@@ -14,6 +14,7 @@ use kvprobe_npu::sim::manifest::model_identity;
 use kvprobe_probes::colmap::ColmapOptions;
 use kvprobe_probes::prefill::PrefillOptions;
 use kvprobe_probes::{Progress, Session};
+use kvprobe_reports::NamedArray;
 use kvprobe_schema::{ProbeFindings, Provenance, Results, Timing, Verdict, SCHEMA_VERSION};
 
 use super::common::{usage, EXIT_FAULT_FOUND};
@@ -158,10 +159,11 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let hef_path = backend.hef_path().map(Path::to_path_buf);
     let bar = Bar::new();
     let t2 = Instant::now();
-    let outcome = {
+    let (outcome, compared) = {
         let mut s =
             Session::new(&model, backend.device(), ids.clone(), &bar).map_err(probe_error)?;
-        run_probe(name, args, &mut s)
+        let outcome = run_probe(name, args, &mut s);
+        (outcome, std::mem::take(&mut s.compared))
     };
     bar.finish();
     let (verdict, confidence, evidence, also, warnings, probes, probe_timings) =
@@ -203,7 +205,11 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         },
     };
     if let Some(out) = &args.out {
-        write_out(out, args.force, &results, &backend)?;
+        let arrays: Vec<NamedArray> = compared
+            .into_iter()
+            .map(|c| NamedArray::f32(c.name, vec![c.rows, c.cols], c.data))
+            .collect();
+        write_out(out, args.force, &results, &arrays, &backend)?;
     }
     let mut stdout = std::io::stdout().lock();
     if args.json {
@@ -336,7 +342,13 @@ fn parent_of(out: &Path) -> PathBuf {
 }
 
 /// Artefacts into a temporary sibling folder, renamed into place only when complete.
-fn write_out(out: &Path, force: bool, results: &Results, backend: &Backend) -> anyhow::Result<()> {
+fn write_out(
+    out: &Path,
+    force: bool,
+    results: &Results,
+    arrays: &[NamedArray],
+    backend: &Backend,
+) -> anyhow::Result<()> {
     check_out_dir(out, force)?;
     std::fs::create_dir_all(parent_of(out)).map_err(|e| {
         usage(format!(
@@ -353,7 +365,7 @@ fn write_out(out: &Path, force: bool, results: &Results, backend: &Backend) -> a
                 out.display()
             ))
         })?;
-    kvprobe_reports::write_artifacts(results, &[], tmp.path())
+    kvprobe_reports::write_artifacts(results, arrays, tmp.path())
         .map_err(|e| usage(format!("{}: {e}", out.display())))?;
     if let Some(sim) = backend.sim() {
         sim.write_manifest(&tmp.path().join("sim-manifest.json"))
