@@ -163,7 +163,10 @@ fn out_dir_gets_artefacts_and_is_not_overwritten_without_force() {
     // the compared greedy logits are written beside the findings, one row per generated token
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
-    let steps = results["probes"]["greedy"]["steps"].as_array().unwrap().len();
+    let steps = results["probes"]["greedy"]["steps"]
+        .as_array()
+        .unwrap()
+        .len();
     for side in ["device", "reference"] {
         let a: ndarray::Array2<f32> =
             ndarray_npy::read_npy(out.join(format!("greedy_{side}_logits.npy"))).unwrap();
