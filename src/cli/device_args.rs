@@ -38,7 +38,7 @@ pub struct DeviceArgs {
     /// Emulator: prefill rows P.
     #[arg(long, value_name = "P", requires = "sim")]
     pub prefill_len: Option<usize>,
-    /// Emulator fault NAME[=VALUE][@SCOPE] (repeatable; see `kvprobe inspect --faults`).
+    /// Emulator fault NAME[=VALUE][@SCOPE], repeatable; SCOPE: prefill, tbt, k, v, layer=N (the fault table is in the README).
     #[arg(long = "fault", value_name = "FAULT", requires = "sim")]
     pub faults: Vec<String>,
     /// Emulator: `none` makes every edge float; `edges` (default) quantises like a compiled HEF.
