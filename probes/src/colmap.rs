@@ -86,7 +86,7 @@ pub fn run(s: &mut Session, opts: &ColmapOptions) -> Result<ColmapFinding> {
         })
         .collect();
     let tok = s.model.tokenizer();
-    let position_tokens = s.ids.iter().map(|&t| tok.token_text(t)).collect();
+    let position_tokens = s.ids.iter().map(|&t| tok.token_piece(t)).collect();
     let expected: Vec<Option<usize>> = entries
         .iter()
         .map(|&j| g.first_window_position(j))

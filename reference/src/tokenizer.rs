@@ -90,6 +90,16 @@ impl TextTokenizer {
             .unwrap_or_else(|| format!("<id {id}>"))
     }
 
+    /// Readable text of one token for labels: the decoded piece (" upon", not the byte-level
+    /// vocabulary string "Ġupon"), or the vocabulary string when the piece alone is not valid text
+    /// (one byte of a multi-byte character).
+    pub fn token_piece(&self, id: u32) -> String {
+        match self.inner.decode(&[id], false) {
+            Ok(s) if !s.is_empty() && !s.contains('\u{FFFD}') => s,
+            _ => self.token_text(id),
+        }
+    }
+
     pub fn default_add_bos(&self) -> bool {
         self.add_bos
     }

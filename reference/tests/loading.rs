@@ -147,6 +147,13 @@ fn tokenizer_round_trip_and_bos_defaults() {
         "{without:?}"
     );
     assert_eq!(t.token_text(b'a' as u32), "a");
+    // labels show the decoded piece, not the byte-level vocabulary string
+    let the = without
+        .iter()
+        .copied()
+        .find(|&id| t.token_text(id) == "Ġthe")
+        .unwrap();
+    assert_eq!(t.token_piece(the), " the");
 
     let g = common::gpt2(6);
     assert!(!g.model.config().add_bos);

@@ -152,7 +152,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
             PromptTokenizer::Model => model.tokenizer(),
             PromptTokenizer::Server(t) => t,
         };
-        ids.iter().map(|&t| tok.token_text(t)).collect()
+        ids.iter().map(|&t| tok.token_piece(t)).collect()
     };
     let manifest = backend.sim_manifest().cloned();
     let desc = backend.describe().clone();
