@@ -173,7 +173,11 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         what: "probes total".into(),
         seconds: t2.elapsed().as_secs_f64(),
     });
-    let identity = model_identity(&model).map_err(super::device_args::npu_error)?;
+    // The emulator already hashed these weights for its manifest; hash them here only otherwise.
+    let identity = match &manifest {
+        Some(m) => m.model.clone(),
+        None => model_identity(&model).map_err(super::device_args::npu_error)?,
+    };
     let hef_sha256 = hef_path.as_deref().map(file_sha256).transpose()?;
     let results = Results {
         schema_version: SCHEMA_VERSION,
