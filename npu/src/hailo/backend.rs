@@ -190,6 +190,13 @@ mod with_shim {
         /// sits at offset 0 after the other is wired, contract §1.4).
         pub fn open(hef_path: &Path) -> Result<HailoDevice> {
             let (_hef, desc) = describe_hef(hef_path)?;
+            let (major, minor, rev) = crate::hailo::sys::library_version()?;
+            if major != crate::hailo::SUPPORTED_MAJOR {
+                return Err(HailoError::UnsupportedVersion {
+                    found: format!("{major}.{minor}.{rev}"),
+                    supported: crate::hailo::SUPPORTED_MAJOR,
+                });
+            }
             let hef_c = cstr(&hef_path.to_string_lossy())?;
             let mut vptr = std::ptr::null_mut();
             // SAFETY: `vptr` receives an owned handle on success.

@@ -14,6 +14,8 @@ pub enum HailoError {
     },
     #[error("this kvprobe was built without the HailoRT C++ shim (hailo/hailort.h was not found at build time); install the HailoRT development headers or set HAILORT_INCLUDE_DIR, then rebuild with --features hailo")]
     ShimNotBuilt,
+    #[error("libhailort reports HailoRT {found}, but kvprobe's backend was written against HailoRT {supported}.x (contract notes: 5.2.0); install HailoRT {supported}.x or rebuild kvprobe for the new API")]
+    UnsupportedVersion { found: String, supported: u32 },
     #[error("{0}")]
     Hef(#[from] HefError),
     #[error("{hef}: the HEF does not pair with the model: {errors}; run `kvprobe inspect {hef} --model ...` for details")]
@@ -43,7 +45,12 @@ impl HailoError {
 
     /// Device failures are exit code 3; HEF/argument problems are input errors.
     pub fn is_device_error(&self) -> bool {
-        matches!(self, HailoError::Status { .. } | HailoError::ShimNotBuilt)
+        matches!(
+            self,
+            HailoError::Status { .. }
+                | HailoError::ShimNotBuilt
+                | HailoError::UnsupportedVersion { .. }
+        )
     }
 }
 

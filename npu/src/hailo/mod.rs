@@ -22,5 +22,9 @@ pub use error::{HailoError, Result};
 /// The server's inference timeout (contract §2.3, `INFERENCE_TIMEOUT`).
 pub const RUN_TIMEOUT_MS: u32 = 15_000;
 
+/// The HailoRT major version the shim's C++ calls were written against (contract: 5.2.0); a
+/// library of another major version is refused before any device call.
+pub const SUPPORTED_MAJOR: u32 = 5;
+
 /// Whether this build contains the C++ shim.
 pub const SHIM_BUILT: bool = cfg!(kvprobe_hailort_shim);

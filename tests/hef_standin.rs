@@ -1,0 +1,216 @@
+//! The `--hef` path end to end against the HailoRT stand-in (issue 11): a `--features hailo`
+//! build whose shim is compiled against kvprobe's header subset and linked to the emulator-backed
+//! `libhailort.so` of `scripts/build-standin.sh`. Runs only in such a build (`.ci/run` makes
+//! one); the HEF comes from the project's own test encoder, written for the fixture model.
+#![cfg(feature = "hailo")]
+
+mod common;
+use common::*;
+
+#[path = "../npu/tests/hef_encoder.rs"]
+#[allow(dead_code)]
+mod enc;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A HEF the encoder writes for `model_dir`'s geometry, with the model's tokenizer, its
+/// embedding table quantised with the embeddings input quant (zp 32768, scale 1e-4) and the
+/// model's RoPE base, so that it pairs with the model.
+fn write_hef_for(model_dir: &Path, hef: &Path, l: u32, p: u32) {
+    let model = kvprobe_reference::Model::load(model_dir).unwrap();
+    let c = model.config();
+    let geo = enc::Geo {
+        l,
+        p,
+        nh: c.n_heads as u32,
+        nkv: c.n_kv_heads as u32,
+        d: c.head_dim as u32,
+        f: c.hidden_size as u32,
+        vocab: c.vocab_size as u32,
+        layers: c.n_layers as u32,
+    };
+    let mut spec = enc::healthy_geo(&geo);
+    let table: Vec<f32> = model
+        .embedding_table()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let emb: Vec<u8> = table
+        .iter()
+        .flat_map(|x| ((x / 1e-4 + 32768.0).round().clamp(0.0, 65535.0) as u16).to_le_bytes())
+        .collect();
+    let tokenizer = std::fs::read(model_dir.join("tokenizer.json")).unwrap();
+    for (name, bytes) in spec.resources.iter_mut() {
+        match name.as_str() {
+            "tokenizer.json" => *bytes = tokenizer.clone(),
+            "embeddings.bin" => *bytes = emb.clone(),
+            "rope_theta_data.bin" => *bytes = enc::theta_bin(geo.d, c.rope_theta as f32),
+            _ => {}
+        }
+    }
+    std::fs::write(hef, enc::encode(&spec)).unwrap();
+}
+
+struct Case {
+    _dir: tempfile::TempDir,
+    model: PathBuf,
+    hef: PathBuf,
+    manifest: PathBuf,
+}
+
+impl Case {
+    fn new(l: u32, p: u32) -> Case {
+        let dir = tempfile::tempdir().unwrap();
+        let model = fixture("llama", 11);
+        let hef = dir.path().join("fixture.hef");
+        write_hef_for(&model, &hef, l, p);
+        let manifest = dir.path().join("sim.json");
+        let out = kvprobe(&[
+            "inspect",
+            hef.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+            "--emit-sim",
+            manifest.to_str().unwrap(),
+        ]);
+        assert!(
+            manifest.is_file(),
+            "inspect --emit-sim: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        Case {
+            _dir: dir,
+            model,
+            hef,
+            manifest,
+        }
+    }
+
+    /// The manifest with `faults` set (faults reach the stand-in through its manifest).
+    fn with_faults(&self, faults: &[&str]) -> PathBuf {
+        let mut m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&self.manifest).unwrap()).unwrap();
+        m["faults"] = serde_json::json!(faults);
+        let path = self
+            .manifest
+            .with_file_name(format!("sim-{}.json", faults.join("_").replace(['/', '=', '@'], "-")));
+        std::fs::write(&path, m.to_string()).unwrap();
+        path
+    }
+
+    fn hef_run(&self, manifest: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+        let mut a: Vec<&str> = args.to_vec();
+        a.extend([
+            "--hef",
+            self.hef.to_str().unwrap(),
+            "--model",
+            self.model.to_str().unwrap(),
+        ]);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvprobe"));
+        cmd.args(&a).env("KVPROBE_STANDIN_MANIFEST", manifest);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run kvprobe")
+    }
+
+    fn sim_run(&self, manifest: &Path, args: &[&str]) -> Output {
+        let mut a: Vec<&str> = args.to_vec();
+        a.extend([
+            "--sim",
+            "--sim-manifest",
+            manifest.to_str().unwrap(),
+            "--model",
+            self.model.to_str().unwrap(),
+        ]);
+        kvprobe(&a)
+    }
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}); exit {:?}; stderr: {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+/// Every number in two JSON documents, paired by path; strings and structure must be equal
+/// except for fields that name the backend or the files.
+fn assert_same_numbers(a: &serde_json::Value, b: &serde_json::Value, path: &str) {
+    use serde_json::Value as V;
+    const BACKEND_FIELDS: &[&str] = &["device", "backend", "hef", "sim_manifest", "manifest", "provenance", "command", "model_hash", "run"];
+    match (a, b) {
+        (V::Number(x), V::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            assert!((x - y).abs() <= 1e-6, "{path}: --sim {x} vs --hef {y}");
+        }
+        (V::Object(x), V::Object(y)) => {
+            for (k, v) in x {
+                if BACKEND_FIELDS.contains(&k.as_str()) {
+                    continue;
+                }
+                let w = y.get(k).unwrap_or_else(|| panic!("{path}.{k} missing with --hef"));
+                assert_same_numbers(v, w, &format!("{path}.{k}"));
+            }
+        }
+        (V::Array(x), V::Array(y)) => {
+            assert_eq!(x.len(), y.len(), "{path}: lengths");
+            for (i, (v, w)) in x.iter().zip(y).enumerate() {
+                assert_same_numbers(v, w, &format!("{path}[{i}]"));
+            }
+        }
+        _ => assert_eq!(a, b, "{path}"),
+    }
+}
+
+const IDS: &str = "5,17,42,99,7,3,250,64,12";
+
+#[test]
+fn greedy_through_the_standin_equals_the_emulator() {
+    let c = Case::new(32, 8);
+    let args = ["greedy", "--ids", IDS, "--steps", "12", "--json"];
+    let sim = c.sim_run(&c.manifest, &args);
+    let hef = c.hef_run(&c.manifest, &[], &args);
+    assert_eq!(hef.status.code(), sim.status.code(), "{}", String::from_utf8_lossy(&hef.stderr));
+    assert_same_numbers(&json(&sim), &json(&hef), "");
+}
+
+/// Each failure HailoRT reports becomes one stderr line with the status name and exit 3.
+#[test]
+fn device_failures_are_one_line_and_exit_3() {
+    let c = Case::new(32, 8);
+    let args = ["greedy", "--ids", IDS, "--steps", "2"];
+    let missing = c.manifest.with_file_name("no-such.json");
+    let cases: Vec<(PathBuf, Vec<(&str, &str)>, &str)> = vec![
+        (missing, vec![], "HAILO_OUT_OF_PHYSICAL_DEVICES"),
+        (c.manifest.clone(), vec![("KVPROBE_STANDIN_LATENCY_MS", "20000")], "HAILO_TIMEOUT"),
+        (c.manifest.clone(), vec![("KVPROBE_STANDIN_VERSION", "6.0.0")], "HailoRT 6.0.0"),
+    ];
+    for (manifest, env, expect) in cases {
+        let o = c.hef_run(&manifest, &env, &args);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{expect}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{expect}: {stderr}");
+        assert!(stderr.contains(expect), "{expect}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// A HEF whose cache edges disagree with the device (the stand-in's manifest made for L = 48,
+/// the HEF declares L = 32): HailoRT refuses the configure, exit 3.
+#[test]
+fn a_hef_that_disagrees_with_the_device_is_refused() {
+    let c = Case::new(32, 8);
+    let other = Case::new(48, 8);
+    let o = c.hef_run(&other.manifest, &[], &["greedy", "--ids", IDS, "--steps", "2"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("HAILO_HEF_NOT_COMPATIBLE_WITH_DEVICE"), "{stderr}");
+}
+
