@@ -14,12 +14,13 @@ mod enc;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// A HEF the encoder writes for `model_dir`'s geometry, with the model's tokenizer, its
-/// embedding table quantised with the embeddings input quant (zp 32768, scale 1e-4) and the
-/// model's RoPE base, so that it pairs with the model.
+/// A HEF the encoder writes for `model_dir`'s geometry, "compiled" with the quant infos the
+/// emulator calibrates for this model (so that a healthy HEF runs healthy), with the model's
+/// tokenizer, its embedding table quantised with the embeddings input quant and the model's
+/// RoPE frequencies, so that it pairs with the model.
 fn write_hef_for(model_dir: &Path, hef: &Path, l: u32, p: u32) {
-    let model = kvprobe_reference::Model::load(model_dir).unwrap();
-    let c = model.config();
+    let model = std::sync::Arc::new(kvprobe_reference::Model::load(model_dir).unwrap());
+    let c = model.config().clone();
     let geo = enc::Geo {
         l,
         p,
@@ -30,7 +31,44 @@ fn write_hef_for(model_dir: &Path, hef: &Path, l: u32, p: u32) {
         vocab: c.vocab_size as u32,
         layers: c.n_layers as u32,
     };
+    let opts = kvprobe_npu::sim::options::SimOptions {
+        cache_len: l as usize,
+        prefill_len: p as usize,
+        ..Default::default()
+    };
+    let calibrated = kvprobe_npu::sim::SimDevice::new(model.clone(), opts).unwrap();
+    let quant = |name: &str| {
+        let q = calibrated
+            .manifest()
+            .quant
+            .iter()
+            .find(|q| q.name == name)
+            .unwrap_or_else(|| panic!("no calibrated quant {name}"))
+            .quant;
+        enc::Quant {
+            zp: q.zero_point,
+            scale: q.scale,
+            min: q.min,
+            max: q.max,
+        }
+    };
     let mut spec = enc::healthy_geo(&geo);
+    for g in spec.groups.iter_mut() {
+        let [emb, mask, pe @ ..] = g.inputs.as_mut_slice() else {
+            panic!("encoder inputs")
+        };
+        emb.quant = quant("embeddings");
+        mask.quant = quant("attention_mask");
+        for x in pe {
+            x.quant = quant("pe");
+        }
+        g.outputs[0].quant = quant("logits");
+        for cs in g.caches.iter_mut() {
+            let kv = if cs.id % 2 == 0 { "k" } else { "v" };
+            cs.quant = quant(&format!("cache/{kv}{}", cs.id / 2));
+        }
+    }
+    let eq = quant("embeddings");
     let table: Vec<f32> = model
         .embedding_table()
         .flatten_all()
@@ -39,14 +77,23 @@ fn write_hef_for(model_dir: &Path, hef: &Path, l: u32, p: u32) {
         .unwrap();
     let emb: Vec<u8> = table
         .iter()
-        .flat_map(|x| ((x / 1e-4 + 32768.0).round().clamp(0.0, 65535.0) as u16).to_le_bytes())
+        .flat_map(|x| ((x / eq.scale + eq.zp).round().clamp(0.0, 65535.0) as u16).to_le_bytes())
         .collect();
     let tokenizer = std::fs::read(model_dir.join("tokenizer.json")).unwrap();
+    let inv = model.rope_inv_freq().expect("a RoPE model");
+    let theta: Vec<u8> = inv
+        .iter()
+        .chain(inv.iter())
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
     for (name, bytes) in spec.resources.iter_mut() {
         match name.as_str() {
             "tokenizer.json" => *bytes = tokenizer.clone(),
             "embeddings.bin" => *bytes = emb.clone(),
-            "rope_theta_data.bin" => *bytes = enc::theta_bin(geo.d, c.rope_theta as f32),
+            // The emulator's RoPE takes theta unsigned (cos/sin of θ·pos per column, the HF
+            // rotate-half pairing); the sign-folded form of the contract's fallback generator
+            // (§2.6) would flip the first half's sines on the emulator.
+            "rope_theta_data.bin" => *bytes = theta.clone(),
             _ => {}
         }
     }
@@ -88,15 +135,26 @@ impl Case {
         }
     }
 
-    /// The manifest with `faults` set (faults reach the stand-in through its manifest).
+    /// The manifest with `faults` set (faults reach the stand-in through its manifest), and the
+    /// edge layouts those faults imply, taken from an emulator built with them.
     fn with_faults(&self, faults: &[&str]) -> PathBuf {
-        let mut m: serde_json::Value =
+        let mut m: kvprobe_schema::SimManifest =
             serde_json::from_slice(&std::fs::read(&self.manifest).unwrap()).unwrap();
-        m["faults"] = serde_json::json!(faults);
-        let path = self
-            .manifest
-            .with_file_name(format!("sim-{}.json", faults.join("_").replace(['/', '=', '@'], "-")));
-        std::fs::write(&path, m.to_string()).unwrap();
+        let model = std::sync::Arc::new(kvprobe_reference::Model::load(&self.model).unwrap());
+        let opts = kvprobe_npu::sim::options::SimOptions {
+            cache_len: m.cache_len,
+            prefill_len: m.prefill_len,
+            faults: faults.iter().map(|f| f.to_string()).collect(),
+            ..Default::default()
+        };
+        let dev = kvprobe_npu::sim::SimDevice::new(model, opts).unwrap();
+        m.layouts = dev.manifest().layouts.clone();
+        m.faults = faults.iter().map(|f| f.to_string()).collect();
+        let path = self.manifest.with_file_name(format!(
+            "sim-{}.json",
+            faults.join("_").replace(['/', '=', '@'], "-")
+        ));
+        std::fs::write(&path, serde_json::to_string(&m).unwrap()).unwrap();
         path
     }
 
@@ -214,3 +272,34 @@ fn a_hef_that_disagrees_with_the_device_is_refused() {
     assert!(stderr.contains("HAILO_HEF_NOT_COMPATIBLE_WITH_DEVICE"), "{stderr}");
 }
 
+
+#[test]
+fn colmap_through_the_standin_equals_the_emulator() {
+    let c = Case::new(32, 8);
+    let args = ["colmap", "--ids", IDS, "--json"];
+    let sim = c.sim_run(&c.manifest, &args);
+    let hef = c.hef_run(&c.manifest, &[], &args);
+    assert_eq!(hef.status.code(), sim.status.code(), "{}", String::from_utf8_lossy(&hef.stderr));
+    assert_same_numbers(&json(&sim), &json(&hef), "");
+}
+
+/// `diagnose` reaches the same verdict through the stand-in as the emulator, healthy and under
+/// three faults the stand-in's emulator injects (layout, offset, mask).
+#[test]
+fn diagnose_verdicts_match_under_faults() {
+    let c = Case::new(32, 8);
+    let args = ["diagnose", "--ids", IDS, "--json"];
+    for faults in [
+        &[][..],
+        &["tbt-read-layout=feature-major"][..],
+        &["offset=after-run"][..],
+        &["mask=left-valid"][..],
+    ] {
+        let m = c.with_faults(faults);
+        let sim = json(&c.sim_run(&m, &args));
+        let hef = json(&c.hef_run(&m, &[], &args));
+        eprintln!("{faults:?}: --sim {} / --hef {}", verdict(&sim), verdict(&hef));
+        assert_eq!(verdict(&sim), verdict(&hef), "{faults:?}");
+        assert_same_numbers(&sim, &hef, &format!("{faults:?}"));
+    }
+}
