@@ -2,8 +2,9 @@
 //! before anything else, `--model` included. A `--features hailo` build needs `--model` (exit 2),
 //! refuses a HEF that does not pair with the model (exit 2, the lint message), and reports a device
 //! it cannot open as exit 3. The feature tests link libhailort, so they run only where it exists,
-//! or against a stand-in: a `libhailort.so` defining `hailo_get_library_version` and
-//! `hailo_scan_devices` (both returning 1), found through `LIBRARY_PATH` and `LD_LIBRARY_PATH`.
+//! or against the emulator-backed stand-in of `scripts/build-standin.sh` (`.ci/run` does this;
+//! without `KVPROBE_STANDIN_MANIFEST` the stand-in has no device, so "reaches the device" is
+//! HAILO_OUT_OF_PHYSICAL_DEVICES, exit 3).
 
 mod common;
 use common::*;

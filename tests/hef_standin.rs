@@ -201,7 +201,17 @@ fn json(o: &Output) -> serde_json::Value {
 /// except for fields that name the backend or the files.
 fn assert_same_numbers(a: &serde_json::Value, b: &serde_json::Value, path: &str) {
     use serde_json::Value as V;
-    const BACKEND_FIELDS: &[&str] = &["device", "backend", "hef", "sim_manifest", "manifest", "provenance", "command", "model_hash", "run"];
+    const BACKEND_FIELDS: &[&str] = &[
+        "device",
+        "backend",
+        "hef",
+        "sim_manifest",
+        "manifest",
+        "provenance",
+        "command",
+        "model_hash",
+        "run",
+    ];
     match (a, b) {
         (V::Number(x), V::Number(y)) => {
             let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
@@ -212,7 +222,9 @@ fn assert_same_numbers(a: &serde_json::Value, b: &serde_json::Value, path: &str)
                 if BACKEND_FIELDS.contains(&k.as_str()) {
                     continue;
                 }
-                let w = y.get(k).unwrap_or_else(|| panic!("{path}.{k} missing with --hef"));
+                let w = y
+                    .get(k)
+                    .unwrap_or_else(|| panic!("{path}.{k} missing with --hef"));
                 assert_same_numbers(v, w, &format!("{path}.{k}"));
             }
         }
@@ -234,7 +246,12 @@ fn greedy_through_the_standin_equals_the_emulator() {
     let args = ["greedy", "--ids", IDS, "--steps", "12", "--json"];
     let sim = c.sim_run(&c.manifest, &args);
     let hef = c.hef_run(&c.manifest, &[], &args);
-    assert_eq!(hef.status.code(), sim.status.code(), "{}", String::from_utf8_lossy(&hef.stderr));
+    assert_eq!(
+        hef.status.code(),
+        sim.status.code(),
+        "{}",
+        String::from_utf8_lossy(&hef.stderr)
+    );
     assert_same_numbers(&json(&sim), &json(&hef), "");
 }
 
@@ -246,8 +263,16 @@ fn device_failures_are_one_line_and_exit_3() {
     let missing = c.manifest.with_file_name("no-such.json");
     let cases: Vec<(PathBuf, Vec<(&str, &str)>, &str)> = vec![
         (missing, vec![], "HAILO_OUT_OF_PHYSICAL_DEVICES"),
-        (c.manifest.clone(), vec![("KVPROBE_STANDIN_LATENCY_MS", "20000")], "HAILO_TIMEOUT"),
-        (c.manifest.clone(), vec![("KVPROBE_STANDIN_VERSION", "6.0.0")], "HailoRT 6.0.0"),
+        (
+            c.manifest.clone(),
+            vec![("KVPROBE_STANDIN_LATENCY_MS", "20000")],
+            "HAILO_TIMEOUT",
+        ),
+        (
+            c.manifest.clone(),
+            vec![("KVPROBE_STANDIN_VERSION", "6.0.0")],
+            "HailoRT 6.0.0",
+        ),
     ];
     for (manifest, env, expect) in cases {
         let o = c.hef_run(&manifest, &env, &args);
@@ -265,13 +290,19 @@ fn device_failures_are_one_line_and_exit_3() {
 fn a_hef_that_disagrees_with_the_device_is_refused() {
     let c = Case::new(32, 8);
     let other = Case::new(48, 8);
-    let o = c.hef_run(&other.manifest, &[], &["greedy", "--ids", IDS, "--steps", "2"]);
+    let o = c.hef_run(
+        &other.manifest,
+        &[],
+        &["greedy", "--ids", IDS, "--steps", "2"],
+    );
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(3), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("HAILO_HEF_NOT_COMPATIBLE_WITH_DEVICE"), "{stderr}");
+    assert!(
+        stderr.contains("HAILO_HEF_NOT_COMPATIBLE_WITH_DEVICE"),
+        "{stderr}"
+    );
 }
-
 
 #[test]
 fn colmap_through_the_standin_equals_the_emulator() {
@@ -279,7 +310,12 @@ fn colmap_through_the_standin_equals_the_emulator() {
     let args = ["colmap", "--ids", IDS, "--json"];
     let sim = c.sim_run(&c.manifest, &args);
     let hef = c.hef_run(&c.manifest, &[], &args);
-    assert_eq!(hef.status.code(), sim.status.code(), "{}", String::from_utf8_lossy(&hef.stderr));
+    assert_eq!(
+        hef.status.code(),
+        sim.status.code(),
+        "{}",
+        String::from_utf8_lossy(&hef.stderr)
+    );
     assert_same_numbers(&json(&sim), &json(&hef), "");
 }
 
@@ -298,8 +334,52 @@ fn diagnose_verdicts_match_under_faults() {
         let m = c.with_faults(faults);
         let sim = json(&c.sim_run(&m, &args));
         let hef = json(&c.hef_run(&m, &[], &args));
-        eprintln!("{faults:?}: --sim {} / --hef {}", verdict(&sim), verdict(&hef));
+        eprintln!(
+            "{faults:?}: --sim {} / --hef {}",
+            verdict(&sim),
+            verdict(&hef)
+        );
         assert_eq!(verdict(&sim), verdict(&hef), "{faults:?}");
         assert_same_numbers(&sim, &hef, &format!("{faults:?}"));
     }
+}
+
+/// Valgrind over one `--hef` run (CI sets KVPROBE_STANDIN_VALGRIND=1): no invalid read or write
+/// and no definite leak anywhere in the process, the shim and the RAII handles included.
+#[test]
+fn valgrind_finds_no_error_in_one_hef_run() {
+    if std::env::var_os("KVPROBE_STANDIN_VALGRIND").is_none() {
+        eprintln!("skipped: set KVPROBE_STANDIN_VALGRIND=1 (needs valgrind on PATH)");
+        return;
+    }
+    let c = Case::new(32, 8);
+    let log = c.manifest.with_file_name("valgrind.log");
+    let o = Command::new("valgrind")
+        .args([
+            "--error-exitcode=99",
+            "--leak-check=full",
+            "--show-leak-kinds=definite",
+            "--errors-for-leak-kinds=definite",
+            &format!("--log-file={}", log.display()),
+            env!("CARGO_BIN_EXE_kvprobe"),
+            "greedy",
+            "--ids",
+            IDS,
+            "--steps",
+            "3",
+            "--hef",
+            c.hef.to_str().unwrap(),
+            "--model",
+            c.model.to_str().unwrap(),
+        ])
+        .env("KVPROBE_STANDIN_MANIFEST", &c.manifest)
+        .output()
+        .expect("run valgrind");
+    let report = std::fs::read_to_string(&log).unwrap_or_default();
+    let summary: Vec<&str> = report
+        .lines()
+        .filter(|l| l.contains("ERROR SUMMARY") || l.contains("definitely lost"))
+        .collect();
+    eprintln!("{}", summary.join("\n"));
+    assert_eq!(o.status.code(), Some(0), "valgrind found errors:\n{report}");
 }

@@ -63,7 +63,11 @@ pub extern "C" fn ksi_last_error() -> *const c_char {
 /// # Safety
 /// The three pointers must be writable.
 #[no_mangle]
-pub unsafe extern "C" fn ksi_library_version(major: *mut u32, minor: *mut u32, rev: *mut u32) -> i32 {
+pub unsafe extern "C" fn ksi_library_version(
+    major: *mut u32,
+    minor: *mut u32,
+    rev: *mut u32,
+) -> i32 {
     let text = std::env::var("KVPROBE_STANDIN_VERSION").unwrap_or_else(|_| "5.2.0".into());
     let parts: Vec<u32> = text.split('.').filter_map(|p| p.parse().ok()).collect();
     let [a, b, c] = parts.as_slice() else {
@@ -118,10 +122,18 @@ pub unsafe extern "C" fn ksi_device_open(out: *mut *mut KsiDevice) -> i32 {
 }
 
 fn open_device(manifest: &Path) -> Result<KsiDevice, i32> {
-    let text = std::fs::read_to_string(manifest)
-        .map_err(|e| fail(HAILO_OPEN_FILE_FAILURE, format!("{}: {e}", manifest.display())))?;
-    let m: kvprobe_schema::SimManifest = serde_json::from_str(&text)
-        .map_err(|e| fail(HAILO_INVALID_ARGUMENT, format!("{}: {e}", manifest.display())))?;
+    let text = std::fs::read_to_string(manifest).map_err(|e| {
+        fail(
+            HAILO_OPEN_FILE_FAILURE,
+            format!("{}: {e}", manifest.display()),
+        )
+    })?;
+    let m: kvprobe_schema::SimManifest = serde_json::from_str(&text).map_err(|e| {
+        fail(
+            HAILO_INVALID_ARGUMENT,
+            format!("{}: {e}", manifest.display()),
+        )
+    })?;
     let model_path = std::env::var_os("KVPROBE_STANDIN_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(&m.model.path));
@@ -193,12 +205,19 @@ fn open_model(dev: &KsiDevice, hef_path: &Path, group: &str) -> Result<KsiModel,
     };
     let sim_desc = dev.sim.describe();
     let Some(sg) = sim_desc.group(g.kind) else {
-        return Err(incompatible(hef_path, format!("the device has no {:?} group", g.kind)));
+        return Err(incompatible(
+            hef_path,
+            format!("the device has no {:?} group", g.kind),
+        ));
     };
     check_cache_edges(hef_path, g, sg)?;
     let mut inputs = Vec::new();
     for io in &g.inputs {
-        let Some(si) = sg.inputs.iter().find(|s| io.role.is_some() && s.role == io.role) else {
+        let Some(si) = sg
+            .inputs
+            .iter()
+            .find(|s| io.role.is_some() && s.role == io.role)
+        else {
             return Err(incompatible(
                 hef_path,
                 format!("input {} has no counterpart on the device", io.name),
@@ -439,7 +458,10 @@ pub unsafe extern "C" fn ksi_model_run(
             );
         }
         let Some(values) = out.logits.get(at..at + s.elements) else {
-            return fail(HAILO_INTERNAL_FAILURE, "the emulator returned too few logits");
+            return fail(
+                HAILO_INTERNAL_FAILURE,
+                "the emulator returned too few logits",
+            );
         };
         at += s.elements;
         let dst = std::slice::from_raw_parts_mut(*out_data.add(i), *out_lens.add(i));
@@ -500,7 +522,12 @@ pub unsafe extern "C" fn ksi_cache_list(
 /// # Safety
 /// `dev` is live, `data` writable for `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn ksi_cache_read(dev: *mut KsiDevice, id: u32, data: *mut u8, len: usize) -> i32 {
+pub unsafe extern "C" fn ksi_cache_read(
+    dev: *mut KsiDevice,
+    id: u32,
+    data: *mut u8,
+    len: usize,
+) -> i32 {
     let buffers = match (*dev).sim.cache_buffers() {
         Ok(b) => b,
         Err(e) => return from_npu("get_cache_buffers", e),
@@ -523,7 +550,12 @@ pub unsafe extern "C" fn ksi_cache_read(dev: *mut KsiDevice, id: u32, data: *mut
 /// # Safety
 /// `dev` is live, `data` readable for `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn ksi_cache_write(dev: *mut KsiDevice, id: u32, data: *const u8, len: usize) -> i32 {
+pub unsafe extern "C" fn ksi_cache_write(
+    dev: *mut KsiDevice,
+    id: u32,
+    data: *const u8,
+    len: usize,
+) -> i32 {
     let sim = &mut (*dev).sim;
     let size = match sim.cache_buffers() {
         Ok(b) => b.get(&id).map(Vec::len),
