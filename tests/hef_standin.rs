@@ -8,7 +8,6 @@ mod common;
 use common::*;
 
 #[path = "../npu/tests/hef_encoder.rs"]
-#[allow(dead_code)]
 mod enc;
 
 use std::path::{Path, PathBuf};
@@ -261,7 +260,8 @@ fn device_failures_are_one_line_and_exit_3() {
     let c = Case::new(32, 8);
     let args = ["greedy", "--ids", IDS, "--steps", "2"];
     let missing = c.manifest.with_file_name("no-such.json");
-    let cases: Vec<(PathBuf, Vec<(&str, &str)>, &str)> = vec![
+    type Failure<'a> = (PathBuf, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Failure> = vec![
         (missing, vec![], "HAILO_OUT_OF_PHYSICAL_DEVICES"),
         (
             c.manifest.clone(),
@@ -382,4 +382,20 @@ fn valgrind_finds_no_error_in_one_hef_run() {
         .collect();
     eprintln!("{}", summary.join("\n"));
     assert_eq!(o.status.code(), Some(0), "valgrind found errors:\n{report}");
+}
+
+/// Without libhailort.so on the library path the dynamic loader stops the binary before `main`:
+/// one line naming the library, exit 127. kvprobe cannot word it (the library is linked, not
+/// loaded with dlopen); docs/hardware.md gives the fix.
+#[test]
+fn a_missing_libhailort_is_one_loader_line() {
+    let o = Command::new(env!("CARGO_BIN_EXE_kvprobe"))
+        .args(["greedy", "--hef", "x.hef", "--model", "m"])
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .expect("run kvprobe");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(127), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("libhailort.so"), "{stderr}");
 }
