@@ -78,7 +78,12 @@ fn write_hef_for(model_dir: &Path, hef: &Path, l: u32, p: u32) {
         .iter()
         .flat_map(|x| ((x / eq.scale + eq.zp).round().clamp(0.0, 65535.0) as u16).to_le_bytes())
         .collect();
-    let tokenizer = std::fs::read(model_dir.join("tokenizer.json")).unwrap();
+    let tokenizer = model
+        .tokenizer()
+        .inner()
+        .to_string(false)
+        .unwrap()
+        .into_bytes();
     let inv = model.rope_inv_freq().expect("a RoPE model");
     let theta: Vec<u8> = inv
         .iter()
@@ -108,8 +113,11 @@ struct Case {
 
 impl Case {
     fn new(l: u32, p: u32) -> Case {
+        Case::for_model(fixture("llama", 11), l, p)
+    }
+
+    fn for_model(model: PathBuf, l: u32, p: u32) -> Case {
         let dir = tempfile::tempdir().unwrap();
-        let model = fixture("llama", 11);
         let hef = dir.path().join("fixture.hef");
         write_hef_for(&model, &hef, l, p);
         let manifest = dir.path().join("sim.json");
@@ -398,4 +406,31 @@ fn a_missing_libhailort_is_one_loader_line() {
     assert_eq!(o.status.code(), Some(127), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("libhailort.so"), "{stderr}");
+}
+
+/// The real model: a SmolLM2 HEF (30 layers, vocab 49152) through the stand-in.
+#[test]
+fn smollm2_greedy_through_the_standin_equals_the_emulator() {
+    let Some(model) = smollm2() else {
+        eprintln!("skipped: SmolLM2 not fetched (scripts/fetch-model.sh)");
+        return;
+    };
+    let c = Case::for_model(model, 32, 8);
+    let args = [
+        "greedy",
+        "--prompt",
+        "Once upon a time",
+        "--steps",
+        "8",
+        "--json",
+    ];
+    let sim = c.sim_run(&c.manifest, &args);
+    let hef = c.hef_run(&c.manifest, &[], &args);
+    assert_eq!(
+        hef.status.code(),
+        sim.status.code(),
+        "{}",
+        String::from_utf8_lossy(&hef.stderr)
+    );
+    assert_same_numbers(&json(&sim), &json(&hef), "");
 }
