@@ -434,3 +434,38 @@ fn smollm2_greedy_through_the_standin_equals_the_emulator() {
     );
     assert_same_numbers(&json(&sim), &json(&hef), "");
 }
+
+/// Through the backend itself: an unknown stream name and a cache buffer of the wrong size are
+/// refused by HailoRT (the stand-in) with their status, mapped to device errors (exit 3).
+#[test]
+fn unknown_stream_and_wrong_buffer_size_are_device_errors() {
+    use kvprobe_npu::{Buffer, Device};
+    let c = Case::new(32, 8);
+    // Only this test opens a device in this process; the others pass the manifest per command.
+    std::env::set_var("KVPROBE_STANDIN_MANIFEST", &c.manifest);
+    let mut dev = kvprobe_npu::hailo::HailoDevice::open(&c.hef).expect("open through the stand-in");
+    let e = dev
+        .run(
+            kvprobe_schema::GroupKind::Prefill,
+            &[("m__prefill/no_such_input".into(), Buffer::U8(vec![0; 4]))],
+        )
+        .unwrap_err();
+    assert_eq!(e.exit_code(), 3, "{e}");
+    assert!(e.to_string().contains("HAILO_NOT_FOUND"), "{e}");
+    let sizes: Vec<usize> = dev
+        .cache_buffers()
+        .unwrap()
+        .values()
+        .map(Vec::len)
+        .collect();
+    assert_eq!(
+        sizes.len(),
+        2 * kvprobe_reference::fixtures::LLAMA_LAYERS,
+        "K and V per layer"
+    );
+    let e = dev
+        .write_cache_buffer(0, &vec![0u8; sizes[0] - 1])
+        .unwrap_err();
+    assert_eq!(e.exit_code(), 3, "{e}");
+    assert!(e.to_string().contains("HAILO_INVALID_ARGUMENT"), "{e}");
+}

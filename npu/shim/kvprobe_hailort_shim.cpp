@@ -182,12 +182,30 @@ int kvp_model_frame_size(const kvp_model *model, int is_output, const char *name
     return ok();
 }
 
+// Streams are looked up through HailoRT's bindings, so an unknown name is HailoRT's
+// HAILO_NOT_FOUND and a wrong size is checked against the buffer bound to the stream.
+static int bound_buffer(kvp_model *model, bool is_output, const char *name, size_t len, uint8_t **ptr) {
+    auto b = is_output ? model->bindings.output(name) : model->bindings.input(name);
+    if (!b) return fail(b.status(), std::string(is_output ? "bindings.output(" : "bindings.input(") + name + ")");
+    auto view = b->get_buffer();
+    if (!view) return fail(view.status(), std::string("get_buffer(") + name + ")");
+    if (len != view->size())
+        return fail(HAILO_INVALID_ARGUMENT, std::string("wrong frame size for ") + name + ": " + std::to_string(len) +
+                                                " bytes, frame is " + std::to_string(view->size()));
+    *ptr = static_cast<uint8_t *>(view->data());
+    return HAILO_SUCCESS;
+}
+
 int kvp_model_set_input(kvp_model *model, const char *name, const void *data, size_t len) {
-    auto it = model->inputs.find(name);
-    if (it == model->inputs.end()) return fail(HAILO_NOT_FOUND, std::string("no input named ") + name);
-    if (len != it->second->size) return fail(HAILO_INVALID_ARGUMENT, std::string("wrong frame size for ") + name);
-    std::memcpy(it->second->ptr, data, len);
-    return ok();
+    try {
+        uint8_t *dst = nullptr;
+        int status = bound_buffer(model, false, name, len, &dst);
+        if (status != HAILO_SUCCESS) return status;
+        std::memcpy(dst, data, len);
+        return ok();
+    } catch (const std::exception &e) {
+        return fail(HAILO_INTERNAL_FAILURE, std::string("set input threw: ") + e.what());
+    }
 }
 
 int kvp_model_run(kvp_model *model, uint32_t timeout_ms) {
@@ -201,11 +219,15 @@ int kvp_model_run(kvp_model *model, uint32_t timeout_ms) {
 }
 
 int kvp_model_get_output(const kvp_model *model, const char *name, void *data, size_t len) {
-    auto it = model->outputs.find(name);
-    if (it == model->outputs.end()) return fail(HAILO_NOT_FOUND, std::string("no output named ") + name);
-    if (len != it->second->size) return fail(HAILO_INVALID_ARGUMENT, std::string("wrong frame size for ") + name);
-    std::memcpy(data, it->second->ptr, len);
-    return ok();
+    try {
+        uint8_t *src = nullptr;
+        int status = bound_buffer(const_cast<kvp_model *>(model), true, name, len, &src);
+        if (status != HAILO_SUCCESS) return status;
+        std::memcpy(data, src, len);
+        return ok();
+    } catch (const std::exception &e) {
+        return fail(HAILO_INTERNAL_FAILURE, std::string("get output threw: ") + e.what());
+    }
 }
 
 int kvp_model_init_cache(kvp_model *model, uint32_t read_offset) {

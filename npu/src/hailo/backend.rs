@@ -117,7 +117,6 @@ mod with_shim {
     struct Model {
         ptr: *mut ffi::KvpModel,
         outputs: Vec<(CString, usize)>,
-        inputs: BTreeMap<String, (CString, usize)>,
     }
     impl Drop for Model {
         fn drop(&mut self) {
@@ -146,9 +145,11 @@ mod with_shim {
             let mut model = Model {
                 ptr,
                 outputs: Vec::new(),
-                inputs: BTreeMap::new(),
             };
-            for is_output in [0, 1] {
+            // Output names and frame sizes, in InferModel order (inputs are named by the HEF
+            // description and checked by HailoRT when set).
+            {
+                let is_output = 1;
                 // SAFETY: `ptr` is a live model handle.
                 let n = unsafe { ffi::kvp_model_io_count(model.ptr, is_output) };
                 for i in 0..n {
@@ -164,13 +165,7 @@ mod with_shim {
                     check("frame size", unsafe {
                         ffi::kvp_model_frame_size(model.ptr, is_output, name.as_ptr(), &mut size)
                     })?;
-                    if is_output == 1 {
-                        model.outputs.push((name, size));
-                    } else {
-                        model
-                            .inputs
-                            .insert(name.to_string_lossy().into_owned(), (name, size));
-                    }
+                    model.outputs.push((name, size));
                 }
             }
             Ok(model)
@@ -261,22 +256,13 @@ mod with_shim {
             inputs: &[(String, Buffer)],
         ) -> crate::Result<RunOutput> {
             let m = self.model(group)?;
+            // Names and sizes are HailoRT's to check (through the shim's bindings): an unknown
+            // stream is HAILO_NOT_FOUND, a wrong size HAILO_INVALID_ARGUMENT, both exit 3.
             for (name, buf) in inputs {
-                let Some((cname, size)) = m.inputs.get(name) else {
-                    return Err(
-                        HailoError::InvalidArgument(format!("group has no input {name}")).into(),
-                    );
-                };
+                let cname = cstr(name)?;
                 let bytes = buffer_bytes(buf);
-                if bytes.len() != *size {
-                    return Err(HailoError::InvalidArgument(format!(
-                        "input {name}: {} bytes, frame is {size}",
-                        bytes.len()
-                    ))
-                    .into());
-                }
                 // SAFETY: live handle, valid name, `bytes` holds `len` bytes.
-                check("set input", unsafe {
+                check(&format!("set input {name}"), unsafe {
                     ffi::kvp_model_set_input(m.ptr, cname.as_ptr(), bytes.as_ptr(), bytes.len())
                 })?;
             }
