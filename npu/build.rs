@@ -28,6 +28,10 @@ fn main() {
         );
         return;
     };
+    println!(
+        "cargo::rerun-if-changed={}",
+        include.join("hailo/hailort.hpp").display()
+    );
     cc::Build::new()
         .cpp(true)
         .std("c++17")
