@@ -371,9 +371,11 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         });
     }
     if !pf_single_ok {
-        ev.push(format!(
-            "prefill graph: single-chunk prefixes (no cache read) fall below {STAGE_MEAN_COSINE} mean / {STAGE_MIN_COSINE} min cosine"
-        ));
+        if !pf_rel_fail {
+            ev.push(format!(
+                "prefill graph: single-chunk prefixes (no cache read) fall below {STAGE_MEAN_COSINE} mean / {STAGE_MIN_COSINE} min cosine"
+            ));
+        }
         causes.push(Cause {
             verdict: Verdict::PrefillGraph,
             confidence: if single.0 < STAGE_MEAN_COSINE - 0.05 {
