@@ -36,9 +36,7 @@ fn parse() -> anyhow::Result<Args> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let val = it
-            .next()
-            .with_context(|| format!("{flag} needs a value"))?;
+        let val = it.next().with_context(|| format!("{flag} needs a value"))?;
         let num = || -> anyhow::Result<usize> {
             val.parse()
                 .with_context(|| format!("{flag} {val}: not a whole number"))
@@ -84,7 +82,10 @@ fn main() -> anyhow::Result<()> {
     let smol = root.join(".cache/models/smollm2-135m-instruct-q4_1.gguf");
     if a.smollm2_faulty + a.smollm2_healthy > 0 {
         if !smol.is_file() {
-            bail!("{}: SmolLM2 missing; run scripts/fetch-model.sh", smol.display());
+            bail!(
+                "{}: SmolLM2 missing; run scripts/fetch-model.sh",
+                smol.display()
+            );
         }
         // SmolLM2 diagnose costs ~10 s at L = 128: most cases use smaller caches and fewer steps
         let spec = ModelSpec::load("smollm2", &smol, Some(TEXTS), 64, 16)?;
@@ -99,7 +100,12 @@ fn main() -> anyhow::Result<()> {
             cases.push(c);
         }
     }
-    eprintln!("{} cases, {} jobs, binary {}", cases.len(), a.jobs, a.bin.display());
+    eprintln!(
+        "{} cases, {} jobs, binary {}",
+        cases.len(),
+        a.jobs,
+        a.bin.display()
+    );
     let done = std::sync::atomic::AtomicUsize::new(0);
     let total = cases.len();
     let outcomes = sweep::run_all(&a.bin, &cases, a.jobs, |o| {

@@ -361,10 +361,7 @@ fn draw_fault(rng: &mut Rng, family: &str, m: &ModelSpec) -> Option<(String, boo
                 "feature-major"
             };
             (
-                format!(
-                    "{family}={lay}{}",
-                    scope_text(kv_layer_scope(rng, m))
-                ),
+                format!("{family}={lay}{}", scope_text(kv_layer_scope(rng, m))),
                 false,
             )
         }
@@ -407,9 +404,7 @@ fn draw_fault(rng: &mut Rng, family: &str, m: &ModelSpec) -> Option<(String, boo
                 false,
             )
         }
-        "tbt-attn-scale" | "prefill-attn-scale" => {
-            (format!("{family}={}", draw_scale(rng)), false)
-        }
+        "tbt-attn-scale" | "prefill-attn-scale" => (format!("{family}={}", draw_scale(rng)), false),
         "softmax" => (
             format!(
                 "softmax=shared-across-heads{}",
@@ -509,9 +504,28 @@ pub struct Outcome {
     pub error: Option<String>,
 }
 
+/// Fault variants the probes cannot tell from another cause (docs/diagnosis.md, known limits):
+/// for these the verdict must list the expected cause in `also`.
+pub fn known_limit(fault: &str) -> Option<&'static str> {
+    let (body, scope) = fault.split_once('@').unwrap_or((fault, ""));
+    if body.starts_with("mask=repeat") && scope == "prefill" {
+        return Some("a prefill-only mask convention breaks the same rows as a prefill graph fault; maskconv varies only the tbt step");
+    }
+    if body == "kv-swap" && scope.contains("layer=") {
+        return Some("inject swaps K and V on every layer at once; a binding swapped on some layers fails both golden variants");
+    }
+    None
+}
+
 impl Outcome {
     pub fn right(&self) -> bool {
         self.verdict == self.case.expect
+    }
+    /// A miss on a documented known limit whose verdict lists the expected cause in `also`.
+    pub fn explained(&self) -> bool {
+        !self.right()
+            && self.also.iter().any(|a| a == self.case.expect)
+            && self.case.fault.as_deref().and_then(known_limit).is_some()
     }
     pub fn refused(&self) -> bool {
         self.verdict == "refused"
@@ -606,6 +620,8 @@ pub fn run_all(
 pub struct Summary {
     pub faulty: usize,
     pub faulty_right: usize,
+    /// Misses on a documented known limit with the expected cause in `also`.
+    pub explained: usize,
     pub healthy: usize,
     pub false_alarms: usize,
     pub refused: usize,
@@ -626,6 +642,7 @@ impl Summary {
             if o.case.fault.is_some() {
                 s.faulty += 1;
                 s.faulty_right += o.right() as usize;
+                s.explained += o.explained() as usize;
             } else {
                 s.healthy += 1;
                 s.false_alarms += (!o.right()) as usize;
@@ -649,10 +666,11 @@ pub fn report(outcomes: &[Outcome], seed: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "seed {seed}: {} faulty cases, {} right ({:.1} %); {} healthy cases, {} false alarms; {} refused by the emulator (not cases); {} errors",
+        "seed {seed}: {} faulty cases, {} right ({:.1} %), {} more misses on a known limit with the right cause in `also`; {} healthy cases, {} false alarms; {} refused by the emulator (not cases); {} errors",
         s.faulty,
         s.faulty_right,
         100.0 * s.accuracy(),
+        s.explained,
         s.healthy,
         s.false_alarms,
         s.refused,
@@ -670,7 +688,10 @@ pub fn report(outcomes: &[Outcome], seed: u64) -> String {
             .entry(o.verdict.clone())
             .or_default() += 1;
     }
-    let _ = writeln!(out, "\nconfusion matrix (rows: true class, columns: verdict)\n");
+    let _ = writeln!(
+        out,
+        "\nconfusion matrix (rows: true class, columns: verdict)\n"
+    );
     let _ = writeln!(out, "| true class | {} |", verdicts.join(" | "));
     let _ = writeln!(out, "|---|{}", "---|".repeat(verdicts.len()));
     for (class, row) in &matrix {
@@ -700,7 +721,7 @@ pub fn report(outcomes: &[Outcome], seed: u64) -> String {
         let c = &o.case;
         let _ = writeln!(
             out,
-            "- #{} {} [{}; L={} P={} n={} steps={}{}{}]: want {}, got {} (also [{}], confidence {:.2}){}\n  {}",
+            "- #{} {} [{}; L={} P={} n={} steps={}{}{}]: want {}, got {} (also [{}], confidence {:.2}){}{}\n  {}",
             c.id,
             c.fault.as_deref().unwrap_or("healthy"),
             c.model,
@@ -715,6 +736,7 @@ pub fn report(outcomes: &[Outcome], seed: u64) -> String {
             o.also.join(", "),
             o.confidence,
             o.error.as_deref().map_or(String::new(), |e| format!(" error: {e}")),
+            if o.explained() { " [known limit]" } else { "" },
             c.command()
         );
     }
@@ -731,17 +753,22 @@ mod tests {
         assert_eq!(expected("softmax=shared-across-heads"), "prefill-graph");
         assert_eq!(expected("gqa-repeat=block"), "tbt-graph");
         assert_eq!(expected("gqa-repeat=block@prefill,tbt"), "prefill-graph");
-        assert_eq!(expected("tbt-read-layout=f8cr@v,layer=2"), "cache-layout-mismatch");
+        assert_eq!(
+            expected("tbt-read-layout=f8cr@v,layer=2"),
+            "cache-layout-mismatch"
+        );
         assert_eq!(expected("truncate-entry=16@tbt,k"), "cache-truncation");
         assert_eq!(expected("mask=repeat@prefill"), "mask-convention");
     }
 
     #[test]
     fn rng_is_stable_for_a_seed() {
-        let a: Vec<u64> = (0..4).map({
-            let mut r = Rng::new(42);
-            move |_| r.next_u64()
-        }).collect();
+        let a: Vec<u64> = (0..4)
+            .map({
+                let mut r = Rng::new(42);
+                move |_| r.next_u64()
+            })
+            .collect();
         let mut r = Rng::new(42);
         assert_eq!(a, (0..4).map(|_| r.next_u64()).collect::<Vec<_>>());
         assert_ne!(Rng::new(1).next_u64(), Rng::new(2).next_u64());

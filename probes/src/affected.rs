@@ -55,14 +55,20 @@ pub fn describe(rings: &[Ring], total: usize) -> String {
             1 => Some(format!("{name} rings of layer {}", ls[0])),
             _ => Some(format!(
                 "{name} rings of layers {}",
-                ls.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+                ls.iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
         }
     };
-    let parts: Vec<String> = [part("K", &layers(CacheKind::K)), part("V", &layers(CacheKind::V))]
-        .into_iter()
-        .flatten()
-        .collect();
+    let parts: Vec<String> = [
+        part("K", &layers(CacheKind::K)),
+        part("V", &layers(CacheKind::V)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     if parts.is_empty() {
         return format!("{} rings", rings.len());
     }

@@ -188,9 +188,8 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let sm_noise = sm.as_ref().map(|f| noise(f.mean_cosine));
     let pf_rel_fail = pf_single_ok
         && single.2 > 0
-        && sm_noise.is_some_and(|n| {
-            1.0 - single.0 >= REL_PREFILL_GAP && 1.0 - single.0 >= REL_RATIO * n
-        });
+        && sm_noise
+            .is_some_and(|n| 1.0 - single.0 >= REL_PREFILL_GAP && 1.0 - single.0 >= REL_RATIO * n);
     if pf_rel_fail {
         ev.push(format!(
             "prefill graph: single-chunk rows miss the reference by {:.4} (1 − mean cosine), ≥ {REL_RATIO}× the self-only steps' {:.5} on the same edges",
