@@ -4,7 +4,7 @@
 //! misses with their commands.
 //!
 //! `cargo run --release --example sweep -- [--seed N] [--fixture-faulty N] [--fixture-healthy N]
-//!  [--smollm2-faulty N] [--smollm2-healthy N] [--jobs N] [--bin PATH] [--out FILE]`
+//!  [--smollm2-faulty N] [--smollm2-healthy N] [--jobs N] [--bin PATH] [--out FILE] [--list]`
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +20,8 @@ struct Args {
     jobs: usize,
     bin: PathBuf,
     out: Option<PathBuf>,
+    /// Print the cases' commands instead of running them.
+    list: bool,
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -33,9 +35,14 @@ fn parse() -> anyhow::Result<Args> {
         jobs: 2,
         bin: root.join("target/release/kvprobe"),
         out: None,
+        list: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--list" {
+            a.list = true;
+            continue;
+        }
         let val = it.next().with_context(|| format!("{flag} needs a value"))?;
         let num = || -> anyhow::Result<usize> {
             val.parse()
@@ -99,6 +106,12 @@ fn main() -> anyhow::Result<()> {
             c.id += base;
             cases.push(c);
         }
+    }
+    if a.list {
+        for c in &cases {
+            println!("#{} want {}: {}", c.id, c.expect, c.command());
+        }
+        return Ok(());
     }
     eprintln!(
         "{} cases, {} jobs, binary {}",

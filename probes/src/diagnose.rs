@@ -398,7 +398,10 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     }
     // Learned absolute positions (GPT-2) make a self-only step depend on its position: a tbt
     // positional input wired off fails the self-only control too, and a position sweep tells.
-    let sm_position = if !sm_ok && pf_single_ok && has_tbt {
+    // With RoPE a self-only step's attention to itself is position-invariant, so only a model
+    // with learned positions can fail self-only through its positional input.
+    let learned_positions = run.s.model.rope_inv_freq().is_none();
+    let sm_position = if !sm_ok && pf_single_ok && has_tbt && learned_positions {
         let ps = run.timed("positions", positions::run)?;
         let hit = position_fault(&ps);
         if hit {
@@ -692,7 +695,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         && !controls_pass
         && inj.blame == "none"
         && sm_ok
-        && 1.0 - inj.device_rings.cosine <= REL_RATIO * cache_noise
+        && 1.0 - inj.device_rings.cosine <= (REL_RATIO * cache_noise).min(REL_TBT_GAP)
     {
         ev.push(format!(
             "→ cache-truncation (tbt writer, by elimination): the first tbt step reproduces on the rings prefill wrote ({:.4}) but later steps fail: entries written by the tbt graph are wrong",
