@@ -726,6 +726,13 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             confidence: 0.6,
             stage: 2,
         });
+        // a binding swapped on some layers only leaves the same clean column map and fails
+        // both golden variants (inject swaps every layer at once)
+        causes.push(Cause {
+            verdict: Verdict::KvBinding,
+            confidence: 0.5,
+            stage: 2,
+        });
     }
     if causes.is_empty() && controls_pass {
         // marginal but every control passes and no discriminator names a fault: elimination
