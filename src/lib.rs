@@ -2,3 +2,4 @@
 //! library so that tests and other binaries can drive them.
 
 pub mod cli;
+pub mod sweep;

@@ -4,6 +4,7 @@
 //! [`kvprobe_npu::Driver`]: they must find a fault the way they would on hardware, never from
 //! the emulator's fault list (issue 4).
 
+pub mod affected;
 pub mod colmap;
 pub mod diagnose;
 pub mod error;

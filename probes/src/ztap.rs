@@ -61,6 +61,9 @@ pub fn run(s: &mut Session) -> Result<ZtapFinding> {
         }
     } else {
         source = "ring-bytes";
+        // a reset keeps the ring bytes (contract §2.10): entries earlier probes' steps wrote
+        // past the prompt would otherwise fill the window and hide a truncated writer
+        s.clear_rings()?;
         s.prefill_prompt()?;
         s.progress.inc(1);
         let rings = s.dev.cache_buffers()?;
