@@ -48,6 +48,8 @@ pub struct Diagnosis {
     pub warnings: Vec<String>,
     pub probes: ProbeFindings,
     pub timings: Vec<Timing>,
+    /// Pipeline stage from the stale/causality/splits probes (not wired into diagnose yet).
+    pub stage: Option<kvprobe_schema::Stage>,
 }
 
 /// One cause found by a rule, with how sure the rule is.
@@ -650,5 +652,6 @@ fn finish(
         warnings,
         probes,
         timings,
+        stage: None,
     }
 }

@@ -4,6 +4,7 @@
 //! [`kvprobe_npu::Driver`]: they must find a fault the way they would on hardware, never from
 //! the emulator's fault list (issue 4).
 
+pub mod causality;
 pub mod colmap;
 pub mod diagnose;
 pub mod error;
@@ -19,6 +20,8 @@ pub mod quant;
 pub mod rings;
 pub mod selfmask;
 pub mod session;
+pub mod splits;
+pub mod stale;
 pub mod thresholds;
 pub mod ztap;
 
@@ -28,7 +31,7 @@ pub use progress::{NoProgress, Progress};
 pub use session::{ComparedLogits, Geometry, Session};
 
 /// The probe names, in the order `diagnose` runs them (CLI subcommands share these names).
-pub const PROBES: [&str; 10] = [
+pub const PROBES: [&str; 13] = [
     "quant",
     "prefill",
     "selfmask",
@@ -39,4 +42,7 @@ pub const PROBES: [&str; 10] = [
     "positions",
     "layout",
     "inject",
+    "stale",
+    "causality",
+    "splits",
 ];
