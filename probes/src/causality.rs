@@ -41,9 +41,7 @@ pub fn pick_positions(n: usize, max: usize) -> Vec<usize> {
     if n <= max {
         return (0..n).collect();
     }
-    let mut v: Vec<usize> = (0..max)
-        .map(|k| (k * (n - 1)) / (max - 1).max(1))
-        .collect();
+    let mut v: Vec<usize> = (0..max).map(|k| (k * (n - 1)) / (max - 1).max(1)).collect();
     v.dedup();
     v
 }
@@ -60,7 +58,12 @@ fn entries(rings: &BTreeMap<u32, Vec<u8>>, infos: &[CacheInfo], l: usize) -> Vec
                     let a = s * info.padded_entry_size;
                     match ring.and_then(|r| r.get(a..a + info.entry_size)) {
                         Some(bytes) if info.elem_bytes <= 2 => {
-                            dequantize_entry(bytes, info.elem_bytes, &info.writer_quant(), &mut buf);
+                            dequantize_entry(
+                                bytes,
+                                info.elem_bytes,
+                                &info.writer_quant(),
+                                &mut buf,
+                            );
                             buf.clone()
                         }
                         Some(bytes) => bytes

@@ -45,7 +45,7 @@ impl Default for StaleOptions {
 
 /// Poison codes of one element, alternating between the two ends of the code range.
 fn poison_element(info: &CacheInfo, index: usize, out: &mut Vec<u8>) {
-    let high = index % 2 == 0;
+    let high = index.is_multiple_of(2);
     match info.elem_bytes {
         1 => out.push(if high { u8::MAX } else { 0 }),
         2 => out.extend_from_slice(&(if high { u16::MAX } else { 0 }).to_le_bytes()),
@@ -303,8 +303,10 @@ fn locate(
     // the same rings with every live poison reverted to the clean run's bytes
     let mut base = now.clone();
     for info in infos {
-        if let (Some(dst), Some(src)) = (base.get_mut(&info.cache_id), clean_rings.get(&info.cache_id))
-        {
+        if let (Some(dst), Some(src)) = (
+            base.get_mut(&info.cache_id),
+            clean_rings.get(&info.cache_id),
+        ) {
             for &slot in &live {
                 let a = slot * info.padded_entry_size;
                 let b = a + info.padded_entry_size;

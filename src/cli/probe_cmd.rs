@@ -300,7 +300,16 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
         what: name.to_string(),
         seconds: t.elapsed().as_secs_f64(),
     }];
-    Ok((None, None, Vec::new(), Vec::new(), Vec::new(), p, timings, None))
+    Ok((
+        None,
+        None,
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        p,
+        timings,
+        None,
+    ))
 }
 
 /// Hex SHA-256 of a file (the HEF in the provenance).
