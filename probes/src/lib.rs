@@ -7,6 +7,7 @@
 pub mod causality;
 pub mod colmap;
 pub mod diagnose;
+pub mod diagnose_stage;
 pub mod error;
 pub mod greedy;
 pub mod inject;

@@ -31,8 +31,8 @@ impl Default for SplitsOptions {
     }
 }
 
-/// Split points `0..n` (at most `max`, evenly spread, always 0 and n − 1, plus every multiple of
-/// `p` and `n mod p`, the server's own chunk boundaries, while room is left).
+/// Split points `0..n` (`max` evenly spread, always 0 and n − 1, plus up to `max` more at
+/// `n mod p + k·p`, the server's own chunk boundaries).
 pub fn split_points(n: usize, p: usize, max: usize) -> Vec<usize> {
     if n == 0 {
         return Vec::new();
@@ -44,7 +44,7 @@ pub fn split_points(n: usize, p: usize, max: usize) -> Vec<usize> {
     let mut v: Vec<usize> = crate::causality::pick_positions(n, max);
     let boundaries = std::iter::once(n % p).chain((1..).map(|k| n % p + k * p));
     for b in boundaries.take_while(|&b| b < n) {
-        if v.len() >= max + 2 {
+        if v.len() >= 2 * max {
             break;
         }
         if b > 0 && !v.contains(&b) {
