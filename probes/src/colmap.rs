@@ -61,17 +61,16 @@ pub fn run(s: &mut Session, opts: &ColmapOptions) -> Result<ColmapFinding> {
     let first = s.first_step()?;
     s.progress.inc(1);
     let q = first.query;
-    let dev_self = s.driver.trial_step(s.dev, q, &MaskMode::SelfOnly)?.logits;
-    s.progress.inc(1);
-    let mut dev_rows = Vec::with_capacity(entries.len());
-    for &j in &entries {
-        dev_rows.push(
-            s.driver
-                .trial_step(s.dev, q, &MaskMode::SingleKey(j))?
-                .logits,
-        );
-        s.progress.inc(1);
-    }
+    // One batched run: self-only first, then every covered single key (independent trials).
+    let mut modes = vec![MaskMode::SelfOnly];
+    modes.extend(entries.iter().map(|&j| MaskMode::SingleKey(j)));
+    let mut outs = s.driver.trial_steps(s.dev, q, &modes)?.into_iter();
+    let dev_self = outs
+        .next()
+        .ok_or_else(|| crate::Error::Device("the batched trial run returned no output".into()))?
+        .logits;
+    let dev_rows: Vec<Vec<f32>> = outs.map(|o| o.logits).collect();
+    s.progress.inc(entries.len() as u64 + 1);
     let refs = reference_rows(s, q)?;
     let (ref_self, ref_keys) = refs
         .split_first()

@@ -49,6 +49,8 @@ pub struct Diagnosis {
     pub warnings: Vec<String>,
     pub probes: ProbeFindings,
     pub timings: Vec<Timing>,
+    /// Pipeline stage from the stale/causality/splits probes (not wired into diagnose yet).
+    pub stage: Option<kvprobe_schema::Stage>,
 }
 
 /// One cause found by a rule, with how sure the rule is.
@@ -302,6 +304,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         .into_iter()
         .fold(f64::INFINITY, f64::min);
         let confidence = if margin >= 0.02 { 0.95 } else { 0.75 };
+        ev.push("stale/causality/splits skipped: every control passes".into());
         return Ok(finish(
             Verdict::Healthy,
             confidence,
@@ -441,7 +444,10 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         if q.inconsistent_caches > 0 {
             causes.push(quant_cause(&q, &mut ev));
         }
-        ev.push("cache-path probes skipped: a graph control already fails".into());
+        ev.push(
+            "cache-path probes and stale/causality/splits skipped: a graph control already fails"
+                .into(),
+        );
         return Ok(conclude(causes, ev, warnings, p, run.timings));
     }
     if !has_tbt {
@@ -748,10 +754,16 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             run.timings,
         ));
     }
+    let mut stage = None;
     if causes.is_empty() {
         ev.push("no rule matched: the cache path fails but no probe isolates why".into());
+        stage = unknown_evidence(&mut run, &mut p, &mut ev)?;
+    } else {
+        ev.push("stale/causality/splits skipped: a named rule already settled the verdict".into());
     }
-    Ok(conclude(causes, ev, warnings, p, run.timings))
+    let mut d = conclude(causes, ev, warnings, p, run.timings);
+    d.stage = stage;
+    Ok(d)
 }
 
 /// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position.
@@ -862,5 +874,52 @@ fn finish(
         warnings,
         probes,
         timings,
+        stage: None,
     }
+}
+
+/// An `unknown` verdict carries the issue-10 probes' evidence and the stage they point at.
+fn unknown_evidence(
+    run: &mut Run,
+    p: &mut ProbeFindings,
+    ev: &mut Vec<String>,
+) -> Result<Option<kvprobe_schema::Stage>> {
+    use crate::{causality, splits, stale};
+    let st = run.timed("stale", |s| {
+        stale::run(
+            s,
+            &stale::StaleOptions {
+                steps: 4,
+                max_leak_trials: 16,
+                back_to_back_steps: 1,
+            },
+        )
+    })?;
+    let ca = run.timed("causality", |s| {
+        causality::run(s, &causality::CausalityOptions { max_perturbed: 8 })
+    })?;
+    let sp = run.timed("splits", |s| {
+        splits::run(s, &splits::SplitsOptions { max_splits: 6 })
+    })?;
+    ev.push(format!(
+        "stale: poison moved step {:?}; leaking slots {:?}",
+        st.first_moved_step,
+        st.leaks.iter().map(|l| l.slot).collect::<Vec<_>>()
+    ));
+    ev.push(format!(
+        "causality: {} leak cells above the diagonal ({} in the first layer)",
+        ca.leak_cells, ca.first_layer_leak_cells
+    ));
+    ev.push(format!(
+        "splits: pure decode min {:.4}, decode after prefill min {:.4}, prefill-continue min {:.4}",
+        sp.pure_decode_min, sp.mixed_decode_min, sp.prefill_continue_min
+    ));
+    let stage = crate::diagnose_stage::stage_from(Some(&st), Some(&ca), Some(&sp));
+    if let Some(x) = stage {
+        ev.push(format!("→ stage (issue-10 probes): {}", x.name()));
+    }
+    p.stale = Some(st);
+    p.causality = Some(ca);
+    p.splits = Some(sp);
+    Ok(stage)
 }

@@ -5,8 +5,10 @@
 //! the emulator's fault list (issue 4).
 
 pub mod affected;
+pub mod causality;
 pub mod colmap;
 pub mod diagnose;
+pub mod diagnose_stage;
 pub mod error;
 pub mod greedy;
 pub mod inject;
@@ -20,6 +22,8 @@ pub mod quant;
 pub mod rings;
 pub mod selfmask;
 pub mod session;
+pub mod splits;
+pub mod stale;
 pub mod thresholds;
 pub mod ztap;
 
@@ -29,7 +33,7 @@ pub use progress::{NoProgress, Progress};
 pub use session::{ComparedLogits, Geometry, Session};
 
 /// The probe names, in the order `diagnose` runs them (CLI subcommands share these names).
-pub const PROBES: [&str; 10] = [
+pub const PROBES: [&str; 13] = [
     "quant",
     "prefill",
     "selfmask",
@@ -40,4 +44,7 @@ pub const PROBES: [&str; 10] = [
     "positions",
     "layout",
     "inject",
+    "stale",
+    "causality",
+    "splits",
 ];

@@ -50,31 +50,40 @@ pub fn run(s: &mut Session) -> Result<MaskconvFinding> {
         ("shift-1", shifted_ring_row(l, usage, -1)),
         ("shift+1", shifted_ring_row(l, usage, 1)),
     ];
-    let mut variants = Vec::new();
-    let mut ring_logits = Vec::new();
-    for (name, row) in plain {
-        let out = s
-            .driver
-            .trial_step(s.dev, q, &MaskMode::Custom(vec![row]))?;
-        s.progress.inc(1);
-        let comparison = compare(&out.logits, &first.reference);
-        if name == "ring" {
-            ring_logits = out.logits;
-        }
-        variants.push(MaskVariant {
-            name: name.to_string(),
-            comparison,
-            reproduces: false,
-        });
-    }
     // per-head: head 0 ring, others self-only
     let mut maps = vec![self_only.clone(); nh];
     maps[0] = ring.clone();
-    let per_head_dev = s
+    let mut modes: Vec<MaskMode> = plain
+        .iter()
+        .map(|(_, row)| MaskMode::Custom(vec![row.clone()]))
+        .collect();
+    modes.push(MaskMode::Custom(maps));
+    // every convention in one batched run (independent trials from the same state)
+    let mut outs: Vec<Vec<f32>> = s
         .driver
-        .trial_step(s.dev, q, &MaskMode::Custom(maps))?
-        .logits;
-    s.progress.inc(1);
+        .trial_steps(s.dev, q, &modes)?
+        .into_iter()
+        .map(|o| o.logits)
+        .collect();
+    s.progress.inc(modes.len() as u64);
+    if outs.len() != modes.len() {
+        return Err(crate::Error::Device(format!(
+            "the batched trial run returned {} outputs for {} masks",
+            outs.len(),
+            modes.len()
+        )));
+    }
+    let per_head_dev = outs.pop().unwrap_or_default();
+    let ring_logits = outs[0].clone();
+    let mut variants: Vec<MaskVariant> = plain
+        .iter()
+        .zip(&outs)
+        .map(|((name, _), out)| MaskVariant {
+            name: name.to_string(),
+            comparison: compare(out, &first.reference),
+            reproduces: false,
+        })
+        .collect();
     let per_head_ref = per_head_reference(s, q)?;
     s.progress.inc(1);
     variants.push(MaskVariant {

@@ -1,13 +1,14 @@
 //! `positions`: the first tbt step with its positional input at `pos + δ`, δ ∈ [−4, 4]. If some
 //! δ ≠ 0 reproduces the reference at `pos`, the tbt graph's positions are wired δ off.
 //!
-//! The genai driver always sends the server's positions (contract §2.6), so the sweep wraps the
-//! device: [`PositionShift`] rewrites the tbt run's `pe_*` (or position-ids) inputs for the
-//! shifted position before they reach the device. Nothing else of the run changes.
+//! The genai driver always sends the server's positions (contract §2.6); the sweep runs every δ as
+//! one [`kvprobe_npu::Driver::trial_batch`] whose trials carry a position shift, which moves only
+//! the positional inputs. [`PositionShift`] does the same by rewriting a single run's `pe_*` (or
+//! position-ids) inputs at the device; it is kept as the independent check of the batched path.
 
 use std::collections::BTreeMap;
 
-use kvprobe_npu::{Buffer, Device, MaskMode, RunOutput};
+use kvprobe_npu::{Buffer, Device, MaskMode, RunOutput, Trial};
 use kvprobe_schema::{DeviceDescription, GroupKind, InputRole, PositionPoint, PositionsFinding};
 
 use crate::metrics::compare;
@@ -113,21 +114,27 @@ pub fn run(s: &mut Session) -> Result<PositionsFinding> {
     let first = s.first_step()?;
     s.progress.inc(1);
     let pos = first.position as i64;
-    let mut points = Vec::new();
-    for delta in DELTAS {
-        if pos + delta < 0 {
-            continue;
-        }
-        let mut shifted = PositionShift::new(s.dev, (pos + delta) as f64);
-        let out = s
-            .driver
-            .trial_step(&mut shifted, first.query, &MaskMode::Ring)?;
-        s.progress.inc(1);
-        points.push(PositionPoint {
+    // All shifts in one batched run: a trial's position shift moves only its positional inputs,
+    // exactly what `PositionShift` does to a single run.
+    let deltas: Vec<i64> = DELTAS.filter(|d| pos + d >= 0).collect();
+    let trials: Vec<Trial> = deltas
+        .iter()
+        .map(|&d| Trial {
+            token: first.query,
+            mode: MaskMode::Ring,
+            position_shift: d,
+        })
+        .collect();
+    let outs = s.driver.trial_batch(s.dev, &trials)?;
+    s.progress.inc(trials.len() as u64);
+    let points: Vec<PositionPoint> = deltas
+        .iter()
+        .zip(&outs)
+        .map(|(&delta, out)| PositionPoint {
             delta,
             comparison: compare(&out.logits, &first.reference),
-        });
-    }
+        })
+        .collect();
     let baseline_cosine = points
         .iter()
         .find(|p| p.delta == 0)

@@ -422,6 +422,9 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             golden_swapped: cmp(0.2, 77, false),
             blame: if faulty { "reader" } else { "none" }.into(),
         }),
+        stale: None,
+        causality: None,
+        splits: None,
     }
 }
 
@@ -439,6 +442,7 @@ pub fn healthy_results() -> Results {
         ],
         also: vec![],
         warnings: vec![],
+        stage: None,
         probes: findings(n, false),
         provenance: provenance(n, vec![]),
     }
@@ -461,6 +465,7 @@ pub fn faulty_results() -> Results {
         ],
         also: vec![Verdict::CacheQuantization],
         warnings: vec!["placement: <b>offset</b> advanced by P on a short first chunk".into()],
+        stage: None,
         probes: findings(n, true),
         provenance: provenance(
             n,

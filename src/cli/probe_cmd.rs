@@ -42,6 +42,12 @@ pub enum ProbeCommand {
     Layout(DeviceArgs),
     /// Golden reference rings written into the device, then a tbt step.
     Inject(DeviceArgs),
+    /// Poison unused ring slots and rerun the tbt steps: which steps and slots see the poison.
+    Stale(DeviceArgs),
+    /// Replace one prompt token at a time: which earlier positions' cache entries change.
+    Causality(DeviceArgs),
+    /// The prompt prefilled and decoded with a split at every position, against the reference.
+    Splits(DeviceArgs),
     /// Run the probes and name the root cause.
     Diagnose(DeviceArgs),
 }
@@ -59,6 +65,9 @@ impl ProbeCommand {
             ProbeCommand::Positions(a) => ("positions", a),
             ProbeCommand::Layout(a) => ("layout", a),
             ProbeCommand::Inject(a) => ("inject", a),
+            ProbeCommand::Stale(a) => ("stale", a),
+            ProbeCommand::Causality(a) => ("causality", a),
+            ProbeCommand::Splits(a) => ("splits", a),
             ProbeCommand::Diagnose(a) => ("diagnose", a),
         }
     }
@@ -166,7 +175,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         (outcome, std::mem::take(&mut s.compared))
     };
     bar.finish();
-    let (verdict, confidence, evidence, also, warnings, probes, probe_timings) =
+    let (verdict, confidence, evidence, also, warnings, probes, probe_timings, stage) =
         outcome.map_err(probe_error)?;
     timings.extend(probe_timings);
     timings.push(Timing {
@@ -187,6 +196,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         evidence,
         also,
         warnings,
+        stage,
         probes,
         provenance: Provenance {
             command: argv,
@@ -239,6 +249,7 @@ type Outcome = (
     Vec<String>,
     ProbeFindings,
     Vec<Timing>,
+    Option<kvprobe_schema::Stage>,
 );
 
 fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::Result<Outcome> {
@@ -261,6 +272,7 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
                 d.warnings,
                 d.probes,
                 d.timings,
+                d.stage,
             ));
         }
         "prefill" => p.prefill = Some(prefill::run(s, &PrefillOptions::default())?),
@@ -273,13 +285,31 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
         "positions" => p.positions = Some(positions::run(s)?),
         "layout" => p.layout = Some(layout::run(s)?),
         "inject" => p.inject = Some(inject::run(s)?),
+        "stale" => {
+            let opts = stale::StaleOptions {
+                steps: steps.min(64),
+                ..Default::default()
+            };
+            p.stale = Some(stale::run(s, &opts)?)
+        }
+        "causality" => p.causality = Some(causality::run(s, &Default::default())?),
+        "splits" => p.splits = Some(splits::run(s, &Default::default())?),
         other => return Err(Error::Input(format!("unknown probe `{other}`"))),
     }
     let timings = vec![Timing {
         what: name.to_string(),
         seconds: t.elapsed().as_secs_f64(),
     }];
-    Ok((None, None, Vec::new(), Vec::new(), Vec::new(), p, timings))
+    Ok((
+        None,
+        None,
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        p,
+        timings,
+        None,
+    ))
 }
 
 /// Hex SHA-256 of a file (the HEF in the provenance).
@@ -521,8 +551,79 @@ pub fn summary(r: &Results) -> String {
             );
         }
     }
+    if r.verdict.is_none() {
+        s += &new_probe_summary(p);
+    }
     for w in &r.warnings {
         s += &format!("warning: {w}\n");
+    }
+    s
+}
+
+/// Summary lines of the stale, causality and splits probes.
+fn new_probe_summary(p: &ProbeFindings) -> String {
+    let mut s = String::new();
+    if let Some(f) = &p.stale {
+        let moved: Vec<String> = f
+            .steps
+            .iter()
+            .filter(|x| x.moved)
+            .map(|x| x.step.to_string())
+            .collect();
+        s += &format!(
+            "stale: {} never-written + {} previously-written slots poisoned (|value| {:.3}); steps moved: {}\n",
+            f.never_written_slots.len(),
+            f.previously_written_slots.len(),
+            f.poison_magnitude,
+            if moved.is_empty() { "none".to_string() } else { moved.join(", ") }
+        );
+        for l in &f.leaks {
+            s += &format!(
+                "  leak: step {} sees slot {} ({}, {} slots from the valid window)\n",
+                l.step, l.slot, l.class, l.distance_to_valid
+            );
+        }
+        if !f.leak_search_complete {
+            s += &format!("  slot search stopped after {} trials\n", f.leak_trials);
+        }
+        if let Some(b) = &f.back_to_back {
+            s += &format!(
+                "stale: second request after the first: with reset min cosine {:.6} ({}), without reset {:.6} ({})\n",
+                b.with_reset_cosine,
+                if b.depends_with_reset { "DEPENDS on the first" } else { "independent" },
+                b.without_reset_cosine,
+                if b.depends_without_reset { "depends, as a continuation should" } else { "independent" }
+            );
+        }
+    }
+    if let Some(f) = &p.causality {
+        s += &format!(
+            "causality: {} perturbed positions; {} leak cells above the diagonal ({} in the first layer), {} stray cells, first-layer shift {:?}\n",
+            f.perturbed.len(),
+            f.leak_cells,
+            f.first_layer_leak_cells,
+            f.stray_cells,
+            f.first_layer_shift
+        );
+        for l in f.leaks.iter().take(8) {
+            s += &format!(
+                "  leak: position {} changed by {:.4} when position {} was replaced{}\n",
+                l.position,
+                l.change,
+                l.perturbed,
+                if l.first_layer { " (first layer)" } else { "" }
+            );
+        }
+    }
+    if let Some(f) = &p.splits {
+        s += &format!(
+            "splits: whole prefill {:.4}; prefill-continue min {:.4}; pure decode min {:.4}; decode after prefill min {:.4}; failing splits {:?}\n",
+            f.whole_prefill.cosine,
+            f.prefill_continue_min,
+            f.pure_decode_min,
+            f.mixed_decode_min,
+            f.failing_splits
+        );
     }
     s
 }

@@ -540,6 +540,162 @@ pub fn blocks(r: &Results, charts: &[(&'static str, String)]) -> Vec<ProbeBlock>
             detail: fold("runs", &table(&with_cmp(&["rings"]), &rows), rows.len()),
         });
     }
+    if let Some(f) = &p.stale {
+        let rows: Vec<_> = f
+            .steps
+            .iter()
+            .map(|x| {
+                (
+                    vec![
+                        x.step.to_string(),
+                        x.position.to_string(),
+                        num(x.cosine_to_clean, 6),
+                        num(x.max_abs_diff, 4),
+                        yes(x.moved),
+                    ],
+                    Some(!x.moved),
+                )
+            })
+            .collect();
+        let leaks: Vec<String> = f
+            .leaks
+            .iter()
+            .map(|l| format!("step {} slot {} ({})", l.step, l.slot, html(&l.class)))
+            .collect();
+        let mut pairs = vec![
+            (
+                "poisoned never-written slots",
+                f.never_written_slots.len().to_string(),
+            ),
+            (
+                "poisoned previously-written slots",
+                f.previously_written_slots.len().to_string(),
+            ),
+            ("poison |value|", num(f.poison_magnitude, 3)),
+            (
+                "leaking slots",
+                if leaks.is_empty() {
+                    "none".into()
+                } else {
+                    leaks.join(", ")
+                },
+            ),
+        ];
+        if let Some(b) = &f.back_to_back {
+            pairs.push((
+                "second request, with reset",
+                format!(
+                    "min cosine {} — {}",
+                    num(b.with_reset_cosine, 6),
+                    if b.depends_with_reset {
+                        "DEPENDS on the first"
+                    } else {
+                        "independent"
+                    }
+                ),
+            ));
+            pairs.push((
+                "second request, without reset",
+                format!("min cosine {}", num(b.without_reset_cosine, 6)),
+            ));
+        }
+        out.push(ProbeBlock {
+            id: "stale",
+            title: "Stale: poisoned unused ring slots",
+            summary: kv_table(&pairs),
+            chart: String::new(),
+            detail: fold(
+                "per-step table",
+                &table(
+                    &["step", "position", "cosine to clean", "max |diff|", "moved"],
+                    &rows,
+                ),
+                rows.len(),
+            ),
+        });
+    }
+    if let Some(f) = &p.causality {
+        let rows: Vec<_> = f
+            .leaks
+            .iter()
+            .map(|l| {
+                (
+                    vec![
+                        l.position.to_string(),
+                        l.perturbed.to_string(),
+                        num(l.change, 4),
+                        yes(l.first_layer),
+                    ],
+                    Some(false),
+                )
+            })
+            .collect();
+        out.push(ProbeBlock {
+            id: "causality",
+            title: "Causality: earlier cache entries after replacing a later token",
+            summary: kv_table(&[
+                ("perturbed positions", f.perturbed.len().to_string()),
+                ("leak cells above the diagonal", f.leak_cells.to_string()),
+                (
+                    "of which in the first layer",
+                    f.first_layer_leak_cells.to_string(),
+                ),
+                (
+                    "stray cells (slots without a prompt token)",
+                    f.stray_cells.to_string(),
+                ),
+            ]),
+            chart: String::new(),
+            detail: fold(
+                "leak cells",
+                &table(
+                    &[
+                        "position",
+                        "perturbed position",
+                        "relative change",
+                        "first layer",
+                    ],
+                    &rows,
+                ),
+                rows.len(),
+            ),
+        });
+    }
+    if let Some(f) = &p.splits {
+        let rows: Vec<_> = f
+            .rows
+            .iter()
+            .map(|r| {
+                let pc = r
+                    .prefill_continue
+                    .as_ref()
+                    .map_or("—".to_string(), |c| num(c.cosine, 4));
+                (
+                    vec![r.split.to_string(), pc, num(r.decode_final.cosine, 4)],
+                    Some(!f.failing_splits.contains(&r.split)),
+                )
+            })
+            .collect();
+        out.push(ProbeBlock {
+            id: "splits",
+            title: "Splits: the prompt through every split point",
+            summary: kv_table(&[
+                ("whole prefill cosine", num(f.whole_prefill.cosine, 4)),
+                ("prefill-continue min", num(f.prefill_continue_min, 4)),
+                ("pure decode min", num(f.pure_decode_min, 4)),
+                ("decode after prefill min", num(f.mixed_decode_min, 4)),
+            ]),
+            chart: String::new(),
+            detail: fold(
+                "per-split table",
+                &table(
+                    &["split", "prefill-continue cosine", "decode final cosine"],
+                    &rows,
+                ),
+                rows.len(),
+            ),
+        });
+    }
     out
 }
 
