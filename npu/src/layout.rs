@@ -19,6 +19,8 @@ pub struct StreamShape {
     pub features: usize,
     /// `b`: bytes per element.
     pub elem_bytes: usize,
+    /// Features per KV head (only the head-major test layout uses it).
+    pub head_dim: usize,
 }
 
 impl StreamShape {
@@ -29,6 +31,9 @@ impl StreamShape {
         self.tokens * self.entry_bytes()
     }
 }
+
+/// Tokens per tile of the `tile16` test layout.
+pub const TILE: usize = 16;
 
 /// Whether a layout can stream `features` per token without padding (F8CR pads channels to 8,
 /// contract §7.2; the emulator keeps `E = C·b`, so it needs `C` to be a multiple of 8).
@@ -44,17 +49,29 @@ pub fn check_supported(layout: Layout, features: usize) -> Result<()> {
 /// Element index of logical `(token, feature)` in the stream (contract §7.2 with `H = 1`, tokens on
 /// the width axis, `W = N`):
 /// token-major (NHWC) `t·C + c`; feature-major (NHCW) `c·N + t`; F8CR `⌊c/8⌋·8N + 8t + c mod 8`.
-pub fn element_position(layout: Layout, n: usize, c_total: usize, t: usize, c: usize) -> usize {
+/// Test layouts: head-major `h·N·D + t·D + d` (`c = h·D + d`); tile16
+/// `⌊t/16⌋·16C + c·w + t mod 16` with `w` the tile's width (16, less in a last partial tile).
+pub fn element_position(layout: Layout, shape: StreamShape, t: usize, c: usize) -> usize {
+    let (n, c_total) = (shape.tokens, shape.features);
     match layout {
         Layout::TokenMajor => t * c_total + c,
         Layout::FeatureMajor => c * n + t,
         Layout::F8cr => (c / 8) * (8 * n) + 8 * t + (c % 8),
+        Layout::HeadMajor => {
+            let d = shape.head_dim.max(1);
+            (c / d) * n * d + t * d + c % d
+        }
+        Layout::Tile16 => {
+            let base = t / TILE * TILE;
+            let w = TILE.min(n - base);
+            base * c_total + c * w + (t - base)
+        }
     }
 }
 
 /// `ℓ_N(token, feature)` as a byte position of the element's first byte.
 pub fn byte_position(layout: Layout, shape: StreamShape, t: usize, c: usize) -> usize {
-    element_position(layout, shape.tokens, shape.features, t, c) * shape.elem_bytes
+    element_position(layout, shape, t, c) * shape.elem_bytes
 }
 
 /// Logical block (token-major bytes, `[N][E]`) → stream in `layout`.
@@ -128,6 +145,7 @@ mod tests {
             tokens: n,
             features: c,
             elem_bytes: b,
+            head_dim: c,
         }
     }
 
@@ -208,5 +226,41 @@ mod tests {
         decode(Layout::FeatureMajor, shape(2, 4, 1), &s[..8], &mut back);
         // reader token 0 feature f sits at f·2: stream[0,2,4,6] = 10, 30, 21, 12
         assert_eq!(&back[..4], &[10, 30, 21, 12]);
+    }
+
+    #[test]
+    fn head_major_hand_example_two_heads() {
+        // N = 2 tokens, 2 heads of D = 2 (C = 4): token t feature c = 10·(t+1) + c
+        let block: Vec<u8> = vec![10, 11, 12, 13, 20, 21, 22, 23];
+        let sh = StreamShape {
+            head_dim: 2,
+            ..shape(2, 4, 1)
+        };
+        let mut s = Vec::new();
+        encode(Layout::HeadMajor, sh, &block, &mut s);
+        // head 0: tokens 0, 1 dims 0..2; then head 1
+        assert_eq!(s, vec![10, 11, 20, 21, 12, 13, 22, 23]);
+        let mut back = Vec::new();
+        decode(Layout::HeadMajor, sh, &s, &mut back);
+        assert_eq!(back, block);
+    }
+
+    #[test]
+    fn tile16_hand_example_with_partial_tile() {
+        // N = 18 tokens, C = 2: tile 0 holds tokens 0..16 feature-major, tile 1 tokens 16, 17.
+        let sh = shape(18, 2, 1);
+        assert_eq!(element_position(Layout::Tile16, sh, 0, 0), 0);
+        assert_eq!(element_position(Layout::Tile16, sh, 15, 0), 15);
+        assert_eq!(element_position(Layout::Tile16, sh, 0, 1), 16);
+        assert_eq!(element_position(Layout::Tile16, sh, 15, 1), 31);
+        assert_eq!(element_position(Layout::Tile16, sh, 16, 0), 32);
+        assert_eq!(element_position(Layout::Tile16, sh, 17, 0), 33);
+        assert_eq!(element_position(Layout::Tile16, sh, 16, 1), 34);
+        assert_eq!(element_position(Layout::Tile16, sh, 17, 1), 35);
+        let mut seen: Vec<usize> = (0..18)
+            .flat_map(|t| (0..2).map(move |c| element_position(Layout::Tile16, sh, t, c)))
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..36).collect::<Vec<_>>());
     }
 }

@@ -125,6 +125,8 @@ fn writer_and_runtime_faults_move_the_bytes() {
     for fault in [
         "prefill-write-layout=feature-major",
         "prefill-write-layout=f8cr@k",
+        "prefill-write-layout=head-major",
+        "prefill-write-layout=tile16@v,layer=1",
         "offset=after-run",
         "truncate-entry=64",
     ] {

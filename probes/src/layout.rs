@@ -95,6 +95,7 @@ pub fn score_cache(
         tokens: win,
         features: f,
         elem_bytes: info.elem_bytes,
+        head_dim: f,
     };
     let mut scores = Vec::new();
     let mut stream = Vec::with_capacity(win * e);

@@ -51,21 +51,42 @@ pub enum Layout {
     FeatureMajor,
     /// F8CR: groups of 8 features, each group spanning all tokens.
     F8cr,
+    /// Test layout (emulator only, not in [`Layout::ALL`]): one KV head's `[token][dim]` block
+    /// after the other.
+    HeadMajor,
+    /// Test layout (emulator only, not in [`Layout::ALL`]): tokens in tiles of 16, each tile
+    /// feature-major (a transposed 16-token group).
+    Tile16,
 }
 
 impl Layout {
+    /// The named layouts a real compile is known to produce; the `layout` probe tries these.
     pub const ALL: [Layout; 3] = [Layout::TokenMajor, Layout::FeatureMajor, Layout::F8cr];
+    /// Layouts the emulator can also write, hidden from the named `layout` probe so that
+    /// `layout --infer` is tested on orders it was never told about.
+    pub const TEST: [Layout; 2] = [Layout::HeadMajor, Layout::Tile16];
 
     pub fn name(self) -> &'static str {
         match self {
             Layout::TokenMajor => "token-major",
             Layout::FeatureMajor => "feature-major",
             Layout::F8cr => "f8cr",
+            Layout::HeadMajor => "head-major",
+            Layout::Tile16 => "tile16",
         }
     }
 
+    /// A named layout ([`Layout::ALL`]) by name.
     pub fn parse(s: &str) -> Option<Layout> {
         Layout::ALL.into_iter().find(|l| l.name() == s)
+    }
+
+    /// Any layout the emulator can write, named or test.
+    pub fn parse_any(s: &str) -> Option<Layout> {
+        Layout::ALL
+            .into_iter()
+            .chain(Layout::TEST)
+            .find(|l| l.name() == s)
     }
 }
 

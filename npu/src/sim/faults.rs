@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `tbt-read-layout=feature-major\|f8cr` | tbt decodes its cache reads in that layout (F9) | k, v, layer |
 //! | `prefill-write-layout=feature-major\|f8cr` | prefill encodes its cache writes in that layout | k, v, layer |
+//! | `…-layout=head-major\|tile16` | test layouts (`Layout::TEST`) the named `layout` probe never tries: one KV head's `[token][dim]` block after another; tokens in tiles of 16, each tile feature-major | k, v, layer |
 //! | `mask=left-valid` | the graph applies past-column `c` of the mask to key `W−1−c` (it expects valid entries on the left); default tbt | prefill, tbt |
 //! | `mask=repeat` | the graph widens head 0's row element-wise (AABB) instead of tiling (F4): head `h` key `k` uses host head 0 column `(h·KV + k) / NH`; default both | prefill, tbt |
 //! | `offset=after-run` | `update_cache_offset` takes effect after the next run instead of before | — |
@@ -131,10 +132,10 @@ fn parse_factor(text: &str, v: Option<&str>) -> Result<f32> {
 
 fn parse_layout(text: &str, v: Option<&str>) -> Result<Layout> {
     let v = v.ok_or_else(|| bad(text, "needs a layout: =feature-major or =f8cr"))?;
-    Layout::parse(v).ok_or_else(|| {
+    Layout::parse_any(v).ok_or_else(|| {
         bad(
             text,
-            format!("unknown layout `{v}`; use feature-major or f8cr"),
+            format!("unknown layout `{v}`; use feature-major, f8cr, head-major or tile16"),
         )
     })
 }

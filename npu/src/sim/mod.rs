@@ -192,6 +192,7 @@ pub struct SimDevice {
     theta: Option<Vec<f32>>,
     features: usize,
     elem_bytes: usize,
+    head_dim: usize,
     // scratch
     stream: Vec<u8>,
     block: Vec<u8>,
@@ -240,10 +241,12 @@ impl SimDevice {
         for text in &opts.faults {
             faults.push(faults::parse(text)?);
         }
+        let head_dim = cfg.head_dim;
         let shape_for = move |n: usize| StreamShape {
             tokens: n,
             features,
             elem_bytes,
+            head_dim,
         };
         let cx = faults::FaultContext {
             n_layers,
@@ -330,6 +333,7 @@ impl SimDevice {
             theta,
             features,
             elem_bytes,
+            head_dim,
             stream: Vec::new(),
             block: Vec::new(),
         };
@@ -811,6 +815,7 @@ impl SimDevice {
             tokens: n_in,
             features: self.features,
             elem_bytes: self.elem_bytes,
+            head_dim: self.head_dim,
         };
         let lay = self.layout_of(g, layer, kind, CacheDirection::Input);
         layout::decode(lay, shape, &stream, &mut block);
@@ -868,6 +873,7 @@ impl SimDevice {
             tokens,
             features: self.features,
             elem_bytes: self.elem_bytes,
+            head_dim: self.head_dim,
         };
         let lay = self.layout_of(g, layer, kind, CacheDirection::Output);
         layout::encode(lay, shape, &block, &mut stream);

@@ -234,6 +234,8 @@ fn layout_abbrev(l: Layout) -> &'static str {
         Layout::TokenMajor => "TM",
         Layout::FeatureMajor => "FM",
         Layout::F8cr => "F8",
+        Layout::HeadMajor => "HM",
+        Layout::Tile16 => "T16",
     }
 }
 
