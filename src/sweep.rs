@@ -563,22 +563,8 @@ pub fn run_case(bin: &Path, case: &Case) -> Outcome {
         Ok(v) => {
             o.verdict = v["verdict"].as_str().unwrap_or("null").to_string();
             o.confidence = v["confidence"].as_f64().unwrap_or(0.0);
-            o.also = v["also"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default();
-            o.evidence = v["evidence"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default();
+            o.also = strings(&v["also"]);
+            o.evidence = strings(&v["evidence"]);
         }
         Err(e) => {
             o.error = Some(format!(
@@ -741,6 +727,17 @@ pub fn report(outcomes: &[Outcome], seed: u64) -> String {
         );
     }
     out
+}
+
+/// The strings of a JSON array (non-strings skipped; not an array = none).
+fn strings(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
