@@ -31,6 +31,7 @@ const TABLE: &[(&str, &str)] = &[
     ("softmax=shared-across-heads", "prefill-graph"),
     ("softmax=shared-across-heads@tbt", "tbt-graph"),
     ("truncate-entry=16", "cache-truncation"),
+    ("rope-theta=sign-folded", "position-mismatch"),
 ];
 
 const IDS_REMAINDER: &str = "1,5,9,22,41,17,3,99,150,200,12,7,8"; // 13 tokens, P = 8: chunks 5 + 8
@@ -126,6 +127,7 @@ fn smollm2_fault_matrix() {
         // a doubled attention scale is partly mimicked by a position shift (0.944 at δ = −2):
         // the position rule must not take it
         ("tbt-attn-scale=2", "tbt-graph"),
+        ("rope-theta=sign-folded", "position-mismatch"),
     ];
     let failures: Vec<String> = picks
         .iter()

@@ -85,18 +85,18 @@ fn write_hef_for(model_dir: &Path, hef: &Path, l: u32, p: u32) {
         .unwrap()
         .into_bytes();
     let inv = model.rope_inv_freq().expect("a RoPE model");
-    let theta: Vec<u8> = inv
+    // The contract's fallback form (§2.6): first half negated. `inspect --emit-sim` reads the
+    // convention off the table, so the emulated graph behind the stand-in expects it too.
+    let plain: Vec<f32> = inv.iter().chain(inv.iter()).copied().collect();
+    let theta: Vec<u8> = kvprobe_npu::RopeTheta::SignFolded
+        .table(&plain)
         .iter()
-        .chain(inv.iter())
         .flat_map(|x| x.to_le_bytes())
         .collect();
     for (name, bytes) in spec.resources.iter_mut() {
         match name.as_str() {
             "tokenizer.json" => *bytes = tokenizer.clone(),
             "embeddings.bin" => *bytes = emb.clone(),
-            // The emulator's RoPE takes theta unsigned (cos/sin of θ·pos per column, the HF
-            // rotate-half pairing); the sign-folded form of the contract's fallback generator
-            // (§2.6) would flip the first half's sines on the emulator.
             "rope_theta_data.bin" => *bytes = theta.clone(),
             _ => {}
         }

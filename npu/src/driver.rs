@@ -281,6 +281,27 @@ impl Driver {
         })
     }
 
+    /// The RoPE theta table the driver turns into cos/sin (contract §2.6).
+    pub fn rope_theta(&self) -> Option<&[f32]> {
+        self.theta.as_deref()
+    }
+
+    /// Drive with another theta table (same length) from now on; returns the previous one. A
+    /// probe uses it to ask whether the graph was compiled for another table than it ships.
+    pub fn replace_rope_theta(&mut self, theta: Vec<f32>) -> Result<Vec<f32>> {
+        match &mut self.theta {
+            Some(t) if t.len() == theta.len() => Ok(std::mem::replace(t, theta)),
+            Some(t) => Err(Error::InvalidArgument(format!(
+                "theta table of {} values for a device with D = {}",
+                theta.len(),
+                t.len()
+            ))),
+            None => Err(Error::InvalidArgument(
+                "the device takes position ids, not a RoPE theta table".into(),
+            )),
+        }
+    }
+
     pub fn cache_len(&self) -> usize {
         self.cache_len
     }

@@ -9,6 +9,7 @@ pub mod layout;
 pub mod mask;
 pub mod quant;
 pub mod ring;
+pub mod rope;
 pub mod sim;
 
 pub use buffer::Buffer;
@@ -17,6 +18,7 @@ pub use driver::{argmax, Driver, EmbeddingTable, HostState, Trial};
 pub use error::{Error, Result};
 pub use mask::MaskMode;
 pub use ring::{CacheRing, RingSet};
+pub use rope::RopeTheta;
 
 #[cfg(feature = "hailo")]
 pub mod hailo;

@@ -116,6 +116,20 @@ fn faults_unknown_scoped_and_noop() {
         (&gpt2, "gqa-repeat=block", |e| {
             matches!(e, Error::NoOpFault { .. })
         }),
+        // the table already has the graph's (default plain) convention
+        (&m, "rope-theta=plain", |e| {
+            matches!(e, Error::NoOpFault { .. })
+        }),
+        // learned positions: no theta table to get wrong
+        (&gpt2, "rope-theta=sign-folded", |e| {
+            matches!(e, Error::NoOpFault { .. })
+        }),
+        (&m, "rope-theta=folded", |e| {
+            matches!(e, Error::BadFault { .. })
+        }),
+        (&m, "rope-theta=plain@tbt", |e| {
+            matches!(e, Error::FaultScope { .. })
+        }),
     ];
     for (model, f, is) in cases {
         let e = err_of(model, with_fault(f));

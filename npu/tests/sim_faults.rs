@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kvprobe_npu::sim::SimOptions;
-use kvprobe_npu::{Device, MaskMode};
+use kvprobe_npu::{Device, MaskMode, RopeTheta};
 use kvprobe_reference::Model;
 use kvprobe_schema::{CacheDirection, GroupKind};
 
@@ -312,4 +312,59 @@ fn position_fault_is_repaired_by_shifting_the_position() {
 
 fn shift_position(st: kvprobe_npu::HostState, by: i64) -> kvprobe_npu::HostState {
     st.with_position_offset(by)
+}
+
+/// The theta table the device description ships, split into halves.
+fn theta_halves(dev: &kvprobe_npu::sim::SimDevice) -> (Vec<f32>, Vec<f32>) {
+    let t = dev.describe().shape.rope_theta.clone().unwrap();
+    let (a, b) = t.split_at(t.len() / 2);
+    (a.to_vec(), b.to_vec())
+}
+
+#[test]
+fn a_sign_folded_graph_with_its_folded_table_computes_like_the_plain_one() {
+    // Contract §2.6: a graph that swaps halves without a sign, fed the table whose first half is
+    // negated, rotates exactly like HF rotate_half with the plain table.
+    let (_d, m) = tiny_llama(41);
+    let healthy = observe(&m, &[]);
+    let mut o = float_opts(24, 16);
+    o.rope_theta = RopeTheta::SignFolded;
+    let (dev, _) = sim(&m, o.clone());
+    let (first, second) = theta_halves(&dev);
+    let inv = m.rope_inv_freq().unwrap();
+    assert_eq!(second, inv);
+    assert_eq!(first, inv.iter().map(|x| -x).collect::<Vec<_>>());
+    let (mut dev, mut drv) = sim(&m, o);
+    let prompt = ids(16, m.config().vocab_size, 3);
+    let prefill = drv.prefill(&mut dev, &prompt).unwrap().logits;
+    let ring_step = drv.step(&mut dev, 17, &MaskMode::Ring).unwrap().logits;
+    assert!(near(&prefill, &healthy.prefill));
+    assert!(near(&ring_step, &healthy.ring_step));
+}
+
+#[test]
+fn rope_theta_fault_breaks_prefill_and_the_other_table_repairs_it() {
+    let (_d, m) = tiny_llama(41);
+    let healthy = observe(&m, &[]);
+    let mut o = float_opts(24, 16);
+    o.faults = vec!["rope-theta=sign-folded".into()];
+    let (mut dev, mut drv) = sim(&m, o);
+    let (first, _) = theta_halves(&dev);
+    assert!(
+        first.iter().all(|x| *x < 0.0),
+        "the shipped table is folded"
+    );
+    let prompt = ids(16, m.config().vocab_size, 3);
+    let faulty = drv.prefill(&mut dev, &prompt).unwrap().logits;
+    assert!(differs(&faulty, &healthy.prefill));
+    // the graph still expects the plain table: driving with it reproduces the healthy device
+    let plain = RopeTheta::Plain.table(drv.rope_theta().unwrap());
+    drv.replace_rope_theta(plain).unwrap();
+    drv.reset(&mut dev).unwrap();
+    let repaired = drv.prefill(&mut dev, &prompt).unwrap().logits;
+    assert!(
+        near(&repaired, &healthy.prefill),
+        "max diff {}",
+        max_abs_diff(&repaired, &healthy.prefill)
+    );
 }

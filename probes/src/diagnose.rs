@@ -372,6 +372,35 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             stage: 0,
         });
     }
+    if !pf_single_ok && has_tbt && run.s.driver.rope_theta().is_some() {
+        // A graph compiled for the other RoPE sign convention than the table it ships fails
+        // every single-chunk row; driving with the table flipped repairs them (contract §2.6).
+        let mut ps = match p.positions.take() {
+            Some(ps) => ps,
+            None => run.timed("positions", positions::run)?,
+        };
+        ps.theta = run.timed("positions (theta)", positions::theta_check)?;
+        let flipped = ps.theta.clone();
+        p.positions = Some(ps);
+        if let Some(t) = flipped.as_ref().filter(|t| theta_fault(t)) {
+            ev.push(format!(
+                "→ position-mismatch: single-chunk prefill rows reach cosine {:.4} when the host sends the theta table in the other sign convention, against {:.4} with the shipped {} table: the graph was compiled for the other RoPE convention than rope_theta_data.bin",
+                t.other_cosine, t.declared_cosine, t.declared
+            ));
+            causes.push(Cause {
+                verdict: Verdict::PositionMismatch,
+                confidence: 0.95,
+                stage: 0,
+            });
+            return Ok(conclude(causes, ev, warnings, p, run.timings));
+        }
+        if let Some(t) = flipped {
+            ev.push(format!(
+                "positions: the theta table in the other sign convention does not repair the single-chunk rows ({:.4} vs {:.4} with the shipped {} table)",
+                t.other_cosine, t.declared_cosine, t.declared
+            ));
+        }
+    }
     if !pf_single_ok {
         if !pf_rel_fail {
             ev.push(format!(
@@ -767,6 +796,13 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
 }
 
 /// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position.
+/// The other theta convention repairs the single-chunk rows that the shipped one fails.
+fn theta_fault(t: &kvprobe_schema::ThetaCheck) -> bool {
+    let miss = |c: f64| (1.0 - c).max(REL_NOISE_FLOOR);
+    t.other_cosine >= STAGE_MEAN_COSINE
+        && miss(t.declared_cosine) >= THETA_REPAIR_RATIO * miss(t.other_cosine)
+}
+
 fn position_fault(ps: &kvprobe_schema::PositionsFinding) -> bool {
     ps.best_delta != 0
         && ps.best_cosine >= POSITION_REPRODUCES

@@ -8,10 +8,12 @@
 
 use std::collections::BTreeMap;
 
-use kvprobe_npu::{Buffer, Device, MaskMode, RunOutput, Trial};
-use kvprobe_schema::{DeviceDescription, GroupKind, InputRole, PositionPoint, PositionsFinding};
+use kvprobe_npu::{Buffer, Device, MaskMode, RopeTheta, RunOutput, Trial};
+use kvprobe_schema::{
+    DeviceDescription, GroupKind, InputRole, PositionPoint, PositionsFinding, ThetaCheck,
+};
 
-use crate::metrics::compare;
+use crate::metrics::{compare, summarise};
 use crate::session::Session;
 use crate::Result;
 
@@ -153,5 +155,61 @@ pub fn run(s: &mut Session) -> Result<PositionsFinding> {
         best_delta: best.0,
         best_cosine: best.1,
         baseline_cosine,
+        theta: None,
     })
+}
+
+/// [`run`] plus the theta sign-convention check (the `positions` command; `diagnose` adds the
+/// check only where single-chunk prefill rows fail, the one place it can explain).
+pub fn run_with_theta(s: &mut Session) -> Result<PositionsFinding> {
+    let mut f = run(s)?;
+    f.theta = theta_check(s)?;
+    Ok(f)
+}
+
+/// Prefix lengths of the theta check: single-chunk prefixes (they read no cache, so only the
+/// graph's own rotation decides them), longest first.
+const THETA_ROWS: usize = 3;
+
+/// Single-chunk prefill rows with the device's theta table and with the same table in the other
+/// sign convention; `None` for a device without a theta table (learned positions).
+pub fn theta_check(s: &mut Session) -> Result<Option<ThetaCheck>> {
+    let Some(declared) = s.driver.rope_theta().map(<[f32]>::to_vec) else {
+        return Ok(None);
+    };
+    let g = s.geometry();
+    let longest = g.prompt_len.min(g.prefill_len);
+    // Position 0's rotation is the identity in both conventions: rows start at 2 tokens.
+    let mut ks: Vec<usize> = [longest, longest.div_ceil(2), 2]
+        .into_iter()
+        .filter(|&k| k >= 2 && k <= longest)
+        .collect();
+    ks.dedup();
+    ks.truncate(THETA_ROWS);
+    if ks.is_empty() {
+        return Ok(None);
+    }
+    let convention = RopeTheta::of_table(&declared);
+    let other = convention.other().table(&declared);
+    let reference = s.prompt_ref()?;
+    let ids = s.ids.clone();
+    let rows = |s: &mut Session| -> Result<f64> {
+        let mut cmp = Vec::with_capacity(ks.len());
+        for &k in &ks {
+            let out = s.prefill(&ids[..k])?;
+            cmp.push(compare(&out.logits, reference.row(k - 1)));
+        }
+        Ok(summarise(cmp.iter()).0)
+    };
+    let declared_cosine = rows(s)?;
+    s.driver.replace_rope_theta(other)?;
+    let other_cosine = rows(s);
+    // restore before reporting any error: the session keeps driving with the declared table
+    s.driver.replace_rope_theta(declared)?;
+    Ok(Some(ThetaCheck {
+        declared: convention.name().into(),
+        rows: ks.len(),
+        declared_cosine,
+        other_cosine: other_cosine?,
+    }))
 }

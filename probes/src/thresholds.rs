@@ -42,6 +42,11 @@ pub const POSITION_MARGIN: f64 = 0.005;
 /// wrong attention scale can be partly mimicked by a shift (SmolLM2 tbt-attn-scale=2: 0.944 at
 /// δ = −2), so the shifted step must reach this cosine.
 pub const POSITION_REPRODUCES: f64 = 0.97;
+/// The flipped theta table must pass the prefill stage and cut the shipped table's miss
+/// (1 − cosine) at least this many times: a convention mismatch breaks every rotation (SmolLM2
+/// rows 0.30 shipped vs 0.9999 flipped; the flat random fixture 0.985 vs 1.0000), while a prefill
+/// graph fault is repaired by no table (flipping only adds a second error).
+pub const THETA_REPAIR_RATIO: f64 = 10.0;
 /// Outputs this close (cosine) are the same run (mask rows ignored by the graph). Device runs
 /// are deterministic, so an ignored input gives exactly the same logits.
 pub const IDENTICAL_COSINE: f64 = 0.999_999;

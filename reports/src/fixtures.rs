@@ -106,6 +106,7 @@ fn provenance(n: usize, faults: Vec<String>) -> Provenance {
             cache_heads: "un-expanded".into(),
             weights: "f32".into(),
             taps: true,
+            rope_theta: "plain".into(),
             layouts: vec![EdgeLayout {
                 group: GroupKind::Tbt,
                 cache_id: 0,
@@ -380,6 +381,12 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             best_delta: 0,
             best_cosine: if faulty { 0.45 } else { 0.98 },
             baseline_cosine: if faulty { 0.45 } else { 0.98 },
+            theta: Some(ThetaCheck {
+                declared: "plain".into(),
+                rows: 3,
+                declared_cosine: if faulty { 0.41 } else { 0.9999 },
+                other_cosine: if faulty { 0.9999 } else { 0.41 },
+            }),
         }),
         layout: Some(LayoutFinding {
             caches: caches

@@ -278,6 +278,23 @@ pub struct PositionsFinding {
     pub best_delta: i64,
     pub best_cosine: f64,
     pub baseline_cosine: f64,
+    /// The theta table's sign convention against the other one (RoPE models only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub theta: Option<ThetaCheck>,
+}
+
+/// Single-chunk prefill rows driven with the device's theta table and with the same table in
+/// the other RoPE sign convention (contract §2.6: the embedded table decides, and a graph
+/// compiled for the other convention turns every rotation into a non-rotation).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThetaCheck {
+    /// "plain" (both halves positive) or "sign-folded" (first half negated).
+    pub declared: String,
+    pub rows: usize,
+    /// Mean cosine to the reference of the rows with the declared table.
+    pub declared_cosine: f64,
+    /// Same rows with the table in the other convention.
+    pub other_cosine: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -18,6 +18,10 @@ pub struct SimManifest {
     pub weights: String,
     /// Whether graph taps are exposed.
     pub taps: bool,
+    /// RoPE sign convention of the compiled graph and its theta table: "plain" | "sign-folded"
+    /// (manifests written before it existed are plain).
+    #[serde(default = "plain_rope")]
+    pub rope_theta: String,
     /// Layout per (group, cache kind or edge) actually used by the emulated compile.
     pub layouts: Vec<EdgeLayout>,
     /// Calibration prompts (never the probed prompt).
@@ -26,6 +30,10 @@ pub struct SimManifest {
     pub quant: Vec<NamedQuant>,
     /// Faults exactly as given on the command line, in order.
     pub faults: Vec<String>,
+}
+
+fn plain_rope() -> String {
+    "plain".into()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,4 +56,20 @@ pub struct EdgeLayout {
 pub struct NamedQuant {
     pub name: String,
     pub quant: QuantInfo,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_written_before_rope_theta_existed_reads_as_plain() {
+        let old = r#"{"schema_version":1,"model":{"path":"m.gguf","sha256":"ab","architecture":"llama"},
+            "cache_len":24,"prefill_len":8,"cache_quant":"uint8","cache_heads":"un-expanded",
+            "weights":"f32","taps":false,"layouts":[],"calibration_prompts":[],"quant":[],"faults":[]}"#;
+        let m: SimManifest = serde_json::from_str(old).unwrap();
+        assert_eq!(m.rope_theta, "plain");
+        let back: SimManifest = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back, m);
+    }
 }

@@ -56,6 +56,10 @@ pub struct DeviceArgs {
     /// Emulator: expose what the tbt graph read from the cache (debug taps).
     #[arg(long, requires = "sim")]
     pub sim_taps: bool,
+    /// Emulator: RoPE sign convention of the graph and its theta table, `plain` (default, both
+    /// halves positive) or `sign-folded` (first half negated, HailoRT's fallback).
+    #[arg(long, value_name = "CONVENTION", requires = "sim")]
+    pub sim_rope_theta: Option<String>,
     /// Emulator: reproduce a previous run from its manifest.
     #[arg(long, value_name = "FILE", requires = "sim")]
     pub sim_manifest: Option<PathBuf>,
@@ -208,6 +212,7 @@ impl DeviceArgs {
             sim_cache: self.sim_cache.clone(),
             sim_weights: self.sim_weights.clone(),
             sim_taps: self.sim_taps,
+            sim_rope_theta: self.sim_rope_theta.clone(),
             sim_manifest: self.sim_manifest.clone(),
         };
         let opts = SimOptions::from_flags(&flags).map_err(npu_error)?;

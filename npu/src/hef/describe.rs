@@ -6,6 +6,7 @@ use super::formats;
 use super::lint::Facts;
 use super::model::{CacheEdge, Group, Hef, Layer};
 use super::roles;
+use crate::rope::RopeTheta;
 use kvprobe_schema::{
     CacheEdgeDescription, DType, DeviceDescription, EdgeLayout, GroupDescription, GroupKind,
     InputRole, IoDescription, ModelIdentity, ModelShape, NamedQuant, SimManifest, SCHEMA_VERSION,
@@ -163,7 +164,8 @@ fn sim_cache_name(id: u32) -> String {
 /// A sim manifest mirroring the HEF, in the emulator's vocabulary: geometry, cache
 /// quantisation, declared layouts (prefill then tbt, ids ascending, input then output) and the
 /// quant infos the emulator names `embeddings`, `attention_mask`, `pe`, `position_ids`, `logits`
-/// and `cache/kN` / `cache/vN` (the writer's declared quant). Model identity is the caller's.
+/// and `cache/kN` / `cache/vN` (the writer's declared quant), and the theta table's RoPE sign
+/// convention. Model identity is the caller's.
 pub fn to_sim_manifest(hef: &Hef, model: ModelIdentity) -> Result<SimManifest> {
     let desc = to_device_description(hef)?;
     let facts = Facts::new(hef);
@@ -284,6 +286,13 @@ pub fn to_sim_manifest(hef: &Hef, model: ModelIdentity) -> Result<SimManifest> {
         cache_heads: if expanded { "expanded" } else { "un-expanded" }.into(),
         weights: "f32".into(),
         taps: false,
+        // the compiled graph follows its own table (§2.6: the embedded theta decides)
+        rope_theta: facts
+            .theta
+            .as_deref()
+            .map_or(RopeTheta::Plain, RopeTheta::of_table)
+            .name()
+            .into(),
         layouts,
         calibration_prompts: Vec::new(),
         quant,

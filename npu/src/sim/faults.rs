@@ -15,10 +15,12 @@
 //! | `gqa-repeat=block` | KV heads expanded ABAB instead of HF repeat_kv AABB; default tbt | prefill, tbt |
 //! | `tbt-attn-scale=F` / `prefill-attn-scale=F` | attention scores × F in that group | — |
 //! | `softmax=shared-across-heads` | one softmax over all heads' scores of a row (F11); default both | prefill, tbt |
+//! | `rope-theta=sign-folded\|plain` | the shipped `rope_theta_data.bin` is written in that sign convention while the graph keeps the emulator's (`--sim-rope-theta`); must differ from it | — |
 //! | `truncate-entry=N` | cache writers keep only the first N bytes of every entry (rest zero); default all writers | prefill, tbt, k, v, layer |
 
 use kvprobe_schema::{CacheKind, GroupKind, Layout};
 
+use crate::rope::RopeTheta;
 use crate::{Error, Result};
 
 pub const KNOWN: &[&str] = &[
@@ -34,6 +36,7 @@ pub const KNOWN: &[&str] = &[
     "prefill-attn-scale",
     "softmax",
     "truncate-entry",
+    "rope-theta",
 ];
 
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +54,8 @@ pub enum FaultKind {
     PrefillAttnScale(f32),
     SharedSoftmax,
     TruncateEntry(usize),
+    /// The theta table's convention (the graph keeps `SimOptions::rope_theta`).
+    RopeTheta(RopeTheta),
 }
 
 /// Where a fault applies; `None` = everywhere the fault can apply.
@@ -94,7 +99,9 @@ fn allowed_scopes(kind: &FaultKind) -> &'static [ScopeKind] {
         MaskLeftValid | MaskRepeat | GqaBlock | SharedSoftmax => &[Group],
         KvSwap => &[Layer],
         TruncateEntry(_) => &[Group, Kv, Layer],
-        OffsetAfterRun | TbtPosition(_) | TbtAttnScale(_) | PrefillAttnScale(_) => &[],
+        OffsetAfterRun | TbtPosition(_) | TbtAttnScale(_) | PrefillAttnScale(_) | RopeTheta(_) => {
+            &[]
+        }
     }
 }
 
@@ -205,6 +212,11 @@ pub fn parse(text: &str) -> Result<Fault> {
                     .map_err(|_| bad(text, format!("`{v}` is not a byte count")))?,
             )
         }
+        "rope-theta" => FaultKind::RopeTheta(
+            value
+                .and_then(RopeTheta::parse)
+                .ok_or_else(|| bad(text, "use rope-theta=sign-folded or rope-theta=plain"))?,
+        ),
         _ => {
             return Err(Error::UnknownFault {
                 name: name.to_string(),
@@ -277,6 +289,8 @@ pub struct FaultContext {
     pub entry_size: usize,
     /// Whether every layout fault would be a no-op on this geometry (decided by the caller).
     pub layout_noop: Box<dyn Fn(&Fault) -> bool>,
+    /// The graph's RoPE convention, `None` for a model with learned positions.
+    pub rope_theta: Option<RopeTheta>,
 }
 
 /// Refuse faults that change nothing here or name a layer that does not exist.
@@ -315,6 +329,15 @@ pub fn validate(f: &Fault, cx: &FaultContext) -> Result<()> {
             return noop("a factor of 1.0");
         }
         FaultKind::TbtPosition(0) => return noop("an offset of 0 positions"),
+        FaultKind::RopeTheta(_) if cx.rope_theta.is_none() => {
+            return noop("the model has learned positions and ships no theta table");
+        }
+        FaultKind::RopeTheta(t) if Some(*t) == cx.rope_theta => {
+            return noop(&format!(
+                "the graph already uses the {} convention (--sim-rope-theta)",
+                t.name()
+            ));
+        }
         FaultKind::GqaBlock if cx.n_kv_heads == cx.n_heads || cx.n_kv_heads == 1 => {
             return noop("block and repeat_kv orders agree when every query head has its own KV head or there is one KV head");
         }

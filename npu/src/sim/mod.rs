@@ -35,7 +35,7 @@ use crate::ring::{padded_entry_size, RingSet};
 use crate::{Buffer, Device, Error, Result, RunOutput};
 
 pub use faults::{Fault, FaultKind, Scope};
-pub use options::{CacheHeads, CacheQuant, SimFlags, SimOptions, SimWeights};
+pub use options::{CacheHeads, CacheQuant, RopeTheta, SimFlags, SimOptions, SimWeights};
 
 /// Every quant info of the emulated compile (one per edge class; both groups were calibrated
 /// together, so they share them).
@@ -222,6 +222,7 @@ impl SimDevice {
                 CacheHeads::parse(&m.cache_heads).ok_or_else(|| bad("cache_heads"))?;
             opts.weights = SimWeights::parse(&m.weights).ok_or_else(|| bad("weights"))?;
             opts.taps = m.taps;
+            opts.rope_theta = RopeTheta::parse(&m.rope_theta).ok_or_else(|| bad("rope_theta"))?;
             opts.faults = m.faults.clone();
             from_manifest = Some((m, path));
         }
@@ -253,6 +254,7 @@ impl SimDevice {
             n_heads: cfg.n_heads,
             n_kv_heads: cfg.n_kv_heads,
             entry_size,
+            rope_theta: model.rope_inv_freq().map(|_| opts.rope_theta),
             layout_noop: Box::new(move |f: &Fault| match f.kind {
                 FaultKind::TbtReadLayout(lay) => layout::equals_token_major(lay, shape_for(l - 1)),
                 FaultKind::PrefillWriteLayout(lay) => layout::equals_token_major(lay, shape_for(p)),
@@ -288,7 +290,17 @@ impl SimDevice {
             rings.add(id, entry_size)?;
         }
 
-        let theta = model.rope_inv_freq().map(|f| theta_from_inv_freq(&f));
+        // The theta table the compile ships: the graph's convention unless a fault says otherwise.
+        let table_convention = faults
+            .iter()
+            .find_map(|f| match f.kind {
+                FaultKind::RopeTheta(t) => Some(t),
+                _ => None,
+            })
+            .unwrap_or(opts.rope_theta);
+        let theta = model
+            .rope_inv_freq()
+            .map(|f| table_convention.table(&theta_from_inv_freq(&f)));
         let model_name = opts
             .model_name
             .clone()
@@ -324,6 +336,7 @@ impl SimDevice {
                 cache_heads: opts.cache_heads.name().into(),
                 weights: opts.weights.name().into(),
                 taps: opts.taps,
+                rope_theta: opts.rope_theta.name().into(),
                 layouts: Vec::new(),
                 calibration_prompts: Vec::new(),
                 quant: Vec::new(),
@@ -702,6 +715,19 @@ impl SimDevice {
                         let (x, y) = (c[i], s[i]);
                         c[i] = x * ca - y * sa;
                         s[i] = y * ca + x * sa;
+                    }
+                }
+            }
+            if self.opts.rope_theta == RopeTheta::SignFolded {
+                // This graph swaps the halves without a sign, trusting the table's folded first
+                // half; the reference graph rotates half with the sign, so its sine is the
+                // graph's with the first half of each head negated.
+                let d = theta.len();
+                for s in [&mut qs, &mut ks] {
+                    for (i, x) in s.iter_mut().enumerate() {
+                        if i % d < d / 2 {
+                            *x = -*x;
+                        }
                     }
                 }
             }

@@ -1,9 +1,10 @@
 //! Emulator options and the plain flag struct the CLI fills (`--cache-len`, `--prefill-len`,
 //! `--fault`, `--sim-quant`, `--sim-cache-bits`, `--sim-cache`, `--sim-weights`, `--sim-taps`,
-//! `--sim-manifest`).
+//! `--sim-rope-theta`, `--sim-manifest`).
 
 use std::path::PathBuf;
 
+pub use crate::rope::RopeTheta;
 use crate::{Error, Result};
 
 /// Numeric format of the cache edges.
@@ -93,6 +94,8 @@ pub struct SimOptions {
     pub cache_heads: CacheHeads,
     pub weights: SimWeights,
     pub taps: bool,
+    /// `--sim-rope-theta`: the graph's RoPE sign convention (and its theta table's).
+    pub rope_theta: RopeTheta,
     /// Reproduce a previous run (`--sim-manifest FILE`): geometry, quant infos and faults come from it.
     pub manifest: Option<PathBuf>,
     /// Group prefix (`<model_name>__prefill`); defaults to the model file's stem.
@@ -111,6 +114,7 @@ impl Default for SimOptions {
             cache_heads: CacheHeads::Unexpanded,
             weights: SimWeights::F32,
             taps: false,
+            rope_theta: RopeTheta::Plain,
             manifest: None,
             model_name: None,
             calibration_margin: 0.15,
@@ -133,6 +137,8 @@ pub struct SimFlags {
     /// `--sim-weights f32|int8`
     pub sim_weights: Option<String>,
     pub sim_taps: bool,
+    /// `--sim-rope-theta plain|sign-folded`
+    pub sim_rope_theta: Option<String>,
     pub sim_manifest: Option<PathBuf>,
 }
 
@@ -190,6 +196,14 @@ impl SimOptions {
                 bad(
                     "--sim-weights",
                     format!("unknown value `{w}`; use f32 or int8"),
+                )
+            })?;
+        }
+        if let Some(r) = &f.sim_rope_theta {
+            o.rope_theta = RopeTheta::parse(r).ok_or_else(|| {
+                bad(
+                    "--sim-rope-theta",
+                    format!("unknown value `{r}`; use plain or sign-folded"),
                 )
             })?;
         }
