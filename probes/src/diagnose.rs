@@ -795,7 +795,6 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     Ok(d)
 }
 
-/// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position.
 /// The other theta convention repairs the single-chunk rows that the shipped one fails.
 fn theta_fault(t: &kvprobe_schema::ThetaCheck) -> bool {
     let miss = |c: f64| (1.0 - c).max(REL_NOISE_FLOOR);
@@ -803,6 +802,7 @@ fn theta_fault(t: &kvprobe_schema::ThetaCheck) -> bool {
         && miss(t.declared_cosine) >= THETA_REPAIR_RATIO * miss(t.other_cosine)
 }
 
+/// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position.
 fn position_fault(ps: &kvprobe_schema::PositionsFinding) -> bool {
     ps.best_delta != 0
         && ps.best_cosine >= POSITION_REPRODUCES
