@@ -261,6 +261,7 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
         "diagnose" => {
             let opts = DiagnoseOptions {
                 steps,
+                stage_only: args.stage_only,
                 ..DiagnoseOptions::default()
             };
             let d = diagnose(s, &opts)?;
