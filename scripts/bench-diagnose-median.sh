@@ -10,7 +10,9 @@ cd "$ROOT"
 MODEL=.cache/models/smollm2-135m-instruct-q4_1.gguf
 RUNS="${1:-3}"
 shift || true
-if [[ $# -gt 0 ]]; then FAULTS=("$@"); else FAULTS=("" "tbt-read-layout=feature-major" "kv-swap"); fi
+# prefill-write-layout=head-major (a layout the named rules never try) ends `unknown`, so the
+# stale/causality/splits probes run too (issue 10).
+if [[ $# -gt 0 ]]; then FAULTS=("$@"); else FAULTS=("" "tbt-read-layout=feature-major" "kv-swap" "prefill-write-layout=head-major"); fi
 
 if [[ ! -x /usr/bin/time ]]; then
     echo "bench-diagnose: installing GNU time (apt) for peak RSS"
@@ -43,5 +45,8 @@ d = json.load(open(path))
 t = ", ".join(f"{x['what']} {x['seconds']:.2f}" for x in d["provenance"]["timings"])
 print(f"{name}: verdict {d['verdict']}; median wall {wall} s over {runs} runs, its peak RSS {mib} MiB (max {maxrss} MiB)")
 print(f"  {t}")
+for e in d["evidence"]:
+    if "skipped" in e or e.startswith("→ stage"):
+        print(f"  {e}")
 EOF
 done
