@@ -363,6 +363,56 @@ mod tests {
         assert_eq!(first_layer_shift(&[1, 3], &changes, &[true], 6), None);
     }
 
+    fn info(features: usize) -> CacheInfo {
+        CacheInfo {
+            cache_id: 0,
+            layer: 0,
+            kind: kvprobe_schema::CacheKind::K,
+            role_declared: true,
+            entry_size: features,
+            padded_entry_size: features,
+            elem_bytes: 1,
+            features,
+            expanded: false,
+            prefill_in: None,
+            prefill_out: None,
+            tbt_in: None,
+            tbt_out: None,
+            prefill_out_len: 1,
+        }
+    }
+
+    #[test]
+    fn frozen_tail_by_hand() {
+        // one cache, L = 2, 4 features; slot 0 base [1, 2, 0, 0]
+        let base = vec![vec![vec![1.0, 2.0, 0.0, 0.0], vec![5.0; 4]]];
+        let changed = |c: f64| vec![vec![c, 0.0]];
+        // the token changes only the first two elements: a 2-column frozen tail
+        let alt = vec![vec![vec![vec![3.0, 4.0, 0.0, 0.0], vec![5.0; 4]]]];
+        assert_eq!(
+            frozen_tail(&[changed(0.5)], &[true], &[info(4)], &base, &alt),
+            2
+        );
+        // another perturbation moves the last element: no frozen tail
+        let alt2 = vec![
+            alt[0].clone(),
+            vec![vec![vec![1.0, 2.0, 0.0, 7.0], vec![5.0; 4]]],
+        ];
+        let changes = [changed(0.5), changed(0.5)];
+        assert_eq!(frozen_tail(&changes, &[true], &[info(4)], &base, &alt2), 0);
+        // nothing changed at all: nothing to judge
+        assert_eq!(
+            frozen_tail(&[changed(0.0)], &[true], &[info(4)], &base, &alt),
+            0
+        );
+    }
+
+    #[test]
+    fn spread_counts_first_layer_slots() {
+        let change = vec![vec![0.0, 0.3, 0.2], vec![0.9, 0.0, 0.0]];
+        assert_eq!(first_layer_slots(&change, &[true, false], 3), vec![1, 2]);
+    }
+
     #[test]
     fn replacement_differs() {
         for t in 0..50 {

@@ -173,7 +173,7 @@ pub(crate) fn diagnose_stage_only(s: &mut Session, _opts: &DiagnoseOptions) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvprobe_schema::LogitComparison;
+    use kvprobe_schema::{LogitComparison, StaleLeak};
 
     fn cmp(c: f64) -> LogitComparison {
         LogitComparison {
@@ -185,20 +185,20 @@ mod tests {
         }
     }
 
-    fn splits(pure: f64, mixed: f64) -> SplitsFinding {
+    fn splits(pure: f64, mixed: f64, whole: f64) -> SplitsFinding {
         SplitsFinding {
             prompt_len: 4,
             prefill_len: 2,
             rows: Vec::new(),
-            whole_prefill: cmp(1.0),
+            whole_prefill: cmp(whole),
             pure_decode_min: pure,
             mixed_decode_min: mixed,
-            prefill_continue_min: 1.0,
+            prefill_continue_min: whole,
             failing_splits: Vec::new(),
         }
     }
 
-    fn causality(first: usize, all: usize, shift: Option<i64>) -> CausalityFinding {
+    fn causality(first: usize, all: usize, shift: Option<i64>, spread: usize) -> CausalityFinding {
         CausalityFinding {
             slots: Vec::new(),
             slot_positions: Vec::new(),
@@ -211,33 +211,97 @@ mod tests {
             leak_cells: all,
             first_layer_leak_cells: first,
             stray_cells: 0,
+            padding_cells: 0,
+            first_layer_spread: spread,
+            frozen_tail_columns: 0,
             first_layer_shift: shift,
+        }
+    }
+
+    fn stale(whole: Option<bool>) -> StaleFinding {
+        StaleFinding {
+            poison_magnitude: 1.0,
+            never_written_slots: vec![5, 6],
+            previously_written_slots: Vec::new(),
+            steps: Vec::new(),
+            first_moved_step: Some(0),
+            leaks: [5, 6]
+                .map(|slot| StaleLeak {
+                    step: 0,
+                    slot,
+                    class: "never-written".into(),
+                    distance_to_valid: 1,
+                })
+                .to_vec(),
+            leak_search_complete: true,
+            leak_trials: 3,
+            leak_permutation_cosine: whole.map(|w| if w { 1.0 } else { 0.5 }),
+            leaks_whole_entries: whole,
+            back_to_back: None,
         }
     }
 
     #[test]
     fn stages_by_signature() {
+        let ok = causality(0, 0, Some(0), 1);
         // kv-swap on SmolLM2 (measured): pure decode 0.98, decode after prefill −0.83
-        let ok = causality(0, 0, Some(0));
         assert_eq!(
-            stage_from(None, Some(&ok), Some(&splits(0.9785, -0.83))),
+            stage_from(None, Some(&ok), Some(&splits(0.9785, -0.83, 1.0))),
             Some(Stage::TbtReader)
         );
         assert_eq!(
-            stage_from(None, Some(&ok), Some(&splits(0.5, 0.5))),
+            stage_from(None, Some(&ok), Some(&splits(0.5, 0.5, 1.0))),
             Some(Stage::Graph)
         );
-        assert_eq!(stage_from(None, Some(&ok), Some(&splits(0.99, 0.99))), None);
+        // decode clean, only the prefill's own logits fail: the prefill graph
         assert_eq!(
-            stage_from(None, Some(&causality(59, 59, None)), None),
-            Some(Stage::PrefillWriter)
+            stage_from(None, Some(&ok), Some(&splits(1.0, 0.99, 0.9))),
+            Some(Stage::Graph)
         );
         assert_eq!(
-            stage_from(None, Some(&causality(5, 5, Some(-1))), None),
+            stage_from(None, Some(&ok), Some(&splits(0.99, 0.99, 0.99))),
+            None
+        );
+        // a token's first-layer bytes over 8 slots: scattered by the writer
+        assert_eq!(
+            stage_from(None, Some(&causality(59, 59, None, 8)), None),
+            Some(Stage::PrefillWriter)
+        );
+        // whole entries at other slots (one shift, or per-chunk shifts): placement
+        assert_eq!(
+            stage_from(None, Some(&causality(5, 5, Some(-1), 1)), None),
             Some(Stage::Offset)
         );
         assert_eq!(
-            stage_from(None, Some(&causality(0, 3, Some(0))), None),
+            stage_from(None, Some(&causality(3, 20, None, 1)), None),
+            Some(Stage::Offset)
+        );
+        assert_eq!(
+            stage_from(None, Some(&causality(0, 3, Some(0), 1)), None),
+            Some(Stage::Mask)
+        );
+        let mut frozen = ok.clone();
+        frozen.frozen_tail_columns = 16;
+        assert_eq!(
+            stage_from(None, Some(&frozen), None),
+            Some(Stage::PrefillWriter)
+        );
+    }
+
+    #[test]
+    fn stale_leaks_split_mask_from_reader() {
+        let ok = causality(0, 0, Some(0), 1);
+        assert_eq!(
+            stage_from(Some(&stale(Some(true))), Some(&ok), None),
+            Some(Stage::Mask)
+        );
+        assert_eq!(
+            stage_from(Some(&stale(Some(false))), Some(&ok), None),
+            Some(Stage::TbtReader)
+        );
+        // one leaking slot only: no permutation test, the mask is the direct reading
+        assert_eq!(
+            stage_from(Some(&stale(None)), Some(&ok), None),
             Some(Stage::Mask)
         );
     }
