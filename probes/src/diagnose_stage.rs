@@ -89,18 +89,23 @@ pub(crate) fn run_new_probes(
     ev: &mut Vec<String>,
 ) -> Result<Option<Stage>> {
     let st = timed(timings, "stale", || {
+        // the back-to-back part checks reset, which no stage rule reads: skipped here
         let opts = stale::StaleOptions {
-            steps: 4,
+            steps: 3,
             max_leak_trials: 16,
-            back_to_back_steps: 1,
+            back_to_back_steps: 0,
         };
         stale::run(s, &opts)
     })?;
     let ca = timed(timings, "causality", || {
-        causality::run(s, &causality::CausalityOptions { max_perturbed: 8 })
+        causality::run(s, &causality::CausalityOptions { max_perturbed: 6 })
     })?;
     let sp = timed(timings, "splits", || {
-        splits::run(s, &splits::SplitsOptions { max_splits: 6 })
+        let opts = splits::SplitsOptions {
+            max_splits: 4,
+            max_decode_steps: 6,
+        };
+        splits::run(s, &opts)
     })?;
     let (st, ca, sp) = (Some(st), Some(ca), Some(sp));
     let stage = stage_from(st.as_ref(), ca.as_ref(), sp.as_ref());

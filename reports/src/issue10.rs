@@ -77,7 +77,7 @@ pub fn causality_first_layer(f: &CausalityFinding) -> Result<Array2<f32>> {
 }
 
 /// `[split rows, prompt positions]`: cosine to the reference of the decode step at each
-/// position (NaN before the split: those positions were prefilled).
+/// position (NaN where not decoded: before the split, prefilled; past a bounded decode).
 pub fn splits_matrix(f: &SplitsFinding) -> Array2<f32> {
     let mut m = Array2::from_elem((f.rows.len(), f.prompt_len), f32::NAN);
     for (i, r) in f.rows.iter().enumerate() {
@@ -299,7 +299,7 @@ pub fn splits_chart(f: &SplitsFinding) -> Result<String> {
         y_title: "split point".into(),
         scale: Scale::Diverging,
         scale_label: "cosine".into(),
-        nan_label: "prefilled".into(),
+        nan_label: "prefilled (or not decoded)".into(),
         square: false,
     })
 }
