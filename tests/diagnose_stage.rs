@@ -215,6 +215,7 @@ fn stale_causality_splits_artefacts_round_trip() {
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("Pipeline stage (stale, causality, splits): prefill-writer"));
     for (id, title) in [
         ("stale", "stale: which poisoned ring slot"),
         ("causality", "causality: change of each slot"),

@@ -439,6 +439,9 @@ pub fn summary(r: &Results) -> String {
             let also: Vec<&str> = r.also.iter().map(|v| v.name()).collect();
             s += &format!("also: {}\n", also.join(", "));
         }
+        if let Some(st) = r.stage {
+            s += &format!("stage (stale, causality, splits): {}\n", st.name());
+        }
         for e in &r.evidence {
             s += &format!("  - {e}\n");
         }
