@@ -302,3 +302,15 @@ fn stale_causality_splits_artefacts_round_trip() {
         assert!(close(c, step["cosine_to_clean"].as_f64().unwrap()));
     }
 }
+
+#[test]
+fn stage_only_is_refused_outside_diagnose() {
+    let out = kvprobe(&["greedy", "--stage-only", "--sim"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--stage-only applies to `kvprobe diagnose` only"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

@@ -128,6 +128,11 @@ impl Progress for Bar {
 pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     let (name, args) = cmd.parts();
+    if args.stage_only && name != "diagnose" {
+        return Err(usage(format!(
+            "--stage-only applies to `kvprobe diagnose` only; drop it from `kvprobe {name}`"
+        )));
+    }
     args.check_device_flags()?;
     // Refuse a bad --out before any work (and so before any partial artefact).
     if let Some(out) = &args.out {
