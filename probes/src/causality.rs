@@ -118,6 +118,7 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
     let mut changes: Vec<Vec<Vec<f64>>> = Vec::with_capacity(perturbed.len());
     let mut replacement_tokens = Vec::with_capacity(perturbed.len());
     let mut final_logits_cosine = Vec::with_capacity(perturbed.len());
+    let mut alt_entries: Vec<Vec<Vec<Vec<f32>>>> = Vec::with_capacity(perturbed.len());
     for &p in &perturbed {
         let mut alt = ids.clone();
         alt[p] = replacement(ids[p], vocab);
@@ -127,6 +128,7 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
         let out = s.prefill(&alt)?;
         final_logits_cosine.push(cosine(&out.logits, &base_out.logits));
         let now = entries(&s.dev.cache_buffers()?, &infos, l);
+        alt_entries.push(first_layer_only(&now, &infos));
         changes.push(
             now.iter()
                 .zip(&base)
@@ -142,6 +144,11 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
         s.progress.inc(1);
     }
     s.driver.set_host_state(host0);
+    let frozen_tail_columns = frozen_tail(&changes, &first_layer, &infos, &base, &alt_entries);
+    let padding_slots: Vec<usize> = (g.padding_floor()..0)
+        .map(|p| p.rem_euclid(l as i64) as usize)
+        .filter(|&slot| slot >= n)
+        .collect();
     let slot_position = |slot: usize| -> Option<usize> { (slot < n).then_some(slot) };
     let changed_anywhere = |slot: usize| -> bool {
         changes
@@ -164,7 +171,7 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
     let mut matrix = Vec::with_capacity(slots.len());
     let mut first_matrix = Vec::with_capacity(slots.len());
     let mut leaks = Vec::new();
-    let (mut leak_cells, mut first_leaks, mut stray) = (0usize, 0usize, 0usize);
+    let (mut leak_cells, mut first_leaks, mut stray, mut padding) = (0, 0, 0, 0);
     for &slot in &slots {
         let mut row = Vec::with_capacity(perturbed.len());
         let mut frow = Vec::with_capacity(perturbed.len());
@@ -184,6 +191,15 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
                         first_layer: first > CHANGE_EPS,
                     });
                 }
+                // Padding rows attend to every column (all-M1 mask rows, contract §2.5), so
+                // their later layers follow the chunk's tokens; their slots stay masked until
+                // overwritten. Only a first-layer change there is a misplaced write.
+                None if padding_slots.contains(&slot)
+                    && first <= CHANGE_EPS
+                    && all > CHANGE_EPS =>
+                {
+                    padding += 1
+                }
                 None if all > CHANGE_EPS => stray += 1,
                 _ => {}
             }
@@ -194,6 +210,10 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
     leaks.sort_by(|a, b| b.change.total_cmp(&a.change));
     leaks.truncate(64);
     let first_layer_shift = first_layer_shift(&perturbed, &changes, &first_layer, l);
+    let first_layer_spread = (0..perturbed.len())
+        .map(|k| first_layer_slots(&changes[k], &first_layer, l).len())
+        .max()
+        .unwrap_or(0);
     Ok(CausalityFinding {
         slot_positions: slots.iter().map(|&s| slot_position(s)).collect(),
         slots,
@@ -206,8 +226,70 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
         leak_cells,
         first_layer_leak_cells: first_leaks,
         stray_cells: stray,
+        padding_cells: padding,
         first_layer_shift,
+        first_layer_spread,
+        frozen_tail_columns,
     })
+}
+
+/// The first layer's entries of `all` (other caches left empty, to keep the copies small).
+fn first_layer_only(all: &[Vec<Vec<f32>>], infos: &[CacheInfo]) -> Vec<Vec<Vec<f32>>> {
+    all.iter()
+        .zip(infos)
+        .map(|(c, i)| if i.layer == 0 { c.clone() } else { Vec::new() })
+        .collect()
+}
+
+/// Slots whose first-layer entries changed under one perturbation.
+fn first_layer_slots(change: &[Vec<f64>], first_layer: &[bool], l: usize) -> Vec<usize> {
+    (0..l)
+        .filter(|&slot| {
+            change
+                .iter()
+                .zip(first_layer)
+                .any(|(c, &f)| f && c[slot] > CHANGE_EPS)
+        })
+        .collect()
+}
+
+/// Trailing entry columns that never changed in any first-layer entry a perturbation changed
+/// (max over the first layer's caches). A first-layer K/V entry is a function of its token: a
+/// new token changes essentially every element, so a tail that never moves is not written
+/// (a truncating writer); a healthy writer leaves none.
+fn frozen_tail(
+    changes: &[Vec<Vec<f64>>],
+    first_layer: &[bool],
+    infos: &[CacheInfo],
+    base: &[Vec<Vec<f32>>],
+    alt: &[Vec<Vec<Vec<f32>>>],
+) -> usize {
+    let mut worst = 0;
+    for (c, info) in infos.iter().enumerate() {
+        if !first_layer[c] {
+            continue;
+        }
+        let mut moved = vec![false; info.features];
+        let mut seen = false;
+        for (k, change) in changes.iter().enumerate() {
+            for (slot, &x) in change[c].iter().enumerate() {
+                if x <= CHANGE_EPS {
+                    continue;
+                }
+                let (Some(a), Some(b)) = (alt[k][c].get(slot), base[c].get(slot)) else {
+                    continue;
+                };
+                seen = true;
+                for (m, (x, y)) in moved.iter_mut().zip(a.iter().zip(b)) {
+                    *m |= x.to_bits() != y.to_bits();
+                }
+            }
+        }
+        if seen {
+            worst = worst.max(moved.iter().rev().take_while(|m| !**m).count());
+        }
+    }
+    worst
 }
 
 /// The shift c such that, for every perturbed position p, the first-layer entries changed at
@@ -279,6 +361,56 @@ mod tests {
         spread[0][5] = 0.1;
         let changes = vec![changes[0].clone(), spread];
         assert_eq!(first_layer_shift(&[1, 3], &changes, &[true], 6), None);
+    }
+
+    fn info(features: usize) -> CacheInfo {
+        CacheInfo {
+            cache_id: 0,
+            layer: 0,
+            kind: kvprobe_schema::CacheKind::K,
+            role_declared: true,
+            entry_size: features,
+            padded_entry_size: features,
+            elem_bytes: 1,
+            features,
+            expanded: false,
+            prefill_in: None,
+            prefill_out: None,
+            tbt_in: None,
+            tbt_out: None,
+            prefill_out_len: 1,
+        }
+    }
+
+    #[test]
+    fn frozen_tail_by_hand() {
+        // one cache, L = 2, 4 features; slot 0 base [1, 2, 0, 0]
+        let base = vec![vec![vec![1.0, 2.0, 0.0, 0.0], vec![5.0; 4]]];
+        let changed = |c: f64| vec![vec![c, 0.0]];
+        // the token changes only the first two elements: a 2-column frozen tail
+        let alt = vec![vec![vec![vec![3.0, 4.0, 0.0, 0.0], vec![5.0; 4]]]];
+        assert_eq!(
+            frozen_tail(&[changed(0.5)], &[true], &[info(4)], &base, &alt),
+            2
+        );
+        // another perturbation moves the last element: no frozen tail
+        let alt2 = vec![
+            alt[0].clone(),
+            vec![vec![vec![1.0, 2.0, 0.0, 7.0], vec![5.0; 4]]],
+        ];
+        let changes = [changed(0.5), changed(0.5)];
+        assert_eq!(frozen_tail(&changes, &[true], &[info(4)], &base, &alt2), 0);
+        // nothing changed at all: nothing to judge
+        assert_eq!(
+            frozen_tail(&[changed(0.0)], &[true], &[info(4)], &base, &alt),
+            0
+        );
+    }
+
+    #[test]
+    fn spread_counts_first_layer_slots() {
+        let change = vec![vec![0.0, 0.3, 0.2], vec![0.9, 0.0, 0.0]];
+        assert_eq!(first_layer_slots(&change, &[true, false], 3), vec![1, 2]);
     }
 
     #[test]

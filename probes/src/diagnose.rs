@@ -27,6 +27,9 @@ pub struct DiagnoseOptions {
     pub selfmask_steps: usize,
     pub prefill: PrefillOptions,
     pub colmap: ColmapOptions,
+    /// Test/research switch: hide every named-fault rule, so only the stale, causality and
+    /// splits probes decide and the verdict carries a stage (`diagnose_stage`).
+    pub stage_only: bool,
 }
 
 impl Default for DiagnoseOptions {
@@ -36,6 +39,7 @@ impl Default for DiagnoseOptions {
             selfmask_steps: 4,
             prefill: PrefillOptions { max_rows: 6 },
             colmap: ColmapOptions::default(),
+            stage_only: false,
         }
     }
 }
@@ -49,7 +53,7 @@ pub struct Diagnosis {
     pub warnings: Vec<String>,
     pub probes: ProbeFindings,
     pub timings: Vec<Timing>,
-    /// Pipeline stage from the stale/causality/splits probes (not wired into diagnose yet).
+    /// Pipeline stage from the stale/causality/splits probes (on `unknown`, or `stage_only`).
     pub stage: Option<kvprobe_schema::Stage>,
 }
 
@@ -115,6 +119,9 @@ fn stage_ok(mean: f64, min: f64) -> bool {
 }
 
 pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
+    if opts.stage_only {
+        return crate::diagnose_stage::diagnose_stage_only(s, opts);
+    }
     let g = s.geometry();
     let mut run = Run {
         s,
@@ -920,42 +927,5 @@ fn unknown_evidence(
     p: &mut ProbeFindings,
     ev: &mut Vec<String>,
 ) -> Result<Option<kvprobe_schema::Stage>> {
-    use crate::{causality, splits, stale};
-    let st = run.timed("stale", |s| {
-        stale::run(
-            s,
-            &stale::StaleOptions {
-                steps: 4,
-                max_leak_trials: 16,
-                back_to_back_steps: 1,
-            },
-        )
-    })?;
-    let ca = run.timed("causality", |s| {
-        causality::run(s, &causality::CausalityOptions { max_perturbed: 8 })
-    })?;
-    let sp = run.timed("splits", |s| {
-        splits::run(s, &splits::SplitsOptions { max_splits: 6 })
-    })?;
-    ev.push(format!(
-        "stale: poison moved step {:?}; leaking slots {:?}",
-        st.first_moved_step,
-        st.leaks.iter().map(|l| l.slot).collect::<Vec<_>>()
-    ));
-    ev.push(format!(
-        "causality: {} leak cells above the diagonal ({} in the first layer)",
-        ca.leak_cells, ca.first_layer_leak_cells
-    ));
-    ev.push(format!(
-        "splits: pure decode min {:.4}, decode after prefill min {:.4}, prefill-continue min {:.4}",
-        sp.pure_decode_min, sp.mixed_decode_min, sp.prefill_continue_min
-    ));
-    let stage = crate::diagnose_stage::stage_from(Some(&st), Some(&ca), Some(&sp));
-    if let Some(x) = stage {
-        ev.push(format!("→ stage (issue-10 probes): {}", x.name()));
-    }
-    p.stale = Some(st);
-    p.causality = Some(ca);
-    p.splits = Some(sp);
-    Ok(stage)
+    crate::diagnose_stage::run_new_probes(run.s, &mut run.timings, p, ev)
 }

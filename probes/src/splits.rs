@@ -23,11 +23,20 @@ use crate::Result;
 pub struct SplitsOptions {
     /// Split points at most (0 and n − 1 always among them, the rest evenly spread).
     pub max_splits: usize,
+    /// Decode steps per split row k ≥ 1 at most (`diagnose` bounds its cost; the `splits`
+    /// command decodes to the end of the prompt); the row's `decode_final` is then its last
+    /// decoded step. Every such step already reads all the prefill-written entries. Pure decode
+    /// (split 0) always runs to the end: attention over more tbt-written keys shows graph faults
+    /// (e.g. an attention scale) that the first few steps hide.
+    pub max_decode_steps: usize,
 }
 
 impl Default for SplitsOptions {
     fn default() -> Self {
-        SplitsOptions { max_splits: 64 }
+        SplitsOptions {
+            max_splits: 64,
+            max_decode_steps: usize::MAX,
+        }
     }
 }
 
@@ -83,7 +92,8 @@ pub fn run(s: &mut Session, opts: &SplitsOptions) -> Result<SplitsFinding> {
         }
         let mut decode_cosines = Vec::with_capacity(n - k);
         let mut last = None;
-        for (i, &t) in ids.iter().enumerate().skip(k) {
+        let budget = if k == 0 { n } else { opts.max_decode_steps };
+        for (i, &t) in ids.iter().enumerate().skip(k).take(budget) {
             let out = s.driver.step(s.dev, t, &MaskMode::Ring)?;
             let c = compare(&out.logits, prompt.row(i));
             decode_cosines.push(c.cosine);

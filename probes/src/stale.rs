@@ -57,6 +57,9 @@ fn poison_element(info: &CacheInfo, index: usize, out: &mut Vec<u8>) {
     }
 }
 
+/// Permuting admitted entries changes the attention only by the order of a float sum.
+pub const PERMUTATION_INVARIANT: f64 = 0.99999;
+
 /// Magnitude written into a float cache: far beyond any K/V of a normalised transformer.
 const FLOAT_POISON: f32 = 1.0e3;
 
@@ -221,6 +224,7 @@ pub fn run(s: &mut Session, opts: &StaleOptions) -> Result<StaleFinding> {
     let mut leaks = Vec::new();
     let mut complete = true;
     let mut trials = 0usize;
+    let mut permutation_cosine = None;
     for k in 0..steps {
         let o = s.driver.step(s.dev, tokens[k], &MaskMode::Ring)?;
         let c = cosine(&o.logits, &clean[k]);
@@ -231,6 +235,7 @@ pub fn run(s: &mut Session, opts: &StaleOptions) -> Result<StaleFinding> {
             let search = locate(s, &infos, &clean_rings, &all_slots, tokens[k], opts)?;
             trials = search.trials;
             complete = search.complete;
+            permutation_cosine = search.permutation_cosine;
             leaks = search
                 .slots
                 .iter()
@@ -278,6 +283,8 @@ pub fn run(s: &mut Session, opts: &StaleOptions) -> Result<StaleFinding> {
         leaks,
         leak_search_complete: complete,
         leak_trials: trials,
+        leak_permutation_cosine: permutation_cosine,
+        leaks_whole_entries: permutation_cosine.map(|c| c >= PERMUTATION_INVARIANT),
         back_to_back,
     })
 }
@@ -286,6 +293,7 @@ struct Search {
     slots: Vec<usize>,
     complete: bool,
     trials: usize,
+    permutation_cosine: Option<f64>,
 }
 
 /// Group testing at the current step: which still-poisoned slots alone move the logits. The
@@ -349,13 +357,69 @@ fn locate(
             break;
         }
     }
-    write_rings(s.dev, &now)?;
     found.sort_unstable();
+    // every found slot leaked on its own, so the check holds on an incomplete search too
+    let permutation_cosine = if found.len() >= 2 {
+        Some(permutation_check(
+            s,
+            infos,
+            &base,
+            clean_rings,
+            &found,
+            token,
+        )?)
+    } else {
+        None
+    };
+    write_rings(s.dev, &now)?;
     Ok(Search {
         slots: found,
         complete,
         trials,
+        permutation_cosine,
     })
+}
+
+/// Are the leaking slots read as whole entries? Attention is a function of the *set* of admitted
+/// (K, V) entries (K carries its position after RoPE), so a graph whose mask admits the leaking
+/// slots gives the same output when their contents are permuted among themselves; a reader that
+/// assembles each entry from bytes of other slots (another layout) does not. The slots get
+/// distinct contents (clean entries of the prompt's slots, so no poison saturates the softmax),
+/// then the same contents rotated by one slot. Returns the cosine between the two outputs.
+fn permutation_check(
+    s: &mut Session,
+    infos: &[CacheInfo],
+    base: &Rings,
+    clean_rings: &Rings,
+    leaks: &[usize],
+    token: u32,
+) -> Result<f64> {
+    let l = s.geometry().cache_len;
+    let sources: Vec<usize> = (0..l).filter(|x| !leaks.contains(x)).collect();
+    let fill = |rot: usize| -> Rings {
+        let mut out = base.clone();
+        for info in infos {
+            let (Some(dst), Some(src)) =
+                (out.get_mut(&info.cache_id), clean_rings.get(&info.cache_id))
+            else {
+                continue;
+            };
+            let e = info.padded_entry_size;
+            for j in 0..leaks.len() {
+                let from = sources[j % sources.len().max(1)];
+                let to = leaks[(j + rot) % leaks.len()];
+                if (from + 1) * e <= src.len() && (to + 1) * e <= dst.len() {
+                    dst[to * e..(to + 1) * e].copy_from_slice(&src[from * e..(from + 1) * e]);
+                }
+            }
+        }
+        out
+    };
+    write_rings(s.dev, &fill(0))?;
+    let a = s.driver.trial_step(s.dev, token, &MaskMode::Ring)?.logits;
+    write_rings(s.dev, &fill(1))?;
+    let b = s.driver.trial_step(s.dev, token, &MaskMode::Ring)?.logits;
+    Ok(cosine(&a, &b))
 }
 
 /// A second prompt for the back-to-back runs: the prompt reversed (rotated when it reads the

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::fsio::write_atomic;
+use crate::issue10;
 use kvprobe_schema::{ColmapFinding, Layout, LayoutFinding, Results, ZtapCache};
 use ndarray::{Array1, Array2, Array3, ArrayD, IxDyn};
 use ndarray_npy::{WritableElement, WriteNpyExt};
@@ -55,7 +56,14 @@ impl NamedArray {
 }
 
 /// Names the crate writes itself; a caller array may not shadow them.
-const RESERVED_PREFIXES: [&str; 3] = ["colmap", "layout_correlations", "ztap_zero_map"];
+const RESERVED_PREFIXES: [&str; 6] = [
+    "colmap",
+    "layout_correlations",
+    "ztap_zero_map",
+    "stale",
+    "causality",
+    "splits",
+];
 
 /// Check every caller array before anything is written, so a bad one fails the whole call early.
 pub fn validate(arrays: &[NamedArray]) -> Result<()> {
@@ -142,6 +150,16 @@ pub fn derived_array_files(results: &Results) -> Vec<String> {
     if results.probes.layout.is_some() {
         out.push("layout_correlations.npy".to_string());
     }
+    if results.probes.stale.is_some() {
+        out.push(issue10::STALE_NPY.to_string());
+    }
+    if results.probes.causality.is_some() {
+        out.push(issue10::CAUSALITY_NPY.to_string());
+        out.push(issue10::CAUSALITY_FIRST_NPY.to_string());
+    }
+    if results.probes.splits.is_some() {
+        out.push(issue10::SPLITS_NPY.to_string());
+    }
     out
 }
 
@@ -165,6 +183,23 @@ pub fn write_derived_arrays(results: &Results, dir: &Path) -> Result<()> {
             &dir.join("layout_correlations.npy"),
             &layout_correlations(l),
         )?;
+    }
+    if let Some(f) = &results.probes.stale {
+        let m = issue10::stale_matrix(f, results.provenance.cache_len);
+        write_npy(&dir.join(issue10::STALE_NPY), &m)?;
+    }
+    if let Some(f) = &results.probes.causality {
+        write_npy(
+            &dir.join(issue10::CAUSALITY_NPY),
+            &issue10::causality_matrix(f)?,
+        )?;
+        write_npy(
+            &dir.join(issue10::CAUSALITY_FIRST_NPY),
+            &issue10::causality_first_layer(f)?,
+        )?;
+    }
+    if let Some(f) = &results.probes.splits {
+        write_npy(&dir.join(issue10::SPLITS_NPY), &issue10::splits_matrix(f))?;
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ pub mod error;
 pub mod fixtures;
 mod fsio;
 pub mod html;
+pub mod issue10;
 pub mod render;
 pub mod tables;
 pub mod text;

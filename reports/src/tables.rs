@@ -218,6 +218,18 @@ pub fn tables(results: &Results) -> Vec<(String, String)> {
         }
         out.push(("inject.csv".to_string(), s));
     }
+    if let Some(f) = &p.stale {
+        out.push(("stale.csv".to_string(), crate::issue10::stale_csv(f)));
+    }
+    if let Some(f) = &p.causality {
+        out.push((
+            "causality.csv".to_string(),
+            crate::issue10::causality_csv(f),
+        ));
+    }
+    if let Some(f) = &p.splits {
+        out.push(("splits.csv".to_string(), crate::issue10::splits_csv(f)));
+    }
     out
 }
 

@@ -440,6 +440,14 @@ pub struct StaleFinding {
     /// False when the trial budget ran out before every leaking slot was isolated.
     pub leak_search_complete: bool,
     pub leak_trials: usize,
+    /// Cosine between two runs whose leaking slots hold the same distinct entries in two
+    /// different orders (None: fewer than two leaking slots found).
+    #[serde(default)]
+    pub leak_permutation_cosine: Option<f64>,
+    /// The leaking slots are read as whole entries (permutation-invariant: a mask admits them)
+    /// rather than assembled from other slots' bytes (a reader layout).
+    #[serde(default)]
+    pub leaks_whole_entries: Option<bool>,
     pub back_to_back: Option<BackToBack>,
 }
 
@@ -477,6 +485,18 @@ pub struct CausalityFinding {
     pub first_layer_leak_cells: usize,
     /// Cells that changed in slots holding no prompt token (writes outside the valid entries).
     pub stray_cells: usize,
+    /// Later-layer changes in slots only padding rows wrote: expected, since padding rows
+    /// attend to every column (contract §2.5) and those slots stay masked until overwritten.
+    #[serde(default)]
+    pub padding_cells: usize,
+    /// Most slots one perturbed token's first-layer change spread over: 1 = whole entries
+    /// (placed at some slot), more = the token's bytes scattered (another layout).
+    #[serde(default)]
+    pub first_layer_spread: usize,
+    /// Trailing entry columns no perturbation ever changed in a first-layer entry it changed
+    /// (a writer keeping only the head of each entry).
+    #[serde(default)]
+    pub frozen_tail_columns: usize,
     /// When every perturbed token's first-layer data moved to the same other slot: that shift
     /// (slot − position mod L).
     pub first_layer_shift: Option<i64>,

@@ -83,6 +83,11 @@ pub struct DeviceArgs {
     /// Print one JSON object (the results) on stdout instead of the summary.
     #[arg(long)]
     pub json: bool,
+
+    /// diagnose, test/research switch: hide every named-fault rule; only the stale, causality
+    /// and splits probes decide, and the verdict carries their stage (docs/diagnosis.md).
+    #[arg(long, hide = true)]
+    pub stage_only: bool,
 }
 
 /// What a run drives.

@@ -128,6 +128,11 @@ impl Progress for Bar {
 pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     let (name, args) = cmd.parts();
+    if args.stage_only && name != "diagnose" {
+        return Err(usage(format!(
+            "--stage-only applies to `kvprobe diagnose` only; drop it from `kvprobe {name}`"
+        )));
+    }
     args.check_device_flags()?;
     // Refuse a bad --out before any work (and so before any partial artefact).
     if let Some(out) = &args.out {
@@ -261,6 +266,7 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
         "diagnose" => {
             let opts = DiagnoseOptions {
                 steps,
+                stage_only: args.stage_only,
                 ..DiagnoseOptions::default()
             };
             let d = diagnose(s, &opts)?;
@@ -437,6 +443,9 @@ pub fn summary(r: &Results) -> String {
         if !r.also.is_empty() {
             let also: Vec<&str> = r.also.iter().map(|v| v.name()).collect();
             s += &format!("also: {}\n", also.join(", "));
+        }
+        if let Some(st) = r.stage {
+            s += &format!("stage (stale, causality, splits): {}\n", st.name());
         }
         for e in &r.evidence {
             s += &format!("  - {e}\n");

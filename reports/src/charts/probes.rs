@@ -3,6 +3,7 @@
 use super::heatmap::{self, Heatmap, RowClass, Scale};
 use super::metric::{self, MetricChart};
 use crate::error::Result;
+use crate::issue10;
 use crate::tables::kind_name;
 use crate::text::visible;
 use kvprobe_schema::{
@@ -42,6 +43,18 @@ pub fn charts(results: &Results) -> Result<Vec<(&'static str, String)>> {
     }
     if let Some(f) = &p.layout {
         out.push((LAYOUT_SVG, layout(f)?));
+    }
+    if let Some(f) = &p.stale {
+        out.push((
+            issue10::STALE_SVG,
+            issue10::stale_chart(f, results.provenance.cache_len)?,
+        ));
+    }
+    if let Some(f) = &p.causality {
+        out.push((issue10::CAUSALITY_SVG, issue10::causality_chart(f)?));
+    }
+    if let Some(f) = &p.splits {
+        out.push((issue10::SPLITS_SVG, issue10::splits_chart(f)?));
     }
     Ok(out)
 }

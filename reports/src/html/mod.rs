@@ -116,6 +116,12 @@ pub(crate) fn banner(r: &Results, heading: Option<&str>) -> String {
                     html(&also.join(", "))
                 ));
             }
+            if let Some(st) = r.stage {
+                s.push_str(&format!(
+                    "<div class=\"meta\">Pipeline stage (stale, causality, splits): {}</div>",
+                    html(st.name())
+                ));
+            }
         }
         None => s.push_str(&format!(
             "<div class=\"verdict\">Probe: {}</div><div class=\"meta\">a single probe ran; no diagnosis was made</div>",

@@ -2,6 +2,7 @@
 
 use super::{fold, inline_svg, kv_table, table};
 use crate::charts::probes as ch;
+use crate::issue10::{CAUSALITY_SVG, SPLITS_SVG, STALE_SVG};
 use crate::tables::{class_name, kind_name};
 use crate::text::{html, html_visible, num};
 use kvprobe_schema::{LogitComparison, QuantInfo, Results};
@@ -614,7 +615,7 @@ pub fn blocks(r: &Results, charts: &[(&'static str, String)]) -> Vec<ProbeBlock>
             id: "stale",
             title: "Stale: poisoned unused ring slots",
             summary: kv_table(&pairs),
-            chart: String::new(),
+            chart: chart(charts, STALE_SVG, "stale slot map per step"),
             detail: fold(
                 "per-step table",
                 &table(
@@ -655,8 +656,20 @@ pub fn blocks(r: &Results, charts: &[(&'static str, String)]) -> Vec<ProbeBlock>
                     "stray cells (slots without a prompt token)",
                     f.stray_cells.to_string(),
                 ),
+                (
+                    "padding-row cells (expected, §2.5)",
+                    f.padding_cells.to_string(),
+                ),
+                (
+                    "most slots one token's first-layer change spread over",
+                    f.first_layer_spread.to_string(),
+                ),
+                (
+                    "frozen entry tail (columns)",
+                    f.frozen_tail_columns.to_string(),
+                ),
             ]),
-            chart: String::new(),
+            chart: chart(charts, CAUSALITY_SVG, "causality matrix"),
             detail: fold(
                 "leak cells",
                 &table(
@@ -696,7 +709,7 @@ pub fn blocks(r: &Results, charts: &[(&'static str, String)]) -> Vec<ProbeBlock>
                 ("pure decode min", num(f.pure_decode_min, 4)),
                 ("decode after prefill min", num(f.mixed_decode_min, 4)),
             ]),
-            chart: String::new(),
+            chart: chart(charts, SPLITS_SVG, "split-point matrix"),
             detail: fold(
                 "per-split table",
                 &table(
