@@ -371,7 +371,12 @@ mod tests {
     #[test]
     fn recovers_every_emulator_layout_and_the_shift() {
         // (n, C, P, L, head_dim): one padded chunk; three chunks with a remainder and wrap-around
-        for (n, c, p, l, hd) in [(13, 32, 32, 64, 16), (40, 32, 16, 48, 8)] {
+        // (30, 32, 24, …): tile16 over a 24-token window has a narrower last tile
+        for (n, c, p, l, hd) in [
+            (13, 32, 32, 64, 16),
+            (40, 32, 16, 48, 8),
+            (30, 32, 24, 64, 16),
+        ] {
             let refs = reference(n, c, 11);
             for layout in Layout::ALL.into_iter().chain(Layout::TEST) {
                 for shift in [0i64, 3, -5] {
@@ -418,6 +423,21 @@ mod tests {
     }
 
     #[test]
+    fn noise_is_not_explained() {
+        let (n, c, p, l) = (13, 32, 32, 64);
+        let refs = reference(n, c, 9);
+        let mut s: u64 = 5;
+        let ring: Vec<f32> = (0..l * c)
+            .map(|_| {
+                s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 6.0
+            })
+            .collect();
+        let sol = solve_for(&ring, &refs, n, c, p, l);
+        assert!(sol.best.fraction < 0.2, "{}", sol.best.fraction);
+    }
+
+    #[test]
     fn slot_fraction_marks_the_prompt_slots() {
         // 13 tokens, one chunk of 32: positions 0..12 at slots 0..12 (+2)
         let (n, c, p, l) = (13, 32, 32, 64);
@@ -430,6 +450,7 @@ mod tests {
             assert_eq!(*f, want, "slot {slot}");
         }
         let r = s.runner_up.expect("a runner-up");
-        assert!(r.fraction < 0.5, "{} {} {:?}", r.fraction, r.shift, r.map);
+        // the next best is at most half right (e.g. right on one of two token digits)
+        assert!(r.fraction < 0.6, "{} {} {:?}", r.fraction, r.shift, r.map);
     }
 }

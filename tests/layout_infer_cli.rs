@@ -1,0 +1,183 @@
+//! `kvprobe layout --infer` through the binary: each layout the emulator can write is recovered
+//! per cache edge with no hint, quantised and float, scoped faults give per-edge answers, and an
+//! offset fault shows as a slot shift. Expected maps come from the emulator's own layout
+//! functions (npu/src/layout.rs) for the injected fault, never from the solver.
+
+mod common;
+use common::*;
+
+use kvprobe_npu::layout::{element_position, StreamShape};
+use kvprobe_schema::Layout;
+
+/// Llama fixture: 2 KV heads × 16 dims (C = 32), 2 layers. P = 32 with a 13-token prompt: one
+/// padded prefill run whose 32-token window gives tile16 two tiles.
+const GEO: [&str; 6] = [
+    "--cache-len",
+    "64",
+    "--prefill-len",
+    "32",
+    "--ids",
+    "1,5,9,22,41,17,3,99,150,200,12,7,8",
+];
+const N: usize = 32;
+const C: usize = 32;
+const HEAD_DIM: usize = 16;
+
+fn infer(extra: &[&str]) -> serde_json::Value {
+    let f = fixture("llama", 7);
+    let mut a = vec!["layout", "--infer", "--sim", "--model", f.to_str().unwrap()];
+    a.extend_from_slice(&GEO);
+    a.extend_from_slice(extra);
+    let (code, v, stderr) = kvprobe_json(&a);
+    assert_eq!(code, 0, "{extra:?}: {stderr}");
+    v["probes"]["layout_infer"].clone()
+}
+
+/// Element positions of the map a cache reports (digits outer → inner, full tiles).
+fn reported_positions(c: &serde_json::Value) -> Vec<usize> {
+    let digits = c["digits"].as_array().expect("digits");
+    let mut out = Vec::with_capacity(N * C);
+    for t in 0..N {
+        for f in 0..C {
+            let mut p = 0;
+            for d in digits {
+                let x = if d["axis"] == "token" { t } else { f };
+                let div = d["divisor"].as_u64().unwrap() as usize;
+                let size = d["size"].as_u64().unwrap() as usize;
+                let stride = d["stride"].as_u64().unwrap() as usize;
+                p += (x / div) % size * stride;
+            }
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn emulator_positions(l: Layout) -> Vec<usize> {
+    let sh = StreamShape {
+        tokens: N,
+        features: C,
+        elem_bytes: 1,
+        head_dim: HEAD_DIM,
+    };
+    (0..N)
+        .flat_map(|t| (0..C).map(move |f| (t, f)))
+        .map(|(t, f)| element_position(l, sh, t, f))
+        .collect()
+}
+
+fn assert_edge(c: &serde_json::Value, want: Layout, shift: i64, ctx: &str) {
+    assert_eq!(c["explained"], true, "{ctx}: {c}");
+    assert_eq!(c["shift"], shift, "{ctx}: {c}");
+    assert!(
+        reported_positions(c) == emulator_positions(want),
+        "{ctx}: cache {} is {} , expected {}",
+        c["cache_id"],
+        c["formula"],
+        want.name()
+    );
+}
+
+#[test]
+fn recovers_every_writer_layout_quantised_and_float() {
+    for quant in [&[][..], &["--sim-quant", "none"][..]] {
+        for layout in Layout::ALL.into_iter().chain(Layout::TEST) {
+            let fault = format!("prefill-write-layout={}", layout.name());
+            let mut extra: Vec<&str> = quant.to_vec();
+            if layout != Layout::TokenMajor {
+                extra.extend_from_slice(&["--fault", &fault]);
+            }
+            let f = infer(&extra);
+            assert_eq!(f["unexplained"], 0, "{extra:?}");
+            for c in f["caches"].as_array().unwrap() {
+                assert_edge(c, layout, 0, &format!("{extra:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn healthy_is_token_major_at_shift_zero() {
+    let f = infer(&[]);
+    assert_eq!(f["writer_formula"], "ℓ(t, c) = 32·t + c");
+    assert_eq!(f["writer_shift"], 0);
+    assert!(f["outlier_edges"].as_array().unwrap().is_empty());
+    for c in f["caches"].as_array().unwrap() {
+        assert_eq!(c["named"], "token-major");
+        // the 13 prompt tokens sit in slots 0..12, every element explained; no other slot is used
+        let slots = c["slot_fraction"].as_array().unwrap();
+        for (s, x) in slots.iter().enumerate() {
+            let x = x.as_f64().unwrap();
+            if s < 13 {
+                assert!(x > 0.95, "slot {s}: {x}");
+            } else {
+                assert_eq!(x, -1.0, "slot {s}");
+            }
+        }
+    }
+}
+
+#[test]
+fn scoped_layout_faults_give_per_edge_results() {
+    let f = infer(&["--fault", "prefill-write-layout=head-major@k"]);
+    for c in f["caches"].as_array().unwrap() {
+        let want = if c["kind"] == "k" {
+            Layout::HeadMajor
+        } else {
+            Layout::TokenMajor
+        };
+        assert_edge(c, want, 0, "head-major@k");
+    }
+    let f = infer(&["--fault", "prefill-write-layout=tile16@layer=1"]);
+    for c in f["caches"].as_array().unwrap() {
+        let want = if c["layer"] == 1 {
+            Layout::Tile16
+        } else {
+            Layout::TokenMajor
+        };
+        assert_edge(c, want, 0, "tile16@layer=1");
+    }
+    // the majority is a tie of two edges each; the others are named as differing
+    assert_eq!(f["outlier_edges"].as_array().unwrap().len(), 2, "{f}");
+}
+
+#[test]
+fn an_offset_fault_is_a_slot_shift() {
+    // offset=after-run: the driver's update_cache_offset(+13) before the only prefill run
+    // (contract §2.3) lands after it, so the run writes its window [R − 32, R) at R = 0 instead
+    // of R = 13: every token 13 slots early.
+    let f = infer(&["--fault", "offset=after-run"]);
+    for c in f["caches"].as_array().unwrap() {
+        assert_edge(c, Layout::TokenMajor, -13, "offset=after-run");
+    }
+}
+
+#[test]
+fn smollm2_head_major_through_the_binary() {
+    let Some(model) = smollm2() else {
+        eprintln!("SmolLM2 not fetched: skipped");
+        return;
+    };
+    let (code, v, stderr) = kvprobe_json(&[
+        "layout",
+        "--infer",
+        "--sim",
+        "--model",
+        model.to_str().unwrap(),
+        "--fault",
+        "prefill-write-layout=head-major@v",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let f = &v["probes"]["layout_infer"];
+    assert_eq!(f["unexplained"], 0);
+    // SmolLM2: 3 KV heads × 64 (C = 192), P = 32: head-major = ⌊c/64⌋·32·64 + 64t + c mod 64
+    for c in f["caches"].as_array().unwrap() {
+        let want = if c["kind"] == "v" {
+            "ℓ(t, c) = 2048·⌊c/64⌋ + 64·t + c mod 64"
+        } else {
+            "ℓ(t, c) = 192·t + c"
+        };
+        assert_eq!(c["formula"], want, "{c}");
+        assert_eq!(c["shift"], 0);
+    }
+}
