@@ -181,3 +181,51 @@ fn smollm2_head_major_through_the_binary() {
         assert_eq!(c["shift"], 0);
     }
 }
+
+#[test]
+fn artefacts_report_section_and_rerender() {
+    let f = fixture("llama", 7);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let o = out.to_str().unwrap();
+    let mut a = vec!["layout", "--infer", "--sim", "--model", f.to_str().unwrap()];
+    a.extend_from_slice(&GEO);
+    a.extend_from_slice(&["--fault", "truncate-entry=16@v", "--out", o]);
+    let run = kvprobe(&a);
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    for file in [
+        "results.json",
+        "report.html",
+        "layout_infer.csv",
+        "layout_infer_slots.npy",
+        "layout_infer_columns.npy",
+        "layout_infer_slots.svg",
+        "layout_infer_columns.svg",
+    ] {
+        assert!(out.join(file).is_file(), "{file} missing");
+    }
+    let csv = std::fs::read_to_string(out.join("layout_infer.csv")).unwrap();
+    // header + one row per edge (2 layers × K/V); V edges keep 16 of 32 bytes: unexplained
+    assert_eq!(csv.lines().count(), 5, "{csv}");
+    assert_eq!(
+        csv.lines().filter(|l| l.contains(",V,false,")).count(),
+        2,
+        "{csv}"
+    );
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("id=\"layout-infer\""));
+    let before = std::fs::read(out.join("report.html")).unwrap();
+    let r = kvprobe(&["report", o]);
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert_eq!(std::fs::read(out.join("report.html")).unwrap(), before);
+}

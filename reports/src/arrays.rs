@@ -55,7 +55,12 @@ impl NamedArray {
 }
 
 /// Names the crate writes itself; a caller array may not shadow them.
-const RESERVED_PREFIXES: [&str; 3] = ["colmap", "layout_correlations", "ztap_zero_map"];
+const RESERVED_PREFIXES: [&str; 4] = [
+    "colmap",
+    "layout_correlations",
+    "layout_infer",
+    "ztap_zero_map",
+];
 
 /// Check every caller array before anything is written, so a bad one fails the whole call early.
 pub fn validate(arrays: &[NamedArray]) -> Result<()> {
@@ -142,6 +147,10 @@ pub fn derived_array_files(results: &Results) -> Vec<String> {
     if results.probes.layout.is_some() {
         out.push("layout_correlations.npy".to_string());
     }
+    if results.probes.layout_infer.is_some() {
+        out.push(crate::layout_infer::SLOTS_NPY.to_string());
+        out.push(crate::layout_infer::COLUMNS_NPY.to_string());
+    }
     out
 }
 
@@ -165,6 +174,11 @@ pub fn write_derived_arrays(results: &Results, dir: &Path) -> Result<()> {
             &dir.join("layout_correlations.npy"),
             &layout_correlations(l),
         )?;
+    }
+    if let Some(f) = &results.probes.layout_infer {
+        use crate::layout_infer as li;
+        write_npy(&dir.join(li::SLOTS_NPY), &li::slots_matrix(f))?;
+        write_npy(&dir.join(li::COLUMNS_NPY), &li::columns_matrix(f))?;
     }
     Ok(())
 }

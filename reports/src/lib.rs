@@ -12,6 +12,7 @@ pub mod error;
 pub mod fixtures;
 mod fsio;
 pub mod html;
+pub mod layout_infer;
 pub mod render;
 pub mod tables;
 pub mod text;

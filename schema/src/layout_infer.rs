@@ -80,3 +80,18 @@ pub struct LayoutInferFinding {
     /// Edges that do not follow the majority (formula or shift) or are unexplained.
     pub outlier_edges: Vec<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::ProbeFindings;
+
+    #[test]
+    fn results_written_before_layout_infer_still_load() {
+        let old = r#"{"layout": null}"#;
+        let p: ProbeFindings = serde_json::from_str(old).expect("old findings load");
+        assert!(p.layout_infer.is_none());
+        // and a finding without it does not write the key at all
+        let s = serde_json::to_string(&ProbeFindings::default()).unwrap();
+        assert!(!s.contains("layout_infer"), "{s}");
+    }
+}

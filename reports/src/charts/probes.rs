@@ -43,6 +43,9 @@ pub fn charts(results: &Results) -> Result<Vec<(&'static str, String)>> {
     if let Some(f) = &p.layout {
         out.push((LAYOUT_SVG, layout(f)?));
     }
+    if let Some(f) = &p.layout_infer {
+        out.extend(crate::layout_infer::charts(f)?);
+    }
     Ok(out)
 }
 
