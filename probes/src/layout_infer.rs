@@ -237,9 +237,11 @@ fn summarise(
             None => counts.push((key, 1)),
         }
     }
+    // ties go to the edge met first (K0 before V0 before K1 ...)
+    let top = counts.iter().map(|(_, n)| *n).max().unwrap_or(0);
     let majority = counts
         .iter()
-        .max_by_key(|(_, n)| *n)
+        .find(|(_, n)| *n == top)
         .map(|(k, _)| k.clone());
     let description = majority.as_ref().and_then(|(f, s)| {
         caches
