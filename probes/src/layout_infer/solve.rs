@@ -146,14 +146,13 @@ fn full_check(d: &EdgeData, mu: &[f32], m: &StridedMap, shift: i64) -> (f64, f64
     let mut columns = vec![(0u32, 0u32); c];
     let (mut hit, mut total) = (0usize, 0usize);
     let (mut sxy, mut sxx, mut syy) = (0f64, 0f64, 0f64);
-    for p in 0..d.prompt_len {
-        for f in 0..c {
+    for (p, row) in d.reference.chunks_exact(c).take(d.prompt_len).enumerate() {
+        for (f, (&y, &centre)) in row.iter().zip(mu).enumerate() {
             let Some((rs, e)) = place(d, m, p, f) else {
                 continue;
             };
             let slot = (rs + shift).rem_euclid(l) as usize;
             let x = d.ring[slot * c + e];
-            let y = d.reference[p * c + f];
             let ok = (x - y).abs() <= d.tolerance;
             total += 1;
             hit += ok as usize;
@@ -161,7 +160,7 @@ fn full_check(d: &EdgeData, mu: &[f32], m: &StridedMap, shift: i64) -> (f64, f64
             slots[slot].1 += 1;
             columns[e].0 += ok as u32;
             columns[e].1 += 1;
-            let (xc, yc) = ((x - mu[f]) as f64, (y - mu[f]) as f64);
+            let (xc, yc) = ((x - centre) as f64, (y - centre) as f64);
             sxy += xc * yc;
             sxx += xc * xc;
             syy += yc * yc;
@@ -306,19 +305,21 @@ mod tests {
             .collect()
     }
 
-    /// Ring bytes as the emulator's writer (npu layout::encode) leaves them for an n-token prompt:
-    /// chunks of P, remainder first, each window of N = P entries encoded in `layout` and stored
-    /// from slot a_k + shift. Padding rows hold −9 (never matches the reference).
-    fn write_ring(
-        refs: &[f32],
+    /// Prompt tokens, elements per entry, prefill rows (= window), ring length, head dim.
+    #[derive(Clone, Copy)]
+    struct Geo {
         n: usize,
         c: usize,
         p: usize,
         l: usize,
-        layout: Layout,
-        head_dim: usize,
-        shift: i64,
-    ) -> Vec<f32> {
+        hd: usize,
+    }
+
+    /// Ring bytes as the emulator's writer (npu layout::encode) leaves them for an n-token prompt:
+    /// chunks of P, remainder first, each window of N = P entries encoded in `layout` and stored
+    /// from slot a_k + shift. Padding rows hold −9 (never matches the reference).
+    fn write_ring(refs: &[f32], g: Geo, layout: Layout, shift: i64) -> Vec<f32> {
+        let Geo { n, c, p, l, hd } = g;
         // values travel as their index into `vals` through byte-free encoding: 4-byte elements
         let chunks = n.div_ceil(p);
         let a0 = n as i64 - (chunks * p) as i64;
@@ -327,7 +328,7 @@ mod tests {
             tokens: p,
             features: c,
             elem_bytes: 4,
-            head_dim,
+            head_dim: hd,
         };
         for k in 0..chunks {
             let ak = a0 + (k * p) as i64;
@@ -380,7 +381,7 @@ mod tests {
             let refs = reference(n, c, 11);
             for layout in Layout::ALL.into_iter().chain(Layout::TEST) {
                 for shift in [0i64, 3, -5] {
-                    let ring = write_ring(&refs, n, c, p, l, layout, hd, shift);
+                    let ring = write_ring(&refs, Geo { n, c, p, l, hd }, layout, shift);
                     let s = solve_for(&ring, &refs, n, c, p, l);
                     let shape = StreamShape {
                         tokens: p,
@@ -411,7 +412,8 @@ mod tests {
     fn a_random_permutation_is_not_explained() {
         let (n, c, p, l) = (13, 32, 32, 64);
         let refs = reference(n, c, 5);
-        let mut ring = write_ring(&refs, n, c, p, l, Layout::TokenMajor, 16, 0);
+        let g = Geo { n, c, p, l, hd: 16 };
+        let mut ring = write_ring(&refs, g, Layout::TokenMajor, 0);
         // Fisher-Yates over the whole ring with a fixed seed
         let mut s: u64 = 77;
         for i in (1..ring.len()).rev() {
@@ -442,7 +444,7 @@ mod tests {
         // 13 tokens, one chunk of 32: positions 0..12 at slots 0..12 (+2)
         let (n, c, p, l) = (13, 32, 32, 64);
         let refs = reference(n, c, 3);
-        let ring = write_ring(&refs, n, c, p, l, Layout::TokenMajor, 16, 2);
+        let ring = write_ring(&refs, Geo { n, c, p, l, hd: 16 }, Layout::TokenMajor, 2);
         let s = solve_for(&ring, &refs, n, c, p, l);
         assert_eq!(s.best.shift, 2);
         for (slot, f) in s.slot_fraction.iter().enumerate() {
