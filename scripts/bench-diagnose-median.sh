@@ -12,10 +12,7 @@ RUNS="${1:-3}"
 shift || true
 if [[ $# -gt 0 ]]; then FAULTS=("$@"); else FAULTS=("" "tbt-read-layout=feature-major" "kv-swap"); fi
 
-if [[ ! -x /usr/bin/time ]]; then
-    echo "bench-diagnose: installing GNU time (apt) for peak RSS"
-    apt-get install -y -qq time >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq time >/dev/null; }
-fi
+scripts/ensure-gnu-time.sh bench-diagnose
 scripts/fetch-model.sh >/dev/null
 cargo build --release -q -p kvprobe
 BIN=target/release/kvprobe

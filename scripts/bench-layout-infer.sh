@@ -14,10 +14,7 @@ RUNS="${1:-3}"
 shift || true
 if [[ $# -gt 0 ]]; then CASES=("$@"); else CASES=("" "prefill-write-layout=head-major@v"); fi
 
-if [[ ! -x /usr/bin/time ]]; then
-    echo "bench-layout-infer: installing GNU time (apt) for peak RSS"
-    apt-get install -y -qq time >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq time >/dev/null; }
-fi
+scripts/ensure-gnu-time.sh bench-layout-infer
 scripts/fetch-model.sh >/dev/null
 cargo build --release -q -p kvprobe
 BIN=target/release/kvprobe
