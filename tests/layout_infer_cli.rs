@@ -229,3 +229,33 @@ fn artefacts_report_section_and_rerender() {
     );
     assert_eq!(std::fs::read(out.join("report.html")).unwrap(), before);
 }
+
+#[test]
+fn tile16_with_a_narrower_last_tile_on_gpt2() {
+    // GPT-2 fixture: 4 heads × 16 (C = 64), P = 24: tile16 = 16-token tile then an 8-token tile,
+    // each feature-major: ⌊t/16⌋·16·64 + c·w + t mod 16 with w = 16, then 8 (npu layout.rs)
+    let f = fixture("gpt2", 7);
+    let (code, v, stderr) = kvprobe_json(&[
+        "layout",
+        "--infer",
+        "--sim",
+        "--model",
+        f.to_str().unwrap(),
+        "--cache-len",
+        "40",
+        "--prefill-len",
+        "24",
+        "--ids",
+        "1,5,9,22,41,17,3,99,150,200,12,7,8,40,41,42,43,44,45,46",
+        "--fault",
+        "prefill-write-layout=tile16",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let f = &v["probes"]["layout_infer"];
+    assert_eq!(f["unexplained"], 0, "{f}");
+    assert_eq!(
+        f["writer_formula"],
+        "ℓ(t, c) = 1024·⌊t/16⌋ + 16·c + t mod 16 (last tile of 8 tokens narrower)"
+    );
+    assert_eq!(f["writer_shift"], 0);
+}
