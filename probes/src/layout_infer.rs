@@ -291,7 +291,7 @@ pub fn evidence(f: &LayoutInferFinding) -> String {
                 .map(|c| c.fraction_explained)
                 .fold(1.0, f64::min);
             format!(
-                "layout --infer: {}/{n} cache edges follow {d} [{formula}] at slot shift {shift:+} ({:.2}+ of their prompt elements explained)",
+                "layout --infer: {}/{n} cache edges follow {d} [{formula}] at slot shift {shift:+} (each explains ≥ {:.2} of its prompt elements)",
                 follow.len(),
                 min
             )

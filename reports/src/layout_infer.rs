@@ -207,3 +207,70 @@ pub fn block(f: &LayoutInferFinding, charts: &[(&'static str, String)]) -> Probe
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn edge(slots: Vec<f32>, columns: Vec<f32>) -> InferredCache {
+        InferredCache {
+            cache_id: 0,
+            layer: Some(0),
+            kind: None,
+            explained: false,
+            fraction_explained: 0.0,
+            residual_cosine: 0.0,
+            shift: 0,
+            formula: "ℓ(t, c) = 4·t + c".into(),
+            description: "<script>".into(),
+            digits: vec![],
+            tile: 1,
+            named: None,
+            runner_up: None,
+            runner_up_fraction: 0.0,
+            slot_fraction: slots,
+            column_fraction: columns,
+        }
+    }
+
+    fn finding(caches: Vec<InferredCache>) -> LayoutInferFinding {
+        LayoutInferFinding {
+            unexplained: caches.len(),
+            caches,
+            prompt_tokens: 1,
+            window: 1,
+            features: 4,
+            candidates: 1,
+            shifts_searched: 1,
+            tolerance_steps: 1.5,
+            threshold: 0.75,
+            writer_formula: None,
+            writer_description: None,
+            writer_shift: None,
+            outlier_edges: vec![],
+        }
+    }
+
+    #[test]
+    fn degenerate_findings_render_and_escape() {
+        for f in [
+            finding(vec![]),
+            finding(vec![edge(vec![], vec![])]),
+            finding(vec![
+                edge(vec![-1.0, 0.5], vec![1.0]),
+                edge(vec![1.0], vec![]),
+            ]),
+        ] {
+            let charts = charts(&f).expect("charts render");
+            let b = block(&f, &charts);
+            assert!(!b.detail.contains("<script>"));
+            // ragged profiles pad with NaN, never panic; −1 (nothing mapped) becomes NaN
+            let m = slots_matrix(&f);
+            assert_eq!(m.nrows(), f.caches.len());
+            if f.caches.len() == 2 {
+                assert!(m[[0, 0]].is_nan() && m[[0, 1]] == 0.5 && m[[1, 1]].is_nan());
+            }
+            assert_eq!(csv(&f).lines().count(), f.caches.len() + 1);
+        }
+    }
+}
