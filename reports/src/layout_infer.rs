@@ -181,7 +181,7 @@ pub fn block(f: &LayoutInferFinding, charts: &[(&'static str, String)]) -> Probe
             (
                 "search",
                 format!(
-                    "{} maps × {} slot shifts per edge over a {}-token × {}-element window; {} prompt tokens in one prefill run; explained = within {} quantisation steps, edge threshold {:.2}",
+                    "{} maps × up to {} slot shifts per edge over a {}-token × {}-element window; {} prompt tokens in one prefill run; explained = within {} quantisation steps, edge threshold {:.2}",
                     f.candidates, f.shifts_searched, f.window, f.features, f.prompt_tokens, f.tolerance_steps, f.threshold
                 ),
             ),
