@@ -98,6 +98,10 @@ fn recovers_every_writer_layout_quantised_and_float() {
 
 #[test]
 fn healthy_is_token_major_at_shift_zero() {
+    // 16-bit cache edges are explained too (SmolLM2 below shows why the 8-bit floor is needed)
+    let f = infer(&["--sim-cache-bits", "16"]);
+    assert_eq!(f["unexplained"], 0, "{f}");
+    assert_eq!(f["writer_formula"], "ℓ(t, c) = 32·t + c");
     let f = infer(&[]);
     assert_eq!(f["writer_formula"], "ℓ(t, c) = 32·t + c");
     assert_eq!(f["writer_shift"], 0);
@@ -180,6 +184,21 @@ fn smollm2_head_major_through_the_binary() {
         assert_eq!(c["formula"], want, "{c}");
         assert_eq!(c["shift"], 0);
     }
+    // 16-bit cache edges: a u16 step is ~1/257 of a u8 step, far below the error the uint16
+    // embeddings and other edges already put into SmolLM2's K/V; the 8-bit floor explains them
+    let (code, v, stderr) = kvprobe_json(&[
+        "layout",
+        "--infer",
+        "--sim",
+        "--model",
+        model.to_str().unwrap(),
+        "--sim-cache-bits",
+        "16",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let f = &v["probes"]["layout_infer"];
+    assert_eq!(f["unexplained"], 0, "{}", f["outlier_edges"]);
+    assert_eq!(f["writer_formula"], "ℓ(t, c) = 192·t + c");
 }
 
 #[test]
