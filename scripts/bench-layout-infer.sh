@@ -28,20 +28,22 @@ for case in "${CASES[@]}"; do
     [[ -n "$case" ]] && cmd+=(--fault "$case")
     : >"$TMP/walls"
     for i in $(seq "$RUNS"); do
-        /usr/bin/time -f '%e %M' -o "$TMP/t.$i" "$BIN" "${cmd[@]}" >"$TMP/json.$i" 2>"$TMP/stderr" \
+        /usr/bin/time -f '%e %M %U %S' -o "$TMP/t.$i" "$BIN" "${cmd[@]}" >"$TMP/json.$i" 2>"$TMP/stderr" \
             || { cat "$TMP/stderr" >&2; exit 1; }
-        read -r secs kib <"$TMP/t.$i"
-        echo "$secs $((kib * 1024 / 1000000)) $i" >>"$TMP/walls"
+        read -r secs kib user sys < <(tail -1 "$TMP/t.$i")
+        echo "$secs $((kib * 1024 / 1000000)) $i $user $sys" >>"$TMP/walls"
     done
-    read -r secs mb idx < <(sort -n "$TMP/walls" | sed -n "$(((RUNS + 1) / 2))p")
+    # on a shared machine wall time includes waiting; CPU time (user + sys) is the work itself
+    read -r secs mb idx user sys < <(sort -n "$TMP/walls" | sed -n "$(((RUNS + 1) / 2))p")
     top="$(sort -k2 -n "$TMP/walls" | tail -1 | cut -d' ' -f2)"
-    python3 - "$TMP/json.$idx" "${case:-healthy}" "$secs" "$mb" "$top" "$RUNS" "$F32_MB" <<'PY'
+    python3 - "$TMP/json.$idx" "${case:-healthy}" "$secs" "$mb" "$top" "$RUNS" "$F32_MB" "$user" "$sys" <<'PY'
 import json, sys
-path, name, secs, mb, top, runs, f32 = sys.argv[1:]
+path, name, secs, mb, top, runs, f32, user, system = sys.argv[1:]
+cpu = f"{float(user) + float(system):.2f}"
 r = json.load(open(path))
 f = r["probes"]["layout_infer"]
 split = ", ".join(f"{t['what']} {t['seconds']:.2f} s" for t in r["provenance"]["timings"])
-print(f"{name}: median {secs} s over {runs} runs, its peak RSS {mb} MB "
+print(f"{name}: median {secs} s wall ({cpu} s CPU) over {runs} runs, its peak RSS {mb} MB "
       f"({int(mb) / int(f32):.2f}x f32 weights; largest {top} MB)")
 print(f"  {split}")
 print(f"  {len(f['caches']) - f['unexplained']}/{len(f['caches'])} edges explained; "
