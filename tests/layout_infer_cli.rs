@@ -278,3 +278,23 @@ fn tile16_with_a_narrower_last_tile_on_gpt2() {
     );
     assert_eq!(f["writer_shift"], 0);
 }
+
+#[test]
+fn text_summary_names_the_edges_that_differ() {
+    let f = fixture("llama", 7);
+    let mut a = vec!["layout", "--infer", "--sim", "--model", f.to_str().unwrap()];
+    a.extend_from_slice(&GEO);
+    a.extend_from_slice(&["--fault", "prefill-write-layout=f8cr@v,layer=0"]);
+    let out = kvprobe(&a);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // 3 of 4 edges token-major; V0 written f8cr: ⌊c/8⌋·8N + 8t + c mod 8 with N = 32
+    assert!(
+        text.starts_with("layout --infer: 3/4 cache edges follow token-major"),
+        "{text}"
+    );
+    assert!(
+        text.contains("V0: tokens on the width axis, 8-channel groups [ℓ(t, c) = 256·⌊c/8⌋ + 8·t + c mod 8] at shift +0"),
+        "{text}"
+    );
+}
