@@ -23,14 +23,41 @@ const N: usize = 32;
 const C: usize = 32;
 const HEAD_DIM: usize = 16;
 
-fn infer(extra: &[&str]) -> serde_json::Value {
-    let f = fixture("llama", 7);
-    let mut a = vec!["layout", "--infer", "--sim", "--model", f.to_str().unwrap()];
-    a.extend_from_slice(&GEO);
+/// `layout --infer --sim --model MODEL EXTRA... --json` → the finding (exit 0 required).
+fn infer_on(model: &std::path::Path, extra: &[&str]) -> serde_json::Value {
+    let mut a = vec![
+        "layout",
+        "--infer",
+        "--sim",
+        "--model",
+        model.to_str().unwrap(),
+    ];
     a.extend_from_slice(extra);
     let (code, v, stderr) = kvprobe_json(&a);
     assert_eq!(code, 0, "{extra:?}: {stderr}");
     v["probes"]["layout_infer"].clone()
+}
+
+/// The Llama fixture in the test geometry.
+fn infer(extra: &[&str]) -> serde_json::Value {
+    let mut a = GEO.to_vec();
+    a.extend_from_slice(extra);
+    infer_on(&fixture("llama", 7), &a)
+}
+
+/// The whole command line of `infer`, for runs that read stdout or write --out.
+fn llama_cmd(extra: &[&str]) -> Vec<String> {
+    let f = fixture("llama", 7);
+    let head = ["layout", "--infer", "--sim", "--model", f.to_str().unwrap()];
+    head.iter()
+        .chain(&GEO)
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn run(cmd: &[String]) -> std::process::Output {
+    kvprobe(&cmd.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// Element positions of the map a cache reports (digits outer → inner, full tiles).
@@ -162,17 +189,7 @@ fn smollm2_head_major_through_the_binary() {
         eprintln!("SmolLM2 not fetched: skipped");
         return;
     };
-    let (code, v, stderr) = kvprobe_json(&[
-        "layout",
-        "--infer",
-        "--sim",
-        "--model",
-        model.to_str().unwrap(),
-        "--fault",
-        "prefill-write-layout=head-major@v",
-    ]);
-    assert_eq!(code, 0, "{stderr}");
-    let f = &v["probes"]["layout_infer"];
+    let f = infer_on(&model, &["--fault", "prefill-write-layout=head-major@v"]);
     assert_eq!(f["unexplained"], 0);
     // SmolLM2: 3 KV heads × 64 (C = 192), P = 32: head-major = ⌊c/64⌋·32·64 + 64t + c mod 64
     for c in f["caches"].as_array().unwrap() {
@@ -186,37 +203,19 @@ fn smollm2_head_major_through_the_binary() {
     }
     // 16-bit cache edges: a u16 step is ~1/257 of a u8 step, far below the error the uint16
     // embeddings and other edges already put into SmolLM2's K/V; the 8-bit floor explains them
-    let (code, v, stderr) = kvprobe_json(&[
-        "layout",
-        "--infer",
-        "--sim",
-        "--model",
-        model.to_str().unwrap(),
-        "--sim-cache-bits",
-        "16",
-    ]);
-    assert_eq!(code, 0, "{stderr}");
-    let f = &v["probes"]["layout_infer"];
+    let f = infer_on(&model, &["--sim-cache-bits", "16"]);
     assert_eq!(f["unexplained"], 0, "{}", f["outlier_edges"]);
     assert_eq!(f["writer_formula"], "ℓ(t, c) = 192·t + c");
 }
 
 #[test]
 fn artefacts_report_section_and_rerender() {
-    let f = fixture("llama", 7);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("run");
     let o = out.to_str().unwrap();
-    let mut a = vec!["layout", "--infer", "--sim", "--model", f.to_str().unwrap()];
-    a.extend_from_slice(&GEO);
-    a.extend_from_slice(&["--fault", "truncate-entry=16@v", "--out", o]);
-    let run = kvprobe(&a);
-    assert_eq!(
-        run.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let done = run(&llama_cmd(&["--fault", "truncate-entry=16@v", "--out", o]));
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(0), "{stderr}");
     for file in [
         "results.json",
         "report.html",
@@ -253,24 +252,19 @@ fn artefacts_report_section_and_rerender() {
 fn tile16_with_a_narrower_last_tile_on_gpt2() {
     // GPT-2 fixture: 4 heads × 16 (C = 64), P = 24: tile16 = 16-token tile then an 8-token tile,
     // each feature-major: ⌊t/16⌋·16·64 + c·w + t mod 16 with w = 16, then 8 (npu layout.rs)
-    let f = fixture("gpt2", 7);
-    let (code, v, stderr) = kvprobe_json(&[
-        "layout",
-        "--infer",
-        "--sim",
-        "--model",
-        f.to_str().unwrap(),
-        "--cache-len",
-        "40",
-        "--prefill-len",
-        "24",
-        "--ids",
-        "1,5,9,22,41,17,3,99,150,200,12,7,8,40,41,42,43,44,45,46",
-        "--fault",
-        "prefill-write-layout=tile16",
-    ]);
-    assert_eq!(code, 0, "{stderr}");
-    let f = &v["probes"]["layout_infer"];
+    let f = infer_on(
+        &fixture("gpt2", 7),
+        &[
+            "--cache-len",
+            "40",
+            "--prefill-len",
+            "24",
+            "--ids",
+            "1,5,9,22,41,17,3,99,150,200,12,7,8,40,41,42,43,44,45,46",
+            "--fault",
+            "prefill-write-layout=tile16",
+        ],
+    );
     assert_eq!(f["unexplained"], 0, "{f}");
     assert_eq!(
         f["writer_formula"],
@@ -281,11 +275,10 @@ fn tile16_with_a_narrower_last_tile_on_gpt2() {
 
 #[test]
 fn text_summary_names_the_edges_that_differ() {
-    let f = fixture("llama", 7);
-    let mut a = vec!["layout", "--infer", "--sim", "--model", f.to_str().unwrap()];
-    a.extend_from_slice(&GEO);
-    a.extend_from_slice(&["--fault", "prefill-write-layout=f8cr@v,layer=0"]);
-    let out = kvprobe(&a);
+    let out = run(&llama_cmd(&[
+        "--fault",
+        "prefill-write-layout=f8cr@v,layer=0",
+    ]));
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     // 3 of 4 edges token-major; V0 written f8cr: ⌊c/8⌋·8N + 8t + c mod 8 with N = 32
