@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 
-use kvprobe_npu::layout::{element_position, StreamShape};
+use kvprobe_npu::layout::{position_table, StreamShape};
 use kvprobe_schema::Layout;
 
 /// Llama fixture: 2 KV heads × 16 dims (C = 32), 2 layers. P = 32 with a 13-token prompt: one
@@ -87,10 +87,7 @@ fn emulator_positions(l: Layout) -> Vec<usize> {
         elem_bytes: 1,
         head_dim: HEAD_DIM,
     };
-    (0..N)
-        .flat_map(|t| (0..C).map(move |f| (t, f)))
-        .map(|(t, f)| element_position(l, sh, t, f))
-        .collect()
+    position_table(l, sh)
 }
 
 fn assert_edge(c: &serde_json::Value, want: Layout, shift: i64, ctx: &str) {

@@ -7,7 +7,7 @@
 //! own axis is not a layout any compiler order produces). When tiles are outermost, `T` need not
 //! divide `N`: the last tile is narrower, like the emulator's tile16 test layout.
 
-use kvprobe_npu::layout::{element_position, StreamShape};
+use kvprobe_npu::layout::{position_table, StreamShape};
 use kvprobe_schema::{Layout, MapAxis, MapDigit};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -268,6 +268,13 @@ impl StridedMap {
         }
     }
 
+    /// `position` of every `(t, c)`, token-major order.
+    pub fn table(&self) -> Vec<usize> {
+        (0..self.tokens)
+            .flat_map(|t| (0..self.features).map(move |c| self.position(t, c)))
+            .collect()
+    }
+
     /// The named layout ([`Layout::ALL`]) this map equals for its window, if any.
     pub fn named(&self, head_dim: usize) -> Option<Layout> {
         let shape = StreamShape {
@@ -276,12 +283,10 @@ impl StridedMap {
             elem_bytes: 1,
             head_dim,
         };
+        let mine = self.table();
         Layout::ALL.into_iter().find(|&l| {
             kvprobe_npu::layout::check_supported(l, self.features).is_ok()
-                && (0..self.tokens).all(|t| {
-                    (0..self.features)
-                        .all(|c| element_position(l, shape, t, c) == self.position(t, c))
-                })
+                && position_table(l, shape) == mine
         })
     }
 
@@ -354,10 +359,7 @@ mod tests {
     use super::*;
 
     fn table(m: &StridedMap) -> Vec<usize> {
-        (0..m.tokens)
-            .flat_map(|t| (0..m.features).map(move |c| (t, c)))
-            .map(|(t, c)| m.position(t, c))
-            .collect()
+        m.table()
     }
 
     /// The emulator's own layout functions (npu/src/layout.rs), the independent reference.
@@ -368,10 +370,7 @@ mod tests {
             elem_bytes: 1,
             head_dim: hd,
         };
-        (0..n)
-            .flat_map(|t| (0..c).map(move |f| (t, f)))
-            .map(|(t, f)| element_position(l, sh, t, f))
-            .collect()
+        position_table(l, sh)
     }
 
     #[test]

@@ -389,12 +389,8 @@ mod tests {
                         elem_bytes: 1,
                         head_dim: hd,
                     };
-                    let same = (0..p).all(|t| {
-                        (0..c).all(|f| {
-                            s.best.map.position(t, f)
-                                == kvprobe_npu::layout::element_position(layout, shape, t, f)
-                        })
-                    });
+                    let same =
+                        s.best.map.table() == kvprobe_npu::layout::position_table(layout, shape);
                     assert!(
                         same && s.best.shift == shift && s.best.fraction == 1.0,
                         "{} shift {shift} n {n}: got {} shift {} fraction {}",
