@@ -14,10 +14,7 @@ shift || true
 # stale/causality/splits probes run too (issue 10).
 if [[ $# -gt 0 ]]; then FAULTS=("$@"); else FAULTS=("" "tbt-read-layout=feature-major" "kv-swap" "prefill-write-layout=head-major"); fi
 
-if [[ ! -x /usr/bin/time ]]; then
-    echo "bench-diagnose: installing GNU time (apt) for peak RSS"
-    apt-get install -y -qq time >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq time >/dev/null; }
-fi
+scripts/ensure-gnu-time.sh bench-diagnose
 scripts/fetch-model.sh >/dev/null
 cargo build --release -q -p kvprobe
 BIN=target/release/kvprobe

@@ -13,10 +13,7 @@ F32=.cache/models/smollm2-135m-instruct-f32.gguf
 PROMPT="${1:-Once upon a time, in a small village by the sea, there lived an old fisherman who}"
 RUNS=3
 
-if [[ ! -x /usr/bin/time ]]; then
-    echo "bench: installing GNU time (apt) for peak RSS"
-    apt-get install -y -qq time >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq time >/dev/null; }
-fi
+scripts/ensure-gnu-time.sh bench
 scripts/fetch-model.sh >/dev/null
 cargo build --release -q -p kvprobe
 BIN=target/release/kvprobe

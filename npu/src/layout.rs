@@ -69,6 +69,13 @@ pub fn element_position(layout: Layout, shape: StreamShape, t: usize, c: usize) 
     }
 }
 
+/// `element_position` of every `(t, c)`, token-major order (tests and solvers compare these).
+pub fn position_table(layout: Layout, shape: StreamShape) -> Vec<usize> {
+    (0..shape.tokens)
+        .flat_map(|t| (0..shape.features).map(move |c| element_position(layout, shape, t, c)))
+        .collect()
+}
+
 /// `ℓ_N(token, feature)` as a byte position of the element's first byte.
 pub fn byte_position(layout: Layout, shape: StreamShape, t: usize, c: usize) -> usize {
     element_position(layout, shape, t, c) * shape.elem_bytes

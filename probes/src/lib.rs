@@ -13,6 +13,7 @@ pub mod error;
 pub mod greedy;
 pub mod inject;
 pub mod layout;
+pub mod layout_infer;
 pub mod maskconv;
 pub mod metrics;
 pub mod positions;

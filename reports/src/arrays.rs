@@ -56,9 +56,10 @@ impl NamedArray {
 }
 
 /// Names the crate writes itself; a caller array may not shadow them.
-const RESERVED_PREFIXES: [&str; 6] = [
+const RESERVED_PREFIXES: [&str; 7] = [
     "colmap",
     "layout_correlations",
+    "layout_infer",
     "ztap_zero_map",
     "stale",
     "causality",
@@ -160,6 +161,10 @@ pub fn derived_array_files(results: &Results) -> Vec<String> {
     if results.probes.splits.is_some() {
         out.push(issue10::SPLITS_NPY.to_string());
     }
+    if results.probes.layout_infer.is_some() {
+        out.push(crate::layout_infer::SLOTS_NPY.to_string());
+        out.push(crate::layout_infer::COLUMNS_NPY.to_string());
+    }
     out
 }
 
@@ -200,6 +205,11 @@ pub fn write_derived_arrays(results: &Results, dir: &Path) -> Result<()> {
     }
     if let Some(f) = &results.probes.splits {
         write_npy(&dir.join(issue10::SPLITS_NPY), &issue10::splits_matrix(f))?;
+    }
+    if let Some(f) = &results.probes.layout_infer {
+        use crate::layout_infer as li;
+        write_npy(&dir.join(li::SLOTS_NPY), &li::slots_matrix(f))?;
+        write_npy(&dir.join(li::COLUMNS_NPY), &li::columns_matrix(f))?;
     }
     Ok(())
 }

@@ -429,6 +429,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             golden_swapped: cmp(0.2, 77, false),
             blame: if faulty { "reader" } else { "none" }.into(),
         }),
+        layout_infer: None,
         stale: None,
         causality: None,
         splits: None,

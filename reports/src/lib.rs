@@ -13,6 +13,7 @@ pub mod fixtures;
 mod fsio;
 pub mod html;
 pub mod issue10;
+pub mod layout_infer;
 pub mod render;
 pub mod tables;
 pub mod text;

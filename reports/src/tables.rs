@@ -207,6 +207,12 @@ pub fn tables(results: &Results) -> Vec<(String, String)> {
         }
         out.push(("layout.csv".to_string(), s));
     }
+    if let Some(f) = &p.layout_infer {
+        out.push((
+            crate::layout_infer::CSV.to_string(),
+            crate::layout_infer::csv(f),
+        ));
+    }
     if let Some(f) = &p.inject {
         let mut s = format!("rings,{CMP_HEADER},blame\n");
         for (name, c) in [

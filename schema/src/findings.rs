@@ -554,6 +554,9 @@ pub struct ProbeFindings {
     pub positions: Option<PositionsFinding>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub layout: Option<LayoutFinding>,
+    /// `layout --infer` (older results.json files have none).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub layout_infer: Option<crate::layout_infer::LayoutInferFinding>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub inject: Option<InjectFinding>,
     #[serde(skip_serializing_if = "Option::is_none", default)]

@@ -5,10 +5,12 @@
 
 pub mod device;
 pub mod findings;
+pub mod layout_infer;
 pub mod manifest;
 
 pub use device::*;
 pub use findings::*;
+pub use layout_infer::*;
 pub use manifest::*;
 
 /// Version of the on-disk artefact format (`results.json`, sim manifests).

@@ -8,7 +8,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvprobe_npu::sim::manifest::model_identity;
 use kvprobe_probes::colmap::ColmapOptions;
@@ -39,7 +39,7 @@ pub enum ProbeCommand {
     /// The first tbt step with positions shifted by -4..4.
     Positions(DeviceArgs),
     /// Which layout and placement the prefill writer used, from the ring bytes.
-    Layout(DeviceArgs),
+    Layout(LayoutArgs),
     /// Golden reference rings written into the device, then a tbt step.
     Inject(DeviceArgs),
     /// Poison unused ring slots and rerun the tbt steps: which steps and slots see the poison.
@@ -63,7 +63,8 @@ impl ProbeCommand {
             ProbeCommand::Quant(a) => ("quant", a),
             ProbeCommand::Maskconv(a) => ("maskconv", a),
             ProbeCommand::Positions(a) => ("positions", a),
-            ProbeCommand::Layout(a) => ("layout", a),
+            ProbeCommand::Layout(a) if a.infer => ("layout --infer", &a.device),
+            ProbeCommand::Layout(a) => ("layout", &a.device),
             ProbeCommand::Inject(a) => ("inject", a),
             ProbeCommand::Stale(a) => ("stale", a),
             ProbeCommand::Causality(a) => ("causality", a),
@@ -71,6 +72,19 @@ impl ProbeCommand {
             ProbeCommand::Diagnose(a) => ("diagnose", a),
         }
     }
+}
+
+/// `kvprobe layout [--infer]`. Solving is a flag of `layout`, not a subcommand of its own: it
+/// answers the same question (which order and placement did the writer use) from the same ring
+/// bytes, only without a list of candidates to try, so the user finds it where the question is.
+#[derive(Debug, Args)]
+pub struct LayoutArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Solve the layout from the ring bytes (any strided map, per cache edge) instead of trying
+    /// the named layouts.
+    #[arg(long)]
+    pub infer: bool,
 }
 
 /// A progress bar on stderr that appears only when stderr is a terminal and the run has lasted
@@ -290,6 +304,7 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
         "maskconv" => p.maskconv = Some(maskconv::run(s)?),
         "positions" => p.positions = Some(positions::run_with_theta(s)?),
         "layout" => p.layout = Some(layout::run(s)?),
+        "layout --infer" => p.layout_infer = Some(layout_infer::run(s)?),
         "inject" => p.inject = Some(inject::run(s)?),
         "stale" => {
             let opts = stale::StaleOptions {
@@ -559,6 +574,9 @@ pub fn summary(r: &Results) -> String {
                 f.writer_score
             );
         }
+        if let Some(f) = &p.layout_infer {
+            s += &layout_infer_summary(f);
+        }
         if let Some(f) = &p.inject {
             s += &format!(
                 "inject: device rings {:.4}, golden {:.4}, golden swapped {:.4} → blame {}\n",
@@ -571,6 +589,41 @@ pub fn summary(r: &Results) -> String {
     }
     for w in &r.warnings {
         s += &format!("warning: {w}\n");
+    }
+    s
+}
+
+/// The solved layout: the one-line evidence, then one line per group of edges sharing a map and
+/// shift outside the majority.
+fn layout_infer_summary(f: &kvprobe_schema::LayoutInferFinding) -> String {
+    use kvprobe_probes::layout_infer::edge_name;
+    let mut s = format!("{}\n", kvprobe_probes::layout_infer::evidence(f));
+    let mut groups: Vec<(&kvprobe_schema::InferredCache, Vec<String>)> = Vec::new();
+    for c in &f.caches {
+        let majority = c.explained
+            && f.writer_formula.as_deref() == Some(c.formula.as_str())
+            && f.writer_shift == Some(c.shift);
+        if majority {
+            continue;
+        }
+        let name = edge_name(c.layer, c.kind, c.cache_id);
+        match groups.iter_mut().find(|(g, _)| {
+            g.formula == c.formula && g.shift == c.shift && g.explained == c.explained
+        }) {
+            Some((_, names)) => names.push(name),
+            None => groups.push((c, vec![name])),
+        }
+    }
+    for (c, names) in groups {
+        s += &format!(
+            "  {}: {} [{}] at shift {:+}, {:.2} explained{}\n",
+            names.join(", "),
+            c.description,
+            c.formula,
+            c.shift,
+            c.fraction_explained,
+            if c.explained { "" } else { " (UNEXPLAINED)" }
+        );
     }
     s
 }

@@ -56,6 +56,9 @@ pub fn charts(results: &Results) -> Result<Vec<(&'static str, String)>> {
     if let Some(f) = &p.splits {
         out.push((issue10::SPLITS_SVG, issue10::splits_chart(f)?));
     }
+    if let Some(f) = &p.layout_infer {
+        out.extend(crate::layout_infer::charts(f)?);
+    }
     Ok(out)
 }
 

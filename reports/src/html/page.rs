@@ -113,7 +113,7 @@ pub fn compare(
             ids.push(b.id);
         }
     }
-    const ORDER: [&str; 10] = [
+    const ORDER: [&str; 11] = [
         "prefill",
         "greedy",
         "selfmask",
@@ -123,6 +123,7 @@ pub fn compare(
         "maskconv",
         "positions",
         "layout",
+        "layout-infer",
         "inject",
     ];
     ids.sort_by_key(|id| ORDER.iter().position(|o| o == id));

@@ -531,6 +531,10 @@ pub fn blocks(r: &Results, charts: &[(&'static str, String)]) -> Vec<ProbeBlock>
         });
     }
 
+    if let Some(f) = &p.layout_infer {
+        out.push(crate::layout_infer::block(f, charts));
+    }
+
     if let Some(f) = &p.inject {
         let rows: Vec<_> = [
             ("device's own rings", &f.device_rings),
