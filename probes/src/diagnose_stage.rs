@@ -3,6 +3,9 @@
 //! `DiagnoseOptions::stage_only` (a test/research switch) they alone decide.
 //!
 //! Order of the rules = how direct the evidence is:
+//! 0. `layout --infer` solved the prefill writer's bytes: an explained edge whose map is not
+//!    token-major → prefill writer; every explained edge token-major but at one non-zero slot
+//!    shift → offset (the bytes are right, their place is not);
 //! 1. first-layer causality leaks: a later token's bytes were written into an earlier slot (the
 //!    first layer's K/V depend on the token alone) → offset when each token's entry moved whole
 //!    to one other slot, prefill writer when its bytes scattered over several slots;
@@ -18,17 +21,34 @@
 use std::time::Instant;
 
 use kvprobe_schema::{
-    CausalityFinding, ProbeFindings, SplitsFinding, Stage, StaleFinding, Timing, Verdict,
+    CausalityFinding, Layout, LayoutInferFinding, ProbeFindings, SplitsFinding, Stage,
+    StaleFinding, Timing, Verdict,
 };
 
 use crate::diagnose::{DiagnoseOptions, Diagnosis};
 use crate::session::Session;
 use crate::thresholds::STAGE_MEAN_COSINE;
-use crate::{causality, splits, stale, Result};
+use crate::{causality, layout_infer, splits, stale, Result};
 
 /// A path through the cache fails when its lowest cosine to the reference falls below the stage
 /// floor (healthy emulator runs: ≥ 0.995 on SmolLM2, ≈ 1 on the fixtures).
 const FAILS: f64 = STAGE_MEAN_COSINE;
+
+/// Rule 0: the writer's solved layout. Unexplained edges say nothing here (zeroed bytes or a
+/// map outside the family are left to the causality rules).
+pub fn stage_from_layout(f: &LayoutInferFinding) -> Option<Stage> {
+    let explained: Vec<_> = f.caches.iter().filter(|c| c.explained).collect();
+    if explained
+        .iter()
+        .any(|c| c.named != Some(Layout::TokenMajor))
+    {
+        return Some(Stage::PrefillWriter);
+    }
+    if !explained.is_empty() && explained.iter().all(|c| c.shift != 0) {
+        return Some(Stage::Offset);
+    }
+    None
+}
 
 pub fn stage_from(
     stale: Option<&StaleFinding>,
@@ -80,7 +100,7 @@ fn timed<T>(timings: &mut Vec<Timing>, what: &str, f: impl FnOnce() -> Result<T>
     Ok(r)
 }
 
-/// Runs stale, causality and splits (bounded for `diagnose`), adds their evidence lines and
+/// Runs layout --infer, stale, causality and splits (bounded for `diagnose`), adds their evidence lines and
 /// findings, and returns the stage they point at.
 pub(crate) fn run_new_probes(
     s: &mut Session,
@@ -88,6 +108,8 @@ pub(crate) fn run_new_probes(
     p: &mut ProbeFindings,
     ev: &mut Vec<String>,
 ) -> Result<Option<Stage>> {
+    let li = timed(timings, "layout --infer", || layout_infer::run(s))?;
+    ev.push(layout_infer::evidence(&li));
     let st = timed(timings, "stale", || {
         // the back-to-back part checks reset, which no stage rule reads: skipped here
         let opts = stale::StaleOptions {
@@ -108,7 +130,9 @@ pub(crate) fn run_new_probes(
         splits::run(s, &opts)
     })?;
     let (st, ca, sp) = (Some(st), Some(ca), Some(sp));
-    let stage = stage_from(st.as_ref(), ca.as_ref(), sp.as_ref());
+    let stage =
+        stage_from_layout(&li).or_else(|| stage_from(st.as_ref(), ca.as_ref(), sp.as_ref()));
+    p.layout_infer = Some(li);
     if let Some(st) = &st {
         ev.push(format!(
             "stale: poison moved step {}; leaking slots {:?}{}",
@@ -155,7 +179,7 @@ pub(crate) fn diagnose_stage_only(s: &mut Session, _opts: &DiagnoseOptions) -> R
     let mut timings = Vec::new();
     let mut probes = ProbeFindings::default();
     let mut evidence = vec![
-        "stage-only: the named-fault rules are hidden; stale, causality and splits decide"
+        "stage-only: the named-fault rules are hidden; layout --infer, stale, causality and splits decide"
             .to_string(),
     ];
     let stage = run_new_probes(s, &mut timings, &mut probes, &mut evidence)?;
@@ -308,6 +332,78 @@ mod tests {
         assert_eq!(
             stage_from(Some(&stale(None)), Some(&ok), None),
             Some(Stage::Mask)
+        );
+    }
+
+    fn edge(explained: bool, named: Option<Layout>, shift: i64) -> kvprobe_schema::InferredCache {
+        kvprobe_schema::InferredCache {
+            cache_id: 0,
+            layer: Some(0),
+            kind: None,
+            explained,
+            fraction_explained: if explained { 0.95 } else { 0.1 },
+            residual_cosine: 0.9,
+            shift,
+            formula: String::new(),
+            description: String::new(),
+            digits: Vec::new(),
+            tile: 8,
+            named,
+            runner_up: None,
+            runner_up_fraction: 0.0,
+            slot_fraction: Vec::new(),
+            column_fraction: Vec::new(),
+        }
+    }
+
+    fn inferred(caches: Vec<kvprobe_schema::InferredCache>) -> LayoutInferFinding {
+        LayoutInferFinding {
+            caches,
+            prompt_tokens: 8,
+            window: 8,
+            features: 64,
+            candidates: 10,
+            shifts_searched: 24,
+            tolerance_steps: 1.5,
+            threshold: 0.75,
+            unexplained: 0,
+            writer_formula: None,
+            writer_description: None,
+            writer_shift: None,
+            outlier_edges: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn solved_writer_layout_names_writer_or_offset() {
+        let tm = Some(Layout::TokenMajor);
+        // healthy: token-major in place
+        assert_eq!(
+            stage_from_layout(&inferred(vec![edge(true, tm, 0); 4])),
+            None
+        );
+        // one V edge written feature-major, or by a map outside the named list
+        let mut one = vec![edge(true, tm, 0); 4];
+        one[3] = edge(true, Some(Layout::FeatureMajor), 0);
+        assert_eq!(
+            stage_from_layout(&inferred(one)),
+            Some(Stage::PrefillWriter)
+        );
+        let mut unnamed = vec![edge(true, tm, 0); 4];
+        unnamed[1] = edge(true, None, 0);
+        assert_eq!(
+            stage_from_layout(&inferred(unnamed)),
+            Some(Stage::PrefillWriter)
+        );
+        // right bytes in the wrong slots everywhere
+        assert_eq!(
+            stage_from_layout(&inferred(vec![edge(true, tm, -13); 4])),
+            Some(Stage::Offset)
+        );
+        // unexplained edges say nothing (truncated bytes are the causality rules' business)
+        assert_eq!(
+            stage_from_layout(&inferred(vec![edge(false, None, 3); 4])),
+            None
         );
     }
 }
