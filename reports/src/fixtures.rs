@@ -94,6 +94,7 @@ fn provenance(n: usize, faults: Vec<String>) -> Provenance {
         hef_path: None,
         hef_sha256: None,
         sim_manifest: Some(SimManifest {
+            device: "hailo-sim".into(),
             schema_version: 1,
             model: ModelIdentity {
                 path: "/models/<script>alert(1)</script>/smollm2 \"&'.gguf".into(),

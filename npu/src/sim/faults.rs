@@ -205,6 +205,14 @@ pub fn parse(text: &str) -> Result<Fault> {
                     .map_err(|_| bad(text, format!("`{v}` is not a byte count")))?,
             )
         }
+        _ if crate::ane::faults::KNOWN.contains(&name) => {
+            return Err(Error::WrongDeviceFault {
+                fault: name.to_string(),
+                device: "--device ane-sim",
+                here: "--sim",
+                known: KNOWN.join(", "),
+            })
+        }
         _ => {
             return Err(Error::UnknownFault {
                 name: name.to_string(),
