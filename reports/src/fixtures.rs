@@ -426,6 +426,9 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
         stale: None,
         causality: None,
         splits: None,
+        overflow: None,
+        state: None,
+        not_applicable: Vec::new(),
     }
 }
 

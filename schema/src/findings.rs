@@ -536,6 +536,9 @@ pub struct ProbeFindings {
     /// Stateful devices (issue 9): where fp16 overflow first shows.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub overflow: Option<OverflowFinding>,
+    /// Stateful devices (issue 9): the state checks.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub state: Option<StateFinding>,
     /// Probes that cannot run on this device, each with the reason (never a silent skip).
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub not_applicable: Vec<NotApplicable>,
@@ -546,6 +549,22 @@ pub struct ProbeFindings {
 pub struct NotApplicable {
     pub probe: String,
     pub why: String,
+}
+
+/// What the state checks of a stateful device saw (probes/src/statecheck.rs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateFinding {
+    pub prompt_len: usize,
+    /// Positions whose K state (layer 0, every KV head) is non-zero after a fresh prefill of the
+    /// prompt; a correct slice_update writes exactly `0..prompt_len`.
+    pub written: Vec<usize>,
+    /// The first decode step with the reference K/V written into the states, cosine against the
+    /// reference: `[documented [kv_heads, ctx, d], swapped [ctx, kv_heads, d]]`.
+    pub layout_cosines: Option<[f64; 2]>,
+    /// A decode step whose mask allows only itself, against the reference token alone.
+    pub selfonly_cosine: Option<f64>,
+    /// The same step under the full-context mask, against its reference.
+    pub full_cosine: Option<f64>,
 }
 
 /// Where inf/NaN first appears on a stateful fp16 device: the state scan after a prefill.

@@ -76,6 +76,8 @@ pub(crate) struct RunSpec<'a> {
     pub mask: &'a [half::f16],
     pub max_ctx: usize,
     pub faults: &'a [AneFault],
+    /// `ane-scale-after-qk=GAIN`: the scale comes after Q·Kᵀ.
+    pub scale_after_qk: Option<f64>,
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
@@ -211,8 +213,11 @@ impl Graph {
             };
             let ks = expand(read(&st.k)?)?;
             let vs = expand(read(&st.v)?)?;
-            let scores = if has(AneFault::ScaleAfterQk) {
-                (q.matmul(&ks.t()?)? * scale)?
+            let scores = if let Some(gain) = spec.scale_after_qk {
+                // the unscaled product of q and k held at `gain` times this model's magnitude
+                // (a larger model's activations): fp16 inf where it passes 65504
+                let raw = (q * gain)?.matmul(&ks.t()?)?;
+                (raw * (scale / gain))?
             } else {
                 (q * scale)?.matmul(&ks.t()?)?
             };

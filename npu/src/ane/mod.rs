@@ -347,6 +347,10 @@ impl Device for AneDevice {
                 mask: &mask,
                 max_ctx: ctx,
                 faults: &self.faults,
+                scale_after_qk: self.faults.iter().find_map(|f| match f {
+                    AneFault::ScaleAfterQk(g) => Some(*g),
+                    _ => None,
+                }),
             },
         )?;
         if let Some(&last) = positions.iter().max() {
