@@ -108,7 +108,9 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     }
     ev.push("back-to-back: the prompt after a reset gives bit-identical logits whatever request came before".into());
 
-    let ov = timed(s, &mut t, "overflow", statecheck::overflow)?;
+    // the back-to-back check left the device right after a reset and the prompt's prefill:
+    // the states the overflow and occupancy checks read
+    let ov = timed(s, &mut t, "overflow", |s| statecheck::overflow(s, &bb.last))?;
     let overflowed = !ov.logits_finite || ov.layer.is_some();
     p.overflow = Some(ov.clone());
     if overflowed {
@@ -134,7 +136,13 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         ov.prompt_len
     ));
 
-    let pf = timed(s, &mut t, "prefill", |s| prefill::run(s, &opts.prefill))?;
+    // occupancy now, before other probes move the states
+    let written = timed(s, &mut t, "occupancy", statecheck::written_positions)?;
+    // fewer prefixes than on a ring device: no chunk-boundary remainder rule to cover
+    let popts = prefill::PrefillOptions {
+        max_rows: opts.prefill.max_rows.min(4),
+    };
+    let pf = timed(s, &mut t, "prefill", |s| prefill::run(s, &popts))?;
     ev.push(format!(
         "prefill: mean cosine {:.4} (min {:.4}, top-1 {:.0}%); the first prefix rerun after a reset: cosine {:.6}",
         pf.mean_cosine,
@@ -160,7 +168,9 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         && (gr.top1_agreement >= GREEDY_TOP1 || gr.mean_cosine >= TOP1_IRRELEVANT_ABOVE);
     p.greedy = Some(gr);
 
-    let st = timed(s, &mut t, "state", |s| statecheck::run(s, !(pf_ok && gr_ok)))?;
+    let st = timed(s, &mut t, "state", |s| {
+        statecheck::run(s, written, !(pf_ok && gr_ok))
+    })?;
     let n = st.prompt_len;
     let expected: Vec<usize> = (0..n).collect();
     let written_ok = st.written == expected;

@@ -36,11 +36,11 @@ fn shape(s: &Session) -> Shape {
     }
 }
 
-/// Prefill the prompt on fresh states and find the first non-finite value: a layer whose
-/// output at position p is inf/NaN shows up as non-finite K/V of the next layer at p.
-pub fn overflow(s: &mut Session) -> Result<OverflowFinding> {
-    let out = s.prefill_prompt()?;
-    let logits_finite = out.logits.iter().all(|x| x.is_finite());
+/// Scan the states right after a fresh prefill of the prompt (whose logits are `logits`) for
+/// the first non-finite value: a layer whose output at position p is inf/NaN shows up as
+/// non-finite K/V of the next layer at p.
+pub fn overflow(s: &mut Session, logits: &[f32]) -> Result<OverflowFinding> {
+    let logits_finite = logits.iter().all(|x| x.is_finite());
     let sh = shape(s);
     let bufs = s.dev.cache_buffers()?;
     let mut first: Option<(usize, usize)> = None; // (state layer, position)
@@ -90,6 +90,8 @@ pub struct BackToBack {
     pub identical: bool,
     pub cosine: f64,
     pub refused: Option<String>,
+    /// Logits of the last run: the prompt after a reset (the device is left right after it).
+    pub last: Vec<f32>,
 }
 
 pub fn back_to_back(s: &mut Session) -> Result<BackToBack> {
@@ -106,6 +108,7 @@ pub fn back_to_back(s: &mut Session) -> Result<BackToBack> {
                     identical: false,
                     cosine: f64::NAN,
                     refused: Some(e.to_string()),
+                    last: Vec::new(),
                 })
             }
             Err(e) => return Err(e),
@@ -113,15 +116,16 @@ pub fn back_to_back(s: &mut Session) -> Result<BackToBack> {
     }
     Ok(BackToBack {
         // bitwise, so that two equally non-finite runs (an overflow) count as identical
-        identical: outs[0].iter().map(|x| x.to_bits()).eq(outs[1].iter().map(|x| x.to_bits())),
+        identical: outs[0]
+            .iter().map(|x| x.to_bits()).eq(outs[1].iter().map(|x| x.to_bits())),
         cosine: cosine(&outs[0], &outs[1]),
         refused: None,
+        last: outs.pop().unwrap_or_default(),
     })
 }
 
-/// Positions the prefill wrote (layer-0 K non-zero in every KV head), on fresh states.
-fn written_positions(s: &mut Session) -> Result<Vec<usize>> {
-    s.prefill_prompt()?;
+/// Positions the last prefill wrote (layer-0 K non-zero in every KV head), on fresh states.
+pub fn written_positions(s: &mut Session) -> Result<Vec<usize>> {
     let sh = shape(s);
     let bufs = s.dev.cache_buffers()?;
     let k0 = bufs
@@ -166,9 +170,9 @@ fn write_reference(s: &mut Session, layers: &[LayerKv], swapped: bool) -> Result
     Ok(())
 }
 
-/// Occupancy always; the layout and mask experiments when `experiments` (the generation failed).
-pub fn run(s: &mut Session, experiments: bool) -> Result<StateFinding> {
-    let written = written_positions(s)?;
+/// The finding from the occupancy (`written_positions` after a fresh prefill of the prompt),
+/// plus the layout and mask experiments when `experiments` (the generation failed).
+pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<StateFinding> {
     let mut f = StateFinding {
         prompt_len: s.ids.len(),
         written,
