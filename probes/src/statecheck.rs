@@ -9,7 +9,7 @@ use kvprobe_reference::{KeySet, LayerKv};
 use kvprobe_schema::{OverflowFinding, StateFinding};
 
 use crate::metrics::cosine;
-use crate::session::Session;
+use crate::session::{append, window_step, Session};
 use crate::{Error, Result};
 
 fn f16s(bytes: &[u8]) -> Vec<f32> {
@@ -145,8 +145,8 @@ pub fn written_positions(s: &mut Session) -> Result<Vec<usize>> {
 /// The reference K/V of the prompt written into the states in one of two orders.
 fn write_reference(s: &mut Session, layers: &[LayerKv], swapped: bool) -> Result<()> {
     let sh = shape(s);
-    let n = s.ids.len();
     for (l, kv) in layers.iter().enumerate() {
+        let n = kv.k.dim(1)?;
         for (id, t) in [(2 * l as u32, &kv.k), (2 * l as u32 + 1, &kv.v)] {
             let r: Vec<f32> = t.flatten_all()?.to_vec1()?; // [kv, n, hd]
             let mut st = vec![half::f16::ZERO; sh.kv * sh.ctx * sh.hd];
@@ -185,10 +185,16 @@ pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<St
     }
     let first = s.first_step()?;
     let prompt = s.prompt_ref()?;
+    // the prompt's K/V plus the query's own (its slot is read by the step, and under a
+    // swapped read the slot the device writes is not the one it reads)
+    let n = s.ids.len();
+    let (_, own) = window_step(s.model, &prompt.state, first.query, n, n)?;
+    let mut with_own = prompt.state.clone();
+    append(&mut with_own, &own, first.query, n)?;
     let mut cos = [0f64; 2];
     for (i, swapped) in [false, true].into_iter().enumerate() {
         s.prefill_prompt()?;
-        write_reference(s, &prompt.state.layers, swapped)?;
+        write_reference(s, &with_own.layers, swapped)?;
         let out = s.driver.trial_step(s.dev, first.query, &MaskMode::Ring)?;
         cos[i] = cosine(&out.logits, &first.reference);
     }
