@@ -17,7 +17,9 @@ const FAULTS: [(&str, &str); 6] = [
 fn matrix(model: &str, geometry: &[&str], prompt: &[&str]) -> Vec<String> {
     let mut misses = Vec::new();
     for (fault, want) in FAULTS {
-        let mut args = vec!["diagnose", "--device", "ane-sim", "--model", model, "--steps", "8"];
+        let mut args = vec![
+            "diagnose", "--device", "ane-sim", "--model", model, "--steps", "8",
+        ];
         args.extend_from_slice(geometry);
         args.extend_from_slice(prompt);
         if !fault.is_empty() {
@@ -33,8 +35,15 @@ fn matrix(model: &str, geometry: &[&str], prompt: &[&str]) -> Vec<String> {
             ));
         }
         // every ring probe says why it does not apply
-        let na = v["probes"]["not_applicable"].as_array().cloned().unwrap_or_default();
-        if na.len() < 10 || na.iter().any(|n| !n["why"].as_str().unwrap_or("").contains("not")) {
+        let na = v["probes"]["not_applicable"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if na.len() < 10
+            || na
+                .iter()
+                .any(|n| !n["why"].as_str().unwrap_or("").contains("not"))
+        {
             misses.push(format!("{fault:?}: not_applicable list {na:?}"));
         }
         if want == "numeric-overflow" {
@@ -51,8 +60,16 @@ fn matrix(model: &str, geometry: &[&str], prompt: &[&str]) -> Vec<String> {
 fn every_ane_fault_gets_its_verdict_on_the_llama_fixture() {
     let fx = fixture("llama", 11);
     let m = fx.to_str().unwrap();
-    let mut misses = matrix(m, &["--max-ctx", "96", "--max-query", "8"], &["--ids", "5,17,99,3,250,41,7,8,120,64,33,2,90"]);
-    misses.extend(matrix(m, &["--max-ctx", "64", "--max-query", "32"], &["--ids", "12,7,200,45,9,31"]));
+    let mut misses = matrix(
+        m,
+        &["--max-ctx", "96", "--max-query", "8"],
+        &["--ids", "5,17,99,3,250,41,7,8,120,64,33,2,90"],
+    );
+    misses.extend(matrix(
+        m,
+        &["--max-ctx", "64", "--max-query", "32"],
+        &["--ids", "12,7,200,45,9,31"],
+    ));
     assert!(misses.is_empty(), "{misses:#?}");
 }
 
@@ -88,9 +105,15 @@ fn bad_input_is_one_line_and_exit_2() {
     let mut a = base.to_vec();
     a.extend_from_slice(&["--fault", "kv-swap"]);
     one_line_exit_2(&a, "--sim");
-    one_line_exit_2(&["greedy", "--sim", "--model", m, "--fault", "ane-mask-01"], "--device ane-sim");
+    one_line_exit_2(
+        &["greedy", "--sim", "--model", m, "--fault", "ane-mask-01"],
+        "--device ane-sim",
+    );
     // unknown device, a Hailo-only geometry flag, a ring probe
-    one_line_exit_2(&["greedy", "--device", "tpu-sim", "--model", m], "--device tpu-sim");
+    one_line_exit_2(
+        &["greedy", "--device", "tpu-sim", "--model", m],
+        "--device tpu-sim",
+    );
     let mut a = base.to_vec();
     a.extend_from_slice(&["--max-query", "200"]);
     one_line_exit_2(&a, "--max-query");
@@ -98,7 +121,16 @@ fn bad_input_is_one_line_and_exit_2() {
     one_line_exit_2(&a, "not applicable on a stateful device");
     // GPT-2 is not emulated as ane
     let g = fixture("gpt2", 3);
-    one_line_exit_2(&["greedy", "--device", "ane-sim", "--model", g.to_str().unwrap()], "--sim");
+    one_line_exit_2(
+        &[
+            "greedy",
+            "--device",
+            "ane-sim",
+            "--model",
+            g.to_str().unwrap(),
+        ],
+        "--sim",
+    );
 }
 
 #[test]
@@ -108,20 +140,76 @@ fn manifests_reproduce_and_belong_to_one_device() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let o = out.to_str().unwrap();
-    let r = kvprobe(&["diagnose", "--device", "ane-sim", "--model", m, "--steps", "4", "--max-ctx", "48", "--ids", "3,9,27,81,243,7", "--fault", "ane-write-offset", "--out", o]);
-    assert_eq!(r.status.code(), Some(1), "{}", String::from_utf8_lossy(&r.stderr));
+    let r = kvprobe(&[
+        "diagnose",
+        "--device",
+        "ane-sim",
+        "--model",
+        m,
+        "--steps",
+        "4",
+        "--max-ctx",
+        "48",
+        "--ids",
+        "3,9,27,81,243,7",
+        "--fault",
+        "ane-write-offset",
+        "--out",
+        o,
+    ]);
+    assert_eq!(
+        r.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
     let manifest = out.join("sim-manifest.json");
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("not applicable on a stateful device"));
     assert!(html.contains("cache-offset"));
     // the manifest alone reproduces geometry and fault
-    let (code, v, _) = kvprobe_json(&["diagnose", "--device", "ane-sim", "--model", m, "--steps", "4", "--ids", "3,9,27,81,243,7", "--sim-manifest", manifest.to_str().unwrap()]);
+    let (code, v, _) = kvprobe_json(&[
+        "diagnose",
+        "--device",
+        "ane-sim",
+        "--model",
+        m,
+        "--steps",
+        "4",
+        "--ids",
+        "3,9,27,81,243,7",
+        "--sim-manifest",
+        manifest.to_str().unwrap(),
+    ]);
     assert_eq!((code, verdict(&v)), (1, "cache-offset".to_string()));
     assert_eq!(v["provenance"]["cache_len"], 48);
     // the Hailo emulator refuses it, and ane-sim refuses a Hailo manifest
-    one_line_exit_2(&["greedy", "--sim", "--model", m, "--sim-manifest", manifest.to_str().unwrap()], "ane-sim");
-    let text = std::fs::read_to_string(&manifest).unwrap().replace("\"ane-sim\"", "\"hailo-sim\"");
+    one_line_exit_2(
+        &[
+            "greedy",
+            "--sim",
+            "--model",
+            m,
+            "--sim-manifest",
+            manifest.to_str().unwrap(),
+        ],
+        "ane-sim",
+    );
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap()
+        .replace("\"ane-sim\"", "\"hailo-sim\"");
     let hailo = dir.path().join("hailo.json");
     std::fs::write(&hailo, text).unwrap();
-    one_line_exit_2(&["greedy", "--device", "ane-sim", "--model", m, "--sim-manifest", hailo.to_str().unwrap()], "--sim");
+    one_line_exit_2(
+        &[
+            "greedy",
+            "--device",
+            "ane-sim",
+            "--model",
+            m,
+            "--sim-manifest",
+            hailo.to_str().unwrap(),
+        ],
+        "--sim",
+    );
 }

@@ -11,7 +11,12 @@ use kvprobe_npu::{argmax, Device, Driver, EmbeddingTable, Error, MaskMode};
 use kvprobe_reference::Model;
 use kvprobe_schema::{GroupKind, InputRole, RuntimeKind};
 
-fn ane(model: &Arc<Model>, max_ctx: usize, max_query: usize, faults: &[&str]) -> (AneDevice, Driver) {
+fn ane(
+    model: &Arc<Model>,
+    max_ctx: usize,
+    max_query: usize,
+    faults: &[&str],
+) -> (AneDevice, Driver) {
     let dev = AneDevice::new(
         model.clone(),
         AneOptions {
@@ -38,7 +43,13 @@ fn ane(model: &Arc<Model>, max_ctx: usize, max_query: usize, faults: &[&str]) ->
 
 /// Device logits of every greedy step (teacher-forced on the reference's own tokens) against the
 /// reference's causal forward of the same sequence.
-fn greedy_cosines(model: &Arc<Model>, dev: &mut AneDevice, drv: &mut Driver, prompt: &[u32], steps: usize) -> Vec<f64> {
+fn greedy_cosines(
+    model: &Arc<Model>,
+    dev: &mut AneDevice,
+    drv: &mut Driver,
+    prompt: &[u32],
+    steps: usize,
+) -> Vec<f64> {
     let toks = reference_greedy(model, prompt, steps);
     let mut seq = prompt.to_vec();
     let full = model
@@ -104,7 +115,11 @@ fn chunked_prefill_equals_one_prefill() {
     for (id, a) in &sa {
         let fa: Vec<f32> = a.chunks(2).map(|c| half_to_f32(c)).collect();
         let fb: Vec<f32> = sb[id].chunks(2).map(|c| half_to_f32(c)).collect();
-        assert!(max_abs_diff(&fa, &fb) < 0.02, "state {id}: {}", max_abs_diff(&fa, &fb));
+        assert!(
+            max_abs_diff(&fa, &fb) < 0.02,
+            "state {id}: {}",
+            max_abs_diff(&fa, &fb)
+        );
     }
 }
 
@@ -126,7 +141,8 @@ fn state_holds_kv_at_absolute_positions_and_nowhere_else() {
     let (_d, model) = tiny_llama(3);
     let (mut dev, mut drv) = ane(&model, 32, 8, &[]);
     drv.reset(&mut dev).unwrap();
-    drv.prefill(&mut dev, &ids(5, model.config().vocab_size, 4)).unwrap();
+    drv.prefill(&mut dev, &ids(5, model.config().vocab_size, 4))
+        .unwrap();
     let c = model.config();
     for bytes in dev.cache_buffers().unwrap().values() {
         assert_eq!(bytes.len(), c.n_kv_heads * 32 * c.head_dim * 2);
@@ -140,7 +156,11 @@ fn state_holds_kv_at_absolute_positions_and_nowhere_else() {
     }
     // a new request starts from zero states
     drv.reset(&mut dev).unwrap();
-    assert!(dev.cache_buffers().unwrap().values().all(|b| b.iter().all(|&x| x == 0)));
+    assert!(dev
+        .cache_buffers()
+        .unwrap()
+        .values()
+        .all(|b| b.iter().all(|&x| x == 0)));
 }
 
 #[test]
@@ -151,7 +171,10 @@ fn the_context_ends_at_max_ctx() {
     drv.reset(&mut dev).unwrap();
     assert!(matches!(
         drv.prefill(&mut dev, &ids(16, v, 1)),
-        Err(Error::ContextTooLong { tokens: 16, max_ctx: 16 })
+        Err(Error::ContextTooLong {
+            tokens: 16,
+            max_ctx: 16
+        })
     ));
     drv.reset(&mut dev).unwrap();
     drv.prefill(&mut dev, &ids(15, v, 1)).unwrap();
@@ -173,7 +196,11 @@ fn trial_steps_leave_the_request_as_it_was() {
     drv.prefill(&mut dev, &ids(9, v, 6)).unwrap();
     let pos = drv.position();
     let trials = drv
-        .trial_steps(&mut dev, 7, &[MaskMode::Ring, MaskMode::SelfOnly, MaskMode::SingleKey(2)])
+        .trial_steps(
+            &mut dev,
+            7,
+            &[MaskMode::Ring, MaskMode::SelfOnly, MaskMode::SingleKey(2)],
+        )
         .unwrap();
     assert_eq!(drv.position(), pos);
     let real = drv.step(&mut dev, 7, &MaskMode::Ring).unwrap();
@@ -181,7 +208,12 @@ fn trial_steps_leave_the_request_as_it_was() {
     assert_ne!(trials[1].logits, real.logits);
     // self-only equals the reference of the token alone at that position
     let reference = model
-        .step(&model.empty_state().unwrap(), 7, pos as usize, &kvprobe_reference::KeySet::None)
+        .step(
+            &model.empty_state().unwrap(),
+            7,
+            pos as usize,
+            &kvprobe_reference::KeySet::None,
+        )
         .unwrap();
     assert!(cosine(&trials[1].logits, &reference) > 0.99);
 }
@@ -201,7 +233,10 @@ fn smollm2_matches_the_reference_under_fp16() {
     };
     let (mut dev, mut drv) = ane(&model, 128, 64, &[]);
     let prompt = model
-        .encode("The capital of France is Paris. The capital of Italy is", None)
+        .encode(
+            "The capital of France is Paris. The capital of Italy is",
+            None,
+        )
         .unwrap();
     let cos = greedy_cosines(&model, &mut dev, &mut drv, &prompt, 8);
     eprintln!("smollm2 fp16 cosines: {cos:?}");

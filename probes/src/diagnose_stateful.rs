@@ -203,7 +203,10 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             "mask: a self-only step against the token alone: cosine {own:.4}; the full-context step: {full:.4}"
         ));
         if own < REPRODUCES_COSINE {
-            ev.push("→ blocked columns still contribute: the additive mask is not applied as 0 / −inf".into());
+            ev.push(
+                "→ blocked columns still contribute: the additive mask is not applied as 0 / −inf"
+                    .into(),
+            );
             return Ok(done(Verdict::MaskConvention, 0.8, ev, p, t));
         }
     }
@@ -220,11 +223,19 @@ fn ranges(v: &[usize]) -> String {
     let mut prev = v[0];
     for &x in &v[1..] {
         if x != prev + 1 {
-            out.push(if start == prev { format!("{start}") } else { format!("{start}..={prev}") });
+            out.push(if start == prev {
+                format!("{start}")
+            } else {
+                format!("{start}..={prev}")
+            });
             start = x;
         }
         prev = x;
     }
-    out.push(if start == prev { format!("{start}") } else { format!("{start}..={prev}") });
+    out.push(if start == prev {
+        format!("{start}")
+    } else {
+        format!("{start}..={prev}")
+    });
     out.join(", ")
 }

@@ -24,8 +24,8 @@ pub mod rings;
 pub mod selfmask;
 pub mod session;
 pub mod splits;
-pub mod statecheck;
 pub mod stale;
+pub mod statecheck;
 pub mod thresholds;
 pub mod ztap;
 

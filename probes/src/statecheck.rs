@@ -47,9 +47,9 @@ pub fn overflow(s: &mut Session, logits: &[f32]) -> Result<OverflowFinding> {
     'layers: for l in 0..sh.layers {
         let mut best: Option<usize> = None;
         for id in [2 * l as u32, 2 * l as u32 + 1] {
-            let b = bufs.get(&id).ok_or_else(|| {
-                Error::Device(format!("the device exposes no state {id}"))
-            })?;
+            let b = bufs
+                .get(&id)
+                .ok_or_else(|| Error::Device(format!("the device exposes no state {id}")))?;
             let v = f16s(b);
             for h in 0..sh.kv {
                 for p in 0..sh.ctx {
@@ -117,7 +117,9 @@ pub fn back_to_back(s: &mut Session) -> Result<BackToBack> {
     Ok(BackToBack {
         // bitwise, so that two equally non-finite runs (an overflow) count as identical
         identical: outs[0]
-            .iter().map(|x| x.to_bits()).eq(outs[1].iter().map(|x| x.to_bits())),
+            .iter()
+            .map(|x| x.to_bits())
+            .eq(outs[1].iter().map(|x| x.to_bits())),
         cosine: cosine(&outs[0], &outs[1]),
         refused: None,
         last: outs.pop().unwrap_or_default(),
@@ -203,9 +205,12 @@ pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<St
     let outs = s
         .driver
         .trial_steps(s.dev, first.query, &[MaskMode::Ring, MaskMode::SelfOnly])?;
-    let alone = s
-        .model
-        .step(&s.model.empty_state()?, first.query, first.position, &KeySet::None)?;
+    let alone = s.model.step(
+        &s.model.empty_state()?,
+        first.query,
+        first.position,
+        &KeySet::None,
+    )?;
     f.full_cosine = Some(cosine(&outs[0].logits, &first.reference));
     f.selfonly_cosine = Some(cosine(&outs[1].logits, &alone));
     Ok(f)

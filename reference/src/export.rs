@@ -45,10 +45,7 @@ fn linear(l: &Linear) -> Result<LinearExport> {
     } else {
         l.w.clone()
     };
-    Ok(LinearExport {
-        w,
-        b: l.b.clone(),
-    })
+    Ok(LinearExport { w, b: l.b.clone() })
 }
 
 fn rms(n: &Norm) -> Option<(Tensor, f64)> {

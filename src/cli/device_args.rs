@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
-use kvprobe_npu::sim::options::{SimFlags, SimOptions};
 use kvprobe_npu::ane::{AneDevice, AneOptions};
+use kvprobe_npu::sim::options::{SimFlags, SimOptions};
 use kvprobe_npu::sim::SimDevice;
 use kvprobe_npu::Device;
 use kvprobe_reference::{Model, TextTokenizer};

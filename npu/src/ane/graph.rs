@@ -103,7 +103,12 @@ fn f16_tensor(v: Vec<half::f16>, shape: (usize, usize, usize)) -> Result<Tensor>
 }
 
 impl Graph {
-    pub fn new(e: &LlamaExport, n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Result<Graph> {
+    pub fn new(
+        e: &LlamaExport,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<Graph> {
         let mut layers = Vec::with_capacity(e.layers.len());
         for l in &e.layers {
             layers.push(Layer {

@@ -79,7 +79,13 @@ pub struct AneDevice {
     manifest: SimManifest,
 }
 
-fn io(name: &str, role: Option<InputRole>, shape: [usize; 3], host: DType, dev: DType) -> IoDescription {
+fn io(
+    name: &str,
+    role: Option<InputRole>,
+    shape: [usize; 3],
+    host: DType,
+    dev: DType,
+) -> IoDescription {
     IoDescription {
         name: name.into(),
         role,
@@ -125,7 +131,9 @@ impl AneDevice {
                 flag: "--max-query".into(),
                 detail: format!(
                     "{} does not fit below the context (--max-ctx {}); use at most {}",
-                    opts.max_query, opts.max_ctx, opts.max_ctx - 1
+                    opts.max_query,
+                    opts.max_ctx,
+                    opts.max_ctx - 1
                 ),
             });
         }
@@ -159,19 +167,22 @@ impl AneDevice {
         let entry = cfg.n_kv_heads * cfg.head_dim * 2;
         let edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
             .flat_map(|l| {
-                [(2 * l as u32, CacheKind::K), (2 * l as u32 + 1, CacheKind::V)]
-                    .map(|(id, kind)| CacheEdgeDescription {
-                        cache_id: id,
-                        direction: CacheDirection::Input,
-                        entry_size: entry,
-                        padded_entry_size: entry,
-                        length: ctx,
-                        data_bytes: 2,
-                        quant: QuantInfo::IDENTITY,
-                        format: Some("state [kv_heads, max_ctx, head_dim] fp16".into()),
-                        layer: Some(l),
-                        kind: Some(kind),
-                    })
+                [
+                    (2 * l as u32, CacheKind::K),
+                    (2 * l as u32 + 1, CacheKind::V),
+                ]
+                .map(|(id, kind)| CacheEdgeDescription {
+                    cache_id: id,
+                    direction: CacheDirection::Input,
+                    entry_size: entry,
+                    padded_entry_size: entry,
+                    length: ctx,
+                    data_bytes: 2,
+                    quant: QuantInfo::IDENTITY,
+                    format: Some("state [kv_heads, max_ctx, head_dim] fp16".into()),
+                    layer: Some(l),
+                    kind: Some(kind),
+                })
             })
             .collect();
         let group = |kind: GroupKind, rows: usize| GroupDescription {
@@ -179,11 +190,35 @@ impl AneDevice {
             kind,
             rows,
             inputs: vec![
-                io(EMBEDDINGS, Some(InputRole::Embeddings), [1, rows, cfg.hidden_size], DType::F32, DType::F16),
-                io(POSITION_IDS, Some(InputRole::PositionIds), [1, 1, rows], DType::F32, DType::F32),
-                io(CAUSAL_MASK, Some(InputRole::AttentionMask), [1, rows, ctx], DType::F16, DType::F16),
+                io(
+                    EMBEDDINGS,
+                    Some(InputRole::Embeddings),
+                    [1, rows, cfg.hidden_size],
+                    DType::F32,
+                    DType::F16,
+                ),
+                io(
+                    POSITION_IDS,
+                    Some(InputRole::PositionIds),
+                    [1, 1, rows],
+                    DType::F32,
+                    DType::F32,
+                ),
+                io(
+                    CAUSAL_MASK,
+                    Some(InputRole::AttentionMask),
+                    [1, rows, ctx],
+                    DType::F16,
+                    DType::F16,
+                ),
             ],
-            outputs: vec![io("logits", None, [1, 1, cfg.vocab_size], DType::F32, DType::F16)],
+            outputs: vec![io(
+                "logits",
+                None,
+                [1, 1, cfg.vocab_size],
+                DType::F32,
+                DType::F16,
+            )],
             cache_edges: edges.clone(),
             taps: Vec::new(),
         };
@@ -257,7 +292,7 @@ impl AneDevice {
                 2 * self.states.len()
             ))
         })?;
-        Ok(if cache_id % 2 == 0 { &s.k } else { &s.v })
+        Ok(if cache_id.is_multiple_of(2) { &s.k } else { &s.v })
     }
 }
 
@@ -283,7 +318,9 @@ impl Device for AneDevice {
         let ctx = self.desc.cache_len;
         let hidden = self.graph.hidden;
         let Buffer::F32(pos) = input(inputs, POSITION_IDS)? else {
-            return Err(Error::InvalidArgument(format!("`{POSITION_IDS}` must be float32")));
+            return Err(Error::InvalidArgument(format!(
+                "`{POSITION_IDS}` must be float32"
+            )));
         };
         let q = pos.len();
         if q == 0 || q > rows_max {
@@ -292,10 +329,14 @@ impl Device for AneDevice {
             )));
         }
         let Buffer::F32(emb) = input(inputs, EMBEDDINGS)? else {
-            return Err(Error::InvalidArgument(format!("`{EMBEDDINGS}` must be float32")));
+            return Err(Error::InvalidArgument(format!(
+                "`{EMBEDDINGS}` must be float32"
+            )));
         };
         let Buffer::U16(mask_bits) = input(inputs, CAUSAL_MASK)? else {
-            return Err(Error::InvalidArgument(format!("`{CAUSAL_MASK}` must be fp16 bits")));
+            return Err(Error::InvalidArgument(format!(
+                "`{CAUSAL_MASK}` must be fp16 bits"
+            )));
         };
         if emb.len() != q * hidden || mask_bits.len() != q * ctx {
             return Err(Error::InvalidArgument(format!(
@@ -335,7 +376,11 @@ impl Device for AneDevice {
             if mask01 {
                 // blocked (negative) becomes +1, allowed stays 0: the 0/1 confusion
                 for m in row.iter_mut() {
-                    *m = if m.to_f32() < 0.0 { f16::ONE } else { f16::ZERO };
+                    *m = if m.to_f32() < 0.0 {
+                        f16::ONE
+                    } else {
+                        f16::ZERO
+                    };
                 }
             }
         }
@@ -408,7 +453,7 @@ impl Device for AneDevice {
             .map(|c| f16::from_le_bytes([c[0], c[1]]))
             .collect();
         let l = cache_id as usize / 2;
-        if cache_id % 2 == 0 {
+        if cache_id.is_multiple_of(2) {
             self.states[l].k = vals;
         } else {
             self.states[l].v = vals;

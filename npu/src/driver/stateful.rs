@@ -14,7 +14,11 @@ use crate::mask::MaskMode;
 use crate::{Buffer, Device, Error, Result, RunOutput};
 
 impl Driver {
-    pub(super) fn stateful_prefill(&mut self, dev: &mut dyn Device, ids: &[u32]) -> Result<RunOutput> {
+    pub(super) fn stateful_prefill(
+        &mut self,
+        dev: &mut dyn Device,
+        ids: &[u32],
+    ) -> Result<RunOutput> {
         let max_ctx = self.cache_len;
         if self.state.position as usize + ids.len() > max_ctx - 1 {
             return Err(Error::ContextTooLong {
@@ -40,7 +44,12 @@ impl Driver {
     }
 
     /// One decode row at the next position under `mask` (columns = absolute positions).
-    pub(super) fn stateful_step(&mut self, dev: &mut dyn Device, token: u32, mode: &MaskMode) -> Result<RunOutput> {
+    pub(super) fn stateful_step(
+        &mut self,
+        dev: &mut dyn Device,
+        token: u32,
+        mode: &MaskMode,
+    ) -> Result<RunOutput> {
         let saved = self.state.clone();
         let pos = self.state.position as usize;
         let inputs = self.stateful_step_inputs(token, pos, mode)?;
@@ -51,7 +60,12 @@ impl Driver {
         Ok(out)
     }
 
-    fn stateful_step_inputs(&self, token: u32, pos: usize, mode: &MaskMode) -> Result<Vec<(String, Buffer)>> {
+    fn stateful_step_inputs(
+        &self,
+        token: u32,
+        pos: usize,
+        mode: &MaskMode,
+    ) -> Result<Vec<(String, Buffer)>> {
         let max_ctx = self.cache_len;
         if pos >= max_ctx {
             return Err(Error::ContextFull { max_ctx });
@@ -109,9 +123,10 @@ impl Driver {
             .iter()
             .flat_map(|r| r.iter().map(|&a| mask_value(a)))
             .collect();
-        let pos_name = g.position_ids.clone().ok_or_else(|| {
-            Error::Device("the stateful device has no position-ids input".into())
-        })?;
+        let pos_name = g
+            .position_ids
+            .clone()
+            .ok_or_else(|| Error::Device("the stateful device has no position-ids input".into()))?;
         Ok(vec![
             (g.embeddings.name.clone(), Buffer::F32(emb)),
             (
@@ -124,7 +139,11 @@ impl Driver {
 
     /// Independent trial rows from the current state, one `run_batch`: each writes its own slot
     /// (the next position, shifted by `position_shift`) and reads the request's context.
-    pub(super) fn stateful_trial_batch(&mut self, dev: &mut dyn Device, trials: &[Trial]) -> Result<Vec<RunOutput>> {
+    pub(super) fn stateful_trial_batch(
+        &mut self,
+        dev: &mut dyn Device,
+        trials: &[Trial],
+    ) -> Result<Vec<RunOutput>> {
         let mut batch = Vec::with_capacity(trials.len());
         for t in trials {
             let pos = self.state.position as i64 + t.position_shift;
