@@ -113,8 +113,8 @@ fn chunked_prefill_equals_one_prefill() {
     let sb = chunked.cache_buffers().unwrap();
     assert_eq!(sa.len(), 4);
     for (id, a) in &sa {
-        let fa: Vec<f32> = a.chunks(2).map(|c| half_to_f32(c)).collect();
-        let fb: Vec<f32> = sb[id].chunks(2).map(|c| half_to_f32(c)).collect();
+        let fa: Vec<f32> = a.chunks(2).map(half_to_f32).collect();
+        let fb: Vec<f32> = sb[id].chunks(2).map(half_to_f32).collect();
         assert!(
             max_abs_diff(&fa, &fb) < 0.02,
             "state {id}: {}",

@@ -34,7 +34,7 @@ pub enum Command {
     /// Re-render report.html from a run folder, or compare two runs (--compare BEFORE AFTER --out DIR).
     Report(report::ReportArgs),
     #[command(flatten)]
-    Probe(probe_cmd::ProbeCommand),
+    Probe(Box<probe_cmd::ProbeCommand>),
 }
 
 /// Parse the process arguments, run, and map the outcome to an exit code (design.md: 2 input or
@@ -74,6 +74,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ref(args) => ref_cmd::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Report(args) => report::run(args),
-        Command::Probe(cmd) => probe_cmd::run(cmd),
+        Command::Probe(cmd) => probe_cmd::run(*cmd),
     }
 }

@@ -292,7 +292,11 @@ impl AneDevice {
                 2 * self.states.len()
             ))
         })?;
-        Ok(if cache_id.is_multiple_of(2) { &s.k } else { &s.v })
+        Ok(if cache_id.is_multiple_of(2) {
+            &s.k
+        } else {
+            &s.v
+        })
     }
 }
 
