@@ -213,3 +213,28 @@ fn manifests_reproduce_and_belong_to_one_device() {
         "--sim",
     );
 }
+
+#[test]
+fn greedy_on_the_fixture_matches_the_reference_under_fp16() {
+    let fx = fixture("llama", 11);
+    let (code, v, stderr) = kvprobe_json(&[
+        "greedy",
+        "--device",
+        "ane-sim",
+        "--model",
+        fx.to_str().unwrap(),
+        "--steps",
+        "12",
+        "--max-ctx",
+        "64",
+        "--max-query",
+        "4",
+        "--ids",
+        "5,17,99,3,250,41,7,8,120",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let g = &v["probes"]["greedy"];
+    assert!(g["min_cosine"].as_f64().unwrap() >= 0.99, "{g}");
+    assert_eq!(g["top1_agreement"].as_f64(), Some(1.0), "{g}");
+    assert_eq!(v["provenance"]["backend"], "ane-emulator");
+}

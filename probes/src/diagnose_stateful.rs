@@ -19,7 +19,7 @@ use kvprobe_schema::{NotApplicable, ProbeFindings, Timing, Verdict};
 use crate::diagnose::{DiagnoseOptions, Diagnosis};
 use crate::session::Session;
 use crate::thresholds::*;
-use crate::{greedy, prefill, statecheck, Result};
+use crate::{greedy, prefill, selfmask, statecheck, Result};
 
 /// Probes that need the genai ring, with the reason (reported, never skipped silently).
 pub const NOT_APPLICABLE: &[(&str, &str)] = &[
@@ -32,7 +32,7 @@ pub const NOT_APPLICABLE: &[(&str, &str)] = &[
     ("inject", "golden ring windows at a read offset; the state layout check injects reference K/V into the states instead"),
     ("stale", "ring slots outside the read window; the back-to-back rerun of the prefill check covers stale state"),
     ("causality", "ring entries by slot; stateful slots are positions, checked by the occupancy state check"),
-    ("splits", "prefill/tbt group splits of the genai server; a stateful device runs one graph for both"),
+    ("splits", "the handover between the genai prefill and tbt groups at every split; one graph serves both here (chunk continuation is the chunked-prefill property of npu/tests/ane_sim.rs)"),
 ];
 
 fn na() -> Vec<NotApplicable> {
@@ -123,7 +123,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             "overflow: the {}-token prefill produces inf/NaN {at}",
             ov.prompt_len
         ));
-        for probe in ["prefill", "greedy", "state"] {
+        for probe in ["prefill", "greedy", "selfmask", "state"] {
             p.not_applicable.push(NotApplicable {
                 probe: probe.into(),
                 why: "not run: the device's outputs are inf/NaN (numeric-overflow), comparisons would be NaN".into(),
@@ -167,6 +167,16 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         && gr.min_cosine >= STAGE_MIN_COSINE
         && (gr.top1_agreement >= GREEDY_TOP1 || gr.mean_cosine >= TOP1_IRRELEVANT_ABOVE);
     p.greedy = Some(gr);
+    // the decode graph without the context: one-row runs whose mask allows only themselves
+    let sm = timed(s, &mut t, "selfmask", |s| {
+        selfmask::run(s, opts.selfmask_steps)
+    })?;
+    ev.push(format!(
+        "selfmask: {} self-only steps, mean cosine {:.4} against the token alone",
+        sm.steps.len(),
+        sm.mean_cosine
+    ));
+    p.selfmask = Some(sm);
 
     let st = timed(s, &mut t, "state", |s| {
         statecheck::run(s, written, !(pf_ok && gr_ok))
