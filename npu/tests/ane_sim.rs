@@ -243,3 +243,60 @@ fn smollm2_matches_the_reference_under_fp16() {
     let min = cos.iter().cloned().fold(f64::INFINITY, f64::min);
     assert!(min >= 0.99, "fp16 cosines {cos:?}");
 }
+
+#[test]
+fn scale_after_qk_changes_only_the_overflow() {
+    let (_d, model) = tiny_llama(3);
+    let prompt = ids(20, model.config().vocab_size, 9);
+    let run = |faults: &[&str]| {
+        let (mut dev, mut drv) = ane(&model, 64, 8, faults);
+        drv.reset(&mut dev).unwrap();
+        drv.prefill(&mut dev, &prompt).unwrap().logits
+    };
+    let healthy = run(&[]);
+    // the literal fault on a small model: the raw products stay far below 65504
+    let literal = run(&["ane-scale-after-qk=1"]);
+    assert!(literal.iter().all(|x| x.is_finite()));
+    assert!(
+        cosine(&healthy, &literal) > 0.9999,
+        "{}",
+        cosine(&healthy, &literal)
+    );
+    // the stand-in gain pushes them past the fp16 range: inf/NaN, never a silent wrong number
+    let big = run(&["ane-scale-after-qk=65536"]);
+    assert!(big.iter().any(|x| !x.is_finite()));
+}
+
+#[test]
+fn write_offset_fills_one_slot_late_and_stale_state_continues_the_old_request() {
+    let (_d, model) = tiny_llama(3);
+    let c = model.config().clone();
+    let (mut dev, mut drv) = ane(&model, 32, 8, &["ane-write-offset"]);
+    drv.reset(&mut dev).unwrap();
+    drv.prefill(&mut dev, &ids(5, c.vocab_size, 4)).unwrap();
+    let k0 = &dev.cache_buffers().unwrap()[&0];
+    let slot = |p: usize| {
+        k0[p * c.head_dim * 2..(p + 1) * c.head_dim * 2]
+            .iter()
+            .any(|&b| b != 0)
+    };
+    assert_eq!(
+        (0..32).filter(|&p| slot(p)).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
+
+    let (mut dev, mut drv) = ane(&model, 32, 8, &["ane-stale-state"]);
+    let a = ids(6, c.vocab_size, 1);
+    let b = ids(6, c.vocab_size, 2);
+    drv.reset(&mut dev).unwrap();
+    drv.prefill(&mut dev, &a).unwrap();
+    drv.reset(&mut dev).unwrap();
+    let second = drv.prefill(&mut dev, &b).unwrap().logits;
+    // the second request attends to the first: it equals the reference of a ++ b
+    let joined = model
+        .forward(&[a.clone(), b.clone()].concat(), &Default::default())
+        .unwrap();
+    let alone = model.forward(&b, &Default::default()).unwrap();
+    assert!(cosine(&second, joined.row(11)) > 0.99);
+    assert!(cosine(&second, alone.row(5)) < cosine(&second, joined.row(11)));
+}
