@@ -7,8 +7,10 @@
 
 use candle_core::Tensor;
 use kvprobe_schema::{
-    DType, DeviceDescription, GroupDescription, GroupKind, InputRole, IoDescription,
+    DType, DeviceDescription, GroupDescription, GroupKind, InputRole, IoDescription, RuntimeKind,
 };
+
+mod stateful;
 
 use crate::mask::{encode_per_head, encode_tiled, ring_rows, tbt_row, MaskMode};
 use crate::quant::{quantize_u16, quantize_u8};
@@ -53,9 +55,9 @@ impl EmbeddingTable {
                     .collect(),
             ),
             DType::F32 => TableData::F32(matrix.to_vec()),
-            DType::U8 => {
+            DType::U8 | DType::F16 => {
                 return Err(Error::Device(format!(
-                "embeddings input `{}` is uint8; the genai server requires UINT16 (contract §2.1)",
+                "embeddings input `{}` is not uint16 or float32; the driver cannot fill it (contract §2.1)",
                 input.name
             )))
             }
@@ -194,6 +196,8 @@ impl GroupInputs {
 
 /// The genai server's host side, device-independent.
 pub struct Driver {
+    /// Which host path runs: the genai ring (this file) or stateful (`driver/stateful.rs`).
+    runtime: RuntimeKind,
     cache_len: usize,
     prefill_len: usize,
     n_heads: usize,
@@ -260,6 +264,7 @@ impl Driver {
             Window::U16(vec![0; p * features])
         };
         Ok(Driver {
+            runtime: desc.runtime,
             cache_len: l,
             prefill_len: p,
             n_heads: desc.shape.n_heads,
@@ -302,6 +307,9 @@ impl Driver {
         }
     }
 
+    pub fn runtime(&self) -> RuntimeKind {
+        self.runtime
+    }
     pub fn cache_len(&self) -> usize {
         self.cache_len
     }
@@ -347,6 +355,9 @@ impl Driver {
         if ids.is_empty() {
             return Err(Error::EmptyPrompt);
         }
+        if self.runtime == RuntimeKind::Stateful {
+            return self.stateful_prefill(dev, ids);
+        }
         if ids.len() >= self.cache_len {
             return Err(Error::PromptTooLong {
                 tokens: ids.len(),
@@ -374,6 +385,9 @@ impl Driver {
     /// [`Driver::step_back`] can undo it.
     pub fn step(&mut self, dev: &mut dyn Device, token: u32, mode: &MaskMode) -> Result<RunOutput> {
         self.check_ids(&[token])?;
+        if self.runtime == RuntimeKind::Stateful {
+            return self.stateful_step(dev, token, mode);
+        }
         let saved = self.state.clone();
         let out = if self.tbt.is_some() {
             self.run_tbt(dev, token, mode)?
@@ -396,8 +410,11 @@ impl Driver {
             .saved
             .take()
             .ok_or_else(|| Error::InvalidArgument("step_back without a preceding step".into()))?;
-        // Both paths (tbt, or a 1-token prefill chunk) advanced R by exactly one.
-        dev.update_cache_offset(-1)?;
+        // Both ring paths (tbt, or a 1-token prefill chunk) advanced R by exactly one; a stateful
+        // device has no offset (the slot the step wrote is rewritten by the next step).
+        if self.runtime == RuntimeKind::GenaiRing {
+            dev.update_cache_offset(-1)?;
+        }
         self.state = saved;
         Ok(())
     }
@@ -635,6 +652,9 @@ impl Driver {
     ) -> Result<Vec<RunOutput>> {
         for t in trials {
             self.check_ids(&[t.token])?;
+        }
+        if self.runtime == RuntimeKind::Stateful {
+            return self.stateful_trial_batch(dev, trials);
         }
         let start = self.state.clone();
         if self.tbt.is_none() {

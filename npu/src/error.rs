@@ -22,6 +22,22 @@ pub enum Error {
     #[error("unknown fault `{name}`; known faults: {known}")]
     UnknownFault { name: String, known: String },
 
+    /// A fault of the other emulator family (Hailo `--sim` vs `--device ane-sim`).
+    #[error("fault `{fault}` belongs to {device}, not {here}; faults of {here}: {known}")]
+    WrongDeviceFault {
+        fault: String,
+        device: &'static str,
+        here: &'static str,
+        known: String,
+    },
+
+    /// A stateful device's context ends at max_ctx: no wrap (issue 9).
+    #[error("prompt of {tokens} tokens does not fit a context of {max_ctx} positions; use fewer than {max_ctx} tokens or a larger --max-ctx")]
+    ContextTooLong { tokens: usize, max_ctx: usize },
+
+    #[error("generation reached the end of the context at position {max_ctx} (a stateful device does not wrap); use a larger --max-ctx or fewer --steps")]
+    ContextFull { max_ctx: usize },
+
     #[error("fault `{fault}`: {detail}")]
     BadFault { fault: String, detail: String },
 

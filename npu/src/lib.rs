@@ -1,6 +1,7 @@
 //! kvprobe-npu: the device contract, HailoRT's KV-cache ring and quantisation, the genai driver
 //! and the HailoRT KV-cache emulator (`sim`). Domain rules cite `hailort-kv-contract.md` (contract §N).
 
+pub mod ane;
 pub mod buffer;
 pub mod device;
 pub mod driver;

@@ -9,6 +9,7 @@ pub mod causality;
 pub mod colmap;
 pub mod diagnose;
 pub mod diagnose_stage;
+pub mod diagnose_stateful;
 pub mod error;
 pub mod greedy;
 pub mod inject;
@@ -25,6 +26,7 @@ pub mod selfmask;
 pub mod session;
 pub mod splits;
 pub mod stale;
+pub mod statecheck;
 pub mod thresholds;
 pub mod ztap;
 

@@ -141,6 +141,13 @@ impl<'a> Session<'a> {
         if ids.is_empty() {
             return Err(kvprobe_npu::Error::EmptyPrompt.into());
         }
+        if desc.runtime == kvprobe_schema::RuntimeKind::Stateful && ids.len() >= desc.cache_len {
+            return Err(kvprobe_npu::Error::ContextTooLong {
+                tokens: ids.len(),
+                max_ctx: desc.cache_len,
+            }
+            .into());
+        }
         if ids.len() >= desc.cache_len {
             return Err(kvprobe_npu::Error::PromptTooLong {
                 tokens: ids.len(),

@@ -6,6 +6,7 @@
 mod blocks;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod fixtures;
 pub mod gguf;
 pub mod gguf_tokenizer;

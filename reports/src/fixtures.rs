@@ -94,6 +94,7 @@ fn provenance(n: usize, faults: Vec<String>) -> Provenance {
         hef_path: None,
         hef_sha256: None,
         sim_manifest: Some(SimManifest {
+            device: "hailo-sim".into(),
             schema_version: 1,
             model: ModelIdentity {
                 path: "/models/<script>alert(1)</script>/smollm2 \"&'.gguf".into(),
@@ -433,6 +434,9 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
         stale: None,
         causality: None,
         splits: None,
+        overflow: None,
+        state: None,
+        not_applicable: Vec::new(),
     }
 }
 

@@ -29,13 +29,15 @@ pub enum DType {
     U8,
     U16,
     F32,
+    /// IEEE binary16 (stateful fp16 devices, issue 9): host buffers carry the bits as `u16`.
+    F16,
 }
 
 impl DType {
     pub fn bytes(self) -> usize {
         match self {
             DType::U8 => 1,
-            DType::U16 => 2,
+            DType::U16 | DType::F16 => 2,
             DType::F32 => 4,
         }
     }
@@ -198,6 +200,29 @@ pub struct GroupDescription {
     pub taps: Vec<u32>,
 }
 
+/// The KV-cache runtime a device implements; the [`DeviceDescription`] says which, and the
+/// driver builds inputs for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeKind {
+    /// HailoRT genai: a ring of `L` entries per cache, read offset moved by the host, P-row
+    /// prefill windows and 1-row tbt runs, uint8 mask (contract §1-§2).
+    #[default]
+    GenaiRing,
+    /// Core ML / ANE style: K/V states `[kv_heads, max_ctx, head_dim]` fp16 updated in-graph at
+    /// absolute positions, explicit additive fp16 mask `[1,1,q,max_ctx]`, no wrap.
+    Stateful,
+}
+
+impl RuntimeKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            RuntimeKind::GenaiRing => "genai-ring",
+            RuntimeKind::Stateful => "stateful",
+        }
+    }
+}
+
 /// Model-level numbers the driver needs (hailo-config.json `pre_process_params`, or the
 /// reference model's config for the emulator).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -214,8 +239,11 @@ pub struct ModelShape {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceDescription {
-    /// "emulator" or "hailo".
+    /// "emulator", "hailo" or "ane-emulator".
     pub backend: String,
+    /// How the host drives the cache: a genai ring (HailoRT) or absolute-position states (Core ML).
+    #[serde(default)]
+    pub runtime: RuntimeKind,
     /// Model scope, e.g. `smollm2` for groups `smollm2__prefill` / `smollm2__tbt`.
     pub model_name: String,
     /// `L`: entries per ring, equal for every cache.

@@ -6,6 +6,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimManifest {
     pub schema_version: u32,
+    /// Which emulator wrote it: "hailo-sim" (older manifests have no field) or "ane-sim".
+    #[serde(default = "default_device")]
+    pub device: String,
     /// Model identity (path as given, sha256 of the weights file(s)) the manifest was made for.
     pub model: ModelIdentity,
     pub cache_len: usize,
@@ -56,6 +59,10 @@ pub struct EdgeLayout {
 pub struct NamedQuant {
     pub name: String,
     pub quant: QuantInfo,
+}
+
+fn default_device() -> String {
+    "hailo-sim".into()
 }
 
 #[cfg(test)]

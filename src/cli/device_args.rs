@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
+use kvprobe_npu::ane::{AneDevice, AneOptions};
 use kvprobe_npu::sim::options::{SimFlags, SimOptions};
 use kvprobe_npu::sim::SimDevice;
 use kvprobe_npu::Device;
@@ -27,6 +28,15 @@ pub struct DeviceArgs {
     /// Use the HailoRT KV-cache emulator as the device.
     #[arg(long, conflicts_with = "hef")]
     pub sim: bool,
+    /// Another emulated device: `ane-sim` (a Core ML / Apple Neural Engine stateful KV cache, fp16).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["sim", "hef"])]
+    pub device: Option<String>,
+    /// ane-sim: context length (state positions) max_ctx [default: 128].
+    #[arg(long, value_name = "N", requires = "device")]
+    pub max_ctx: Option<usize>,
+    /// ane-sim: largest query length of one run (prefill chunk) [default: min(64, max_ctx − 1)].
+    #[arg(long, value_name = "Q", requires = "device")]
+    pub max_query: Option<usize>,
     /// Compiled model for the Hailo-10H (needs a build with --features hailo, and --model: the
     /// model it was compiled from). L, P and the tokenizer come from the HEF.
     #[arg(long, value_name = "FILE")]
@@ -39,7 +49,7 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "P", requires = "sim")]
     pub prefill_len: Option<usize>,
     /// Emulator fault NAME[=VALUE][@SCOPE], repeatable; SCOPE: prefill, tbt, k, v, layer=N (the fault table is in the README).
-    #[arg(long = "fault", value_name = "FAULT", requires = "sim")]
+    #[arg(long = "fault", value_name = "FAULT")]
     pub faults: Vec<String>,
     /// Emulator: `none` makes every edge float; `edges` (default) quantises like a compiled HEF.
     #[arg(long, value_name = "none|edges", requires = "sim")]
@@ -61,7 +71,7 @@ pub struct DeviceArgs {
     #[arg(long, value_name = "CONVENTION", requires = "sim")]
     pub sim_rope_theta: Option<String>,
     /// Emulator: reproduce a previous run from its manifest.
-    #[arg(long, value_name = "FILE", requires = "sim")]
+    #[arg(long, value_name = "FILE")]
     pub sim_manifest: Option<PathBuf>,
 
     /// Prompt text (tokenised with the model's tokenizer and its BOS default).
@@ -93,6 +103,8 @@ pub struct DeviceArgs {
 /// What a run drives.
 pub enum Backend {
     Sim(Box<SimDevice>),
+    /// `--device ane-sim`: the stateful Core ML / ANE emulator (issue 9).
+    Ane(Box<AneDevice>),
     /// A Hailo-10H through HailoRT, opened from `--hef` after the pairing check (issue 6).
     #[cfg(feature = "hailo")]
     Hailo(Box<HailoRun>),
@@ -120,6 +132,7 @@ impl Backend {
     pub fn device(&mut self) -> &mut dyn Device {
         match self {
             Backend::Sim(s) => s.as_mut(),
+            Backend::Ane(a) => a.as_mut(),
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => &mut h.device,
         }
@@ -128,6 +141,7 @@ impl Backend {
     pub fn describe(&self) -> &DeviceDescription {
         match self {
             Backend::Sim(s) => s.describe(),
+            Backend::Ane(a) => a.describe(),
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => h.device.describe(),
         }
@@ -137,6 +151,7 @@ impl Backend {
     pub fn sim(&self) -> Option<&SimDevice> {
         match self {
             Backend::Sim(s) => Some(s),
+            Backend::Ane(_) => None,
             #[cfg(feature = "hailo")]
             Backend::Hailo(_) => None,
         }
@@ -144,12 +159,15 @@ impl Backend {
 
     /// The emulator's manifest (what reproduces the run); a real device has none.
     pub fn sim_manifest(&self) -> Option<&SimManifest> {
-        self.sim().map(SimDevice::manifest)
+        match self {
+            Backend::Ane(a) => Some(a.manifest()),
+            _ => self.sim().map(SimDevice::manifest),
+        }
     }
 
     pub fn hef_path(&self) -> Option<&Path> {
         match self {
-            Backend::Sim(_) => None,
+            Backend::Sim(_) | Backend::Ane(_) => None,
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => Some(&h.hef),
         }
@@ -159,7 +177,7 @@ impl Backend {
     /// the model's, which the pairing check compares it with) and no BOS.
     pub fn prompt_tokenizer<'a>(&'a self, model: &'a Model) -> PromptTokenizer<'a> {
         match self {
-            Backend::Sim(_) => {
+            Backend::Sim(_) | Backend::Ane(_) => {
                 let _ = model;
                 PromptTokenizer::Model
             }
@@ -176,6 +194,19 @@ impl DeviceArgs {
     /// hear them: a build without HailoRT says so first (no flag fixes that; exit 3, issue 6),
     /// then `--hef` without `--model` (exit 2), then no device at all (exit 2).
     pub fn check_device_flags(&self) -> anyhow::Result<()> {
+        if !self.sim && self.device.is_none() {
+            if let Some(f) = self.faults.first() {
+                return Err(usage(format!(
+                    "--fault {f}: faults need an emulator; add --sim or --device ane-sim"
+                )));
+            }
+            if let Some(m) = &self.sim_manifest {
+                return Err(usage(format!(
+                    "--sim-manifest {}: a manifest needs an emulator; add --sim or --device ane-sim",
+                    m.display()
+                )));
+            }
+        }
         if let Some(hef) = &self.hef {
             #[cfg(not(feature = "hailo"))]
             return Err(DeviceError(format!(
@@ -190,8 +221,16 @@ impl DeviceArgs {
                     hef.display()
                 )));
             }
+        } else if let Some(d) = &self.device {
+            if d != "ane-sim" {
+                return Err(usage(format!(
+                    "--device {d}: unknown device; use --device ane-sim, --sim (the Hailo emulator) or --hef FILE"
+                )));
+            }
         } else if !self.sim {
-            return Err(usage("no device: pass --sim (the emulator) or --hef FILE"));
+            return Err(usage(
+                "no device: pass --sim (the Hailo emulator), --device ane-sim or --hef FILE",
+            ));
         }
         Ok(())
     }
@@ -207,6 +246,20 @@ impl DeviceArgs {
         #[cfg(feature = "hailo")]
         if let Some(hef) = &self.hef {
             return open_hailo(hef, model);
+        }
+        if self.device.is_some() {
+            let max_ctx = self.max_ctx.unwrap_or(128);
+            let opts = AneOptions {
+                max_ctx,
+                max_query: self
+                    .max_query
+                    .unwrap_or_else(|| 64.min(max_ctx.saturating_sub(1))),
+                faults: self.faults.clone(),
+                model_name: None,
+                manifest: self.sim_manifest.clone(),
+            };
+            let dev = AneDevice::new(model.clone(), opts).map_err(npu_error)?;
+            return Ok(Backend::Ane(Box::new(dev)));
         }
         let flags = SimFlags {
             cache_len: self.cache_len,

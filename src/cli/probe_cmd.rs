@@ -276,6 +276,16 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
     let mut p = ProbeFindings::default();
     let t = Instant::now();
     let steps = args.steps.max(1);
+    if s.describe().runtime == kvprobe_schema::RuntimeKind::Stateful {
+        if let Some((_, why)) = diagnose_stateful::NOT_APPLICABLE
+            .iter()
+            .find(|(n, _)| *n == name)
+        {
+            return Err(Error::Input(format!(
+                "`{name}` is not applicable on a stateful device: {why}; run `diagnose` for the state checks"
+            )));
+        }
+    }
     match name {
         "diagnose" => {
             let opts = DiagnoseOptions {
@@ -424,6 +434,10 @@ fn write_out(
         .map_err(|e| usage(format!("{}: {e}", out.display())))?;
     if let Some(sim) = backend.sim() {
         sim.write_manifest(&tmp.path().join("sim-manifest.json"))
+            .map_err(super::device_args::npu_error)?;
+    }
+    if let super::device_args::Backend::Ane(ane) = backend {
+        ane.write_manifest(&tmp.path().join("sim-manifest.json"))
             .map_err(super::device_args::npu_error)?;
     }
     if out.exists() {

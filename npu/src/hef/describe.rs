@@ -133,6 +133,7 @@ pub fn to_device_description(hef: &Hef) -> Result<DeviceDescription> {
         prefill.cache_edges.iter().map(|e| e.cache_id).collect();
     let head_dim = facts.theta.as_ref().map(Vec::len).unwrap_or(0);
     Ok(DeviceDescription {
+        runtime: kvprobe_schema::RuntimeKind::GenaiRing,
         backend: "hailo".into(),
         model_name: roles::scope(&prefill.name).to_string(),
         cache_len,
@@ -278,6 +279,7 @@ pub fn to_sim_manifest(hef: &Hef, model: ModelIdentity) -> Result<SimManifest> {
             .saturating_mul(desc.shape.head_dim)
             .saturating_mul(bytes);
     Ok(SimManifest {
+        device: "hailo-sim".into(),
         schema_version: SCHEMA_VERSION,
         model,
         cache_len: desc.cache_len,

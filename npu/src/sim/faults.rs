@@ -217,6 +217,14 @@ pub fn parse(text: &str) -> Result<Fault> {
                 .and_then(RopeTheta::parse)
                 .ok_or_else(|| bad(text, "use rope-theta=sign-folded or rope-theta=plain"))?,
         ),
+        _ if crate::ane::faults::KNOWN.contains(&name) => {
+            return Err(Error::WrongDeviceFault {
+                fault: name.to_string(),
+                device: "--device ane-sim",
+                here: "--sim",
+                known: KNOWN.join(", "),
+            })
+        }
         _ => {
             return Err(Error::UnknownFault {
                 name: name.to_string(),

@@ -209,6 +209,12 @@ impl SimDevice {
         let identity = manifest::model_identity(&model)?;
         if let Some(path) = opts.manifest.clone() {
             let m = manifest::read(&path)?;
+            if m.device != "hailo-sim" {
+                return Err(Error::Manifest {
+                    path: path.clone(),
+                    detail: format!("written by the `{}` emulator, not the Hailo emulator (--sim); use it with --device {}", m.device, m.device),
+                });
+            }
             manifest::check_model(&m, &identity, &path)?;
             let bad = |what: &str| Error::Manifest {
                 path: path.clone(),
@@ -308,6 +314,7 @@ impl SimDevice {
         let mut dev = SimDevice {
             model: graph_model,
             desc: DeviceDescription {
+                runtime: kvprobe_schema::RuntimeKind::GenaiRing,
                 backend: "emulator".into(),
                 model_name,
                 cache_len: l,
@@ -328,6 +335,7 @@ impl SimDevice {
             rings,
             pending: Vec::new(),
             manifest: SimManifest {
+                device: "hailo-sim".into(),
                 schema_version: SCHEMA_VERSION,
                 model: identity,
                 cache_len: l,
@@ -1146,7 +1154,7 @@ impl SimDevice {
 }
 
 /// Group prefix from a model path: the file stem, lower case, `[a-z0-9_]` only.
-fn scope_name(path: &Path) -> String {
+pub(crate) fn scope_name(path: &Path) -> String {
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().to_lowercase())

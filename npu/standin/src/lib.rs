@@ -381,7 +381,7 @@ fn bytes_per(format_type: i32) -> Option<DType> {
 fn to_buffer(bytes: &[u8], dtype: DType) -> Buffer {
     match dtype {
         DType::U8 => Buffer::U8(bytes.to_vec()),
-        DType::U16 => Buffer::U16(
+        DType::U16 | DType::F16 => Buffer::U16(
             bytes
                 .chunks_exact(2)
                 .map(|c| u16::from_ne_bytes([c[0], c[1]]))

@@ -89,6 +89,8 @@ pub(crate) fn verdict_meaning(v: Verdict) -> &'static str {
         Verdict::CacheQuantization => "writer and reader quantise the cache differently",
         Verdict::PositionMismatch => "the positional input is off by a constant",
         Verdict::KvBinding => "the K and V caches are bound crosswise",
+        Verdict::NumericOverflow => "fp16 values overflow to inf/NaN inside the graph",
+        Verdict::StaleCache => "state from a previous request changes the next one",
         Verdict::Unknown => "a fault was seen but no rule explains it",
     }
 }

@@ -724,7 +724,70 @@ pub fn blocks(r: &Results, charts: &[(&'static str, String)]) -> Vec<ProbeBlock>
             ),
         });
     }
+    stateful_blocks(p, &mut out);
     out
+}
+
+/// Blocks of a stateful device's diagnosis (issue 9): overflow, state checks, and the probes
+/// that do not apply, each with its reason.
+fn stateful_blocks(p: &kvprobe_schema::ProbeFindings, out: &mut Vec<ProbeBlock>) {
+    let opt = |v: Option<usize>| v.map_or("—".to_string(), |x| x.to_string());
+    if let Some(f) = &p.overflow {
+        out.push(ProbeBlock {
+            id: "overflow",
+            title: "Overflow: where inf/NaN first appears (fp16 states after the prefill)",
+            summary: kv_table(&[
+                ("prompt tokens", f.prompt_len.to_string()),
+                ("first non-finite layer", opt(f.layer)),
+                ("first non-finite position", opt(f.position)),
+                ("logits finite", f.logits_finite.to_string()),
+            ]),
+            chart: String::new(),
+            detail: String::new(),
+        });
+    }
+    if let Some(f) = &p.state {
+        let c = |v: Option<f64>| v.map_or("—".to_string(), |x| num(x, 4));
+        let (doc, swapped) = match f.layout_cosines {
+            Some([a, b]) => (Some(a), Some(b)),
+            None => (None, None),
+        };
+        out.push(ProbeBlock {
+            id: "state",
+            title: "State checks: slots written, state layout, mask",
+            summary: kv_table(&[
+                ("prompt tokens", f.prompt_len.to_string()),
+                (
+                    "positions written",
+                    f.written
+                        .iter()
+                        .map(|x| x.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                ),
+                ("reference K/V as [kv_heads, ctx, d]", c(doc)),
+                ("reference K/V as [ctx, kv_heads, d]", c(swapped)),
+                ("self-only step vs token alone", c(f.selfonly_cosine)),
+                ("full-context step", c(f.full_cosine)),
+            ]),
+            chart: String::new(),
+            detail: String::new(),
+        });
+    }
+    if !p.not_applicable.is_empty() {
+        let rows: Vec<_> = p
+            .not_applicable
+            .iter()
+            .map(|n| (vec![n.probe.clone(), n.why.clone()], None))
+            .collect();
+        out.push(ProbeBlock {
+            id: "not-applicable",
+            title: "Probes that do not apply to this device",
+            summary: String::new(),
+            chart: String::new(),
+            detail: table(&["probe", "why"], &rows),
+        });
+    }
 }
 
 /// Multi-line model text for a `<pre>`: newlines and tabs kept, other control characters spelled.

@@ -1,0 +1,478 @@
+//! `ane-sim`: a CPU emulator of an LLM converted to Core ML for the Apple Neural Engine, the
+//! second device family behind [`Device`] (issue 9, docs/design.md "Stateful devices").
+//!
+//! What it models (one rule per line, each documented in docs/design.md):
+//! - K and V are Core ML states, one pair per layer, `[kv_heads, max_ctx, head_dim]` fp16,
+//!   updated inside the graph (slice_update at the rows' absolute positions). The host never
+//!   copies them, but may read and write them: [`Device::cache_buffers`] /
+//!   [`Device::write_cache_buffer`] (little-endian fp16 bytes in that order, cache ids `2l` (K)
+//!   and `2l + 1` (V)).
+//! - One graph with a flexible query length `1..=max_query`; described as two groups of the same
+//!   graph: `Prefill` (up to `max_query` rows) and `Tbt` (1 row).
+//! - Inputs: `inputs_embeds` `[1, q, hidden]` f32 (rounded to fp16), `position_ids` `[1, 1, q]`
+//!   absolute positions, `causal_mask` `[1, 1, q, max_ctx]` fp16 additive (0 attends, −inf
+//!   blocks). No ring and no wrap: a position at or past `max_ctx` is an error.
+//! - `init_cache(0)` starts a new request: `make_state()`, fresh zero states. Any other offset is
+//!   refused (there is no read offset). `update_cache_offset` is refused for the same reason: the
+//!   stateful driver never calls it.
+//! - Everything computes in fp16 (`graph`).
+
+pub mod faults;
+mod graph;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use half::f16;
+use kvprobe_reference::Model;
+use kvprobe_schema::{
+    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupDescription,
+    GroupKind, InputRole, IoDescription, ModelShape, QuantInfo, RuntimeKind, SimManifest,
+};
+
+pub use faults::AneFault;
+use graph::{Graph, LayerState, RunSpec};
+
+use crate::{Buffer, Device, Error, Result, RunOutput};
+
+/// Input names of the converted model.
+pub const EMBEDDINGS: &str = "inputs_embeds";
+pub const POSITION_IDS: &str = "position_ids";
+pub const CAUSAL_MASK: &str = "causal_mask";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AneOptions {
+    /// Context length: positions `0..max_ctx`.
+    pub max_ctx: usize,
+    /// Largest query length of one run (prefill chunk).
+    pub max_query: usize,
+    /// `--fault` arguments as given.
+    pub faults: Vec<String>,
+    /// Group name prefix; default: the model file stem.
+    pub model_name: Option<String>,
+    /// Reproduce a previous run from its manifest.
+    pub manifest: Option<std::path::PathBuf>,
+}
+
+impl Default for AneOptions {
+    fn default() -> Self {
+        AneOptions {
+            max_ctx: 128,
+            max_query: 64,
+            faults: Vec::new(),
+            model_name: None,
+            manifest: None,
+        }
+    }
+}
+
+pub struct AneDevice {
+    graph: Graph,
+    desc: DeviceDescription,
+    faults: Vec<AneFault>,
+    states: Vec<LayerState>,
+    /// Position 0 of the current request in the state (always 0 unless `ane-stale-state`).
+    base: usize,
+    /// Slots written since the states were made (the state's fill level).
+    filled: usize,
+    manifest: SimManifest,
+}
+
+fn io(
+    name: &str,
+    role: Option<InputRole>,
+    shape: [usize; 3],
+    host: DType,
+    dev: DType,
+) -> IoDescription {
+    IoDescription {
+        name: name.into(),
+        role,
+        shape,
+        host_dtype: host,
+        device_dtype: dev,
+        quant: QuantInfo::IDENTITY,
+    }
+}
+
+impl AneDevice {
+    pub fn new(model: Arc<Model>, opts: AneOptions) -> Result<AneDevice> {
+        let mut opts = opts;
+        let identity = crate::sim::manifest::model_identity(&model)?;
+        if let Some(path) = opts.manifest.clone() {
+            let m = crate::sim::manifest::read(&path)?;
+            if m.device != "ane-sim" {
+                return Err(Error::Manifest {
+                    path,
+                    detail: format!(
+                        "written by the `{}` emulator, not ane-sim; use it with --sim, or write a new manifest with --device ane-sim",
+                        m.device
+                    ),
+                });
+            }
+            crate::sim::manifest::check_model(&m, &identity, &path)?;
+            opts.max_ctx = m.cache_len;
+            opts.max_query = m.prefill_len;
+            opts.faults = m.faults.clone();
+        }
+        let cfg = model.config().clone();
+        if opts.max_query == 0 || opts.max_ctx < 2 {
+            return Err(Error::BadOption {
+                flag: "--max-ctx/--max-query".into(),
+                detail: format!(
+                    "max_ctx = {} and max_query = {} must be at least 2 and 1",
+                    opts.max_ctx, opts.max_query
+                ),
+            });
+        }
+        if opts.max_query >= opts.max_ctx {
+            return Err(Error::BadOption {
+                flag: "--max-query".into(),
+                detail: format!(
+                    "{} does not fit below the context (--max-ctx {}); use at most {}",
+                    opts.max_query,
+                    opts.max_ctx,
+                    opts.max_ctx - 1
+                ),
+            });
+        }
+        if opts.max_ctx > cfg.max_position {
+            return Err(Error::BadOption {
+                flag: "--max-ctx".into(),
+                detail: format!(
+                    "{} is beyond the model's context of {} positions; use at most {}",
+                    opts.max_ctx, cfg.max_position, cfg.max_position
+                ),
+            });
+        }
+        let export = model.llama_export()?.ok_or_else(|| Error::BadOption {
+            flag: "--device ane-sim".into(),
+            detail: format!(
+                "{}: ane-sim emulates Llama-family models (RMSNorm, RoPE, SwiGLU); this is {}; use --sim for it",
+                model.source().display(),
+                cfg.architecture
+            ),
+        })?;
+        let mut faults = Vec::new();
+        for f in &opts.faults {
+            faults.push(faults::parse(f)?);
+        }
+        let graph = Graph::new(&export, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)?;
+        let (ctx, qmax) = (opts.max_ctx, opts.max_query);
+        let name = opts
+            .model_name
+            .clone()
+            .unwrap_or_else(|| crate::sim::scope_name(model.source()));
+        let entry = cfg.n_kv_heads * cfg.head_dim * 2;
+        let edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
+            .flat_map(|l| {
+                [
+                    (2 * l as u32, CacheKind::K),
+                    (2 * l as u32 + 1, CacheKind::V),
+                ]
+                .map(|(id, kind)| CacheEdgeDescription {
+                    cache_id: id,
+                    direction: CacheDirection::Input,
+                    entry_size: entry,
+                    padded_entry_size: entry,
+                    length: ctx,
+                    data_bytes: 2,
+                    quant: QuantInfo::IDENTITY,
+                    format: Some("state [kv_heads, max_ctx, head_dim] fp16".into()),
+                    layer: Some(l),
+                    kind: Some(kind),
+                })
+            })
+            .collect();
+        let group = |kind: GroupKind, rows: usize| GroupDescription {
+            name: format!("{name}__q{rows}"),
+            kind,
+            rows,
+            inputs: vec![
+                io(
+                    EMBEDDINGS,
+                    Some(InputRole::Embeddings),
+                    [1, rows, cfg.hidden_size],
+                    DType::F32,
+                    DType::F16,
+                ),
+                io(
+                    POSITION_IDS,
+                    Some(InputRole::PositionIds),
+                    [1, 1, rows],
+                    DType::F32,
+                    DType::F32,
+                ),
+                io(
+                    CAUSAL_MASK,
+                    Some(InputRole::AttentionMask),
+                    [1, rows, ctx],
+                    DType::F16,
+                    DType::F16,
+                ),
+            ],
+            outputs: vec![io(
+                "logits",
+                None,
+                [1, 1, cfg.vocab_size],
+                DType::F32,
+                DType::F16,
+            )],
+            cache_edges: edges.clone(),
+            taps: Vec::new(),
+        };
+        let groups = vec![group(GroupKind::Prefill, qmax), group(GroupKind::Tbt, 1)];
+        let desc = DeviceDescription {
+            backend: "ane-emulator".into(),
+            runtime: RuntimeKind::Stateful,
+            model_name: name,
+            cache_len: ctx,
+            prefill_len: qmax,
+            shape: ModelShape {
+                vocab_size: cfg.vocab_size,
+                hidden_size: cfg.hidden_size,
+                n_layers: cfg.n_layers,
+                n_heads: cfg.n_heads,
+                n_kv_heads: cfg.n_kv_heads,
+                head_dim: cfg.head_dim,
+                rope_theta: None,
+            },
+            groups,
+        };
+        let manifest = SimManifest {
+            schema_version: kvprobe_schema::SCHEMA_VERSION,
+            device: "ane-sim".into(),
+            model: identity,
+            cache_len: ctx,
+            prefill_len: qmax,
+            cache_quant: "fp16".into(),
+            cache_heads: "un-expanded".into(),
+            weights: "fp16".into(),
+            taps: false,
+            // RoPE is computed in-graph from position ids (HF rotate-half): no table ships
+            rope_theta: "plain".into(),
+            layouts: Vec::new(),
+            calibration_prompts: Vec::new(),
+            quant: Vec::new(),
+            faults: opts.faults.clone(),
+        };
+        let states = graph.empty_state(ctx);
+        Ok(AneDevice {
+            graph,
+            desc,
+            faults,
+            states,
+            base: 0,
+            filled: 0,
+            manifest,
+        })
+    }
+
+    pub fn manifest(&self) -> &SimManifest {
+        &self.manifest
+    }
+    pub fn write_manifest(&self, path: &Path) -> Result<()> {
+        crate::sim::manifest::write(&self.manifest, path)
+    }
+    pub fn faults(&self) -> &[AneFault] {
+        &self.faults
+    }
+    pub fn max_ctx(&self) -> usize {
+        self.desc.cache_len
+    }
+
+    fn state_len(&self) -> usize {
+        self.graph.n_kv_heads * self.desc.cache_len * self.graph.head_dim
+    }
+
+    fn state_of(&self, cache_id: u32) -> Result<&Vec<f16>> {
+        let l = cache_id as usize / 2;
+        let s = self.states.get(l).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "cache id {cache_id} is not a state of this device (0..{})",
+                2 * self.states.len()
+            ))
+        })?;
+        Ok(if cache_id.is_multiple_of(2) {
+            &s.k
+        } else {
+            &s.v
+        })
+    }
+}
+
+fn input<'a>(inputs: &'a [(String, Buffer)], name: &str) -> Result<&'a Buffer> {
+    inputs
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, b)| b)
+        .ok_or_else(|| Error::InvalidArgument(format!("input `{name}` is missing")))
+}
+
+impl Device for AneDevice {
+    fn describe(&self) -> &DeviceDescription {
+        &self.desc
+    }
+
+    fn run(&mut self, group: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput> {
+        let rows_max = self
+            .desc
+            .group(group)
+            .map(|g| g.rows)
+            .ok_or_else(|| Error::InvalidArgument("unknown group".into()))?;
+        let ctx = self.desc.cache_len;
+        let hidden = self.graph.hidden;
+        let Buffer::F32(pos) = input(inputs, POSITION_IDS)? else {
+            return Err(Error::InvalidArgument(format!(
+                "`{POSITION_IDS}` must be float32"
+            )));
+        };
+        let q = pos.len();
+        if q == 0 || q > rows_max {
+            return Err(Error::InvalidArgument(format!(
+                "query length {q} is outside the graph's 1..={rows_max}"
+            )));
+        }
+        let Buffer::F32(emb) = input(inputs, EMBEDDINGS)? else {
+            return Err(Error::InvalidArgument(format!(
+                "`{EMBEDDINGS}` must be float32"
+            )));
+        };
+        let Buffer::U16(mask_bits) = input(inputs, CAUSAL_MASK)? else {
+            return Err(Error::InvalidArgument(format!(
+                "`{CAUSAL_MASK}` must be fp16 bits"
+            )));
+        };
+        if emb.len() != q * hidden || mask_bits.len() != q * ctx {
+            return Err(Error::InvalidArgument(format!(
+                "inputs for {q} rows need {} embedding values and {} mask values, got {} and {}",
+                q * hidden,
+                q * ctx,
+                emb.len(),
+                mask_bits.len()
+            )));
+        }
+        // the request's positions, moved by the state's base (0 unless ane-stale-state)
+        let mut positions = Vec::with_capacity(q);
+        for &p in pos {
+            if !(p >= 0.0 && p.fract() == 0.0) {
+                return Err(Error::InvalidArgument(format!(
+                    "position id {p} is not a whole non-negative number"
+                )));
+            }
+            let p = p as usize + self.base;
+            if p >= ctx {
+                return Err(Error::ContextFull { max_ctx: ctx });
+            }
+            positions.push(p);
+        }
+        let mask01 = self.faults.contains(&AneFault::Mask01);
+        let mut mask = vec![f16::NEG_INFINITY; q * ctx];
+        for i in 0..q {
+            let host = &mask_bits[i * ctx..(i + 1) * ctx];
+            let row = &mut mask[i * ctx..(i + 1) * ctx];
+            // the base's old context stays visible: the stale request continues after it
+            for m in row.iter_mut().take(self.base) {
+                *m = f16::ZERO;
+            }
+            for (j, &b) in host.iter().enumerate().take(ctx - self.base) {
+                row[j + self.base] = f16::from_bits(b);
+            }
+            if mask01 {
+                // blocked (negative) becomes +1, allowed stays 0: the 0/1 confusion
+                for m in row.iter_mut() {
+                    *m = if m.to_f32() < 0.0 {
+                        f16::ONE
+                    } else {
+                        f16::ZERO
+                    };
+                }
+            }
+        }
+        let logits = self.graph.run(
+            &mut self.states,
+            &RunSpec {
+                embeddings: emb,
+                positions: &positions,
+                mask: &mask,
+                max_ctx: ctx,
+                faults: &self.faults,
+                scale_after_qk: self.faults.iter().find_map(|f| match f {
+                    AneFault::ScaleAfterQk(g) => Some(*g),
+                    _ => None,
+                }),
+            },
+        )?;
+        if let Some(&last) = positions.iter().max() {
+            self.filled = self.filled.max(last + 1);
+        }
+        Ok(RunOutput {
+            logits,
+            taps: BTreeMap::new(),
+        })
+    }
+
+    fn init_cache(&mut self, read_offset: u32) -> Result<()> {
+        if read_offset != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "init_cache({read_offset}): a stateful device has no read offset; a new request is init_cache(0)"
+            )));
+        }
+        if self.faults.contains(&AneFault::StaleState) {
+            // the app keeps the old MLState and its length
+            self.base = self.filled;
+        } else {
+            self.states = self.graph.empty_state(self.desc.cache_len);
+            self.base = 0;
+            self.filled = 0;
+        }
+        Ok(())
+    }
+
+    fn update_cache_offset(&mut self, delta: i32) -> Result<()> {
+        Err(Error::InvalidArgument(format!(
+            "update_cache_offset({delta}): a stateful device has no read offset; positions are absolute inputs"
+        )))
+    }
+
+    fn cache_buffers(&mut self) -> Result<BTreeMap<u32, Vec<u8>>> {
+        let mut out = BTreeMap::new();
+        for id in 0..2 * self.states.len() as u32 {
+            let s = self.state_of(id)?;
+            out.insert(id, s.iter().flat_map(|x| x.to_le_bytes()).collect());
+        }
+        Ok(out)
+    }
+
+    fn write_cache_buffer(&mut self, cache_id: u32, bytes: &[u8]) -> Result<()> {
+        let want = self.state_len() * 2;
+        self.state_of(cache_id)?;
+        if bytes.len() != want {
+            return Err(Error::InvalidArgument(format!(
+                "state {cache_id} takes exactly {want} bytes (kv_heads × max_ctx × head_dim fp16), got {}",
+                bytes.len()
+            )));
+        }
+        let vals: Vec<f16> = bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        let l = cache_id as usize / 2;
+        if cache_id.is_multiple_of(2) {
+            self.states[l].k = vals;
+        } else {
+            self.states[l].v = vals;
+        }
+        Ok(())
+    }
+}
+
+/// Additive fp16 mask value of an allowed / blocked column.
+pub fn mask_value(allowed: bool) -> u16 {
+    if allowed {
+        f16::ZERO.to_bits()
+    } else {
+        f16::NEG_INFINITY.to_bits()
+    }
+}
