@@ -17,7 +17,8 @@ use crate::prefill::PrefillOptions;
 use crate::session::{Geometry, Session};
 use crate::thresholds::*;
 use crate::{
-    colmap, greedy, inject, layout, maskconv, positions, prefill, quant, selfmask, ztap, Result,
+    colmap, greedy, inject, layout, maskconv, positions, prefill, quant, scalefit, selfmask, ztap,
+    Result,
 };
 
 #[derive(Debug, Clone)]
@@ -156,9 +157,9 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             pf.rerun_cosine
         ));
     }
+
     p.quant = Some(q.clone());
     p.prefill = Some(pf.clone());
-
     let sm = if has_tbt {
         Some(run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?)
     } else {
@@ -199,6 +200,23 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             sm_noise.unwrap_or(0.0)
         ));
         pf_single_ok = false;
+    }
+    // The whole prompt's prefill against other attention scales: a prefill graph whose scale
+    // is near 1 stays inside the row tolerances, yet one scale ≠ 1 explains its output.
+    let mut pf_scale_hit = false;
+    if pf_single_ok {
+        let fit = run.timed("scalefit", prefill_scale)?;
+        if fit.best_cosine >= POSITION_REPRODUCES && fit_repairs(fit.unit_cosine, fit.best_cosine) {
+            ev.push(format!(
+                "prefill graph: the prompt's prefill matches the reference with its attention scale ×{:.3} ({:.5} vs {:.5} at ×1)",
+                fit.best_scale, fit.best_cosine, fit.unit_cosine
+            ));
+            pf_single_ok = false;
+            pf_scale_hit = true;
+        }
+        if let Some(f) = &mut p.prefill {
+            f.scale = Some(fit);
+        }
     }
     let cache_noise = [
         sm_noise,
@@ -243,7 +261,8 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     if pf_single_ok && pf_multi_ok && sm_ok && greedy_ok && q.inconsistent_caches == 0 && has_tbt {
         let ps = run.timed("positions", positions::run)?;
         let mc = run.timed("maskconv", maskconv::run)?;
-        quiet_fault = position_fault(&ps) || mask_variant_fault(&mc).is_some();
+        quiet_fault =
+            position_fault(&ps) || mask_variant_fault(&mc).is_some() || scale_fault(&ps).is_some();
         p.positions = Some(ps);
         p.maskconv = Some(mc);
         if quiet_fault {
@@ -373,7 +392,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         });
     }
     if !pf_single_ok {
-        if !pf_rel_fail {
+        if !pf_rel_fail && !pf_scale_hit {
             ev.push(format!(
                 "prefill graph: single-chunk prefixes (no cache read) fall below {STAGE_MEAN_COSINE} mean / {STAGE_MIN_COSINE} min cosine"
             ));
@@ -382,12 +401,14 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             verdict: Verdict::PrefillGraph,
             confidence: if single.0 < STAGE_MEAN_COSINE - 0.05 {
                 0.9
+            } else if pf_scale_hit {
+                0.85
             } else {
                 0.7
             },
             stage: 0,
         });
-        if sm_ok {
+        if sm_ok && !pf_scale_hit {
             // A prefill-only mask convention (e.g. F4's repeat in the prefill graph alone) breaks
             // the same rows; maskconv varies only the tbt step's mask, so it cannot tell them
             // apart (docs/diagnosis.md, known limits).
@@ -537,6 +558,27 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             stage: 2,
         });
     }
+    // s. attention scale: one scale multiplier reproduces the first tbt step better than any
+    // position shift; a mask variant that does better still keeps the headline (rule d).
+    let best_mask_cosine = mask_variant_fault(&mc).map_or(0.0, |v| v.comparison.cosine);
+    let mut scale = scale_fault(&ps).map(|f| {
+        ev.push(format!(
+            "→ tbt-graph (attention scale): the first tbt step at the server's position matches the reference with its attention scale ×{:.3} ({:.5} vs {:.5} at ×1), better than any position shift ({:.5})",
+            f.best_scale, f.best_cosine, f.unit_cosine, ps.best_cosine
+        ));
+        (
+            Cause {
+                verdict: Verdict::TbtGraph,
+                confidence: 0.85,
+                stage: 2,
+            },
+            f.best_cosine > best_mask_cosine,
+        )
+    });
+    if let Some((c, true)) = &scale {
+        causes.push(c.clone());
+        scale = None;
+    }
     // b. positions
     if position_fault(&ps) {
         ev.push(format!(
@@ -614,6 +656,10 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
                 stage: 2,
             });
         }
+    }
+    // a mask variant that reproduces better than the scale fit keeps the headline
+    if let Some((c, _)) = scale {
+        causes.push(c);
     }
     // f. the reader
     if causes.is_empty() {
@@ -766,11 +812,36 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     Ok(d)
 }
 
-/// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position.
+/// The attention-scale fit of the whole prompt's prefill (device output from the first-step
+/// prefill every cache probe shares).
+fn prefill_scale(s: &mut Session) -> Result<kvprobe_schema::ScaleFit> {
+    let first = s.first_step()?;
+    let prompt = s.prompt_ref()?;
+    let n = s.ids.len();
+    scalefit::prefill(s.model, &s.ids, &first.device_prefill, prompt.row(n - 1))
+}
+
+/// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position
+/// (by the lead, or by shrinking the miss `FIT_RATIO`-fold), and better than any attention scale.
 fn position_fault(ps: &kvprobe_schema::PositionsFinding) -> bool {
     ps.best_delta != 0
         && ps.best_cosine >= POSITION_REPRODUCES
-        && ps.best_cosine >= ps.baseline_cosine + POSITION_MARGIN
+        && (ps.best_cosine >= ps.baseline_cosine + POSITION_MARGIN
+            || fit_repairs(ps.baseline_cosine, ps.best_cosine))
+        && scale_fault(ps).is_none_or(|f| f.best_cosine < ps.best_cosine)
+}
+
+/// A fitted variant shrinks the server path's miss (1 − cosine) `FIT_RATIO`-fold and gains at
+/// least `FIT_MIN_GAIN`: both are needed, the ratio against noise, the gain against rounding.
+fn fit_repairs(base: f64, fitted: f64) -> bool {
+    fitted - base >= FIT_MIN_GAIN && 1.0 - base >= FIT_RATIO * (1.0 - fitted)
+}
+
+/// Another attention scale reproduces the server-position first tbt step (positions' scale fit).
+fn scale_fault(ps: &kvprobe_schema::PositionsFinding) -> Option<&kvprobe_schema::ScaleFit> {
+    ps.scale.as_ref().filter(|f| {
+        f.best_cosine >= POSITION_REPRODUCES && fit_repairs(f.unit_cosine, f.best_cosine)
+    })
 }
 
 /// The best non-server mask convention that reproduces the reference (maskconv marks a variant

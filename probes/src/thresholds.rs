@@ -59,3 +59,10 @@ pub const COLMAP_CLEAN_MARGIN: f64 = 0.15;
 pub const COLMAP_EMPTY_SPREAD: f64 = 1e-4;
 /// Diagonal strength of a healthy column map.
 pub const COLMAP_DIAGONAL: f64 = 0.6;
+/// A fitted variant (attention scale, position shift) explains the device output when it
+/// shrinks the server path's miss (1 − cosine) this many times and gains at least
+/// `FIT_MIN_GAIN`. Healthy SmolLM2 first tbt steps: the best scale in ×0.94-1.10 shrinks the
+/// miss at most 2.4-fold (gain ≤ 1e-3, INT8 cache noise leans on the scale); tbt-attn-scale
+/// ×0.65-2 shrinks it 20-60-fold; position faults ±1..4 8-35-fold.
+pub const FIT_RATIO: f64 = 5.0;
+pub const FIT_MIN_GAIN: f64 = 5e-4;

@@ -249,6 +249,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
     };
     ProbeFindings {
         prefill: Some(PrefillFinding {
+            scale: None,
             rows: (0..n)
                 .step_by(8)
                 .map(|p| PrefillRow {
@@ -363,6 +364,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             best: (!faulty).then(|| "ring".to_string()),
         }),
         positions: Some(PositionsFinding {
+            scale: None,
             points: (-4..=4)
                 .map(|d: i64| PositionPoint {
                     delta: d,

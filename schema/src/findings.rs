@@ -89,6 +89,10 @@ pub struct PrefillFinding {
     pub min_cosine: f64,
     pub mean_cosine: f64,
     pub top1_agreement: f64,
+    /// The whole prompt's prefill against references with other attention scales (`diagnose`
+    /// runs it when the prefill rows pass: a near-1 scale hides inside their tolerance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleFit>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -278,6 +282,21 @@ pub struct PositionsFinding {
     pub best_delta: i64,
     pub best_cosine: f64,
     pub baseline_cosine: f64,
+    /// The same first tbt step (server position) against references computed with other
+    /// attention scales: a position shift and a wrong scale can mimic each other, the fit tells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleFit>,
+}
+
+/// Which attention-scale multiplier of the reference best explains a device output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScaleFit {
+    /// (scale multiplier, cosine of the device output to the reference at that scale).
+    pub points: Vec<(f64, f64)>,
+    pub best_scale: f64,
+    pub best_cosine: f64,
+    /// Cosine at the model's own scale (multiplier 1).
+    pub unit_cosine: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
