@@ -665,10 +665,23 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     if causes.is_empty() {
         match inj.blame.as_str() {
             "binding" => {
-                ev.push(format!(
-                    "→ kv-binding: golden rings fail ({:.4}) but the same rings swapped K↔V reproduce the reference ({:.4})",
-                    inj.golden.cosine, inj.golden_swapped.cosine
-                ));
+                let partial = inj
+                    .partial_swap
+                    .as_ref()
+                    .filter(|p| p.comparison.cosine > inj.golden_swapped.cosine);
+                ev.push(match partial {
+                    Some(p) => format!(
+                        "→ kv-binding: golden rings fail ({:.4}), swapped K↔V on every layer too ({:.4}), but swapped on layers {} only they reproduce the reference ({:.4}): the K and V rings of those layers are bound crosswise",
+                        inj.golden.cosine,
+                        inj.golden_swapped.cosine,
+                        p.layers.iter().map(usize::to_string).collect::<Vec<_>>().join(", "),
+                        p.comparison.cosine
+                    ),
+                    None => format!(
+                        "→ kv-binding: golden rings fail ({:.4}) but the same rings swapped K↔V reproduce the reference ({:.4})",
+                        inj.golden.cosine, inj.golden_swapped.cosine
+                    ),
+                });
                 causes.push(Cause {
                     verdict: Verdict::KvBinding,
                     confidence: 0.9,

@@ -423,6 +423,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             golden: cmp(if faulty { 0.46 } else { 0.98 }, 77, !faulty),
             golden_swapped: cmp(0.2, 77, false),
             blame: if faulty { "reader" } else { "none" }.into(),
+            partial_swap: None,
         }),
         stale: None,
         causality: None,

@@ -342,6 +342,17 @@ pub struct InjectFinding {
     /// "writer" (golden matches, device rings do not), "reader", "binding" (swapped matches),
     /// "none" (everything matches).
     pub blame: String,
+    /// When neither golden variant reproduces: golden rings with K↔V swapped on only the layers
+    /// whose single-layer swap helps (a binding crossed on some layers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_swap: Option<PartialSwap>,
+}
+
+/// Golden rings swapped K↔V on some layers only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartialSwap {
+    pub layers: Vec<usize>,
+    pub comparison: LogitComparison,
 }
 
 /// Where in the pipeline a fault sits (issue 10): what the stale, causality and splits probes can
