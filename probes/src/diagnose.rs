@@ -370,26 +370,61 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         return Ok(conclude(causes, ev, warnings, p, run.timings));
     }
     if pf_single_ok && !pf_multi_ok && sm_ok && greedy_ok {
-        // The tbt steps read the same rings fine, so the cache holds the right data, and
-        // single-chunk rows show the in-chunk attention is right: what a multi-chunk row adds is
-        // the cached columns and their mask. The catalogue's cause is the prefill graph applying
-        // the mask to cached columns in another convention; a graph bug confined to cached keys
-        // looks the same to these probes, hence `also`.
-        ev.push(format!(
-            "prefill graph: multi-chunk prefixes fail (mean {:.4}, top-1 {}) while single-chunk rows pass and tbt steps read the same rings correctly: the prefill graph mishandles the cached columns (their mask)",
-            multi.0,
-            pct(multi.3)
-        ));
-        causes.push(Cause {
-            verdict: Verdict::MaskConvention,
-            confidence: 0.7,
-            stage: 0,
-        });
-        causes.push(Cause {
-            verdict: Verdict::PrefillGraph,
-            confidence: 0.7,
-            stage: 0,
-        });
+        // The multi-chunk rows read what earlier chunks wrote: byte-level writer evidence
+        // (zeroed tails, a constant slot shift) explains them before any mask does.
+        let ly = run.timed("layout", layout::run)?;
+        let zt = run.timed("ztap", ztap::run)?;
+        let cut = affected::truncated(&zt.caches);
+        let tm = mean(ly.caches.iter().map(|c| c.token_major_score));
+        let shifted = ly.writer_layout == Layout::TokenMajor
+            && ly.writer_shift != 0
+            && ly.writer_score >= LAYOUT_CLEAN
+            && ly.writer_score >= tm + LAYOUT_MARGIN;
+        if !cut.is_empty() {
+            ev.push(format!(
+                "→ cache-truncation: multi-chunk prefixes fail (mean {:.4}) and the same tail columns are zero in every written entry of {}",
+                multi.0,
+                affected::describe(&cut, zt.caches.len())
+            ));
+            causes.push(Cause {
+                verdict: Verdict::CacheTruncation,
+                confidence: 0.85,
+                stage: 0,
+            });
+        } else if shifted {
+            ev.push(format!(
+                "→ cache-offset: multi-chunk prefixes fail (mean {:.4}) and the prompt's tokens sit at slot shift {:+} (correlation {:.3} vs {:.3} at the predicted slots)",
+                multi.0, ly.writer_shift, ly.writer_score, tm
+            ));
+            causes.push(Cause {
+                verdict: Verdict::CacheOffset,
+                confidence: 0.85,
+                stage: 0,
+            });
+        } else {
+            // The tbt steps read the same rings fine, so the cache holds the right data, and
+            // single-chunk rows show the in-chunk attention is right: what a multi-chunk row adds is
+            // the cached columns and their mask. The catalogue's cause is the prefill graph applying
+            // the mask to cached columns in another convention; a graph bug confined to cached keys
+            // looks the same to these probes, hence `also`.
+            ev.push(format!(
+                "prefill graph: multi-chunk prefixes fail (mean {:.4}, top-1 {}) while single-chunk rows pass and tbt steps read the same rings correctly: the prefill graph mishandles the cached columns (their mask)",
+                multi.0,
+                pct(multi.3)
+            ));
+            causes.push(Cause {
+                verdict: Verdict::MaskConvention,
+                confidence: 0.7,
+                stage: 0,
+            });
+            causes.push(Cause {
+                verdict: Verdict::PrefillGraph,
+                confidence: 0.7,
+                stage: 0,
+            });
+        }
+        p.layout = Some(ly);
+        p.ztap = Some(zt);
     }
     if !pf_single_ok {
         if !pf_rel_fail && !pf_scale_hit {
@@ -425,6 +460,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     // With RoPE a self-only step's attention to itself is position-invariant, so only a model
     // with learned positions can fail self-only through its positional input.
     let learned_positions = run.s.model.rope_inv_freq().is_none();
+    let mut position_unchecked = false;
     let sm_position = if !sm_ok && pf_single_ok && has_tbt && learned_positions {
         let ps = run.timed("positions", positions::run)?;
         let hit = position_fault(&ps);
@@ -438,6 +474,16 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
                 confidence: 0.85,
                 stage: 1,
             });
+        }
+        // a wiring +k off needs the shift −k, a negative position while pos < k: learned
+        // positions have no such row, so the sweep cannot rule the position out
+        let cut = ps.points.iter().map(|x| x.delta).min().unwrap_or(0) > *positions::DELTAS.start();
+        if !hit && cut {
+            ev.push(format!(
+                "positions: the first tbt step sits at position {}, so shifts below −{0} (a wiring that many positions ahead) cannot be sent; a position fault is not ruled out",
+                g.prompt_len
+            ));
+            position_unchecked = true;
         }
         p.positions = Some(ps);
         hit
@@ -458,6 +504,13 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             },
             stage: 1,
         });
+        if position_unchecked {
+            causes.push(Cause {
+                verdict: Verdict::PositionMismatch,
+                confidence: 0.5,
+                stage: 1,
+            });
+        }
     }
     if !causes.is_empty() {
         // A broken graph explains the bad generation; the cache-path probes would compare
@@ -733,6 +786,27 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     // placement, layout or truncation shows, and single-chunk prefill rows pass while
     // multi-chunk ones fail: later chunks computed their K/V with a wrong attention over the
     // cached columns, the prefill graph's mask convention for them (see the control rule).
+    // f'0. the same with the prompt's tokens mostly at one slot shift (an offset applied after
+    // the first chunk leaves later chunks' entries mixed, below the clean correlation)
+    if causes.is_empty()
+        && pf_single_ok
+        && !pf_multi_ok
+        && inj.blame == "writer"
+        && ly.writer_layout == Layout::TokenMajor
+        && ly.writer_shift != 0
+        && ly.writer_score >= PARTIAL_SHIFT_SCORE
+        && ly.writer_score >= tm_score + PARTIAL_SHIFT_LEAD
+    {
+        ev.push(format!(
+            "→ cache-offset: golden rings repair the tbt step ({:.4} vs {:.4}) and the prompt's tokens sit mostly at slot shift {:+} (correlation {:.3} vs {:.3} at the predicted slots)",
+            inj.golden.cosine, inj.device_rings.cosine, ly.writer_shift, ly.writer_score, tm_score
+        ));
+        causes.push(Cause {
+            verdict: Verdict::CacheOffset,
+            confidence: 0.75,
+            stage: 2,
+        });
+    }
     if causes.is_empty() && pf_single_ok && !pf_multi_ok && inj.blame == "writer" {
         ev.push(format!(
             "→ mask-convention (prefill graph): single-chunk prefill rows pass, multi-chunk ones fail (mean {:.4}) and golden rings repair the tbt step ({:.4} vs {:.4}): later chunks attended to the cached columns wrongly, so their K/V are wrong",
@@ -844,12 +918,6 @@ fn position_fault(ps: &kvprobe_schema::PositionsFinding) -> bool {
         && scale_fault(ps).is_none_or(|f| f.best_cosine < ps.best_cosine)
 }
 
-/// A fitted variant shrinks the server path's miss (1 − cosine) `FIT_RATIO`-fold and gains at
-/// least `FIT_MIN_GAIN`: both are needed, the ratio against noise, the gain against rounding.
-fn fit_repairs(base: f64, fitted: f64) -> bool {
-    fitted - base >= FIT_MIN_GAIN && 1.0 - base >= FIT_RATIO * (1.0 - fitted)
-}
-
 /// Another attention scale reproduces the server-position first tbt step (positions' scale fit).
 fn scale_fault(ps: &kvprobe_schema::PositionsFinding) -> Option<&kvprobe_schema::ScaleFit> {
     ps.scale.as_ref().filter(|f| {
@@ -862,9 +930,21 @@ fn scale_fault(ps: &kvprobe_schema::PositionsFinding) -> Option<&kvprobe_schema:
 fn mask_variant_fault(
     mc: &kvprobe_schema::MaskconvFinding,
 ) -> Option<&kvprobe_schema::MaskVariant> {
+    let ring = mc
+        .variants
+        .iter()
+        .find(|v| v.name == "ring")
+        .map_or(0.0, |v| v.comparison.cosine);
+    // or, near the healthy level, a variant that shrinks the ring mask's miss FIT_RATIO-fold
+    // (a wrapped full window differs from the ring mask in a single column)
     mc.variants
         .iter()
-        .filter(|v| v.reproduces && v.name != "ring" && v.name != "per-head")
+        .filter(|v| {
+            v.reproduces
+                || (v.comparison.cosine >= POSITION_REPRODUCES
+                    && fit_repairs(ring, v.comparison.cosine))
+        })
+        .filter(|v| v.name != "ring" && v.name != "per-head")
         .max_by(|a, b| a.comparison.cosine.total_cmp(&b.comparison.cosine))
 }
 
