@@ -160,8 +160,16 @@ fn near_limit_variants_on_the_llama_fixture() {
     // attention scales this close to 1 stay inside every control's tolerance on the flat-logit
     // fixture; the scale fit must find the injected multiplier
     for (fault, want, fit) in [
-        ("tbt-attn-scale=1.15", "tbt-graph", "/probes/positions/scale/best_scale"),
-        ("prefill-attn-scale=0.85", "prefill-graph", "/probes/prefill/scale/best_scale"),
+        (
+            "tbt-attn-scale=1.15",
+            "tbt-graph",
+            "/probes/positions/scale/best_scale",
+        ),
+        (
+            "prefill-attn-scale=0.85",
+            "prefill-graph",
+            "/probes/prefill/scale/best_scale",
+        ),
     ] {
         let v = run(fault, &geo);
         let value: f64 = fault.split('=').nth(1).unwrap().parse().unwrap();

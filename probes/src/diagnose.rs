@@ -770,8 +770,8 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
                         confidence: 0.65,
                         stage: 2,
                     });
-                    // inject swaps K↔V on every layer at once: a binding swapped on some layers
-                    // only fails both golden variants the same way (docs/diagnosis.md)
+                    // a crossed layer whose single swap moves the step by less than inject's
+                    // per-layer screen escapes it (docs/diagnosis.md)
                     causes.push(Cause {
                         verdict: Verdict::KvBinding,
                         confidence: 0.5,
@@ -865,8 +865,8 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             confidence: 0.6,
             stage: 2,
         });
-        // a binding swapped on some layers only leaves the same clean column map and fails
-        // both golden variants (inject swaps every layer at once)
+        // a binding crossed on a layer too weak for inject's per-layer screen leaves the same
+        // clean column map
         causes.push(Cause {
             verdict: Verdict::KvBinding,
             confidence: 0.5,
