@@ -4,6 +4,7 @@
 # case the median wall time and peak RSS over $RUNS runs, and the per-probe timings of the median
 # run. Goal: <= 15 s wall and <= 2.5x the f32 weights (~540 MB -> 1350 MB) peak RSS.
 # Usage: scripts/bench-diagnose-median.sh [RUNS] [FAULT...]   (FAULT "" = healthy)
+#        KVPROBE_BIN=path times that binary instead of building target/release/kvprobe
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -16,8 +17,11 @@ if [[ $# -gt 0 ]]; then FAULTS=("$@"); else FAULTS=("" "tbt-read-layout=feature-
 
 scripts/ensure-gnu-time.sh bench-diagnose
 scripts/fetch-model.sh >/dev/null
-cargo build --release -q -p kvprobe
-BIN=target/release/kvprobe
+# KVPROBE_BIN: time an already built binary (e.g. while a sweep uses target/release)
+if [[ -n "${KVPROBE_BIN:-}" ]]; then BIN="$KVPROBE_BIN"; else
+    cargo build --release -q -p kvprobe
+    BIN=target/release/kvprobe
+fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 echo "machine: $(nproc) cpus, load average $(cut -d' ' -f1-3 /proc/loadavg)"

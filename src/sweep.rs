@@ -506,13 +506,18 @@ pub struct Outcome {
 
 /// Fault variants the probes cannot tell from another cause (docs/diagnosis.md, known limits):
 /// for these the verdict must list the expected cause in `also`.
-pub fn known_limit(fault: &str) -> Option<&'static str> {
+pub fn known_limit(fault: &str, prompt_len: usize) -> Option<&'static str> {
     let (body, scope) = fault.split_once('@').unwrap_or((fault, ""));
+    if let Some(k) = body
+        .strip_prefix("tbt-position=+")
+        .and_then(|k| k.parse::<usize>().ok())
+    {
+        if prompt_len < k {
+            return Some("the repairing shift −k would send a negative position at the first tbt step (pos = prompt length < k)");
+        }
+    }
     if body.starts_with("mask=repeat") && scope == "prefill" {
         return Some("a prefill-only mask convention breaks the same rows as a prefill graph fault; maskconv varies only the tbt step");
-    }
-    if body == "kv-swap" && scope.contains("layer=") {
-        return Some("inject swaps K and V on every layer at once; a binding swapped on some layers fails both golden variants");
     }
     None
 }
@@ -525,7 +530,12 @@ impl Outcome {
     pub fn explained(&self) -> bool {
         !self.right()
             && self.also.iter().any(|a| a == self.case.expect)
-            && self.case.fault.as_deref().and_then(known_limit).is_some()
+            && self
+                .case
+                .fault
+                .as_deref()
+                .and_then(|f| known_limit(f, self.case.ids.len()))
+                .is_some()
     }
     pub fn refused(&self) -> bool {
         self.verdict == "refused"

@@ -17,7 +17,8 @@ use crate::prefill::PrefillOptions;
 use crate::session::{Geometry, Session};
 use crate::thresholds::*;
 use crate::{
-    colmap, greedy, inject, layout, maskconv, positions, prefill, quant, selfmask, ztap, Result,
+    colmap, greedy, inject, layout, maskconv, positions, prefill, quant, scalefit, selfmask, ztap,
+    Result,
 };
 
 #[derive(Debug, Clone)]
@@ -167,9 +168,9 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             pf.rerun_cosine
         ));
     }
+
     p.quant = Some(q.clone());
     p.prefill = Some(pf.clone());
-
     let sm = if has_tbt {
         Some(run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?)
     } else {
@@ -210,6 +211,23 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             sm_noise.unwrap_or(0.0)
         ));
         pf_single_ok = false;
+    }
+    // The whole prompt's prefill against other attention scales: a prefill graph whose scale
+    // is near 1 stays inside the row tolerances, yet one scale ≠ 1 explains its output.
+    let mut pf_scale_hit = false;
+    if pf_single_ok {
+        let fit = run.timed("scalefit", prefill_scale)?;
+        if fit.best_cosine >= POSITION_REPRODUCES && fit_repairs(fit.unit_cosine, fit.best_cosine) {
+            ev.push(format!(
+                "prefill graph: the prompt's prefill matches the reference with its attention scale ×{:.3} ({:.5} vs {:.5} at ×1)",
+                fit.best_scale, fit.best_cosine, fit.unit_cosine
+            ));
+            pf_single_ok = false;
+            pf_scale_hit = true;
+        }
+        if let Some(f) = &mut p.prefill {
+            f.scale = Some(fit);
+        }
     }
     let cache_noise = [
         sm_noise,
@@ -254,7 +272,8 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     if pf_single_ok && pf_multi_ok && sm_ok && greedy_ok && q.inconsistent_caches == 0 && has_tbt {
         let ps = run.timed("positions", positions::run)?;
         let mc = run.timed("maskconv", maskconv::run)?;
-        quiet_fault = position_fault(&ps) || mask_variant_fault(&mc).is_some();
+        quiet_fault =
+            position_fault(&ps) || mask_variant_fault(&mc).is_some() || scale_fault(&ps).is_some();
         p.positions = Some(ps);
         p.maskconv = Some(mc);
         if quiet_fault {
@@ -362,26 +381,61 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         return Ok(conclude(causes, ev, warnings, p, run.timings));
     }
     if pf_single_ok && !pf_multi_ok && sm_ok && greedy_ok {
-        // The tbt steps read the same rings fine, so the cache holds the right data, and
-        // single-chunk rows show the in-chunk attention is right: what a multi-chunk row adds is
-        // the cached columns and their mask. The catalogue's cause is the prefill graph applying
-        // the mask to cached columns in another convention; a graph bug confined to cached keys
-        // looks the same to these probes, hence `also`.
-        ev.push(format!(
-            "prefill graph: multi-chunk prefixes fail (mean {:.4}, top-1 {}) while single-chunk rows pass and tbt steps read the same rings correctly: the prefill graph mishandles the cached columns (their mask)",
-            multi.0,
-            pct(multi.3)
-        ));
-        causes.push(Cause {
-            verdict: Verdict::MaskConvention,
-            confidence: 0.7,
-            stage: 0,
-        });
-        causes.push(Cause {
-            verdict: Verdict::PrefillGraph,
-            confidence: 0.7,
-            stage: 0,
-        });
+        // The multi-chunk rows read what earlier chunks wrote: byte-level writer evidence
+        // (zeroed tails, a constant slot shift) explains them before any mask does.
+        let ly = run.timed("layout", layout::run)?;
+        let zt = run.timed("ztap", ztap::run)?;
+        let cut = affected::truncated(&zt.caches);
+        let tm = mean(ly.caches.iter().map(|c| c.token_major_score));
+        let shifted = ly.writer_layout == Layout::TokenMajor
+            && ly.writer_shift != 0
+            && ly.writer_score >= LAYOUT_CLEAN
+            && ly.writer_score >= tm + LAYOUT_MARGIN;
+        if !cut.is_empty() {
+            ev.push(format!(
+                "→ cache-truncation: multi-chunk prefixes fail (mean {:.4}) and the same tail columns are zero in every written entry of {}",
+                multi.0,
+                affected::describe(&cut, zt.caches.len())
+            ));
+            causes.push(Cause {
+                verdict: Verdict::CacheTruncation,
+                confidence: 0.85,
+                stage: 0,
+            });
+        } else if shifted {
+            ev.push(format!(
+                "→ cache-offset: multi-chunk prefixes fail (mean {:.4}) and the prompt's tokens sit at slot shift {:+} (correlation {:.3} vs {:.3} at the predicted slots)",
+                multi.0, ly.writer_shift, ly.writer_score, tm
+            ));
+            causes.push(Cause {
+                verdict: Verdict::CacheOffset,
+                confidence: 0.85,
+                stage: 0,
+            });
+        } else {
+            // The tbt steps read the same rings fine, so the cache holds the right data, and
+            // single-chunk rows show the in-chunk attention is right: what a multi-chunk row adds is
+            // the cached columns and their mask. The catalogue's cause is the prefill graph applying
+            // the mask to cached columns in another convention; a graph bug confined to cached keys
+            // looks the same to these probes, hence `also`.
+            ev.push(format!(
+                "prefill graph: multi-chunk prefixes fail (mean {:.4}, top-1 {}) while single-chunk rows pass and tbt steps read the same rings correctly: the prefill graph mishandles the cached columns (their mask)",
+                multi.0,
+                pct(multi.3)
+            ));
+            causes.push(Cause {
+                verdict: Verdict::MaskConvention,
+                confidence: 0.7,
+                stage: 0,
+            });
+            causes.push(Cause {
+                verdict: Verdict::PrefillGraph,
+                confidence: 0.7,
+                stage: 0,
+            });
+        }
+        p.layout = Some(ly);
+        p.ztap = Some(zt);
     }
     if !pf_single_ok && has_tbt && run.s.driver.rope_theta().is_some() {
         // A graph compiled for the other RoPE sign convention than the table it ships fails
@@ -413,7 +467,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         }
     }
     if !pf_single_ok {
-        if !pf_rel_fail {
+        if !pf_rel_fail && !pf_scale_hit {
             ev.push(format!(
                 "prefill graph: single-chunk prefixes (no cache read) fall below {STAGE_MEAN_COSINE} mean / {STAGE_MIN_COSINE} min cosine"
             ));
@@ -422,12 +476,14 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             verdict: Verdict::PrefillGraph,
             confidence: if single.0 < STAGE_MEAN_COSINE - 0.05 {
                 0.9
+            } else if pf_scale_hit {
+                0.85
             } else {
                 0.7
             },
             stage: 0,
         });
-        if sm_ok {
+        if sm_ok && !pf_scale_hit {
             // A prefill-only mask convention (e.g. F4's repeat in the prefill graph alone) breaks
             // the same rows; maskconv varies only the tbt step's mask, so it cannot tell them
             // apart (docs/diagnosis.md, known limits).
@@ -444,6 +500,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     // With RoPE a self-only step's attention to itself is position-invariant, so only a model
     // with learned positions can fail self-only through its positional input.
     let learned_positions = run.s.model.rope_inv_freq().is_none();
+    let mut position_unchecked = false;
     let sm_position = if !sm_ok && pf_single_ok && has_tbt && learned_positions {
         let ps = run.timed("positions", positions::run)?;
         let hit = position_fault(&ps);
@@ -457,6 +514,16 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
                 confidence: 0.85,
                 stage: 1,
             });
+        }
+        // a wiring +k off needs the shift −k, a negative position while pos < k: learned
+        // positions have no such row, so the sweep cannot rule the position out
+        let cut = ps.points.iter().map(|x| x.delta).min().unwrap_or(0) > *positions::DELTAS.start();
+        if !hit && cut {
+            ev.push(format!(
+                "positions: the first tbt step sits at position {}, so shifts below −{0} (a wiring that many positions ahead) cannot be sent; a position fault is not ruled out",
+                g.prompt_len
+            ));
+            position_unchecked = true;
         }
         p.positions = Some(ps);
         hit
@@ -477,6 +544,13 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             },
             stage: 1,
         });
+        if position_unchecked {
+            causes.push(Cause {
+                verdict: Verdict::PositionMismatch,
+                confidence: 0.5,
+                stage: 1,
+            });
+        }
     }
     if !causes.is_empty() {
         // A broken graph explains the bad generation; the cache-path probes would compare
@@ -577,6 +651,27 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             stage: 2,
         });
     }
+    // s. attention scale: one scale multiplier reproduces the first tbt step better than any
+    // position shift; a mask variant that does better still keeps the headline (rule d).
+    let best_mask_cosine = mask_variant_fault(&mc).map_or(0.0, |v| v.comparison.cosine);
+    let mut scale = scale_fault(&ps).map(|f| {
+        ev.push(format!(
+            "→ tbt-graph (attention scale): the first tbt step at the server's position matches the reference with its attention scale ×{:.3} ({:.5} vs {:.5} at ×1), better than any position shift ({:.5})",
+            f.best_scale, f.best_cosine, f.unit_cosine, ps.best_cosine
+        ));
+        (
+            Cause {
+                verdict: Verdict::TbtGraph,
+                confidence: 0.85,
+                stage: 2,
+            },
+            f.best_cosine > best_mask_cosine,
+        )
+    });
+    if let Some((c, true)) = &scale {
+        causes.push(c.clone());
+        scale = None;
+    }
     // b. positions
     if position_fault(&ps) {
         ev.push(format!(
@@ -655,14 +750,31 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             });
         }
     }
+    // a mask variant that reproduces better than the scale fit keeps the headline
+    if let Some((c, _)) = scale {
+        causes.push(c);
+    }
     // f. the reader
     if causes.is_empty() {
         match inj.blame.as_str() {
             "binding" => {
-                ev.push(format!(
-                    "→ kv-binding: golden rings fail ({:.4}) but the same rings swapped K↔V reproduce the reference ({:.4})",
-                    inj.golden.cosine, inj.golden_swapped.cosine
-                ));
+                let partial = inj
+                    .partial_swap
+                    .as_ref()
+                    .filter(|p| p.comparison.cosine > inj.golden_swapped.cosine);
+                ev.push(match partial {
+                    Some(p) => format!(
+                        "→ kv-binding: golden rings fail ({:.4}), swapped K↔V on every layer too ({:.4}), but swapped on layers {} only they reproduce the reference ({:.4}): the K and V rings of those layers are bound crosswise",
+                        inj.golden.cosine,
+                        inj.golden_swapped.cosine,
+                        p.layers.iter().map(usize::to_string).collect::<Vec<_>>().join(", "),
+                        p.comparison.cosine
+                    ),
+                    None => format!(
+                        "→ kv-binding: golden rings fail ({:.4}) but the same rings swapped K↔V reproduce the reference ({:.4})",
+                        inj.golden.cosine, inj.golden_swapped.cosine
+                    ),
+                });
                 causes.push(Cause {
                     verdict: Verdict::KvBinding,
                     confidence: 0.9,
@@ -698,8 +810,8 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
                         confidence: 0.65,
                         stage: 2,
                     });
-                    // inject swaps K↔V on every layer at once: a binding swapped on some layers
-                    // only fails both golden variants the same way (docs/diagnosis.md)
+                    // a crossed layer whose single swap moves the step by less than inject's
+                    // per-layer screen escapes it (docs/diagnosis.md)
                     causes.push(Cause {
                         verdict: Verdict::KvBinding,
                         confidence: 0.5,
@@ -714,6 +826,27 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     // placement, layout or truncation shows, and single-chunk prefill rows pass while
     // multi-chunk ones fail: later chunks computed their K/V with a wrong attention over the
     // cached columns, the prefill graph's mask convention for them (see the control rule).
+    // f'0. the same with the prompt's tokens mostly at one slot shift (an offset applied after
+    // the first chunk leaves later chunks' entries mixed, below the clean correlation)
+    if causes.is_empty()
+        && pf_single_ok
+        && !pf_multi_ok
+        && inj.blame == "writer"
+        && ly.writer_layout == Layout::TokenMajor
+        && ly.writer_shift != 0
+        && ly.writer_score >= PARTIAL_SHIFT_SCORE
+        && ly.writer_score >= tm_score + PARTIAL_SHIFT_LEAD
+    {
+        ev.push(format!(
+            "→ cache-offset: golden rings repair the tbt step ({:.4} vs {:.4}) and the prompt's tokens sit mostly at slot shift {:+} (correlation {:.3} vs {:.3} at the predicted slots)",
+            inj.golden.cosine, inj.device_rings.cosine, ly.writer_shift, ly.writer_score, tm_score
+        ));
+        causes.push(Cause {
+            verdict: Verdict::CacheOffset,
+            confidence: 0.75,
+            stage: 2,
+        });
+    }
     if causes.is_empty() && pf_single_ok && !pf_multi_ok && inj.blame == "writer" {
         ev.push(format!(
             "→ mask-convention (prefill graph): single-chunk prefill rows pass, multi-chunk ones fail (mean {:.4}) and golden rings repair the tbt step ({:.4} vs {:.4}): later chunks attended to the cached columns wrongly, so their K/V are wrong",
@@ -772,8 +905,8 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             confidence: 0.6,
             stage: 2,
         });
-        // a binding swapped on some layers only leaves the same clean column map and fails
-        // both golden variants (inject swaps every layer at once)
+        // a binding crossed on a layer too weak for inject's per-layer screen leaves the same
+        // clean column map
         causes.push(Cause {
             verdict: Verdict::KvBinding,
             confidence: 0.5,
@@ -813,11 +946,30 @@ fn theta_fault(t: &kvprobe_schema::ThetaCheck) -> bool {
         && miss(t.declared_cosine) >= THETA_REPAIR_RATIO * miss(t.other_cosine)
 }
 
-/// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position.
+/// The attention-scale fit of the whole prompt's prefill (device output from the first-step
+/// prefill every cache probe shares).
+fn prefill_scale(s: &mut Session) -> Result<kvprobe_schema::ScaleFit> {
+    let first = s.first_step()?;
+    let prompt = s.prompt_ref()?;
+    let n = s.ids.len();
+    scalefit::prefill(s.model, &s.ids, &first.device_prefill, prompt.row(n - 1))
+}
+
+/// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position
+/// (by the lead, or by shrinking the miss `FIT_RATIO`-fold), and better than any attention scale.
 fn position_fault(ps: &kvprobe_schema::PositionsFinding) -> bool {
     ps.best_delta != 0
         && ps.best_cosine >= POSITION_REPRODUCES
-        && ps.best_cosine >= ps.baseline_cosine + POSITION_MARGIN
+        && (ps.best_cosine >= ps.baseline_cosine + POSITION_MARGIN
+            || fit_repairs(ps.baseline_cosine, ps.best_cosine))
+        && scale_fault(ps).is_none_or(|f| f.best_cosine < ps.best_cosine)
+}
+
+/// Another attention scale reproduces the server-position first tbt step (positions' scale fit).
+fn scale_fault(ps: &kvprobe_schema::PositionsFinding) -> Option<&kvprobe_schema::ScaleFit> {
+    ps.scale.as_ref().filter(|f| {
+        f.best_cosine >= POSITION_REPRODUCES && fit_repairs(f.unit_cosine, f.best_cosine)
+    })
 }
 
 /// The best non-server mask convention that reproduces the reference (maskconv marks a variant
@@ -825,9 +977,21 @@ fn position_fault(ps: &kvprobe_schema::PositionsFinding) -> bool {
 fn mask_variant_fault(
     mc: &kvprobe_schema::MaskconvFinding,
 ) -> Option<&kvprobe_schema::MaskVariant> {
+    let ring = mc
+        .variants
+        .iter()
+        .find(|v| v.name == "ring")
+        .map_or(0.0, |v| v.comparison.cosine);
+    // or, near the healthy level, a variant that shrinks the ring mask's miss FIT_RATIO-fold
+    // (a wrapped full window differs from the ring mask in a single column)
     mc.variants
         .iter()
-        .filter(|v| v.reproduces && v.name != "ring" && v.name != "per-head")
+        .filter(|v| {
+            v.reproduces
+                || (v.comparison.cosine >= POSITION_REPRODUCES
+                    && fit_repairs(ring, v.comparison.cosine))
+        })
+        .filter(|v| v.name != "ring" && v.name != "per-head")
         .max_by(|a, b| a.comparison.cosine.total_cmp(&b.comparison.cosine))
 }
 

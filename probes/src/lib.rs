@@ -22,6 +22,7 @@ pub mod prefill;
 pub mod progress;
 pub mod quant;
 pub mod rings;
+pub mod scalefit;
 pub mod selfmask;
 pub mod session;
 pub mod splits;

@@ -150,12 +150,30 @@ pub fn run(s: &mut Session) -> Result<PositionsFinding> {
                 .then(b.delta.abs().cmp(&a.delta.abs()))
         })
         .map_or((0, 0.0), |p| (p.delta, p.comparison.cosine));
+    // the server-position output against other attention scales (scalefit)
+    let scale = match deltas.iter().position(|&d| d == 0) {
+        Some(i) => {
+            let prompt = s.prompt_ref()?;
+            let n = first.position;
+            Some(crate::scalefit::tbt(
+                s.model,
+                &prompt.state,
+                first.query,
+                n,
+                n,
+                &outs[i].logits,
+                &first.reference,
+            )?)
+        }
+        None => None,
+    };
     Ok(PositionsFinding {
         points,
         best_delta: best.0,
         best_cosine: best.1,
         baseline_cosine,
         theta: None,
+        scale,
     })
 }
 

@@ -76,6 +76,7 @@ pub fn run(s: &mut Session, opts: &PrefillOptions) -> Result<PrefillFinding> {
         min_cosine,
         mean_cosine,
         top1_agreement,
+        scale: None,
     })
 }
 

@@ -286,6 +286,25 @@ pub fn window_step(
     position: usize,
     window: usize,
 ) -> Result<(Vec<f32>, Vec<LayerKv>)> {
+    window_step_with(
+        model,
+        state,
+        token,
+        position,
+        window,
+        GraphOptions::default(),
+    )
+}
+
+/// [`window_step`] with other graph math (the attention-scale fit).
+pub fn window_step_with(
+    model: &Model,
+    state: &KvState,
+    token: u32,
+    position: usize,
+    window: usize,
+    graph: GraphOptions,
+) -> Result<(Vec<f32>, Vec<LayerKv>)> {
     let n = state.len();
     let w = window.min(n);
     let past: Vec<LayerKv> = if w == 0 {
@@ -308,7 +327,7 @@ pub fn window_step(
         positions: PositionInput::Ids(vec![position as f32]),
         past,
         mask: vec![true; nh * (w + 1)],
-        graph: GraphOptions::default(),
+        graph,
         last_only: true,
     })?;
     Ok((out.logits, out.new_kv))

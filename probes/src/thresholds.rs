@@ -56,6 +56,10 @@ pub const QUANT_SCALE_TOLERANCE: f64 = 1e-3;
 /// the winner must beat token-major at the predicted slots by `LAYOUT_MARGIN`.
 pub const LAYOUT_CLEAN: f64 = 0.8;
 pub const LAYOUT_MARGIN: f64 = 0.1;
+/// A mostly shifted placement (only once golden rings repair the step and multi-chunk prefill
+/// rows fail): SmolLM2 `offset=after-run` with a remainder chunk, 0.62 vs 0.02 token-major.
+pub const PARTIAL_SHIFT_SCORE: f64 = 0.5;
+pub const PARTIAL_SHIFT_LEAD: f64 = 0.3;
 /// Colmap: a row is `clean` when its best cell beats the second by this margin; `none` below
 /// `COLMAP_MATCH`. Never-written rows are identical when their spread (1 − cosine) is below
 /// `COLMAP_EMPTY_SPREAD`.
@@ -64,3 +68,16 @@ pub const COLMAP_CLEAN_MARGIN: f64 = 0.15;
 pub const COLMAP_EMPTY_SPREAD: f64 = 1e-4;
 /// Diagonal strength of a healthy column map.
 pub const COLMAP_DIAGONAL: f64 = 0.6;
+/// A fitted variant (attention scale, position shift) explains the device output when it
+/// shrinks the server path's miss (1 − cosine) this many times and gains at least
+/// `FIT_MIN_GAIN`. Healthy SmolLM2 first tbt steps: the best scale in ×0.94-1.10 shrinks the
+/// miss at most 2.4-fold (gain ≤ 1e-3, INT8 cache noise leans on the scale); tbt-attn-scale
+/// ×0.65-2 shrinks it 20-60-fold; position faults ±1..4 8-35-fold.
+pub const FIT_RATIO: f64 = 5.0;
+pub const FIT_MIN_GAIN: f64 = 5e-4;
+
+/// A fitted variant shrinks the server path's miss (1 − cosine) `FIT_RATIO`-fold and gains at
+/// least `FIT_MIN_GAIN`: both are needed, the ratio against noise, the gain against rounding.
+pub fn fit_repairs(base: f64, fitted: f64) -> bool {
+    fitted - base >= FIT_MIN_GAIN && 1.0 - base >= FIT_RATIO * (1.0 - fitted)
+}

@@ -251,6 +251,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
     };
     ProbeFindings {
         prefill: Some(PrefillFinding {
+            scale: None,
             rows: (0..n)
                 .step_by(8)
                 .map(|p| PrefillRow {
@@ -365,6 +366,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             best: (!faulty).then(|| "ring".to_string()),
         }),
         positions: Some(PositionsFinding {
+            scale: None,
             points: (-4..=4)
                 .map(|d: i64| PositionPoint {
                     delta: d,
@@ -429,6 +431,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             golden: cmp(if faulty { 0.46 } else { 0.98 }, 77, !faulty),
             golden_swapped: cmp(0.2, 77, false),
             blame: if faulty { "reader" } else { "none" }.into(),
+            partial_swap: None,
         }),
         layout_infer: None,
         stale: None,

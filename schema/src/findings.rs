@@ -97,6 +97,10 @@ pub struct PrefillFinding {
     pub min_cosine: f64,
     pub mean_cosine: f64,
     pub top1_agreement: f64,
+    /// The whole prompt's prefill against references with other attention scales (`diagnose`
+    /// runs it when the prefill rows pass: a near-1 scale hides inside their tolerance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleFit>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -289,6 +293,10 @@ pub struct PositionsFinding {
     /// The theta table's sign convention against the other one (RoPE models only).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub theta: Option<ThetaCheck>,
+    /// The same first tbt step (server position) against references computed with other
+    /// attention scales: a position shift and a wrong scale can mimic each other, the fit tells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleFit>,
 }
 
 /// Single-chunk prefill rows driven with the device's theta table and with the same table in
@@ -303,6 +311,17 @@ pub struct ThetaCheck {
     pub declared_cosine: f64,
     /// Same rows with the table in the other convention.
     pub other_cosine: f64,
+}
+
+/// Which attention-scale multiplier of the reference best explains a device output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScaleFit {
+    /// (scale multiplier, cosine of the device output to the reference at that scale).
+    pub points: Vec<(f64, f64)>,
+    pub best_scale: f64,
+    pub best_cosine: f64,
+    /// Cosine at the model's own scale (multiplier 1).
+    pub unit_cosine: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -348,6 +367,17 @@ pub struct InjectFinding {
     /// "writer" (golden matches, device rings do not), "reader", "binding" (swapped matches),
     /// "none" (everything matches).
     pub blame: String,
+    /// When neither golden variant reproduces: golden rings with K↔V swapped on only the layers
+    /// whose single-layer swap helps (a binding crossed on some layers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_swap: Option<PartialSwap>,
+}
+
+/// Golden rings swapped K↔V on some layers only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartialSwap {
+    pub layers: Vec<usize>,
+    pub comparison: LogitComparison,
 }
 
 /// Where in the pipeline a fault sits (issue 10): what the stale, causality and splits probes can

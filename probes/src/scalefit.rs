@@ -1,0 +1,131 @@
+//! Attention-scale fit: a device output against references whose attention scale is multiplied
+//! by `s`. A graph with another attention scale is matched at the device's healthy precision by
+//! one `s ≠ 1`; a position shift or a mask variant mimics it only partly, and a wiring offset or
+//! a wrong mask is matched by no scale, so the fit separates what the position and mask sweeps
+//! confuse (docs/diagnosis.md). Two outputs are fitted: the first tbt step (server position,
+//! ring mask; the tbt graph's scale) and the prompt's prefill (the prefill graph's scale).
+
+use kvprobe_reference::{mask, GraphInput, GraphOptions, KvState, Model, PositionInput};
+use kvprobe_schema::ScaleFit;
+
+use crate::metrics::cosine;
+use crate::session::window_step_with;
+use crate::Result;
+
+/// Coarse grid 2^(k/8) for k = −8..=8 (×0.5 .. ×2), the range of scale bugs that a control does
+/// not already catch outright.
+const GRID_STEPS: i32 = 8;
+/// Golden-section refinements (in log scale) around the best grid point: 0.618^6 of one grid
+/// interval ≈ 1 % resolution on the multiplier.
+const REFINE: usize = 6;
+
+fn with_scale(log2s: f64) -> GraphOptions {
+    GraphOptions {
+        attn_scale: 2f64.powf(log2s) as f32,
+        ..GraphOptions::default()
+    }
+}
+
+/// The first tbt step: `token` at `position` over the last `window` entries of `state`;
+/// `unit_reference` is the reference at the model's own scale (the caller has it).
+pub fn tbt(
+    model: &Model,
+    state: &KvState,
+    token: u32,
+    position: usize,
+    window: usize,
+    device: &[f32],
+    unit_reference: &[f32],
+) -> Result<ScaleFit> {
+    fit(device, unit_reference, |g| {
+        Ok(window_step_with(model, state, token, position, window, g)?.0)
+    })
+}
+
+/// The prefill of `ids` at positions 0..n (its last row, what a genai prefill emits).
+pub fn prefill(
+    model: &Model,
+    ids: &[u32],
+    device: &[f32],
+    unit_reference: &[f32],
+) -> Result<ScaleFit> {
+    let t = ids.len();
+    let nh = model.config().n_heads;
+    let hidden = model.embed(ids)?;
+    let heads_mask = mask::per_head(&mask::causal(t), t, nh);
+    fit(device, unit_reference, |graph| {
+        Ok(model
+            .run_graph(&GraphInput {
+                hidden: hidden.clone(),
+                positions: PositionInput::Ids((0..t).map(|p| p as f32).collect()),
+                past: Vec::new(),
+                mask: heads_mask.clone(),
+                graph,
+                last_only: true,
+            })?
+            .logits)
+    })
+}
+
+/// Grid then golden-section search for the multiplier whose reference best matches `device`.
+fn fit(
+    device: &[f32],
+    unit_reference: &[f32],
+    reference: impl Fn(GraphOptions) -> Result<Vec<f32>>,
+) -> Result<ScaleFit> {
+    let eval = |log2s: f64| -> Result<f64> {
+        if log2s == 0.0 {
+            return Ok(cosine(device, unit_reference));
+        }
+        Ok(cosine(device, &reference(with_scale(log2s))?))
+    };
+    let mut points: Vec<(f64, f64)> = Vec::new();
+    for k in -GRID_STEPS..=GRID_STEPS {
+        let x = f64::from(k) / f64::from(GRID_STEPS);
+        points.push((x, eval(x)?));
+    }
+    let unit_cosine = points[GRID_STEPS as usize].1;
+    let best_k = (0..points.len())
+        .max_by(|&a, &b| points[a].1.total_cmp(&points[b].1))
+        .unwrap_or(GRID_STEPS as usize);
+    let (mut a, mut b) = (
+        points[best_k.saturating_sub(1)].0,
+        points[(best_k + 1).min(points.len() - 1)].0,
+    );
+    let phi = (5f64.sqrt() - 1.0) / 2.0;
+    let mut c = b - phi * (b - a);
+    let mut d = a + phi * (b - a);
+    let (mut fc, mut fd) = (eval(c)?, eval(d)?);
+    points.push((c, fc));
+    points.push((d, fd));
+    for _ in 0..REFINE {
+        if fc >= fd {
+            b = d;
+            d = c;
+            fd = fc;
+            c = b - phi * (b - a);
+            fc = eval(c)?;
+            points.push((c, fc));
+        } else {
+            a = c;
+            c = d;
+            fc = fd;
+            d = a + phi * (b - a);
+            fd = eval(d)?;
+            points.push((d, fd));
+        }
+    }
+    let mut pts: Vec<(f64, f64)> = points.into_iter().map(|(x, c)| (2f64.powf(x), c)).collect();
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (best_scale, best_cosine) = pts
+        .iter()
+        .copied()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or((1.0, unit_cosine));
+    Ok(ScaleFit {
+        points: pts,
+        best_scale,
+        best_cosine,
+        unit_cosine,
+    })
+}
