@@ -147,10 +147,15 @@ fn smollm2_stage_cases() {
 }
 
 /// A writer layout the named `layout` probe never tries (head-major, a test layout) on a prompt
-/// that fits one chunk: no named rule fires, so the verdict is `unknown`.
-fn unknown_run(out: Option<&str>) -> (i32, serde_json::Value) {
+/// that fits one chunk. No named rule fires on it; `diagnose` solves the writer's map from the
+/// ring bytes (`layout --infer`) before calling it unknown. `stage_only` hides that too, so the
+/// issue-10 probes decide, exactly the code an `unknown` verdict runs.
+fn head_major_run(stage_only: bool, out: Option<&str>) -> (i32, serde_json::Value) {
     let f = fixture("llama", 7);
     let mut a = vec!["diagnose", "--sim", "--model", f.to_str().unwrap()];
+    if stage_only {
+        a.push("--stage-only");
+    }
     a.extend(geo("24", "16", IDS_REMAINDER));
     a.extend(["--fault", "prefill-write-layout=head-major"]);
     if let Some(o) = out {
@@ -161,19 +166,42 @@ fn unknown_run(out: Option<&str>) -> (i32, serde_json::Value) {
     (code, v)
 }
 
-#[test]
-fn unknown_verdicts_carry_the_new_probes_evidence() {
-    let (_, v) = unknown_run(None);
-    assert_eq!(verdict(&v), "unknown", "{}", v["evidence"]);
-    let ev: Vec<&str> = v["evidence"]
+fn evidence(v: &serde_json::Value) -> Vec<&str> {
+    v["evidence"]
         .as_array()
         .unwrap()
         .iter()
         .filter_map(|e| e.as_str())
-        .collect();
-    for probe in ["stale:", "causality:", "splits:"] {
+        .collect()
+}
+
+#[test]
+fn an_uncatalogued_writer_layout_is_named_from_the_solved_bytes() {
+    let (_, v) = head_major_run(false, None);
+    assert_eq!(verdict(&v), "cache-layout-mismatch", "{}", v["evidence"]);
+    let ev = evidence(&v);
+    // the solved map is one KV head's [token][dim] block after another (head_dim 16, 16 tokens)
+    assert!(
+        ev.iter()
+            .any(|e| e.contains("head-major") && e.contains("256·⌊c/16⌋ + 16·t + c mod 16")),
+        "{ev:#?}"
+    );
+    assert!(v["probes"]["layout_infer"].is_object());
+    assert!(
+        v["probes"]["stale"].is_null(),
+        "settled: the new probes are skipped"
+    );
+}
+
+#[test]
+fn unknown_verdicts_carry_the_new_probes_evidence() {
+    let (_, v) = head_major_run(true, None);
+    assert_eq!(verdict(&v), "unknown", "{}", v["evidence"]);
+    let ev = evidence(&v);
+    for probe in ["layout --infer:", "stale:", "causality:", "splits:"] {
         assert!(ev.iter().any(|e| e.starts_with(probe)), "{probe} {ev:#?}");
-        let key = probe.trim_end_matches(':');
+    }
+    for key in ["layout_infer", "stale", "causality", "splits"] {
         assert!(v["probes"][key].is_object(), "{key} finding missing");
     }
     // the prefill writer scatters each token's bytes: first-layer leaks, a writer stage
@@ -211,7 +239,7 @@ fn close(a: f64, b: f64) -> bool {
 fn stale_causality_splits_artefacts_round_trip() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("run");
-    let (_, _) = unknown_run(Some(out.to_str().unwrap()));
+    let (_, _) = head_major_run(true, Some(out.to_str().unwrap()));
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();

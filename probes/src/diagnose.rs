@@ -654,7 +654,16 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     // s. attention scale: one scale multiplier reproduces the first tbt step better than any
     // position shift; a mask variant that does better still keeps the headline (rule d).
     let best_mask_cosine = mask_variant_fault(&mc).map_or(0.0, |v| v.comparison.cosine);
-    let mut scale = scale_fault(&ps).map(|f| {
+    // Golden rings repairing the step show the tbt graph computes right on right bytes: a scale
+    // fit is then the wrong bytes mimicking a scale (a K ring scrambled by the writer).
+    let writer_blamed = inj.blame == "writer";
+    if let Some(f) = scale_fault(&ps).filter(|_| writer_blamed) {
+        ev.push(format!(
+            "attention-scale fit ×{:.3} ({:.5}) set aside: golden token-major rings repair the step ({:.4}), so the tbt graph is right on right bytes",
+            f.best_scale, f.best_cosine, inj.golden.cosine
+        ));
+    }
+    let mut scale = scale_fault(&ps).filter(|_| !writer_blamed).map(|f| {
         ev.push(format!(
             "→ tbt-graph (attention scale): the first tbt step at the server's position matches the reference with its attention scale ×{:.3} ({:.5} vs {:.5} at ×1), better than any position shift ({:.5})",
             f.best_scale, f.best_cosine, f.unit_cosine, ps.best_cosine
@@ -822,6 +831,18 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             _ => {}
         }
     }
+    // f''. golden rings repair the step, so the writer's bytes are wrong: a writer map outside
+    // the named layouts, solved from the bytes, explains that before any mask rule does.
+    if causes.is_empty()
+        && inj.blame == "writer"
+        && solved_writer_layout(&mut run, &mut p, &mut ev)?
+    {
+        causes.push(Cause {
+            verdict: Verdict::CacheLayoutMismatch,
+            confidence: 0.85,
+            stage: 2,
+        });
+    }
     // f'. the prefill writer's data are wrong (golden rings repair the step) although no
     // placement, layout or truncation shows, and single-chunk prefill rows pass while
     // multi-chunk ones fail: later chunks computed their K/V with a wrong attention over the
@@ -929,14 +950,56 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     }
     let mut stage = None;
     if causes.is_empty() {
-        ev.push("no rule matched: the cache path fails but no probe isolates why".into());
-        stage = unknown_evidence(&mut run, &mut p, &mut ev)?;
+        // Before calling it unknown: solve the writer's layout from the bytes. A clean map that
+        // is not token-major is a layout mismatch even when no named layout is that map.
+        if solved_writer_layout(&mut run, &mut p, &mut ev)? {
+            ev.push(
+                "stale/causality/splits skipped: the writer's layout was solved from the ring bytes"
+                    .into(),
+            );
+            causes.push(Cause {
+                verdict: Verdict::CacheLayoutMismatch,
+                confidence: 0.8,
+                stage: 2,
+            });
+        } else {
+            ev.push("no rule matched: the cache path fails but no probe isolates why".into());
+            stage = unknown_evidence(&mut run, &mut p, &mut ev)?;
+        }
     } else {
         ev.push("stale/causality/splits skipped: a named rule already settled the verdict".into());
     }
     let mut d = conclude(causes, ev, warnings, p, run.timings);
     d.stage = stage;
     Ok(d)
+}
+
+/// Runs `layout --infer` once (kept in `p`) and says whether some cache edge's bytes are
+/// explained by a writer map that is not token-major, with the evidence line when they are.
+fn solved_writer_layout(
+    run: &mut Run,
+    p: &mut ProbeFindings,
+    ev: &mut Vec<String>,
+) -> Result<bool> {
+    if p.layout_infer.is_none() {
+        p.layout_infer = Some(run.timed("layout --infer", crate::layout_infer::run)?);
+    }
+    let Some(li) = &p.layout_infer else {
+        return Ok(false);
+    };
+    let solved = li
+        .caches
+        .iter()
+        .filter(|c| c.explained && c.named != Some(Layout::TokenMajor))
+        .count();
+    if solved > 0 {
+        ev.push(format!(
+            "→ cache-layout-mismatch: {solved} of {} cache edges solve to a prefill-writer layout that is not token-major; {}",
+            li.caches.len(),
+            crate::layout_infer::evidence(li)
+        ));
+    }
+    Ok(solved > 0)
 }
 
 /// The other theta convention repairs the single-chunk rows that the shipped one fails.

@@ -108,7 +108,11 @@ pub(crate) fn run_new_probes(
     p: &mut ProbeFindings,
     ev: &mut Vec<String>,
 ) -> Result<Option<Stage>> {
-    let li = timed(timings, "layout --infer", || layout_infer::run(s))?;
+    // diagnose may have solved the layout already before calling it unknown
+    let li = match p.layout_infer.take() {
+        Some(li) => li,
+        None => timed(timings, "layout --infer", || layout_infer::run(s))?,
+    };
     ev.push(layout_infer::evidence(&li));
     let st = timed(timings, "stale", || {
         // the back-to-back part checks reset, which no stage rule reads: skipped here
