@@ -192,6 +192,20 @@ impl Case {
         ]);
         kvprobe(&a)
     }
+
+    /// `args` through the stand-in and through `--sim` with the same manifest: same exit code,
+    /// same JSON numbers.
+    fn assert_hef_equals_sim(&self, args: &[&str]) {
+        let sim = self.sim_run(&self.manifest, args);
+        let hef = self.hef_run(&self.manifest, &[], args);
+        assert_eq!(
+            hef.status.code(),
+            sim.status.code(),
+            "{}",
+            String::from_utf8_lossy(&hef.stderr)
+        );
+        assert_same_numbers(&json(&sim), &json(&hef), "");
+    }
 }
 
 fn json(o: &Output) -> serde_json::Value {
@@ -262,15 +276,7 @@ const IDS: &str = "5,17,42,99,7,3,250,64,12";
 fn greedy_through_the_standin_equals_the_emulator() {
     let c = Case::new(32, 8);
     let args = ["greedy", "--ids", IDS, "--steps", "12", "--json"];
-    let sim = c.sim_run(&c.manifest, &args);
-    let hef = c.hef_run(&c.manifest, &[], &args);
-    assert_eq!(
-        hef.status.code(),
-        sim.status.code(),
-        "{}",
-        String::from_utf8_lossy(&hef.stderr)
-    );
-    assert_same_numbers(&json(&sim), &json(&hef), "");
+    c.assert_hef_equals_sim(&args);
 }
 
 /// Each failure HailoRT reports becomes one stderr line with the status name and exit 3.
@@ -327,15 +333,7 @@ fn a_hef_that_disagrees_with_the_device_is_refused() {
 fn colmap_through_the_standin_equals_the_emulator() {
     let c = Case::new(32, 8);
     let args = ["colmap", "--ids", IDS, "--json"];
-    let sim = c.sim_run(&c.manifest, &args);
-    let hef = c.hef_run(&c.manifest, &[], &args);
-    assert_eq!(
-        hef.status.code(),
-        sim.status.code(),
-        "{}",
-        String::from_utf8_lossy(&hef.stderr)
-    );
-    assert_same_numbers(&json(&sim), &json(&hef), "");
+    c.assert_hef_equals_sim(&args);
 }
 
 /// `diagnose` reaches the same verdict through the stand-in as the emulator, healthy and under
@@ -435,15 +433,7 @@ fn smollm2_greedy_through_the_standin_equals_the_emulator() {
         "8",
         "--json",
     ];
-    let sim = c.sim_run(&c.manifest, &args);
-    let hef = c.hef_run(&c.manifest, &[], &args);
-    assert_eq!(
-        hef.status.code(),
-        sim.status.code(),
-        "{}",
-        String::from_utf8_lossy(&hef.stderr)
-    );
-    assert_same_numbers(&json(&sim), &json(&hef), "");
+    c.assert_hef_equals_sim(&args);
 }
 
 /// Through the backend itself: an unknown stream name and a cache buffer of the wrong size are

@@ -74,14 +74,24 @@ struct Run<'s, 'a> {
 
 impl Run<'_, '_> {
     fn timed<T>(&mut self, what: &str, f: impl FnOnce(&mut Session) -> Result<T>) -> Result<T> {
-        let t = Instant::now();
-        let r = f(self.s)?;
-        self.timings.push(Timing {
-            what: what.into(),
-            seconds: t.elapsed().as_secs_f64(),
-        });
-        Ok(r)
+        let s = &mut *self.s;
+        timed(&mut self.timings, what, || f(s))
     }
+}
+
+/// Runs `f` and records its wall time under `what` (every diagnosis path's timings).
+pub(crate) fn timed<T>(
+    timings: &mut Vec<Timing>,
+    what: &str,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let t = Instant::now();
+    let r = f()?;
+    timings.push(Timing {
+        what: what.into(),
+        seconds: t.elapsed().as_secs_f64(),
+    });
+    Ok(r)
 }
 
 fn pct(x: f64) -> String {
@@ -1131,7 +1141,7 @@ fn conclude(
     finish(verdict, confidence, ev, also, warnings, p, timings)
 }
 
-fn finish(
+pub(crate) fn finish(
     verdict: Verdict,
     confidence: f64,
     evidence: Vec<String>,

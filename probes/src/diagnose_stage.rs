@@ -18,14 +18,12 @@
 //! 6. pure decode fails too → graph;
 //! 7. decode clean everywhere but the prefill's own logits fail → graph (the prefill graph).
 
-use std::time::Instant;
-
 use kvprobe_schema::{
     CausalityFinding, Layout, LayoutInferFinding, ProbeFindings, SplitsFinding, Stage,
     StaleFinding, Timing, Verdict,
 };
 
-use crate::diagnose::{DiagnoseOptions, Diagnosis};
+use crate::diagnose::{finish, timed, DiagnoseOptions, Diagnosis};
 use crate::session::Session;
 use crate::thresholds::STAGE_MEAN_COSINE;
 use crate::{causality, layout_infer, splits, stale, Result};
@@ -88,16 +86,6 @@ pub fn stage_from(
         return Some(Stage::Graph);
     }
     None
-}
-
-fn timed<T>(timings: &mut Vec<Timing>, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let t = Instant::now();
-    let r = f()?;
-    timings.push(Timing {
-        what: what.into(),
-        seconds: t.elapsed().as_secs_f64(),
-    });
-    Ok(r)
 }
 
 /// Runs layout --infer, stale, causality and splits (bounded for `diagnose`), adds their evidence lines and
@@ -191,16 +179,17 @@ pub(crate) fn diagnose_stage_only(s: &mut Session, _opts: &DiagnoseOptions) -> R
         Some(_) => (Verdict::Unknown, 0.3),
         None => (Verdict::Healthy, 0.6),
     };
-    Ok(Diagnosis {
+    let mut d = finish(
         verdict,
         confidence,
         evidence,
-        also: Vec::new(),
-        warnings: Vec::new(),
+        Vec::new(),
+        Vec::new(),
         probes,
         timings,
-        stage,
-    })
+    );
+    d.stage = stage;
+    Ok(d)
 }
 
 #[cfg(test)]

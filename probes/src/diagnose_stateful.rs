@@ -12,8 +12,6 @@
 //!    applied as 0 / −inf);
 //! 7. otherwise unknown.
 
-use std::time::Instant;
-
 use kvprobe_schema::{NotApplicable, ProbeFindings, Timing, Verdict};
 
 use crate::diagnose::{DiagnoseOptions, Diagnosis};
@@ -51,13 +49,7 @@ fn timed<T>(
     what: &str,
     f: impl FnOnce(&mut Session) -> Result<T>,
 ) -> Result<T> {
-    let start = Instant::now();
-    let r = f(s)?;
-    t.push(Timing {
-        what: what.into(),
-        seconds: start.elapsed().as_secs_f64(),
-    });
-    Ok(r)
+    crate::diagnose::timed(t, what, || f(s))
 }
 
 fn done(
@@ -67,16 +59,15 @@ fn done(
     probes: ProbeFindings,
     timings: Vec<Timing>,
 ) -> Diagnosis {
-    Diagnosis {
+    crate::diagnose::finish(
         verdict,
         confidence,
         evidence,
-        also: Vec::new(),
-        warnings: Vec::new(),
+        Vec::new(),
+        Vec::new(),
         probes,
         timings,
-        stage: None,
-    }
+    )
 }
 
 pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
