@@ -57,6 +57,12 @@ pub(crate) fn batched(
         Rhs::Plain => (1isize, n as isize),
     };
     let par = parallelism();
+    if let (1, 1, Parallelism::Rayon(threads)) = (batch, m, par) {
+        if threads.min(n / SPLIT_MIN_COLUMNS) > 1 {
+            gemv_split(lhs, rhs, rhs_kind, k, n, threads, &mut dst);
+            return Ok(dst);
+        }
+    }
     for b in 0..batch {
         let l = &lhs[b * m * k..(b + 1) * m * k];
         let r = &rhs[b * k * n..(b + 1) * k * n];
@@ -89,6 +95,69 @@ pub(crate) fn batched(
         }
     }
     Ok(dst)
+}
+
+/// Fewest output columns a thread of a split one-row product gets. gemm runs a product of at
+/// most 16×16 outputs through other (horizontal) kernels, whose sums round differently, so every
+/// part must stay above 256 columns; below a few hundred the hand-off costs more than it saves.
+const SPLIT_MIN_COLUMNS: usize = 300;
+
+/// A one-row product split by output columns over up to `threads` rayon tasks. gemm runs a one-row
+/// product as a single-threaded gemv, while a decode step is almost all such products (and
+/// one core leaves memory bandwidth unused: two emulator processes run side by side at the
+/// speed of one). Each output is still one dot product over `k` in gemm's order, so the bits
+/// equal the unsplit call's.
+fn gemv_split(
+    lhs: &[f32],
+    rhs: &[f32],
+    rhs_kind: Rhs,
+    k: usize,
+    n: usize,
+    threads: usize,
+    dst: &mut [f32],
+) {
+    // parts of ⌈n/parts⌉ columns, the last one at least SPLIT_MIN_COLUMNS − parts
+    let parts = threads.min(n / SPLIT_MIN_COLUMNS).max(1);
+    let per = n.div_ceil(parts);
+    rayon::scope(|scope| {
+        for (i, d) in dst[..n].chunks_mut(per).enumerate() {
+            let c0 = i * per;
+            let cols = d.len();
+            scope.spawn(move |_| {
+                let (r, rhs_cs, rhs_rs) = match rhs_kind {
+                    Rhs::Transposed => (&rhs[c0 * k..(c0 + cols) * k], k as isize, 1isize),
+                    Rhs::Plain => (&rhs[c0..], 1isize, n as isize),
+                };
+                // SAFETY: `lhs` holds k values (column stride 1); `r` covers columns c0..c0+cols
+                // of the k×n operand with the strides above (Transposed: cols rows of k values;
+                // Plain: the last element read is (k−1)·n + cols − 1 < r.len()); `d` holds
+                // `cols` values written with column stride 1; the slices do not overlap.
+                unsafe {
+                    gemm(
+                        1,
+                        cols,
+                        k,
+                        d.as_mut_ptr(),
+                        1,
+                        cols as isize,
+                        false,
+                        lhs.as_ptr(),
+                        1,
+                        k as isize,
+                        r.as_ptr(),
+                        rhs_cs,
+                        rhs_rs,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        Parallelism::None,
+                    );
+                }
+            });
+        }
+    });
 }
 
 /// Runs `f` on a contiguous f32 CPU tensor's values without copying them; None otherwise.
@@ -139,5 +208,41 @@ mod tests {
             .unwrap();
         assert_eq!(got, want);
         assert!(batched(&xs, &xs[..3], Rhs::Plain, 2, 5, 67, 13).is_err());
+    }
+
+    #[test]
+    fn split_one_row_products_equal_gemm_bits() {
+        // A one-row product wide enough to be split over threads against candle's unsplit
+        // matmul, for both operand storages and a column count no thread count divides evenly.
+        let dev = &Device::Cpu;
+        let (k, n) = (77, 1043);
+        let x = Tensor::randn(0f32, 1.0, (1, k), dev).unwrap();
+        let w = Tensor::randn(0f32, 1.0, (n, k), dev).unwrap();
+        let xs: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+        let want: Vec<f32> = x
+            .matmul(&w.t().unwrap())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let ws: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(
+            batched(&xs, &ws, Rhs::Transposed, 1, 1, k, n).unwrap(),
+            want
+        );
+        let wt: Vec<f32> = w.t().unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let plain = batched(&xs, &wt, Rhs::Plain, 1, 1, k, n).unwrap();
+        for (a, b) in plain.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "{a} vs {b}");
+        }
+        for threads in [2, 3, 4, 16] {
+            let mut d = vec![0f32; n];
+            gemv_split(&xs, &ws, Rhs::Transposed, k, n, threads, &mut d);
+            assert_eq!(d, want, "{threads} threads");
+            let mut d = vec![0f32; n];
+            gemv_split(&xs, &wt, Rhs::Plain, k, n, threads, &mut d);
+            assert_eq!(d, plain, "{threads} threads, plain");
+        }
     }
 }
