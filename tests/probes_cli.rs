@@ -53,7 +53,9 @@ fn healthy_smollm2_is_healthy() {
     let m = model.to_str().unwrap();
     let cases: [(&[&str], &str); 3] = [
         (
-            &["--cache-len", "64", "--prefill-len", "16"],
+            // 16 steps: the tbt miss (0.0031) is ≥ 20× the cache-free controls yet within the
+            // cache's rounding floor (0.0036); this was a tbt-graph false alarm
+            &["--cache-len", "64", "--prefill-len", "16", "--steps", "16"],
             "The capital of France is Paris. The capital of Italy is",
         ),
         (
@@ -66,10 +68,11 @@ fn healthy_smollm2_is_healthy() {
         ),
     ];
     for (g, prompt) in cases {
-        let mut a = vec![
-            "diagnose", "--sim", "--model", m, "--prompt", prompt, "--steps", "8",
-        ];
+        let mut a = vec!["diagnose", "--sim", "--model", m, "--prompt", prompt];
         a.extend_from_slice(g);
+        if !g.contains(&"--steps") {
+            a.extend_from_slice(&["--steps", "8"]);
+        }
         let (code, v, _) = kvprobe_json(&a);
         assert_eq!(
             (verdict(&v).as_str(), code),

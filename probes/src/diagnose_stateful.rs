@@ -143,7 +143,9 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     ));
     p.prefill = Some(pf.clone());
 
-    let gr = timed(s, &mut t, "greedy", |s| greedy::run(s, opts.steps))?;
+    let gr = timed(s, &mut t, "greedy", |s| {
+        greedy::run_with(s, opts.steps, Some(crate::diagnose::REFERENCE_TAIL))
+    })?;
     ev.push(format!(
         "greedy: {} steps, mean cosine {:.4} (min {:.4}), top-1 {:.0}%",
         gr.steps.len(),

@@ -12,6 +12,18 @@ use crate::session::{append, window_step, ComparedLogits, Session};
 use crate::Result;
 
 pub fn run(s: &mut Session, steps: usize) -> Result<GreedyFinding> {
+    run_with(s, steps, None)
+}
+
+/// `run`, with the reference's free-running continuation stopped `reference_tail` tokens after
+/// the first divergence (`None`: as long as the device's). Each of those tokens is a sequential
+/// reference decode step that no diagnosis rule reads, only the report's text: `diagnose` keeps
+/// a few to show where the two part ways. A shorter `reference_ids` than `device_ids` says so.
+pub fn run_with(
+    s: &mut Session,
+    steps: usize,
+    reference_tail: Option<usize>,
+) -> Result<GreedyFinding> {
     let steps = steps.max(1);
     if steps > 1 {
         s.require_tbt("greedy")?;
@@ -78,7 +90,8 @@ pub fn run(s: &mut Session, steps: usize) -> Result<GreedyFinding> {
                 .model
                 .prefix_state(&prefix, &(0..prefix.len()).collect::<Vec<_>>())?;
             // (a wrapped prefix would need its own windows; keep the state to the ring's reach)
-            while ids.len() < steps {
+            let stop = reference_tail.map_or(steps, |t| steps.min(d + 1 + t));
+            while ids.len() < stop {
                 let step = ids.len();
                 let token = ids[step - 1];
                 let position = n + step - 1;

@@ -18,6 +18,7 @@ pub mod layout_infer;
 pub mod maskconv;
 pub mod metrics;
 pub mod positions;
+pub mod precision;
 pub mod prefill;
 pub mod progress;
 pub mod quant;

@@ -434,6 +434,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             partial_swap: None,
         }),
         layout_infer: None,
+        cache_precision: None,
         stale: None,
         causality: None,
         splits: None,

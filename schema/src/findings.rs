@@ -597,6 +597,10 @@ pub struct ProbeFindings {
     pub layout_infer: Option<crate::layout_infer::LayoutInferFinding>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub inject: Option<InjectFinding>,
+    /// diagnose: the reference's first tbt step over the prompt's K/V rounded through the rings'
+    /// quantisation, the cache's precision floor (older results.json files have none).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub cache_precision: Option<LogitComparison>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub stale: Option<StaleFinding>,
     #[serde(skip_serializing_if = "Option::is_none", default)]

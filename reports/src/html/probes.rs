@@ -160,7 +160,19 @@ pub fn blocks(r: &Results, charts: &[(&'static str, String)]) -> Vec<ProbeBlock>
                 ),
                 (
                     "reference text",
-                    format!("<pre>{}</pre>", html_text(&f.reference_text)),
+                    format!(
+                        "<pre>{}</pre>{}",
+                        html_text(&f.reference_text),
+                        if f.reference_ids.len() < f.device_ids.len() {
+                            format!(
+                                "<p class=\"muted\">{} of {} tokens: diagnose stops the reference's continuation a few tokens after the first divergence (run <code>kvprobe greedy</code> for all of it)</p>",
+                                f.reference_ids.len(),
+                                f.device_ids.len()
+                            )
+                        } else {
+                            String::new()
+                        }
+                    ),
                 ),
                 (
                     "device ids",
