@@ -34,6 +34,10 @@ pub struct DiagnoseOptions {
     /// Test/research switch: hide every named-fault rule, so only the stale, causality and
     /// splits probes decide and the verdict carries a stage (`diagnose_stage`).
     pub stage_only: bool,
+    /// Run `layout --infer`, stale, causality and splits even when a rule already settled the
+    /// verdict (their evidence, artefacts and stage join the named verdict, which they do not
+    /// change).
+    pub all_probes: bool,
 }
 
 impl Default for DiagnoseOptions {
@@ -44,6 +48,7 @@ impl Default for DiagnoseOptions {
             prefill: PrefillOptions { max_rows: 6 },
             colmap: ColmapOptions::default(),
             stage_only: false,
+            all_probes: false,
         }
     }
 }
@@ -140,6 +145,34 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     if opts.stage_only {
         return crate::diagnose_stage::diagnose_stage_only(s, opts);
     }
+    let mut d = diagnose_ring(s, opts)?;
+    if opts.all_probes && d.stage.is_none() && s.has_tbt() {
+        for e in &mut d.evidence {
+            if let Some(why) = e.strip_prefix(SKIPPED_BOTH) {
+                *e = format!("cache-path probes skipped{why}");
+            }
+        }
+        d.evidence.retain(|e| !e.starts_with(SKIPPED));
+        d.evidence.push(format!(
+            "stale/causality/splits run on request (--all-probes); the {} verdict stands",
+            d.verdict.name()
+        ));
+        d.stage = crate::diagnose_stage::run_new_probes(
+            s,
+            &mut d.timings,
+            &mut d.probes,
+            &mut d.evidence,
+        )?;
+    }
+    Ok(d)
+}
+
+/// Evidence lines that say the issue-10 probes did not run (rewritten under `all_probes`).
+const SKIPPED: &str = "stale/causality/splits skipped";
+const SKIPPED_BOTH: &str = "cache-path probes and stale/causality/splits skipped";
+
+/// The genai-ring rules (`diagnose` minus the stateful and stage-only paths).
+fn diagnose_ring(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let g = s.geometry();
     let mut run = Run {
         s,
@@ -364,7 +397,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         .into_iter()
         .fold(f64::INFINITY, f64::min);
         let confidence = if margin >= 0.02 { 0.95 } else { 0.75 };
-        ev.push("stale/causality/splits skipped: every control passes".into());
+        ev.push(format!("{SKIPPED}: every control passes"));
         return Ok(finish(
             Verdict::Healthy,
             confidence,
@@ -588,10 +621,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         if q.inconsistent_caches > 0 {
             causes.push(quant_cause(&q, &mut ev));
         }
-        ev.push(
-            "cache-path probes and stale/causality/splits skipped: a graph control already fails"
-                .into(),
-        );
+        ev.push(format!("{SKIPPED_BOTH}: a graph control already fails"));
         return Ok(conclude(causes, ev, warnings, p, run.timings));
     }
     if !has_tbt {
@@ -983,10 +1013,9 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         // Before calling it unknown: solve the writer's layout from the bytes. A clean map that
         // is not token-major is a layout mismatch even when no named layout is that map.
         if solved_writer_layout(&mut run, &mut p, &mut ev)? {
-            ev.push(
-                "stale/causality/splits skipped: the writer's layout was solved from the ring bytes"
-                    .into(),
-            );
+            ev.push(format!(
+                "{SKIPPED}: the writer's layout was solved from the ring bytes"
+            ));
             causes.push(Cause {
                 verdict: Verdict::CacheLayoutMismatch,
                 confidence: 0.8,
@@ -997,7 +1026,9 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
             stage = unknown_evidence(&mut run, &mut p, &mut ev)?;
         }
     } else {
-        ev.push("stale/causality/splits skipped: a named rule already settled the verdict".into());
+        ev.push(format!(
+            "{SKIPPED}: a named rule already settled the verdict"
+        ));
     }
     let mut d = conclude(causes, ev, warnings, p, run.timings);
     d.stage = stage;

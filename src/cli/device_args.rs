@@ -98,6 +98,12 @@ pub struct DeviceArgs {
     /// and splits probes decide, and the verdict carries their stage (docs/diagnosis.md).
     #[arg(long, hide = true)]
     pub stage_only: bool,
+
+    /// diagnose: also run layout --infer, stale, causality and splits when a rule already
+    /// settled the verdict (more evidence and heatmaps for a bug report, about 6 s more on
+    /// SmolLM2; the verdict is unchanged).
+    #[arg(long)]
+    pub all_probes: bool,
 }
 
 /// What a run drives.

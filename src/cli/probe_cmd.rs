@@ -142,10 +142,15 @@ impl Progress for Bar {
 pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     let (name, args) = cmd.parts();
-    if args.stage_only && name != "diagnose" {
-        return Err(usage(format!(
-            "--stage-only applies to `kvprobe diagnose` only; drop it from `kvprobe {name}`"
-        )));
+    for (set, flag) in [
+        (args.stage_only, "--stage-only"),
+        (args.all_probes, "--all-probes"),
+    ] {
+        if set && name != "diagnose" {
+            return Err(usage(format!(
+                "{flag} applies to `kvprobe diagnose` only; drop it from `kvprobe {name}`"
+            )));
+        }
     }
     args.check_device_flags()?;
     // Refuse a bad --out before any work (and so before any partial artefact).
@@ -291,6 +296,7 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
             let opts = DiagnoseOptions {
                 steps,
                 stage_only: args.stage_only,
+                all_probes: args.all_probes,
                 ..DiagnoseOptions::default()
             };
             let d = diagnose(s, &opts)?;
