@@ -35,6 +35,15 @@ const TABLE: &[(&str, &str)] = &[
 ];
 
 const IDS_REMAINDER: &str = "1,5,9,22,41,17,3,99,150,200,12,7,8"; // 13 tokens, P = 8: chunks 5 + 8
+/// L = 24, P = 8 with [`IDS_REMAINDER`]: a remainder chunk first.
+const GEO_REMAINDER: [&str; 6] = [
+    "--cache-len",
+    "24",
+    "--prefill-len",
+    "8",
+    "--ids",
+    IDS_REMAINDER,
+];
 
 fn check(model: &str, geometry: &[&str], fault: &str, want: &str) -> Option<String> {
     let mut args = vec!["diagnose", "--sim", "--model", model];
@@ -55,16 +64,7 @@ fn check(model: &str, geometry: &[&str], fault: &str, want: &str) -> Option<Stri
 fn every_fault_gets_its_verdict_on_the_llama_fixture_with_a_remainder_chunk() {
     let f = fixture("llama", 7);
     let m = f.to_str().unwrap();
-    let geo = [
-        "--cache-len",
-        "24",
-        "--prefill-len",
-        "8",
-        "--ids",
-        IDS_REMAINDER,
-        "--steps",
-        "16",
-    ];
+    let geo = [&GEO_REMAINDER[..], &["--steps", "16"]].concat();
     let failures: Vec<String> = TABLE
         .iter()
         .filter_map(|(fault, want)| check(m, &geo, fault, want))
@@ -204,4 +204,54 @@ fn near_limit_variants_on_the_llama_fixture() {
         failures.push(format!("mask=left-valid (full window): {}", verdict(&v)));
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A theta table in the other sign convention than the graph fails the single-chunk prefill
+/// rows; the theta check alone names it (the tbt position sweep cannot change that verdict, so
+/// it does not run), for either graph convention. `kvprobe positions` reports the same check.
+#[test]
+fn rope_theta_is_named_by_the_theta_check_alone() {
+    let f = fixture("llama", 7);
+    let m = f.to_str().unwrap();
+    // (graph convention, shipped table)
+    for (graph, shipped) in [("plain", "sign-folded"), ("sign-folded", "plain")] {
+        let fault = format!("rope-theta={shipped}");
+        let run = |command: &str, steps: &[&str]| {
+            let mut args = vec![command, "--sim", "--model", m, "--sim-rope-theta", graph];
+            args.extend_from_slice(&GEO_REMAINDER);
+            args.extend_from_slice(&["--fault", &fault]);
+            args.extend_from_slice(steps);
+            kvprobe_json(&args)
+        };
+        let (code, v, stderr) = run("diagnose", &["--steps", "8"]);
+        assert_eq!(
+            (code, verdict(&v).as_str()),
+            (1, "position-mismatch"),
+            "{fault}: {stderr}"
+        );
+        let t = &v["probes"]["theta"];
+        assert_eq!(t["declared"], shipped, "{t}");
+        let (shipped_cos, other_cos) = (
+            t["declared_cosine"].as_f64().unwrap(),
+            t["other_cosine"].as_f64().unwrap(),
+        );
+        // the stage floor (0.94, docs/diagnosis.md) with the graph's own convention
+        assert!(other_cos >= 0.94 && shipped_cos < other_cos, "{t}");
+        let line = format!(
+            "→ position-mismatch: single-chunk prefill rows reach cosine {other_cos:.4} when the host sends the theta table in the other sign convention, against {shipped_cos:.4} with the shipped {shipped} table: the graph was compiled for the other RoPE convention than rope_theta_data.bin"
+        );
+        let evidence: Vec<&str> = v["evidence"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e.as_str())
+            .collect();
+        assert!(evidence.contains(&line.as_str()), "{evidence:#?}");
+        assert!(v["probes"]["positions"].is_null(), "the position sweep ran");
+
+        let (code, p, stderr) = run("positions", &[]);
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(p["probes"]["theta"], *t, "positions command, {fault}");
+        assert!(p["probes"]["positions"]["points"].is_array());
+    }
 }
