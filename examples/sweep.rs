@@ -4,7 +4,8 @@
 //! misses with their commands.
 //!
 //! `cargo run --release --example sweep -- [--seed N] [--fixture-faulty N] [--fixture-healthy N]
-//!  [--smollm2-faulty N] [--smollm2-healthy N] [--jobs N] [--bin PATH] [--out FILE] [--list]`
+//!  [--smollm2-faulty N] [--smollm2-healthy N] [--jobs N] [--bin PATH] [--out FILE] [--list]
+//!  [--family NAME]…` (`--family`, repeatable: draw faults of these `sweep::FAMILIES` only)
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,8 @@ struct Args {
     out: Option<PathBuf>,
     /// Print the cases' commands instead of running them.
     list: bool,
+    /// Fault families to draw (all of `sweep::FAMILIES` when empty).
+    families: Vec<String>,
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -36,6 +39,7 @@ fn parse() -> anyhow::Result<Args> {
         bin: root.join("target/release/kvprobe"),
         out: None,
         list: false,
+        families: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -57,6 +61,11 @@ fn parse() -> anyhow::Result<Args> {
             "--jobs" => a.jobs = num()?,
             "--bin" => a.bin = PathBuf::from(&val),
             "--out" => a.out = Some(PathBuf::from(&val)),
+            "--family" if sweep::FAMILIES.contains(&val.as_str()) => a.families.push(val),
+            "--family" => bail!(
+                "--family {val}: unknown; one of {}",
+                sweep::FAMILIES.join(", ")
+            ),
             _ => bail!("unknown flag {flag}; see the header of examples/sweep.rs"),
         }
     }
@@ -85,7 +94,18 @@ fn main() -> anyhow::Result<()> {
         ModelSpec::load("llama-fixture", &llama, None, 128, 32)?,
         ModelSpec::load("gpt2-fixture", &gpt2, None, 64, 32)?,
     ];
-    let mut cases = sweep::generate(a.seed, &fixtures, a.fixture_faulty, a.fixture_healthy);
+    let families: Vec<&str> = if a.families.is_empty() {
+        sweep::FAMILIES.to_vec()
+    } else {
+        a.families.iter().map(String::as_str).collect()
+    };
+    let mut cases = sweep::generate_families(
+        a.seed,
+        &fixtures,
+        &families,
+        a.fixture_faulty,
+        a.fixture_healthy,
+    );
     let smol = root.join(".cache/models/smollm2-135m-instruct-q4_1.gguf");
     if a.smollm2_faulty + a.smollm2_healthy > 0 {
         if !smol.is_file() {
@@ -97,9 +117,10 @@ fn main() -> anyhow::Result<()> {
         // SmolLM2 diagnose costs ~10 s at L = 128: most cases use smaller caches and fewer steps
         let spec = ModelSpec::load("smollm2", &smol, Some(TEXTS), 64, 16)?;
         let base = cases.len();
-        for mut c in sweep::generate(
+        for mut c in sweep::generate_families(
             a.seed ^ 0x5eed,
             std::slice::from_ref(&spec),
+            &families,
             a.smollm2_faulty,
             a.smollm2_healthy,
         ) {

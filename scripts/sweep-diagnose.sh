@@ -3,7 +3,7 @@
 # cases on the fixtures and SmolLM2, run through the release binary. Prints the confusion
 # matrix, accuracy, false alarms and every miss with the command that reproduces it.
 # Usage: scripts/sweep-diagnose.sh [--seed N] [--fixture-faulty N] [--fixture-healthy N]
-#        [--smollm2-faulty N] [--smollm2-healthy N] [--jobs N] [--out FILE]
+#        [--smollm2-faulty N] [--smollm2-healthy N] [--jobs N] [--out FILE] [--family NAME]...
 # Defaults: seed 12, 240 + 80 faulty, 45 + 20 healthy, 2 jobs (SmolLM2 ≈ 8 s a case).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -52,6 +52,8 @@ pub struct ModelSpec {
     /// Bytes per (un-expanded, uint8) cache entry.
     pub entry_bytes: usize,
     pub max_position: usize,
+    /// RoPE positions (a theta table the emulator ships); false for learned positions (GPT-2).
+    pub rope: bool,
     /// Token-id sequences prompts are cut from (different content per case).
     pub prompts: Vec<Vec<u32>>,
     /// Largest cache length / steps drawn for this model (SmolLM2 is slow at L = 128).
@@ -108,6 +110,7 @@ impl ModelSpec {
             n_kv_heads: c.n_kv_heads,
             entry_bytes: c.n_kv_heads * c.head_dim,
             max_position: c.max_position,
+            rope: model.rope_inv_freq().is_some(),
             prompts,
             max_cache_len,
             max_steps,
@@ -216,6 +219,7 @@ pub fn expected(fault: &str) -> &'static str {
         "tbt-attn-scale" => "tbt-graph",
         "prefill-attn-scale" => "prefill-graph",
         "truncate-entry" => "cache-truncation",
+        "rope-theta" => "position-mismatch",
         _ => "unknown",
     }
 }
@@ -346,6 +350,7 @@ pub const FAMILIES: &[&str] = &[
     "prefill-attn-scale",
     "softmax",
     "truncate-entry",
+    "rope-theta",
 ];
 
 /// One fault of `family` with random value and scope; `None` when the model cannot take it (the
@@ -428,22 +433,46 @@ fn draw_fault(rng: &mut Rng, family: &str, m: &ModelSpec) -> Option<(String, boo
             }
             (format!("truncate-entry={n}{}", scope_text(parts)), false)
         }
+        "rope-theta" => {
+            if !m.rope {
+                return None;
+            }
+            // the sweep runs the emulator's default graph: the table ships in the other
+            // convention (the same one is a no-op the emulator refuses)
+            let graph = kvprobe_npu::sim::SimOptions::default().rope_theta;
+            (format!("rope-theta={}", graph.other().name()), false)
+        }
         _ => return None,
     })
 }
 
 /// `faulty` fault cases spread round-robin over the families and models, then `healthy` cases.
 pub fn generate(seed: u64, models: &[ModelSpec], faulty: usize, healthy: usize) -> Vec<Case> {
+    generate_families(seed, models, FAMILIES, faulty, healthy)
+}
+
+/// [`generate`] over some of the [`FAMILIES`] only (the sweep's `--family`). Stops early when
+/// no model can take any of them (e.g. `rope-theta` on learned positions only).
+pub fn generate_families(
+    seed: u64,
+    models: &[ModelSpec],
+    families: &[&str],
+    faulty: usize,
+    healthy: usize,
+) -> Vec<Case> {
     let mut rng = Rng::new(seed);
     let mut cases = Vec::new();
     let mut k = 0usize;
-    while cases.len() < faulty {
-        let family = FAMILIES[k % FAMILIES.len()];
-        let m = &models[(k / FAMILIES.len()) % models.len()];
+    let mut misses = 0usize;
+    while cases.len() < faulty && misses < families.len() * models.len() {
+        let family = families[k % families.len()];
+        let m = &models[(k / families.len()) % models.len()];
         k += 1;
         let Some((fault, multi)) = draw_fault(&mut rng, family, m) else {
+            misses += 1;
             continue;
         };
+        misses = 0;
         cases.push(make_case(&mut rng, m, Some(fault), multi, cases.len()));
     }
     for i in 0..healthy {
@@ -766,6 +795,43 @@ mod tests {
         );
         assert_eq!(expected("truncate-entry=16@tbt,k"), "cache-truncation");
         assert_eq!(expected("mask=repeat@prefill"), "mask-convention");
+        assert_eq!(expected("rope-theta=sign-folded"), "position-mismatch");
+        assert_eq!(expected("rope-theta=plain"), "position-mismatch");
+    }
+
+    fn spec(label: &str, rope: bool) -> ModelSpec {
+        ModelSpec {
+            label: label.into(),
+            path: PathBuf::from(label),
+            n_layers: 2,
+            n_heads: 4,
+            n_kv_heads: 2,
+            entry_bytes: 32,
+            max_position: 256,
+            rope,
+            prompts: vec![(3..100).collect()],
+            max_cache_len: 64,
+            max_steps: 16,
+        }
+    }
+
+    #[test]
+    fn rope_theta_cases_ship_the_other_table_on_rope_models_only() {
+        // the emulator's default graph is plain (README: `--sim-rope-theta sign-folded` is the
+        // other one), so the shipped table must be sign-folded
+        let models = [spec("learned", false), spec("rope", true)];
+        let cases = generate_families(5, &models, &["rope-theta"], 4, 0);
+        assert_eq!(cases.len(), 4);
+        for c in &cases {
+            assert_eq!(c.model, "rope");
+            assert_eq!(c.fault.as_deref(), Some("rope-theta=sign-folded"));
+            assert_eq!(
+                (c.expect, c.family.as_str()),
+                ("position-mismatch", "rope-theta")
+            );
+        }
+        // no model takes it: no case, and the generator stops
+        assert!(generate_families(5, &models[..1], &["rope-theta"], 4, 0).is_empty());
     }
 
     #[test]

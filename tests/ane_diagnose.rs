@@ -13,13 +13,23 @@ const FAULTS: [(&str, &str); 6] = [
     ("ane-stale-state", "stale-cache"),
 ];
 
+/// `COMMAND --device ane-sim --model MODEL REST…`
+fn ane<'a>(command: &'a str, model: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![command, "--device", "ane-sim", "--model", model];
+    a.extend_from_slice(rest);
+    a
+}
+
+/// The Llama fixture every test here runs on.
+fn llama() -> std::path::PathBuf {
+    fixture("llama", 11)
+}
+
 /// Misses as text (empty = all verdicts right).
 fn matrix(model: &str, geometry: &[&str], prompt: &[&str]) -> Vec<String> {
     let mut misses = Vec::new();
     for (fault, want) in FAULTS {
-        let mut args = vec![
-            "diagnose", "--device", "ane-sim", "--model", model, "--steps", "8",
-        ];
+        let mut args = ane("diagnose", model, &["--steps", "8"]);
         args.extend_from_slice(geometry);
         args.extend_from_slice(prompt);
         if !fault.is_empty() {
@@ -58,7 +68,7 @@ fn matrix(model: &str, geometry: &[&str], prompt: &[&str]) -> Vec<String> {
 
 #[test]
 fn every_ane_fault_gets_its_verdict_on_the_llama_fixture() {
-    let fx = fixture("llama", 11);
+    let fx = llama();
     let m = fx.to_str().unwrap();
     let mut misses = matrix(
         m,
@@ -75,36 +85,24 @@ fn every_ane_fault_gets_its_verdict_on_the_llama_fixture() {
 
 #[test]
 fn every_ane_fault_gets_its_verdict_on_smollm2() {
-    let Some(m) = smollm2() else {
-        eprintln!("SmolLM2 not fetched; skipped");
-        return;
-    };
+    let Some(m) = smollm2() else { return };
     let misses = matrix(m.to_str().unwrap(), &["--max-ctx", "128"], &[]);
     assert!(misses.is_empty(), "{misses:#?}");
 }
 
-fn one_line_exit_2(args: &[&str], needle: &str) {
-    let out = kvprobe(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
-    assert!(err.contains(needle), "{args:?}: `{needle}` not in {err}");
-    assert!(out.stdout.is_empty(), "{args:?}");
-}
-
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
-    let fx = fixture("llama", 11);
+    let fx = llama();
     let m = fx.to_str().unwrap();
-    let base = ["greedy", "--device", "ane-sim", "--model", m];
     // prompt does not fit the context
-    let mut a = base.to_vec();
-    a.extend_from_slice(&["--max-ctx", "4", "--max-query", "2", "--ids", "1,2,3,4"]);
+    let a = ane(
+        "greedy",
+        m,
+        &["--max-ctx", "4", "--max-query", "2", "--ids", "1,2,3,4"],
+    );
     one_line_exit_2(&a, "--max-ctx");
     // a Hailo emulator fault on ane-sim, and an ane fault on the Hailo emulator
-    let mut a = base.to_vec();
-    a.extend_from_slice(&["--fault", "kv-swap"]);
-    one_line_exit_2(&a, "--sim");
+    one_line_exit_2(&ane("greedy", m, &["--fault", "kv-swap"]), "--sim");
     one_line_exit_2(
         &["greedy", "--sim", "--model", m, "--fault", "ane-mask-01"],
         "--device ane-sim",
@@ -114,49 +112,27 @@ fn bad_input_is_one_line_and_exit_2() {
         &["greedy", "--device", "tpu-sim", "--model", m],
         "--device tpu-sim",
     );
-    let mut a = base.to_vec();
-    a.extend_from_slice(&["--max-query", "200"]);
-    one_line_exit_2(&a, "--max-query");
-    let a = ["colmap", "--device", "ane-sim", "--model", m];
-    one_line_exit_2(&a, "not applicable on a stateful device");
+    one_line_exit_2(&ane("greedy", m, &["--max-query", "200"]), "--max-query");
+    one_line_exit_2(
+        &ane("colmap", m, &[]),
+        "not applicable on a stateful device",
+    );
     // GPT-2 is not emulated as ane
     let g = fixture("gpt2", 3);
-    one_line_exit_2(
-        &[
-            "greedy",
-            "--device",
-            "ane-sim",
-            "--model",
-            g.to_str().unwrap(),
-        ],
-        "--sim",
-    );
+    one_line_exit_2(&ane("greedy", g.to_str().unwrap(), &[]), "--sim");
 }
 
 #[test]
 fn manifests_reproduce_and_belong_to_one_device() {
-    let fx = fixture("llama", 11);
+    let fx = llama();
     let m = fx.to_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let o = out.to_str().unwrap();
-    let r = kvprobe(&[
-        "diagnose",
-        "--device",
-        "ane-sim",
-        "--model",
-        m,
-        "--steps",
-        "4",
-        "--max-ctx",
-        "48",
-        "--ids",
-        "3,9,27,81,243,7",
-        "--fault",
-        "ane-write-offset",
-        "--out",
-        o,
-    ]);
+    let run = ["--steps", "4", "--ids", "3,9,27,81,243,7"];
+    let mut a = ane("diagnose", m, &run);
+    a.extend(["--max-ctx", "48", "--fault", "ane-write-offset", "--out", o]);
+    let r = kvprobe(&a);
     assert_eq!(
         r.status.code(),
         Some(1),
@@ -168,19 +144,9 @@ fn manifests_reproduce_and_belong_to_one_device() {
     assert!(html.contains("not applicable on a stateful device"));
     assert!(html.contains("cache-offset"));
     // the manifest alone reproduces geometry and fault
-    let (code, v, _) = kvprobe_json(&[
-        "diagnose",
-        "--device",
-        "ane-sim",
-        "--model",
-        m,
-        "--steps",
-        "4",
-        "--ids",
-        "3,9,27,81,243,7",
-        "--sim-manifest",
-        manifest.to_str().unwrap(),
-    ]);
+    let mut a = ane("diagnose", m, &run);
+    a.extend(["--sim-manifest", manifest.to_str().unwrap()]);
+    let (code, v, _) = kvprobe_json(&a);
     assert_eq!((code, verdict(&v)), (1, "cache-offset".to_string()));
     assert_eq!(v["provenance"]["cache_len"], 48);
     // the Hailo emulator refuses it, and ane-sim refuses a Hailo manifest
@@ -201,37 +167,28 @@ fn manifests_reproduce_and_belong_to_one_device() {
     let hailo = dir.path().join("hailo.json");
     std::fs::write(&hailo, text).unwrap();
     one_line_exit_2(
-        &[
-            "greedy",
-            "--device",
-            "ane-sim",
-            "--model",
-            m,
-            "--sim-manifest",
-            hailo.to_str().unwrap(),
-        ],
+        &ane("greedy", m, &["--sim-manifest", hailo.to_str().unwrap()]),
         "--sim",
     );
 }
 
 #[test]
 fn greedy_on_the_fixture_matches_the_reference_under_fp16() {
-    let fx = fixture("llama", 11);
-    let (code, v, stderr) = kvprobe_json(&[
+    let fx = llama();
+    let (code, v, stderr) = kvprobe_json(&ane(
         "greedy",
-        "--device",
-        "ane-sim",
-        "--model",
         fx.to_str().unwrap(),
-        "--steps",
-        "12",
-        "--max-ctx",
-        "64",
-        "--max-query",
-        "4",
-        "--ids",
-        "5,17,99,3,250,41,7,8,120",
-    ]);
+        &[
+            "--steps",
+            "12",
+            "--max-ctx",
+            "64",
+            "--max-query",
+            "4",
+            "--ids",
+            "5,17,99,3,250,41,7,8,120",
+        ],
+    ));
     assert_eq!(code, 0, "{stderr}");
     let g = &v["probes"]["greedy"];
     assert!(g["min_cosine"].as_f64().unwrap() >= 0.99, "{g}");

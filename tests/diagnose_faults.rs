@@ -34,8 +34,6 @@ const TABLE: &[(&str, &str)] = &[
     ("rope-theta=sign-folded", "position-mismatch"),
 ];
 
-const IDS_REMAINDER: &str = "1,5,9,22,41,17,3,99,150,200,12,7,8"; // 13 tokens, P = 8: chunks 5 + 8
-
 fn check(model: &str, geometry: &[&str], fault: &str, want: &str) -> Option<String> {
     let mut args = vec!["diagnose", "--sim", "--model", model];
     args.extend_from_slice(geometry);
@@ -55,16 +53,7 @@ fn check(model: &str, geometry: &[&str], fault: &str, want: &str) -> Option<Stri
 fn every_fault_gets_its_verdict_on_the_llama_fixture_with_a_remainder_chunk() {
     let f = fixture("llama", 7);
     let m = f.to_str().unwrap();
-    let geo = [
-        "--cache-len",
-        "24",
-        "--prefill-len",
-        "8",
-        "--ids",
-        IDS_REMAINDER,
-        "--steps",
-        "16",
-    ];
+    let geo = geometry("24", "8", IDS_REMAINDER, "16");
     let failures: Vec<String> = TABLE
         .iter()
         .filter_map(|(fault, want)| check(m, &geo, fault, want))
@@ -104,21 +93,9 @@ fn cache_faults_on_a_second_geometry_without_remainder() {
 
 #[test]
 fn smollm2_fault_matrix() {
-    let Some(model) = smollm2() else {
-        eprintln!("SmolLM2 not fetched: skipped (run scripts/fetch-model.sh)");
-        return;
-    };
+    let Some(model) = smollm2() else { return };
     let m = model.to_str().unwrap();
-    let geo = [
-        "--cache-len",
-        "64",
-        "--prefill-len",
-        "16",
-        "--prompt",
-        "The capital of France is Paris. The capital of Italy is",
-        "--steps",
-        "8",
-    ];
+    let geo = SMOLLM2_L64;
     let picks = [
         ("tbt-read-layout=feature-major", "cache-layout-mismatch"),
         ("kv-swap", "kv-binding"),
@@ -204,4 +181,48 @@ fn near_limit_variants_on_the_llama_fixture() {
         failures.push(format!("mask=left-valid (full window): {}", verdict(&v)));
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A theta table in the other sign convention than the graph fails the single-chunk prefill
+/// rows; the theta check alone names it (the tbt position sweep cannot change that verdict, so
+/// it does not run), for either graph convention. `kvprobe positions` reports the same check.
+#[test]
+fn rope_theta_is_named_by_the_theta_check_alone() {
+    let f = fixture("llama", 7);
+    let m = f.to_str().unwrap();
+    // (graph convention, shipped table)
+    for (graph, shipped) in [("plain", "sign-folded"), ("sign-folded", "plain")] {
+        let fault = format!("rope-theta={shipped}");
+        let run = |command: &str| {
+            let mut args = vec![command, "--sim", "--model", m, "--sim-rope-theta", graph];
+            args.extend(geometry("24", "8", IDS_REMAINDER, "8"));
+            args.extend_from_slice(&["--fault", &fault]);
+            kvprobe_json(&args)
+        };
+        let (code, v, stderr) = run("diagnose");
+        assert_eq!(
+            (code, verdict(&v).as_str()),
+            (1, "position-mismatch"),
+            "{fault}: {stderr}"
+        );
+        let t = &v["probes"]["theta"];
+        assert_eq!(t["declared"], shipped, "{t}");
+        let (shipped_cos, other_cos) = (
+            t["declared_cosine"].as_f64().unwrap(),
+            t["other_cosine"].as_f64().unwrap(),
+        );
+        // the stage floor (0.94, docs/diagnosis.md) with the graph's own convention
+        assert!(other_cos >= 0.94 && shipped_cos < other_cos, "{t}");
+        let line = format!(
+            "→ position-mismatch: single-chunk prefill rows reach cosine {other_cos:.4} when the host sends the theta table in the other sign convention, against {shipped_cos:.4} with the shipped {shipped} table: the graph was compiled for the other RoPE convention than rope_theta_data.bin"
+        );
+        let ev = evidence(&v);
+        assert!(ev.contains(&line.as_str()), "{ev:#?}");
+        assert!(v["probes"]["positions"].is_null(), "the position sweep ran");
+
+        let (code, p, stderr) = run("positions");
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(p["probes"]["theta"], *t, "positions command, {fault}");
+        assert!(p["probes"]["positions"]["points"].is_array());
+    }
 }

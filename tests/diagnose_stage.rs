@@ -35,19 +35,8 @@ const STAGES: &[(&str, &str)] = &[
     ("truncate-entry=16", "prefill-writer"),
 ];
 
-const IDS_REMAINDER: &str = "1,5,9,22,41,17,3,99,150,200,12,7,8"; // 13 tokens, P = 8: chunks 5 + 8
-
-fn geo(l: &'static str, p: &'static str, ids: &'static str) -> Vec<&'static str> {
-    vec![
-        "--cache-len",
-        l,
-        "--prefill-len",
-        p,
-        "--ids",
-        ids,
-        "--steps",
-        "8",
-    ]
+fn geo<'a>(l: &'a str, p: &'a str, ids: &'a str) -> Vec<&'a str> {
+    geometry(l, p, ids, "8")
 }
 
 fn stage_only(model: &str, geometry: &[&str], fault: Option<&str>) -> (i32, serde_json::Value) {
@@ -117,21 +106,9 @@ fn healthy_devices_stay_healthy_with_only_the_new_probes() {
 
 #[test]
 fn smollm2_stage_cases() {
-    let Some(model) = smollm2() else {
-        eprintln!("SmolLM2 not fetched: skipped (run scripts/fetch-model.sh)");
-        return;
-    };
+    let Some(model) = smollm2() else { return };
     let m = model.to_str().unwrap();
-    let g = [
-        "--cache-len",
-        "64",
-        "--prefill-len",
-        "16",
-        "--prompt",
-        "The capital of France is Paris. The capital of Italy is",
-        "--steps",
-        "8",
-    ];
+    let g = SMOLLM2_L64;
     let (code, v) = stage_only(m, &g, None);
     assert_eq!(
         (code, verdict(&v)),
@@ -164,15 +141,6 @@ fn head_major_run(stage_only: bool, out: Option<&str>) -> (i32, serde_json::Valu
     let (code, v, stderr) = kvprobe_json(&a);
     assert_eq!(code, 1, "{stderr}");
     (code, v)
-}
-
-fn evidence(v: &serde_json::Value) -> Vec<&str> {
-    v["evidence"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| e.as_str())
-        .collect()
 }
 
 #[test]
@@ -333,12 +301,8 @@ fn stale_causality_splits_artefacts_round_trip() {
 
 #[test]
 fn stage_only_is_refused_outside_diagnose() {
-    let out = kvprobe(&["greedy", "--stage-only", "--sim"]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--stage-only applies to `kvprobe diagnose` only"),
-        "{err}"
+    one_line_exit_2(
+        &["greedy", "--stage-only", "--sim"],
+        "--stage-only applies to `kvprobe diagnose` only",
     );
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }

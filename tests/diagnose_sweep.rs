@@ -53,10 +53,7 @@ fn seeded_fixture_sample_gets_the_table_verdicts() {
 
 #[test]
 fn seeded_smollm2_sample_gets_the_table_verdicts() {
-    let Some(model) = smollm2() else {
-        eprintln!("SmolLM2 not fetched: skipped (run scripts/fetch-model.sh)");
-        return;
-    };
+    let Some(model) = smollm2() else { return };
     let spec = ModelSpec::load("smollm2", &model, Some(TEXTS), 40, 8).expect("SmolLM2");
     let cases = sweep::generate(2026, std::slice::from_ref(&spec), 3, 1);
     let misses = run(&cases, 0);

@@ -182,10 +182,7 @@ fn an_offset_fault_is_a_slot_shift() {
 
 #[test]
 fn smollm2_head_major_through_the_binary() {
-    let Some(model) = smollm2() else {
-        eprintln!("SmolLM2 not fetched: skipped");
-        return;
-    };
+    let Some(model) = smollm2() else { return };
     let f = infer_on(&model, &["--fault", "prefill-write-layout=head-major@v"]);
     assert_eq!(f["unexplained"], 0);
     // SmolLM2: 3 KV heads × 64 (C = 192), P = 32: head-major = ⌊c/64⌋·32·64 + 64t + c mod 64

@@ -503,13 +503,9 @@ fn diagnose_ring(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     if !pf_single_ok && has_tbt && run.s.driver.rope_theta().is_some() {
         // A graph compiled for the other RoPE sign convention than the table it ships fails
         // every single-chunk row; driving with the table flipped repairs them (contract §2.6).
-        let mut ps = match p.positions.take() {
-            Some(ps) => ps,
-            None => run.timed("positions", positions::run)?,
-        };
-        ps.theta = run.timed("positions (theta)", positions::theta_check)?;
-        let flipped = ps.theta.clone();
-        p.positions = Some(ps);
+        // The check stands alone: the tbt position sweep cannot change this path's verdict.
+        p.theta = run.timed("theta", positions::theta_check)?;
+        let flipped = p.theta.clone();
         if let Some(t) = flipped.as_ref().filter(|t| theta_fault(t)) {
             ev.push(format!(
                 "→ position-mismatch: single-chunk prefill rows reach cosine {:.4} when the host sends the theta table in the other sign convention, against {:.4} with the shipped {} table: the graph was compiled for the other RoPE convention than rope_theta_data.bin",

@@ -195,29 +195,10 @@ pub(crate) fn diagnose_stage_only(s: &mut Session, _opts: &DiagnoseOptions) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvprobe_schema::{LogitComparison, StaleLeak};
-
-    fn cmp(c: f64) -> LogitComparison {
-        LogitComparison {
-            cosine: c,
-            kl: 0.0,
-            device_top1: 0,
-            reference_top1: 0,
-            top1_match: true,
-        }
-    }
+    use kvprobe_schema::test_findings;
 
     fn splits(pure: f64, mixed: f64, whole: f64) -> SplitsFinding {
-        SplitsFinding {
-            prompt_len: 4,
-            prefill_len: 2,
-            rows: Vec::new(),
-            whole_prefill: cmp(whole),
-            pure_decode_min: pure,
-            mixed_decode_min: mixed,
-            prefill_continue_min: whole,
-            failing_splits: Vec::new(),
-        }
+        test_findings::splits(4, Vec::new(), pure, mixed, whole)
     }
 
     fn causality(first: usize, all: usize, shift: Option<i64>, spread: usize) -> CausalityFinding {
@@ -240,27 +221,12 @@ mod tests {
         }
     }
 
+    /// Slots 5 and 6 leak; `whole`: the permutation test's answer.
     fn stale(whole: Option<bool>) -> StaleFinding {
-        StaleFinding {
-            poison_magnitude: 1.0,
-            never_written_slots: vec![5, 6],
-            previously_written_slots: Vec::new(),
-            steps: Vec::new(),
-            first_moved_step: Some(0),
-            leaks: [5, 6]
-                .map(|slot| StaleLeak {
-                    step: 0,
-                    slot,
-                    class: "never-written".into(),
-                    distance_to_valid: 1,
-                })
-                .to_vec(),
-            leak_search_complete: true,
-            leak_trials: 3,
-            leak_permutation_cosine: whole.map(|w| if w { 1.0 } else { 0.5 }),
-            leaks_whole_entries: whole,
-            back_to_back: None,
-        }
+        let mut f = test_findings::stale(vec![5, 6], Vec::new(), &[5, 6]);
+        f.leak_permutation_cosine = whole.map(|w| if w { 1.0 } else { 0.5 });
+        f.leaks_whole_entries = whole;
+        f
     }
 
     #[test]

@@ -172,17 +172,8 @@ pub fn run(s: &mut Session) -> Result<PositionsFinding> {
         best_delta: best.0,
         best_cosine: best.1,
         baseline_cosine,
-        theta: None,
         scale,
     })
-}
-
-/// [`run`] plus the theta sign-convention check (the `positions` command; `diagnose` adds the
-/// check only where single-chunk prefill rows fail, the one place it can explain).
-pub fn run_with_theta(s: &mut Session) -> Result<PositionsFinding> {
-    let mut f = run(s)?;
-    f.theta = theta_check(s)?;
-    Ok(f)
 }
 
 /// Prefix lengths of the theta check: single-chunk prefixes (they read no cache, so only the
@@ -190,7 +181,8 @@ pub fn run_with_theta(s: &mut Session) -> Result<PositionsFinding> {
 const THETA_ROWS: usize = 3;
 
 /// Single-chunk prefill rows with the device's theta table and with the same table in the other
-/// sign convention; `None` for a device without a theta table (learned positions).
+/// sign convention; `None` for a device without a theta table (learned positions). The
+/// `positions` command runs it after the sweep, `diagnose` on its own where those rows fail.
 pub fn theta_check(s: &mut Session) -> Result<Option<ThetaCheck>> {
     let Some(declared) = s.driver.rope_theta().map(<[f32]>::to_vec) else {
         return Ok(None);

@@ -384,12 +384,12 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             best_delta: 0,
             best_cosine: if faulty { 0.45 } else { 0.98 },
             baseline_cosine: if faulty { 0.45 } else { 0.98 },
-            theta: Some(ThetaCheck {
-                declared: "plain".into(),
-                rows: 3,
-                declared_cosine: if faulty { 0.41 } else { 0.9999 },
-                other_cosine: if faulty { 0.9999 } else { 0.41 },
-            }),
+        }),
+        theta: Some(ThetaCheck {
+            declared: "plain".into(),
+            rows: 3,
+            declared_cosine: if faulty { 0.41 } else { 0.9999 },
+            other_cosine: if faulty { 0.9999 } else { 0.41 },
         }),
         layout: Some(LayoutFinding {
             caches: caches

@@ -307,36 +307,19 @@ pub fn splits_chart(f: &SplitsFinding) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvprobe_schema::{LogitComparison, SplitRow, StaleLeak, StaleStep};
-
-    fn cmp(c: f64) -> LogitComparison {
-        LogitComparison {
-            cosine: c,
-            kl: 0.0,
-            device_top1: 0,
-            reference_top1: 0,
-            top1_match: true,
-        }
-    }
+    use kvprobe_schema::test_findings::{comparison, splits, stale};
+    use kvprobe_schema::{SplitRow, StaleStep};
 
     #[test]
     fn splits_matrix_by_hand() {
         let row = |split, d: Vec<f64>| SplitRow {
             split,
             prefill_continue: None,
-            decode_final: cmp(*d.last().unwrap()),
+            decode_final: comparison(*d.last().unwrap()),
             decode_cosines: d,
         };
-        let f = SplitsFinding {
-            prompt_len: 3,
-            prefill_len: 2,
-            rows: vec![row(0, vec![0.1, 0.2, 0.3]), row(2, vec![0.9])],
-            whole_prefill: cmp(1.0),
-            pure_decode_min: 0.1,
-            mixed_decode_min: 0.9,
-            prefill_continue_min: 1.0,
-            failing_splits: vec![0],
-        };
+        let rows = vec![row(0, vec![0.1, 0.2, 0.3]), row(2, vec![0.9])];
+        let f = splits(3, rows, 0.1, 0.9, 1.0);
         let m = splits_matrix(&f);
         assert_eq!(m.shape(), &[2, 3]);
         assert_eq!(m.row(0).to_vec(), vec![0.1, 0.2, 0.3]);
@@ -355,24 +338,7 @@ mod tests {
             max_abs_diff: 1.0,
             moved: c < 1.0,
         };
-        let f = StaleFinding {
-            poison_magnitude: 1.0,
-            never_written_slots: vec![2, 3],
-            previously_written_slots: Vec::new(),
-            steps: vec![step(0, 0.25), step(1, 1.0)],
-            first_moved_step: Some(0),
-            leaks: vec![StaleLeak {
-                step: 0,
-                slot: 3,
-                class: "never-written".into(),
-                distance_to_valid: 1,
-            }],
-            leak_search_complete: true,
-            leak_trials: 2,
-            leak_permutation_cosine: None,
-            leaks_whole_entries: None,
-            back_to_back: None,
-        };
+        let f = stale(vec![2, 3], vec![step(0, 0.25), step(1, 1.0)], &[3]);
         let m = stale_matrix(&f, 4);
         assert!(m.row(0).iter().take(3).all(|v| v.is_nan()));
         assert_eq!(m[[0, 3]], 0.75);

@@ -62,7 +62,7 @@ pub fn load_results(dir: &Path) -> Result<Results> {
         });
     }
     let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-    let value: serde_json::Value =
+    let mut value: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|source| Error::Json {
             path: path.clone(),
             source,
@@ -77,7 +77,23 @@ pub fn load_results(dir: &Path) -> Result<Results> {
             });
         }
     }
+    lift_positions_theta(&mut value);
     serde_json::from_value(value).map_err(|source| Error::Json { path, source })
+}
+
+/// Files written before the theta check had its own field keep it under
+/// `probes.positions.theta`; moved to `probes.theta`, their report still shows it.
+fn lift_positions_theta(value: &mut serde_json::Value) {
+    let Some(probes) = value.get_mut("probes").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    let old = probes
+        .get_mut("positions")
+        .and_then(|p| p.as_object_mut())
+        .and_then(|p| p.remove("theta"));
+    if let Some(theta) = old {
+        probes.entry("theta").or_insert(theta);
+    }
 }
 
 /// Re-render report.html and the SVG charts of a run folder from its results.json alone.

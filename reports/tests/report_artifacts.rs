@@ -127,6 +127,7 @@ fn verdict_comes_first_and_reads_right() {
         "quant",
         "maskconv",
         "positions",
+        "theta",
         "layout",
         "inject",
     ] {
@@ -220,6 +221,46 @@ fn results_json_is_the_run_object() {
     assert!(
         load_results(dir.path()).unwrap() == r,
         "results.json does not read back as the run's Results"
+    );
+}
+
+/// The theta section between its heading and the next section.
+fn theta_section(page: &str) -> &str {
+    let start = page
+        .find("<section id=\"theta\">")
+        .expect("a theta section");
+    let len = page[start..].find("</section>").expect("section end");
+    &page[start..start + len]
+}
+
+#[test]
+fn theta_check_has_its_own_section_and_old_files_keep_it() {
+    let r = faulty_results();
+    let want = r.probes.theta.clone().expect("fixture has a theta check");
+    let dir = written(&r, &[]);
+    let page = read(&dir.path().join("report.html"));
+    let sec = theta_section(&page);
+    // the fixture's faulty numbers: shipped plain 0.41, the other convention 0.9999, 3 rows
+    for cell in ["plain", "0.4100", "0.9999", ">3<"] {
+        assert!(sec.contains(cell), "no {cell} in {sec}");
+    }
+    // A results.json from before the field existed holds the check under positions.
+    let path = dir.path().join("results.json");
+    let mut v: serde_json::Value = serde_json::from_str(&read(&path)).unwrap();
+    let theta = v["probes"]
+        .as_object_mut()
+        .unwrap()
+        .remove("theta")
+        .unwrap();
+    v["probes"]["positions"]["theta"] = theta;
+    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    let old = load_results(dir.path()).unwrap();
+    assert_eq!(old.probes.theta, Some(want));
+    render_report(dir.path()).unwrap();
+    assert_eq!(
+        theta_section(&read(&dir.path().join("report.html"))),
+        sec,
+        "an old file renders the same theta section"
     );
 }
 

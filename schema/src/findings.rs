@@ -290,9 +290,6 @@ pub struct PositionsFinding {
     pub best_delta: i64,
     pub best_cosine: f64,
     pub baseline_cosine: f64,
-    /// The theta table's sign convention against the other one (RoPE models only).
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub theta: Option<ThetaCheck>,
     /// The same first tbt step (server position) against references computed with other
     /// attention scales: a position shift and a wrong scale can mimic each other, the fit tells.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -590,6 +587,10 @@ pub struct ProbeFindings {
     pub maskconv: Option<MaskconvFinding>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub positions: Option<PositionsFinding>,
+    /// The theta table's sign convention against the other one (RoPE models only). Its own
+    /// field: `diagnose` runs it without the position sweep where single-chunk prefill fails.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub theta: Option<ThetaCheck>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub layout: Option<LayoutFinding>,
     /// `layout --infer` (older results.json files have none).

@@ -7,6 +7,7 @@ pub mod device;
 pub mod findings;
 pub mod layout_infer;
 pub mod manifest;
+pub mod test_findings;
 
 pub use device::*;
 pub use findings::*;

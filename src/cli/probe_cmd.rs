@@ -318,7 +318,10 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
         "ztap" => p.ztap = Some(ztap::run(s)?),
         "quant" => p.quant = Some(quant::run(s.describe())?),
         "maskconv" => p.maskconv = Some(maskconv::run(s)?),
-        "positions" => p.positions = Some(positions::run_with_theta(s)?),
+        "positions" => {
+            p.positions = Some(positions::run(s)?);
+            p.theta = positions::theta_check(s)?;
+        }
         "layout" => p.layout = Some(layout::run(s)?),
         "layout --infer" => p.layout_infer = Some(layout_infer::run(s)?),
         "inject" => p.inject = Some(inject::run(s)?),
@@ -579,12 +582,12 @@ pub fn summary(r: &Results) -> String {
                 "positions: baseline cosine {:.4}, best {:.4} at δ = {:+}\n",
                 f.baseline_cosine, f.best_cosine, f.best_delta
             );
-            if let Some(t) = &f.theta {
-                s += &format!(
-                    "positions: theta table {} → single-chunk prefill cosine {:.4}; the other sign convention {:.4} ({} rows)\n",
-                    t.declared, t.declared_cosine, t.other_cosine, t.rows
-                );
-            }
+        }
+        if let Some(t) = &p.theta {
+            s += &format!(
+                "theta: table {} → single-chunk prefill cosine {:.4}; the other sign convention {:.4} ({} rows)\n",
+                t.declared, t.declared_cosine, t.other_cosine, t.rows
+            );
         }
         if let Some(f) = &p.layout {
             s += &format!(

@@ -26,11 +26,44 @@ pub fn fixture(kind: &str, seed: u64) -> PathBuf {
     dir
 }
 
-/// The fetched SmolLM2, when present (CI always has it).
+/// The fetched SmolLM2, when present (CI always has it); when absent it prints the skip line,
+/// so a test reads `let Some(m) = smollm2() else { return };`.
 pub fn smollm2() -> Option<PathBuf> {
     let p =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models/smollm2-135m-instruct-q4_1.gguf");
+    if !p.is_file() {
+        eprintln!("SmolLM2 not fetched: skipped (run scripts/fetch-model.sh)");
+    }
     p.is_file().then_some(p)
+}
+
+/// SmolLM2's short test geometry: L 64, P 16, a 13-token prompt (one chunk), 8 steps.
+pub const SMOLLM2_L64: [&str; 8] = [
+    "--cache-len",
+    "64",
+    "--prefill-len",
+    "16",
+    "--prompt",
+    "The capital of France is Paris. The capital of Italy is",
+    "--steps",
+    "8",
+];
+
+/// 13 fixture token ids: with P = 8 the prefill runs a remainder chunk of 5, then 8.
+pub const IDS_REMAINDER: &str = "1,5,9,22,41,17,3,99,150,200,12,7,8";
+
+/// `--cache-len L --prefill-len P --ids IDS --steps STEPS`.
+pub fn geometry<'a>(l: &'a str, p: &'a str, ids: &'a str, steps: &'a str) -> Vec<&'a str> {
+    vec![
+        "--cache-len",
+        l,
+        "--prefill-len",
+        p,
+        "--ids",
+        ids,
+        "--steps",
+        steps,
+    ]
 }
 
 pub fn kvprobe(args: &[&str]) -> Output {
@@ -56,4 +89,22 @@ pub fn kvprobe_json(args: &[&str]) -> (i32, serde_json::Value, String) {
 
 pub fn verdict(v: &serde_json::Value) -> String {
     v["verdict"].as_str().unwrap_or("null").to_string()
+}
+
+/// The verdict's evidence lines.
+pub fn evidence(v: &serde_json::Value) -> Vec<&str> {
+    v["evidence"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e.as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// A refused command: exit 2, one stderr line holding `needle`, nothing on stdout.
+pub fn one_line_exit_2(args: &[&str], needle: &str) {
+    let out = kvprobe(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: `{needle}` not in {err}");
+    assert!(out.stdout.is_empty(), "{args:?}");
 }

@@ -113,7 +113,7 @@ pub fn compare(
             ids.push(b.id);
         }
     }
-    const ORDER: [&str; 11] = [
+    const ORDER: [&str; 12] = [
         "prefill",
         "greedy",
         "selfmask",
@@ -122,6 +122,7 @@ pub fn compare(
         "quant",
         "maskconv",
         "positions",
+        "theta",
         "layout",
         "layout-infer",
         "inject",

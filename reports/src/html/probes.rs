@@ -470,29 +470,37 @@ pub fn blocks(r: &Results, charts: &[(&'static str, String)]) -> Vec<ProbeBlock>
                 (cells, Some(pt.comparison.top1_match))
             })
             .collect();
-        let mut summary = vec![
+        let summary = [
             (
                 "best δ",
                 format!("{:+} (cosine {})", f.best_delta, num(f.best_cosine, 4)),
             ),
             ("cosine at δ = 0", num(f.baseline_cosine, 4)),
         ];
-        if let Some(t) = &f.theta {
-            summary.push((
-                "single-chunk prefill, shipped theta table",
-                format!("{} (cosine {})", t.declared, num(t.declared_cosine, 4)),
-            ));
-            summary.push((
-                "same rows, other sign convention",
-                format!("cosine {} ({} rows)", num(t.other_cosine, 4), t.rows),
-            ));
-        }
         out.push(ProbeBlock {
             id: "positions",
             title: "Position sweep on the first tbt step",
             summary: kv_table(&summary),
             chart: chart(charts, ch::POSITIONS_SVG, "position sweep"),
             detail: fold("sweep", &table(&with_cmp(&["δ"]), &rows), rows.len()),
+        });
+    }
+
+    if let Some(t) = &p.theta {
+        out.push(ProbeBlock {
+            id: "theta",
+            title: "RoPE theta sign convention on single-chunk prefill rows",
+            summary: kv_table(&[
+                ("shipped theta table", html(&t.declared)),
+                ("cosine with the shipped table", num(t.declared_cosine, 4)),
+                (
+                    "cosine with the other sign convention",
+                    num(t.other_cosine, 4),
+                ),
+                ("single-chunk rows", t.rows.to_string()),
+            ]),
+            chart: String::new(),
+            detail: String::new(),
         });
     }
 
