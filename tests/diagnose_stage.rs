@@ -306,3 +306,46 @@ fn stage_only_is_refused_outside_diagnose() {
         "--stage-only applies to `kvprobe diagnose` only",
     );
 }
+
+/// `--all-probes` runs the issue-10 probes under a named verdict too: the verdict, its
+/// confidence and the named rules' evidence are those of the plain run, the new probes'
+/// findings and stage are added, and no line says they were skipped.
+#[test]
+fn all_probes_add_the_new_evidence_and_keep_the_verdict() {
+    let f = fixture("llama", 7);
+    let m = f.to_str().unwrap();
+    let g = geometry("24", "8", IDS_REMAINDER, "8");
+    for fault in [None, Some("kv-swap")] {
+        let mut a = vec!["diagnose", "--sim", "--model", m];
+        a.extend_from_slice(&g);
+        if let Some(f) = fault {
+            a.extend_from_slice(&["--fault", f]);
+        }
+        let (code, plain, _) = kvprobe_json(&a);
+        a.push("--all-probes");
+        let (code_all, all, err) = kvprobe_json(&a);
+        assert_eq!(code, code_all, "{fault:?}: {err}");
+        assert_eq!(verdict(&plain), verdict(&all), "{fault:?}");
+        assert_eq!(plain["confidence"], all["confidence"], "{fault:?}");
+        assert!(plain["probes"]["splits"].is_null(), "{fault:?}");
+        for probe in ["layout_infer", "stale", "causality", "splits"] {
+            assert!(all["probes"][probe].is_object(), "{fault:?}: no {probe}");
+        }
+        let ev = all["evidence"].as_array().unwrap();
+        assert!(
+            !ev.iter().any(|e| e
+                .as_str()
+                .unwrap()
+                .contains("stale/causality/splits skipped")),
+            "{fault:?}: {ev:?}"
+        );
+        if fault.is_some() {
+            // kv-swap breaks what tbt reads, not what prefill wrote (see STAGES)
+            assert_eq!(all["stage"], "tbt-reader", "{ev:?}");
+        }
+    }
+    one_line_exit_2(
+        &["greedy", "--all-probes", "--sim"],
+        "--all-probes applies to `kvprobe diagnose` only",
+    );
+}
