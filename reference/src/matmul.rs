@@ -19,6 +19,63 @@ pub(crate) enum Rhs {
     Plain,
 }
 
+impl Rhs {
+    /// (column, row) strides of the `[k, n]` operand as stored, `n` its full column count.
+    fn strides(self, k: usize, n: usize) -> (isize, isize) {
+        match self {
+            Rhs::Transposed => (k as isize, 1),
+            Rhs::Plain => (1, n as isize),
+        }
+    }
+}
+
+/// `d (m×n, row-major) = l (m×k, row-major) · r (k×n read with `strides` = (column, row))`:
+/// the one gemm call, with the bounds it relies on checked first.
+#[allow(clippy::too_many_arguments)]
+fn gemm_into(
+    m: usize,
+    n: usize,
+    k: usize,
+    d: &mut [f32],
+    l: &[f32],
+    r: &[f32],
+    (rhs_cs, rhs_rs): (isize, isize),
+    par: Parallelism,
+) {
+    if k == 0 {
+        d[..m * n].fill(0.0);
+        return;
+    }
+    let last_rhs = (k - 1) * rhs_rs as usize + (n - 1) * rhs_cs as usize;
+    assert!(m > 0 && n > 0 && d.len() >= m * n && l.len() >= m * k && last_rhs < r.len());
+    // SAFETY: checked above: `d` holds m×n values written with column stride 1 and row stride
+    // n, `l` m×k values read with column stride 1 and row stride k, and the last element of `r`
+    // read with the strides is in bounds; `d` is borrowed mutably, so it overlaps neither.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            d.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            l.as_ptr(),
+            1,
+            k as isize,
+            r.as_ptr(),
+            rhs_cs,
+            rhs_rs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
 /// candle's thread count (`RAYON_NUM_THREADS`, else its CPU detection), looked up once.
 fn parallelism() -> Parallelism {
     static THREADS: OnceLock<usize> = OnceLock::new();
@@ -52,10 +109,7 @@ pub(crate) fn batched(
     if m == 0 || n == 0 {
         return Ok(dst);
     }
-    let (rhs_cs, rhs_rs) = match rhs_kind {
-        Rhs::Transposed => (k as isize, 1isize),
-        Rhs::Plain => (1isize, n as isize),
-    };
+    let strides = rhs_kind.strides(k, n);
     let par = parallelism();
     if let (1, 1, Parallelism::Rayon(threads)) = (batch, m, par) {
         if threads.min(n / SPLIT_MIN_COLUMNS) > 1 {
@@ -67,32 +121,7 @@ pub(crate) fn batched(
         let l = &lhs[b * m * k..(b + 1) * m * k];
         let r = &rhs[b * k * n..(b + 1) * k * n];
         let d = &mut dst[b * m * n..(b + 1) * m * n];
-        // SAFETY: `l` holds m×k values read with column stride 1 and row stride k, `r` holds k×n
-        // values read with the strides above (both index < k·n), `d` holds m×n values written
-        // with column stride 1 and row stride n; the three slices do not overlap.
-        unsafe {
-            gemm(
-                m,
-                n,
-                k,
-                d.as_mut_ptr(),
-                1,
-                n as isize,
-                false,
-                l.as_ptr(),
-                1,
-                k as isize,
-                r.as_ptr(),
-                rhs_cs,
-                rhs_rs,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                par,
-            );
-        }
+        gemm_into(m, n, k, d, l, r, strides, par);
     }
     Ok(dst)
 }
@@ -124,37 +153,20 @@ fn gemv_split(
             let c0 = i * per;
             let cols = d.len();
             scope.spawn(move |_| {
-                let (r, rhs_cs, rhs_rs) = match rhs_kind {
-                    Rhs::Transposed => (&rhs[c0 * k..(c0 + cols) * k], k as isize, 1isize),
-                    Rhs::Plain => (&rhs[c0..], 1isize, n as isize),
+                let r = match rhs_kind {
+                    Rhs::Transposed => &rhs[c0 * k..(c0 + cols) * k],
+                    Rhs::Plain => &rhs[c0..],
                 };
-                // SAFETY: `lhs` holds k values (column stride 1); `r` covers columns c0..c0+cols
-                // of the k×n operand with the strides above (Transposed: cols rows of k values;
-                // Plain: the last element read is (k−1)·n + cols − 1 < r.len()); `d` holds
-                // `cols` values written with column stride 1; the slices do not overlap.
-                unsafe {
-                    gemm(
-                        1,
-                        cols,
-                        k,
-                        d.as_mut_ptr(),
-                        1,
-                        cols as isize,
-                        false,
-                        lhs.as_ptr(),
-                        1,
-                        k as isize,
-                        r.as_ptr(),
-                        rhs_cs,
-                        rhs_rs,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        Parallelism::None,
-                    );
-                }
+                gemm_into(
+                    1,
+                    cols,
+                    k,
+                    d,
+                    lhs,
+                    r,
+                    rhs_kind.strides(k, n),
+                    Parallelism::None,
+                );
             });
         }
     });
