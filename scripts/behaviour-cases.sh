@@ -4,7 +4,7 @@
 # fixture and SmolLM2. Prints one case a line (the arguments after `kvprobe`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --example sweep
+cargo build --release --quiet -p kvprobe-testkit --example sweep
 target/release/examples/sweep --list --seed 12 --fixture-faulty 84 --fixture-healthy 12 \
     --smollm2-faulty 14 --smollm2-healthy 4 | sed -E 's/^#[0-9]+ want [^:]+: kvprobe //'
 fx=target/sweep-fixtures/llama-7

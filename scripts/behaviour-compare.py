@@ -6,9 +6,13 @@ Usage: scripts/behaviour-compare.py BEFORE AFTER [--tol 1e-9]"""
 import json, math, os, sys
 
 TIMING_KEYS = {"timings", "seconds", "elapsed", "wall_seconds"}
+# what names the build rather than the run: the binary's path and the commit it was built from
+IGNORED_PATHS = {"$.provenance.git_hash", "$.provenance.command[0]"}
 
 
 def diff(a, b, path, tol, out):
+    if path in IGNORED_PATHS:
+        return
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
             if k in TIMING_KEYS:

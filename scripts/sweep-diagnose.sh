@@ -8,5 +8,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh >/dev/null
-cargo build --release --quiet --bin kvprobe --example sweep
+cargo build --release --quiet --bin kvprobe
+cargo build --release --quiet -p kvprobe-testkit --example sweep
 exec target/release/examples/sweep "$@"

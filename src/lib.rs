@@ -2,4 +2,3 @@
 //! library so that tests and other binaries can drive them.
 
 pub mod cli;
-pub mod sweep;

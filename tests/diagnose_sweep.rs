@@ -1,4 +1,4 @@
-//! Issue 12: a seeded sample of the randomised diagnosis matrix (`kvprobe::sweep`, the same
+//! Issue 12: a seeded sample of the randomised diagnosis matrix (`kvprobe_testkit::sweep`, the same
 //! generator as `scripts/sweep-diagnose.sh`) runs in CI: fixtures for breadth, a few SmolLM2
 //! cases when the model is fetched. Every faulty case must get the README table's verdict and
 //! every healthy case `healthy` (a miss passes only on a documented known limit whose verdict
@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 
-use kvprobe::sweep::{self, ModelSpec, TEXTS};
+use kvprobe_testkit::sweep::{self, ModelSpec, TEXTS};
 
 /// The misses, except those on a documented known limit (`sweep::known_limit`) whose verdict
 /// lists the expected cause in `also`; at most `max_explained` of those are accepted.

@@ -7,12 +7,14 @@ pub mod device;
 pub mod findings;
 pub mod layout_infer;
 pub mod manifest;
+pub mod outcome;
 pub mod test_findings;
 
 pub use device::*;
 pub use findings::*;
 pub use layout_infer::*;
 pub use manifest::*;
+pub use outcome::{RunOutcome, EXIT_DEVICE, EXIT_FAULT_FOUND, EXIT_OK, EXIT_USAGE};
 
 /// Version of the on-disk artefact format (`results.json`, sim manifests).
 /// Readers refuse a newer version.

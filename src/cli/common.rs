@@ -4,12 +4,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// Usage or input error (bad flag, missing file, malformed model, ids outside the vocabulary).
-pub const EXIT_USAGE: u8 = 2;
-/// The device failed (HailoRT error, missing device).
-pub const EXIT_DEVICE: u8 = 3;
-/// Reserved: a diagnosis ran and found a fault.
-pub const EXIT_FAULT_FOUND: u8 = 1;
+// The exit codes are part of the schema's vocabulary (the sweep and the tests read them too).
+pub use kvprobe_schema::{EXIT_DEVICE, EXIT_FAULT_FOUND, EXIT_USAGE};
 
 /// Where `scripts/fetch-model.sh` puts SmolLM2-135M-Instruct, relative to the working directory.
 pub const DEFAULT_MODEL: &str = ".cache/models/smollm2-135m-instruct-q4_1.gguf";

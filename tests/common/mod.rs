@@ -3,27 +3,16 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::Mutex;
-
-static FIXTURE_LOCK: Mutex<()> = Mutex::new(());
 
 /// A fixture model folder (written once per target dir): "llama" or "gpt2".
 pub fn fixture(kind: &str, seed: u64) -> PathBuf {
-    let _g = FIXTURE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("probe-fixtures/{kind}-{seed}"));
-    if !dir.join("tokenizer.json").is_file() {
-        let tmp = dir.with_extension("partial");
-        let _ = std::fs::remove_dir_all(&tmp);
-        match kind {
-            "llama" => {
-                kvprobe_reference::fixtures::write_tiny_llama(&tmp, seed).expect("write fixture")
-            }
-            _ => kvprobe_reference::fixtures::write_tiny_gpt2(&tmp, seed).expect("write fixture"),
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::rename(&tmp, &dir).expect("place fixture");
-    }
-    dir
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    kvprobe_testkit::fixtures::fixture_folder(
+        root,
+        kvprobe_testkit::fixtures::FixtureKind::named(kind),
+        seed,
+    )
+    .expect("write fixture")
 }
 
 /// The fetched SmolLM2, when present (CI always has it); when absent it prints the skip line,

@@ -3,14 +3,14 @@
 //! (the release one by default) and prints the confusion matrix, accuracy, false alarms and the
 //! misses with their commands.
 //!
-//! `cargo run --release --example sweep -- [--seed N] [--fixture-faulty N] [--fixture-healthy N]
+//! `cargo run --release -p kvprobe-testkit --example sweep -- [--seed N] [--fixture-faulty N] [--fixture-healthy N]
 //!  [--smollm2-faulty N] [--smollm2-healthy N] [--jobs N] [--bin PATH] [--out FILE] [--list]
 //!  [--family NAME]…` (`--family`, repeatable: draw faults of these `sweep::FAMILIES` only)
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use kvprobe::sweep::{self, ModelSpec, TEXTS};
+use kvprobe_testkit::sweep::{self, ModelSpec, TEXTS};
 
 struct Args {
     seed: u64,
@@ -27,8 +27,14 @@ struct Args {
     families: Vec<String>,
 }
 
+/// The workspace folder (this example lives in `testkit/`).
+fn workspace_root() -> &'static Path {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent().unwrap_or(here)
+}
+
 fn parse() -> anyhow::Result<Args> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = workspace_root();
     let mut a = Args {
         seed: 12,
         fixture_faulty: 240,
@@ -80,7 +86,7 @@ fn parse() -> anyhow::Result<Args> {
 
 fn main() -> anyhow::Result<()> {
     let a = parse()?;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = workspace_root();
     let fx = root.join("target/sweep-fixtures");
     let llama = fx.join("llama-7");
     let gpt2 = fx.join("gpt2-5");
