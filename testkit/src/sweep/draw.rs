@@ -95,7 +95,7 @@ fn draw_geometry(rng: &mut Rng, m: &ModelSpec, multi_chunk: bool) -> Geo {
     }
 }
 
-fn draw_scale(rng: &mut Rng) -> String {
+pub(super) fn draw_scale(rng: &mut Rng) -> String {
     // [0.5, 2] without 1, in steps of 0.05, away from 1 by at least 0.1 on either side
     loop {
         let f = 0.5 + 0.05 * rng.range(0, 30) as f64;

@@ -18,6 +18,7 @@ pub use summary::{report, Summary};
 
 #[cfg(test)]
 mod tests {
+    use super::draw::draw_scale;
     use super::*;
     use std::path::PathBuf;
 
