@@ -26,7 +26,9 @@ pub(crate) fn build(cfg: &ModelConfig, g: &WeightGetter, act: Activation) -> Res
     };
     let wte = g.get("wte.weight", &[cfg.vocab_size, h])?;
     let wpe = g.get("wpe.weight", &[cfg.max_position, h])?;
-    let mut blocks = Vec::with_capacity(cfg.n_layers);
+    // no capacity from the config: a lying config.json must fail at its first missing layer,
+    // not allocate for a billion of them
+    let mut blocks = Vec::new();
     for i in 0..cfg.n_layers {
         let p = format!("h.{i}");
         blocks.push(Block {

@@ -276,6 +276,19 @@ pub fn load_weights(dir: &Path) -> Result<Weights> {
         }
         let mut files = Vec::new();
         for n in names {
+            // a shard is a file of the model folder: an absolute path or `..` would let a
+            // downloaded index open any file on the machine
+            let plain = Path::new(&n)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !plain {
+                return Err(Error::Format {
+                    path: index.clone(),
+                    detail: format!(
+                        "shard `{n}` is not a file name inside the model folder; restore the original index file"
+                    ),
+                });
+            }
             let p = dir.join(&n);
             if !p.is_file() {
                 return Err(missing(

@@ -22,7 +22,9 @@ pub(crate) fn build(cfg: &ModelConfig, g: &WeightGetter) -> Result<LlamaParts> {
         cfg.intermediate_size,
     );
     let embed = g.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
-    let mut blocks = Vec::with_capacity(cfg.n_layers);
+    // no capacity from the config: a lying config.json must fail at its first missing layer,
+    // not allocate for a billion of them
+    let mut blocks = Vec::new();
     for i in 0..cfg.n_layers {
         let p = format!("model.layers.{i}");
         let rms = |name: &str| -> Result<Norm> {

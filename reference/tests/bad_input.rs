@@ -207,3 +207,50 @@ fn api_misuse_is_an_error_not_a_panic() {
         .unwrap();
     common::assert_close("empty state", &a, b.row(0));
 }
+
+/// Rewrites one field of the fixture's config.json.
+fn set_config(dir: &Path, key: &str, value: serde_json::Value) {
+    let p = dir.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    c[key] = value;
+    std::fs::write(&p, c.to_string()).unwrap();
+}
+
+#[test]
+fn config_claiming_a_billion_layers_is_refused_before_allocating_them() {
+    // issue 19: a config.json with 1e9 layers used to abort on a 216 GB allocation; the weights
+    // present decide, so it must end at the first missing layer with a typed error
+    let d = fixture();
+    set_config(
+        d.path(),
+        "num_hidden_layers",
+        serde_json::json!(1_000_000_000u64),
+    );
+    let e = Model::load(d.path()).unwrap_err();
+    assert!(matches!(e, Error::MissingTensor { .. }), "{e}");
+    one_line_naming(&e, "model.layers.2");
+}
+
+#[test]
+fn shard_names_outside_the_model_folder_are_refused() {
+    // issue 19: a safetensors index may not point at files outside the model folder
+    for shard in [
+        "/etc/hostname",
+        "../model.safetensors",
+        "sub/../../x.safetensors",
+    ] {
+        let d = fixture();
+        std::fs::remove_file(d.path().join("model.safetensors")).unwrap();
+        let index = serde_json::json!({"weight_map": {"model.embed_tokens.weight": shard}});
+        std::fs::write(
+            d.path().join("model.safetensors.index.json"),
+            index.to_string(),
+        )
+        .unwrap();
+        let e = Model::load(d.path()).unwrap_err();
+        assert!(matches!(e, Error::Format { .. }), "{shard}: {e}");
+        one_line_naming(&e, "model.safetensors.index.json");
+        one_line_naming(&e, shard);
+    }
+}
