@@ -193,11 +193,10 @@ fn ident_before(b: &[char], i: usize) -> bool {
 
 fn is_char_literal(b: &[char], i: usize) -> bool {
     // 'x' or '\n' / '\u{..}' — not a lifetime 'a
-    match (b.get(i + 1), b.get(i + 2)) {
-        (Some('\\'), _) => true,
-        (Some(_), Some('\'')) => true,
-        _ => false,
-    }
+    matches!(
+        (b.get(i + 1), b.get(i + 2)),
+        (Some('\\'), _) | (Some(_), Some('\''))
+    )
 }
 
 fn char_literal_end(b: &[char], i: usize) -> usize {
