@@ -15,7 +15,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
     ("src/cli/probe_cmd.rs", TODO),
     ("src/cli/probe_cmd.rs::run", TODO),
     ("src/cli/probe_cmd.rs::summary", TODO),
-    ("src/sweep.rs", TODO),
     ("schema/src/findings.rs", TODO),
     ("npu/src/ane/mod.rs::new", TODO),
     ("npu/src/hef/describe.rs::to_sim_manifest", TODO),
