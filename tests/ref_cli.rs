@@ -423,3 +423,24 @@ fn smollm2_generate_matches_independent_references() {
     );
     assert_eq!(v["text"], "The capital of France is Paris.<|im_end|>");
 }
+
+#[test]
+#[cfg(unix)]
+fn written_files_follow_the_umask_like_any_other_tool() {
+    // issue 19: artefacts came out 0600 (the temporary file's mode) under umask 022
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let m = tiny_llama(d.path());
+    let out = d.path().join("o.npy");
+    let r = Command::new("sh")
+        .arg("-c")
+        .arg("umask 022 && exec \"$0\" ref logits --model \"$1\" --ids 1,2 --out \"$2\"")
+        .arg(env!("CARGO_BIN_EXE_kvprobe"))
+        .arg(&m)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "{mode:o}");
+}

@@ -76,16 +76,21 @@ pub fn write_atomic(
             dir.display()
         )));
     }
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".kvprobe-")
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .map_err(|e| {
-            usage(format!(
-                "{}: cannot create a file there ({e}); choose another --out",
-                dir.display()
-            ))
-        })?;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".kvprobe-").suffix(".tmp");
+    #[cfg(unix)]
+    {
+        // what a plain create gives (0666 less the umask): the temporary file's 0600 would
+        // otherwise survive the rename and hide the output from the user's group
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut tmp = builder.tempfile_in(dir).map_err(|e| {
+        usage(format!(
+            "{}: cannot create a file there ({e}); choose another --out",
+            dir.display()
+        ))
+    })?;
     fill(tmp.as_file_mut())?;
     tmp.as_file_mut().flush().map_err(|e| {
         usage(format!(
