@@ -114,6 +114,9 @@ pub fn compare(
             ids.push(b.id);
         }
     }
+    // The sections compare.html was written with, pinned in page order; any other section
+    // (stale, causality, splits, the stateful ones, later probes) sorts before them in the
+    // order it ran. A quirk, kept so compare pages of old run folders re-render byte-identically.
     const ORDER: [&str; 12] = [
         "prefill",
         "greedy",
