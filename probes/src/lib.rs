@@ -57,3 +57,31 @@ pub static PROBES: &[&dyn Probe] = &[
     &causality::CausalityProbe,
     &splits::SplitsProbe,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::PROBES;
+
+    #[test]
+    fn probe_names_are_unique_and_flags_name_a_subcommand() {
+        let mut names: Vec<&str> = PROBES.iter().map(|p| p.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(
+            names.len(),
+            PROBES.len(),
+            "a probe name is registered twice"
+        );
+        for p in PROBES {
+            if let Some((sub, long)) = p.flag_of() {
+                assert!(
+                    PROBES
+                        .iter()
+                        .any(|q| q.name() == sub && q.flag_of().is_none()),
+                    "`{}`: `--{long}` of `{sub}`, which is no subcommand",
+                    p.name()
+                );
+            }
+        }
+    }
+}

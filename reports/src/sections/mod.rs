@@ -94,3 +94,23 @@ pub fn blocks(r: &Results, charts: &[Chart]) -> Vec<ProbeBlock> {
 pub fn summaries(r: &Results) -> String {
     SECTIONS.iter().map(|s| s.summary(r)).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::faulty_results;
+
+    #[test]
+    fn every_block_id_once_and_every_chart_shown() {
+        let r = faulty_results();
+        let charts = charts(&r).expect("charts render");
+        let blocks = blocks(&r, &charts);
+        let mut ids: Vec<&str> = blocks.iter().map(|b| b.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), blocks.len(), "two sections share an id");
+        let page: String = blocks.iter().map(|b| b.chart.as_str()).collect();
+        let figures = page.matches("<figure class=\"chart\">").count();
+        assert_eq!(figures, charts.len(), "a chart is drawn but not shown");
+    }
+}
