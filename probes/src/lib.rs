@@ -23,6 +23,7 @@ pub mod prefill;
 pub mod probe;
 pub mod progress;
 pub mod quant;
+pub mod rerun;
 pub mod rings;
 pub mod scalefit;
 pub mod selfmask;
@@ -56,6 +57,7 @@ pub static PROBES: &[&dyn Probe] = &[
     &stale::StaleProbe,
     &causality::CausalityProbe,
     &splits::SplitsProbe,
+    &rerun::RerunProbe,
 ];
 
 #[cfg(test)]

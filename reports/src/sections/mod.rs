@@ -11,6 +11,7 @@ mod maskconv;
 mod positions;
 mod prefill;
 mod quant;
+mod rerun;
 mod selfmask;
 mod splits;
 mod stale;
@@ -42,6 +43,7 @@ pub static SECTIONS: &[&dyn ProbeSection] = &[
     &stale::Stale,
     &causality::Causality,
     &splits::Splits,
+    &rerun::Rerun,
     &stateful::Overflow,
     &stateful::State,
     &stateful::NotApplicable,
