@@ -12,10 +12,6 @@ const MAX_FN_LINES: usize = 120;
 /// `(path or path::fn, why)`: what is allowed past a limit, and why.
 const EXCEPTIONS: &[(&str, &str)] = &[
     ("src/cli/inspect.rs::print_text", TODO),
-    ("src/cli/probe_cmd.rs", TODO),
-    ("src/cli/probe_cmd.rs::run", TODO),
-    ("src/cli/probe_cmd.rs::summary", TODO),
-    ("schema/src/findings.rs", TODO),
     ("npu/src/ane/mod.rs::new", TODO),
     ("npu/src/hef/describe.rs::to_sim_manifest", TODO),
     ("npu/src/hef/header.rs::parse", TODO),
@@ -28,17 +24,9 @@ const EXCEPTIONS: &[(&str, &str)] = &[
     ("npu/src/sim/mod.rs::new", TODO),
     ("npu/src/sim/mod.rs::describe_group", TODO),
     ("npu/src/driver.rs", TODO),
-    ("probes/src/causality.rs::run", TODO),
     ("probes/src/diagnose.rs", TODO),
     ("probes/src/diagnose.rs::diagnose_ring", TODO),
     ("probes/src/diagnose_stateful.rs::diagnose", TODO),
-    ("probes/src/greedy.rs::run_with", TODO),
-    ("reports/src/charts/heatmap.rs::draw", TODO),
-    ("reports/src/charts/metric.rs::render", TODO),
-    ("reports/src/fixtures.rs::findings", TODO),
-    ("reports/src/html/probes.rs", TODO),
-    ("reports/src/html/probes.rs::blocks", TODO),
-    ("reports/src/tables.rs::tables", TODO),
 ];
 
 /// Not a reason: what is still to split (issue 17). None may remain when the issue closes.
@@ -49,7 +37,6 @@ const CIRCLES_TODO: &[&str] = &[
     "kvprobe-reference: reference/src/gguf_tokenizer.rs ↔ reference/src/gguf.rs",
     "kvprobe-npu: npu/src/sim/faults.rs ↔ npu/src/ane/faults.rs",
     "kvprobe-probes: probes/src/diagnose_stateful.rs ↔ probes/src/diagnose_stage.rs ↔ probes/src/diagnose.rs",
-    "kvprobe-reports: reports/src/tables.rs ↔ reports/src/charts/probes.rs ↔ reports/src/html/probes.rs ↔ reports/src/layout_infer.rs ↔ reports/src/arrays.rs",
 ];
 
 /// The library and CLI source roots: `(crate, src folder)`.

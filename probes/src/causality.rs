@@ -98,28 +98,33 @@ pub fn replacement(t: u32, vocab: usize) -> u32 {
     ((t as usize + vocab / 2 + 1) % vocab.max(2)) as u32
 }
 
-pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding> {
-    let g = s.geometry();
-    let l = g.cache_len;
-    let n = g.prompt_len;
+/// The prompt's prefill and one prefill per perturbed position, from the same host window.
+struct Perturbed {
+    /// `[cache][slot]` entries after the prompt's prefill.
+    base: Vec<Vec<Vec<f32>>>,
+    /// Per perturbed position: `[cache][slot]` relative change.
+    changes: Vec<Vec<Vec<f64>>>,
+    replacement_tokens: Vec<u32>,
+    final_logits_cosine: Vec<f64>,
+    /// Per perturbed position: the first layer's entries.
+    alt_entries: Vec<Vec<Vec<Vec<f32>>>>,
+}
+
+fn perturb(s: &mut Session, perturbed: &[usize], infos: &[CacheInfo]) -> Result<Perturbed> {
+    let l = s.geometry().cache_len;
     let vocab = s.model.config().vocab_size;
-    let infos = cache_infos(s.describe())?;
-    let perturbed = pick_positions(n, opts.max_perturbed);
-    s.progress.phase("causality", perturbed.len() as u64 + 1);
     // Same host window before every prefill: padding rows must not differ between runs.
     let host0 = s.driver.host_state();
     let ids = s.ids.clone();
     s.clear_rings()?;
     let base_out = s.prefill(&ids)?;
-    let base = entries(&s.dev.cache_buffers()?, &infos, l);
+    let base = entries(&s.dev.cache_buffers()?, infos, l);
     s.progress.inc(1);
-    let first_layer: Vec<bool> = infos.iter().map(|i| i.layer == 0).collect();
-    // per perturbed position: [cache][slot] change
     let mut changes: Vec<Vec<Vec<f64>>> = Vec::with_capacity(perturbed.len());
     let mut replacement_tokens = Vec::with_capacity(perturbed.len());
     let mut final_logits_cosine = Vec::with_capacity(perturbed.len());
     let mut alt_entries: Vec<Vec<Vec<Vec<f32>>>> = Vec::with_capacity(perturbed.len());
-    for &p in &perturbed {
+    for &p in perturbed {
         let mut alt = ids.clone();
         alt[p] = replacement(ids[p], vocab);
         replacement_tokens.push(alt[p]);
@@ -127,8 +132,8 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
         s.driver.set_host_state(host0.clone());
         let out = s.prefill(&alt)?;
         final_logits_cosine.push(cosine(&out.logits, &base_out.logits));
-        let now = entries(&s.dev.cache_buffers()?, &infos, l);
-        alt_entries.push(first_layer_only(&now, &infos));
+        let now = entries(&s.dev.cache_buffers()?, infos, l);
+        alt_entries.push(first_layer_only(&now, infos));
         changes.push(
             now.iter()
                 .zip(&base)
@@ -144,35 +149,50 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
         s.progress.inc(1);
     }
     s.driver.set_host_state(host0);
-    let frozen_tail_columns = frozen_tail(&changes, &first_layer, &infos, &base, &alt_entries);
-    let padding_slots: Vec<usize> = (g.padding_floor()..0)
-        .map(|p| p.rem_euclid(l as i64) as usize)
-        .filter(|&slot| slot >= n)
-        .collect();
-    let slot_position = |slot: usize| -> Option<usize> { (slot < n).then_some(slot) };
-    let changed_anywhere = |slot: usize| -> bool {
-        changes
-            .iter()
-            .any(|c| c.iter().any(|cache| cache[slot] > CHANGE_EPS))
-    };
-    // Rows: slots holding prompt tokens (position i at slot i, n < L) and any other slot that
-    // changed; large rings stay small.
-    let slots: Vec<usize> = (0..l)
-        .filter(|&s| slot_position(s).is_some() || changed_anywhere(s))
-        .collect();
+    Ok(Perturbed {
+        base,
+        changes,
+        replacement_tokens,
+        final_logits_cosine,
+        alt_entries,
+    })
+}
+
+/// The slot × perturbed-position matrices and their classified cells.
+#[derive(Default)]
+struct Cells {
+    matrix: Vec<Vec<f32>>,
+    first_matrix: Vec<Vec<f32>>,
+    leaks: Vec<CausalLeak>,
+    leak_cells: usize,
+    first_leaks: usize,
+    stray: usize,
+    padding: usize,
+}
+
+/// Position `i` is at slot `i` (the prompt is shorter than the ring).
+fn slot_position(slot: usize, n: usize) -> Option<usize> {
+    (slot < n).then_some(slot)
+}
+
+fn classify(
+    changes: &[Vec<Vec<f64>>],
+    first_layer: &[bool],
+    slots: &[usize],
+    perturbed: &[usize],
+    padding_slots: &[usize],
+    n: usize,
+) -> Cells {
     let cell = |k: usize, slot: usize, only_first: bool| -> f64 {
         changes[k]
             .iter()
-            .zip(&first_layer)
+            .zip(first_layer)
             .filter(|(_, &f)| !only_first || f)
             .map(|(c, _)| c[slot])
             .fold(0.0, f64::max)
     };
-    let mut matrix = Vec::with_capacity(slots.len());
-    let mut first_matrix = Vec::with_capacity(slots.len());
-    let mut leaks = Vec::new();
-    let (mut leak_cells, mut first_leaks, mut stray, mut padding) = (0, 0, 0, 0);
-    for &slot in &slots {
+    let mut c = Cells::default();
+    for &slot in slots {
         let mut row = Vec::with_capacity(perturbed.len());
         let mut frow = Vec::with_capacity(perturbed.len());
         for (k, &p) in perturbed.iter().enumerate() {
@@ -180,11 +200,11 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
             let first = cell(k, slot, true);
             row.push(all as f32);
             frow.push(first as f32);
-            match slot_position(slot) {
+            match slot_position(slot, n) {
                 Some(i) if i < p && all > CHANGE_EPS => {
-                    leak_cells += 1;
-                    first_leaks += usize::from(first > CHANGE_EPS);
-                    leaks.push(CausalLeak {
+                    c.leak_cells += 1;
+                    c.first_leaks += usize::from(first > CHANGE_EPS);
+                    c.leaks.push(CausalLeak {
                         position: i,
                         perturbed: p,
                         change: all,
@@ -198,35 +218,65 @@ pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding>
                     && first <= CHANGE_EPS
                     && all > CHANGE_EPS =>
                 {
-                    padding += 1
+                    c.padding += 1
                 }
-                None if all > CHANGE_EPS => stray += 1,
+                None if all > CHANGE_EPS => c.stray += 1,
                 _ => {}
             }
         }
-        matrix.push(row);
-        first_matrix.push(frow);
+        c.matrix.push(row);
+        c.first_matrix.push(frow);
     }
-    leaks.sort_by(|a, b| b.change.total_cmp(&a.change));
-    leaks.truncate(64);
-    let first_layer_shift = first_layer_shift(&perturbed, &changes, &first_layer, l);
+    c.leaks.sort_by(|a, b| b.change.total_cmp(&a.change));
+    c.leaks.truncate(64);
+    c
+}
+
+pub fn run(s: &mut Session, opts: &CausalityOptions) -> Result<CausalityFinding> {
+    let g = s.geometry();
+    let l = g.cache_len;
+    let n = g.prompt_len;
+    let infos = cache_infos(s.describe())?;
+    let perturbed = pick_positions(n, opts.max_perturbed);
+    s.progress.phase("causality", perturbed.len() as u64 + 1);
+    let runs = perturb(s, &perturbed, &infos)?;
+    let changes = &runs.changes;
+    let first_layer: Vec<bool> = infos.iter().map(|i| i.layer == 0).collect();
+    let frozen_tail_columns =
+        frozen_tail(changes, &first_layer, &infos, &runs.base, &runs.alt_entries);
+    let padding_slots: Vec<usize> = (g.padding_floor()..0)
+        .map(|p| p.rem_euclid(l as i64) as usize)
+        .filter(|&slot| slot >= n)
+        .collect();
+    let changed_anywhere = |slot: usize| -> bool {
+        changes
+            .iter()
+            .any(|c| c.iter().any(|cache| cache[slot] > CHANGE_EPS))
+    };
+    // Rows: slots holding prompt tokens (position i at slot i, n < L) and any other slot that
+    // changed; large rings stay small.
+    let slots: Vec<usize> = (0..l)
+        .filter(|&s| slot_position(s, n).is_some() || changed_anywhere(s))
+        .collect();
+    let cells = classify(changes, &first_layer, &slots, &perturbed, &padding_slots, n);
+    let first_layer_shift = first_layer_shift(&perturbed, changes, &first_layer, l);
     let first_layer_spread = (0..perturbed.len())
         .map(|k| first_layer_slots(&changes[k], &first_layer, l).len())
         .max()
         .unwrap_or(0);
     Ok(CausalityFinding {
-        slot_positions: slots.iter().map(|&s| slot_position(s)).collect(),
+        slot_positions: slots.iter().map(|&s| slot_position(s, n)).collect(),
         slots,
         perturbed,
-        replacement_tokens,
-        matrix,
-        first_layer_matrix: first_matrix,
-        final_logits_cosine,
-        leaks,
-        leak_cells,
-        first_layer_leak_cells: first_leaks,
-        stray_cells: stray,
-        padding_cells: padding,
+        replacement_tokens: runs.replacement_tokens,
+        matrix: cells.matrix,
+        first_layer_matrix: cells.first_matrix,
+        final_logits_cosine: runs.final_logits_cosine,
+        leaks: cells.leaks,
+        leak_cells: cells.leak_cells,
+        first_layer_leak_cells: cells.first_leaks,
+        stray_cells: cells.stray,
+        padding_cells: cells.padding,
         first_layer_shift,
         first_layer_spread,
         frozen_tail_columns,
@@ -327,6 +377,29 @@ fn first_layer_shift(
         }
     }
     shift
+}
+
+/// `kvprobe causality`.
+pub struct CausalityProbe;
+
+impl crate::probe::Probe for CausalityProbe {
+    fn name(&self) -> &'static str {
+        "causality"
+    }
+
+    fn about(&self) -> &'static str {
+        "Replace one prompt token at a time: which earlier positions' cache entries change"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.causality = Some(run(s, &CausalityOptions::default())?);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -340,6 +340,29 @@ fn empty_spread(
     (Some(spread <= COLMAP_EMPTY_SPREAD), Some(spread))
 }
 
+/// `kvprobe colmap`.
+pub struct ColmapProbe;
+
+impl crate::probe::Probe for ColmapProbe {
+    fn name(&self) -> &'static str {
+        "colmap"
+    }
+
+    fn about(&self) -> &'static str {
+        "Single-key column-to-token map of the first tbt window"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.colmap = Some(run(s, &ColmapOptions::default())?);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,19 +32,7 @@ pub fn run_with(
     let n = g.prompt_len;
     let l = g.cache_len;
     s.progress.phase("greedy", steps as u64 + 1);
-    // Device first: prefill, then tbt steps on its own argmax, exactly as the server.
-    let out = s.prefill_prompt()?;
-    s.progress.inc(1);
-    let mut device_logits = vec![out.logits];
-    let mut device_ids = vec![top1(&device_logits[0])];
-    for step in 1..steps {
-        let dev = s
-            .driver
-            .step(s.dev, device_ids[step - 1], &MaskMode::Ring)?;
-        device_ids.push(top1(&dev.logits));
-        device_logits.push(dev.logits);
-        s.progress.inc(1);
-    }
+    let (device_logits, device_ids) = device_run(s, steps)?;
     // Reference teacher-forced on the device's tokens, all steps in one forward: row i may see
     // positions i − (L − 1) … i, the window a ring of L entries leaves a tbt step (contract §2.9);
     // earlier layers are windowed the same way, as on the device.
@@ -83,24 +71,9 @@ pub fn run_with(
     let reference_ids = match first_divergence {
         None => device_ids.clone(),
         Some(d) => {
-            let mut ids = device_ids[..d].to_vec();
-            ids.push(out_steps[d].comparison.reference_top1);
-            let prefix: Vec<u32> = s.ids.iter().chain(&ids[..d]).copied().collect();
-            let mut st = s
-                .model
-                .prefix_state(&prefix, &(0..prefix.len()).collect::<Vec<_>>())?;
-            // (a wrapped prefix would need its own windows; keep the state to the ring's reach)
             let stop = reference_tail.map_or(steps, |t| steps.min(d + 1 + t));
-            while ids.len() < stop {
-                let step = ids.len();
-                let token = ids[step - 1];
-                let position = n + step - 1;
-                let window = (n + step).min(l) - 1;
-                let (logits, kv) = window_step(s.model, &st, token, position, window)?;
-                append(&mut st, &kv, token, position)?;
-                ids.push(top1(&logits));
-            }
-            ids
+            let diverged = out_steps[d].comparison.reference_top1;
+            reference_continuation(s, &device_ids[..d], diverged, stop)?
         }
     };
     let vocab = device_logits.first().map_or(0, Vec::len);
@@ -108,18 +81,7 @@ pub fn run_with(
     for step in 0..steps {
         reference_rows.extend_from_slice(reference.row(n - 1 + step));
     }
-    s.compared.push(ComparedLogits {
-        name: "greedy_device_logits".into(),
-        rows: steps,
-        cols: vocab,
-        data: device_logits.concat(),
-    });
-    s.compared.push(ComparedLogits {
-        name: "greedy_reference_logits".into(),
-        rows: steps,
-        cols: vocab,
-        data: reference_rows,
-    });
+    keep_compared(s, steps, vocab, device_logits.concat(), reference_rows);
     let tok = s.model.tokenizer();
     let device_text = tok.decode(&device_ids).unwrap_or_default();
     let reference_text = tok.decode(&reference_ids).unwrap_or_default();
@@ -141,6 +103,76 @@ pub fn run_with(
     })
 }
 
+/// Device first: prefill, then tbt steps on its own argmax, exactly as the server. Returns each
+/// step's logits and argmax.
+fn device_run(s: &mut Session, steps: usize) -> Result<(Vec<Vec<f32>>, Vec<u32>)> {
+    let out = s.prefill_prompt()?;
+    s.progress.inc(1);
+    let mut device_logits = vec![out.logits];
+    let mut device_ids = vec![top1(&device_logits[0])];
+    for step in 1..steps {
+        let dev = s
+            .driver
+            .step(s.dev, device_ids[step - 1], &MaskMode::Ring)?;
+        device_ids.push(top1(&dev.logits));
+        device_logits.push(dev.logits);
+        s.progress.inc(1);
+    }
+    Ok((device_logits, device_ids))
+}
+
+/// The reference's greedy tokens: the device's `agreed` ones, the reference's own `diverged`
+/// token, then free-running on the reference's KV state until `stop` tokens.
+fn reference_continuation(
+    s: &Session,
+    agreed: &[u32],
+    diverged: u32,
+    stop: usize,
+) -> Result<Vec<u32>> {
+    let g = s.geometry();
+    let (n, l) = (g.prompt_len, g.cache_len);
+    let d = agreed.len();
+    let mut ids = agreed.to_vec();
+    ids.push(diverged);
+    let prefix: Vec<u32> = s.ids.iter().chain(&ids[..d]).copied().collect();
+    let mut st = s
+        .model
+        .prefix_state(&prefix, &(0..prefix.len()).collect::<Vec<_>>())?;
+    // (a wrapped prefix would need its own windows; keep the state to the ring's reach)
+    while ids.len() < stop {
+        let step = ids.len();
+        let token = ids[step - 1];
+        let position = n + step - 1;
+        let window = (n + step).min(l) - 1;
+        let (logits, kv) = window_step(s.model, &st, token, position, window)?;
+        append(&mut st, &kv, token, position)?;
+        ids.push(top1(&logits));
+    }
+    Ok(ids)
+}
+
+/// The compared logits, `[steps, vocab]` each, for the run's `.npy` files.
+fn keep_compared(
+    s: &mut Session,
+    steps: usize,
+    vocab: usize,
+    device: Vec<f32>,
+    reference: Vec<f32>,
+) {
+    s.compared.push(ComparedLogits {
+        name: "greedy_device_logits".into(),
+        rows: steps,
+        cols: vocab,
+        data: device,
+    });
+    s.compared.push(ComparedLogits {
+        name: "greedy_reference_logits".into(),
+        rows: steps,
+        cols: vocab,
+        data: reference,
+    });
+}
+
 /// Top-1 agreement over tbt steps only (step ≥ 1); `None` without tbt steps.
 pub fn tbt_top1(f: &GreedyFinding) -> Option<f64> {
     (f.steps.len() > 1).then(|| summarise(f.steps[1..].iter().map(|x| &x.comparison)).2)
@@ -149,4 +181,27 @@ pub fn tbt_top1(f: &GreedyFinding) -> Option<f64> {
 /// Minimum cosine over tbt steps only.
 pub fn tbt_min(f: &GreedyFinding) -> Option<f64> {
     (f.steps.len() > 1).then(|| summarise(f.steps[1..].iter().map(|x| &x.comparison)).1)
+}
+
+/// `kvprobe greedy`.
+pub struct GreedyProbe;
+
+impl crate::probe::Probe for GreedyProbe {
+    fn name(&self) -> &'static str {
+        "greedy"
+    }
+
+    fn about(&self) -> &'static str {
+        "Greedy generation through the server's ring mask, teacher-forced comparison per step"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.greedy = Some(run(s, opts.steps)?);
+        Ok(())
+    }
 }

@@ -258,3 +258,26 @@ fn partner<'i>(infos: &'i [CacheInfo], info: &CacheInfo) -> Option<&'i CacheInfo
         .iter()
         .find(|c| c.layer == info.layer && c.kind == want)
 }
+
+/// `kvprobe inject`.
+pub struct InjectProbe;
+
+impl crate::probe::Probe for InjectProbe {
+    fn name(&self) -> &'static str {
+        "inject"
+    }
+
+    fn about(&self) -> &'static str {
+        "Golden reference rings written into the device, then a tbt step"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.inject = Some(run(s)?);
+        Ok(())
+    }
+}

@@ -174,3 +174,26 @@ fn majority<T: PartialEq + Copy>(it: impl Iterator<Item = T>) -> Option<T> {
     }
     counts.into_iter().max_by_key(|&(_, c)| c).map(|(x, _)| x)
 }
+
+/// `kvprobe layout`.
+pub struct LayoutProbe;
+
+impl crate::probe::Probe for LayoutProbe {
+    fn name(&self) -> &'static str {
+        "layout"
+    }
+
+    fn about(&self) -> &'static str {
+        "Which layout and placement the prefill writer used, from the ring bytes"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.layout = Some(run(s)?);
+        Ok(())
+    }
+}

@@ -14,7 +14,7 @@ pub mod solve;
 use std::collections::BTreeMap;
 
 use kvprobe_npu::quant::{dequantize, is_identity};
-use kvprobe_schema::{CacheKind, InferredCache, LayoutInferFinding};
+use kvprobe_schema::{InferredCache, LayoutInferFinding};
 
 use crate::rings::{cache_infos, reference_entries, CacheInfo};
 use crate::session::Session;
@@ -171,14 +171,7 @@ pub fn tolerance(info: &CacheInfo, reference: &[f32]) -> f32 {
     TOLERANCE_STEPS as f32 * step
 }
 
-/// `K3`, `V0`, or `cache 7` when the role is unknown.
-pub fn edge_name(layer: Option<usize>, kind: Option<CacheKind>, id: u32) -> String {
-    match (layer, kind) {
-        (Some(l), Some(CacheKind::K)) => format!("K{l}"),
-        (Some(l), Some(CacheKind::V)) => format!("V{l}"),
-        _ => format!("cache {id}"),
-    }
-}
+pub use kvprobe_schema::edge_name;
 
 fn edge_result(info: &CacheInfo, sol: solve::Solution, head_dim: usize) -> InferredCache {
     let b = &sol.best;
@@ -278,54 +271,32 @@ fn summarise(
 
 /// One line for a report or a verdict's evidence.
 pub fn evidence(f: &LayoutInferFinding) -> String {
-    let n = f.caches.len();
-    let mut s = match (&f.writer_description, &f.writer_formula, f.writer_shift) {
-        (Some(d), Some(formula), Some(shift)) => {
-            let follow = f
-                .caches
-                .iter()
-                .filter(|c| c.explained && c.formula == *formula && c.shift == shift)
-                .collect::<Vec<_>>();
-            let min = follow
-                .iter()
-                .map(|c| c.fraction_explained)
-                .fold(1.0, f64::min);
-            format!(
-                "layout --infer: {}/{n} cache edges follow {d} [{formula}] at slot shift {shift:+} (each explains ≥ {:.2} of its prompt elements)",
-                follow.len(),
-                min
-            )
-        }
-        _ => {
-            let best = f
-                .caches
-                .iter()
-                .max_by(|a, b| a.fraction_explained.total_cmp(&b.fraction_explained));
-            match best {
-                Some(b) => format!(
-                    "layout --infer: no cache edge explained (threshold {:.2}); the closest map, {} at slot shift {:+} on {}, explains {:.2} of the prompt elements",
-                    f.threshold,
-                    b.description,
-                    b.shift,
-                    edge_name(b.layer, b.kind, b.cache_id),
-                    b.fraction_explained
-                ),
-                None => "layout --infer: the device has no cache edge".to_string(),
-            }
-        }
-    };
-    if f.writer_formula.is_some() && !f.outlier_edges.is_empty() {
-        let shown: Vec<&str> = f.outlier_edges.iter().take(6).map(String::as_str).collect();
-        let more = f.outlier_edges.len() - shown.len();
-        s += &format!(
-            "; differ or unexplained: {}{}",
-            shown.join(", "),
-            if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            }
-        );
+    f.evidence()
+}
+
+/// `kvprobe layout --infer`.
+pub struct LayoutInferProbe;
+
+impl crate::probe::Probe for LayoutInferProbe {
+    fn name(&self) -> &'static str {
+        "layout --infer"
     }
-    s
+
+    fn about(&self) -> &'static str {
+        "Solve the layout from the ring bytes (any strided map, per cache edge) instead of trying the named layouts"
+    }
+
+    fn flag_of(&self) -> Option<(&'static str, &'static str)> {
+        Some(("layout", "infer"))
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.layout_infer = Some(run(s)?);
+        Ok(())
+    }
 }

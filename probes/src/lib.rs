@@ -20,8 +20,10 @@ pub mod metrics;
 pub mod positions;
 pub mod precision;
 pub mod prefill;
+pub mod probe;
 pub mod progress;
 pub mod quant;
+pub mod rerun;
 pub mod rings;
 pub mod scalefit;
 pub mod selfmask;
@@ -34,22 +36,54 @@ pub mod ztap;
 
 pub use diagnose::{diagnose, DiagnoseOptions, Diagnosis};
 pub use error::{Error, Result};
+pub use probe::{Probe, ProbeOptions};
 pub use progress::{NoProgress, Progress};
 pub use session::{ComparedLogits, Geometry, Session};
 
-/// The probe names, in the order `diagnose` runs them (CLI subcommands share these names).
-pub const PROBES: [&str; 13] = [
-    "quant",
-    "prefill",
-    "selfmask",
-    "greedy",
-    "colmap",
-    "ztap",
-    "maskconv",
-    "positions",
-    "layout",
-    "inject",
-    "stale",
-    "causality",
-    "splits",
+/// Every probe, once, in the order the command line lists them (the CLI builds its subcommands
+/// from this list). A new probe is one module with a [`Probe`] impl and one line here.
+pub static PROBES: &[&dyn Probe] = &[
+    &prefill::PrefillProbe,
+    &greedy::GreedyProbe,
+    &selfmask::SelfmaskProbe,
+    &colmap::ColmapProbe,
+    &ztap::ZtapProbe,
+    &quant::QuantProbe,
+    &maskconv::MaskconvProbe,
+    &positions::PositionsProbe,
+    &layout::LayoutProbe,
+    &layout_infer::LayoutInferProbe,
+    &inject::InjectProbe,
+    &stale::StaleProbe,
+    &causality::CausalityProbe,
+    &splits::SplitsProbe,
+    &rerun::RerunProbe,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::PROBES;
+
+    #[test]
+    fn probe_names_are_unique_and_flags_name_a_subcommand() {
+        let mut names: Vec<&str> = PROBES.iter().map(|p| p.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(
+            names.len(),
+            PROBES.len(),
+            "a probe name is registered twice"
+        );
+        for p in PROBES {
+            if let Some((sub, long)) = p.flag_of() {
+                assert!(
+                    PROBES
+                        .iter()
+                        .any(|q| q.name() == sub && q.flag_of().is_none()),
+                    "`{}`: `--{long}` of `{sub}`, which is no subcommand",
+                    p.name()
+                );
+            }
+        }
+    }
+}

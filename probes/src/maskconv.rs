@@ -136,6 +136,29 @@ fn per_head_reference(s: &mut Session, q: u32) -> Result<Vec<f32>> {
     Ok(out.logits)
 }
 
+/// `kvprobe maskconv`.
+pub struct MaskconvProbe;
+
+impl crate::probe::Probe for MaskconvProbe {
+    fn name(&self) -> &'static str {
+        "maskconv"
+    }
+
+    fn about(&self) -> &'static str {
+        "The first tbt step under alternative mask conventions"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.maskconv = Some(run(s)?);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -223,3 +223,27 @@ pub fn theta_check(s: &mut Session) -> Result<Option<ThetaCheck>> {
         other_cosine: other_cosine?,
     }))
 }
+
+/// `kvprobe positions`.
+pub struct PositionsProbe;
+
+impl crate::probe::Probe for PositionsProbe {
+    fn name(&self) -> &'static str {
+        "positions"
+    }
+
+    fn about(&self) -> &'static str {
+        "The first tbt step with positions shifted by -4..4"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.positions = Some(run(s)?);
+        into.theta = theta_check(s)?;
+        Ok(())
+    }
+}

@@ -80,6 +80,29 @@ pub fn run(s: &mut Session, opts: &PrefillOptions) -> Result<PrefillFinding> {
     })
 }
 
+/// `kvprobe prefill`.
+pub struct PrefillProbe;
+
+impl crate::probe::Probe for PrefillProbe {
+    fn name(&self) -> &'static str {
+        "prefill"
+    }
+
+    fn about(&self) -> &'static str {
+        "Device prefill logits against the reference, per prompt prefix"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.prefill = Some(run(s, &PrefillOptions::default())?);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

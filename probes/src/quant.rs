@@ -57,3 +57,26 @@ pub fn run(desc: &DeviceDescription) -> Result<QuantFinding> {
         caches,
     })
 }
+
+/// `kvprobe quant`.
+pub struct QuantProbe;
+
+impl crate::probe::Probe for QuantProbe {
+    fn name(&self) -> &'static str {
+        "quant"
+    }
+
+    fn about(&self) -> &'static str {
+        "Declared quant infos of every cache edge, the mask and the embeddings"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.quant = Some(run(s.describe())?);
+        Ok(())
+    }
+}

@@ -54,3 +54,26 @@ pub fn run(s: &mut Session, steps: usize) -> Result<SelfmaskFinding> {
         top1_agreement,
     })
 }
+
+/// `kvprobe selfmask`.
+pub struct SelfmaskProbe;
+
+impl crate::probe::Probe for SelfmaskProbe {
+    fn name(&self) -> &'static str {
+        "selfmask"
+    }
+
+    fn about(&self) -> &'static str {
+        "tbt steps that see only themselves: the tbt graph without the cache"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.selfmask = Some(run(s, opts.steps.min(16))?);
+        Ok(())
+    }
+}

@@ -149,6 +149,29 @@ pub fn run(s: &mut Session, opts: &SplitsOptions) -> Result<SplitsFinding> {
     })
 }
 
+/// `kvprobe splits`.
+pub struct SplitsProbe;
+
+impl crate::probe::Probe for SplitsProbe {
+    fn name(&self) -> &'static str {
+        "splits"
+    }
+
+    fn about(&self) -> &'static str {
+        "The prompt prefilled and decoded with a split at every position, against the reference"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.splits = Some(run(s, &SplitsOptions::default())?);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -501,6 +501,33 @@ fn back_to_back(s: &mut Session, host0: &HostState, steps: usize) -> Result<Back
     })
 }
 
+/// `kvprobe stale`.
+pub struct StaleProbe;
+
+impl crate::probe::Probe for StaleProbe {
+    fn name(&self) -> &'static str {
+        "stale"
+    }
+
+    fn about(&self) -> &'static str {
+        "Poison unused ring slots and rerun the tbt steps: which steps and slots see the poison"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        let o = StaleOptions {
+            steps: opts.steps.min(64),
+            ..Default::default()
+        };
+        into.stale = Some(run(s, &o)?);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -163,6 +163,29 @@ pub fn interpret(zero_map: &[bool], expected_transposed: f64) -> &'static str {
     "none"
 }
 
+/// `kvprobe ztap`.
+pub struct ZtapProbe;
+
+impl crate::probe::Probe for ZtapProbe {
+    fn name(&self) -> &'static str {
+        "ztap"
+    }
+
+    fn about(&self) -> &'static str {
+        "Always-zero columns of what the tbt graph read (or of the ring bytes)"
+    }
+
+    fn run(
+        &self,
+        s: &mut crate::session::Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut kvprobe_schema::ProbeFindings,
+    ) -> Result<()> {
+        into.ztap = Some(run(s)?);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

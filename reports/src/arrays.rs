@@ -1,12 +1,10 @@
-//! `.npy` artefacts: arrays derived from `Results` (colmap matrix, expected map, zero maps, layout
-//! correlations) plus caller-supplied arrays too big for results.json (compared logits).
+//! Caller-supplied `.npy` arrays too big for results.json (compared logits); the arrays derived
+//! from the findings are the sections' (`crate::sections`).
 
 use crate::error::{Error, Result};
-use crate::fsio::write_atomic;
-use crate::issue10;
-use kvprobe_schema::{ColmapFinding, Layout, LayoutFinding, Results, ZtapCache};
-use ndarray::{Array1, Array2, Array3, ArrayD, IxDyn};
-use ndarray_npy::{WritableElement, WriteNpyExt};
+use crate::npy::write_npy;
+use crate::sections;
+use ndarray::{ArrayD, IxDyn};
 use std::path::Path;
 
 /// Element data of a caller-supplied array.
@@ -55,19 +53,10 @@ impl NamedArray {
     }
 }
 
-/// Names the crate writes itself; a caller array may not shadow them.
-const RESERVED_PREFIXES: [&str; 7] = [
-    "colmap",
-    "layout_correlations",
-    "layout_infer",
-    "ztap_zero_map",
-    "stale",
-    "causality",
-    "splits",
-];
-
 /// Check every caller array before anything is written, so a bad one fails the whole call early.
 pub fn validate(arrays: &[NamedArray]) -> Result<()> {
+    // Names the crate writes itself; a caller array may not shadow them.
+    let reserved = sections::reserved_prefixes();
     let mut seen = std::collections::BTreeSet::new();
     for a in arrays {
         let bad = |reason: String| Error::BadArray {
@@ -84,9 +73,9 @@ pub fn validate(arrays: &[NamedArray]) -> Result<()> {
                 "name must be 1-100 characters of [A-Za-z0-9_-] (it becomes a file name)".into(),
             ));
         }
-        if RESERVED_PREFIXES.iter().any(|p| a.name.starts_with(p)) {
+        if reserved.iter().any(|p| a.name.starts_with(p)) {
             return Err(bad(format!(
-                "name clashes with a report artefact; avoid the prefixes {RESERVED_PREFIXES:?}"
+                "name clashes with a report artefact; avoid the prefixes {reserved:?}"
             )));
         }
         let elements: usize = a.shape.iter().product();
@@ -124,146 +113,4 @@ pub fn write_caller_arrays(arrays: &[NamedArray], dir: &Path) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn write_npy<A: WritableElement, D: ndarray::Dimension>(
-    path: &Path,
-    arr: &ndarray::Array<A, D>,
-) -> Result<()> {
-    let mut bytes = Vec::new();
-    arr.write_npy(&mut bytes).map_err(|e| Error::Npy {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
-    write_atomic(path, &bytes)
-}
-
-/// File names of the arrays derived from `results` (for the report's artefact list).
-pub fn derived_array_files(results: &Results) -> Vec<String> {
-    let mut out = Vec::new();
-    if results.probes.colmap.is_some() {
-        out.push("colmap.npy".to_string());
-        out.push("colmap_expected.npy".to_string());
-    }
-    if let Some(z) = &results.probes.ztap {
-        out.extend(z.caches.iter().map(zero_map_file));
-    }
-    if results.probes.layout.is_some() {
-        out.push("layout_correlations.npy".to_string());
-    }
-    if results.probes.stale.is_some() {
-        out.push(issue10::STALE_NPY.to_string());
-    }
-    if results.probes.causality.is_some() {
-        out.push(issue10::CAUSALITY_NPY.to_string());
-        out.push(issue10::CAUSALITY_FIRST_NPY.to_string());
-    }
-    if results.probes.splits.is_some() {
-        out.push(issue10::SPLITS_NPY.to_string());
-    }
-    if results.probes.layout_infer.is_some() {
-        out.push(crate::layout_infer::SLOTS_NPY.to_string());
-        out.push(crate::layout_infer::COLUMNS_NPY.to_string());
-    }
-    out
-}
-
-pub fn zero_map_file(c: &ZtapCache) -> String {
-    format!("ztap_zero_map_c{}.npy", c.cache_id)
-}
-
-pub fn write_derived_arrays(results: &Results, dir: &Path) -> Result<()> {
-    if let Some(c) = &results.probes.colmap {
-        write_npy(&dir.join("colmap.npy"), &colmap_matrix(c)?)?;
-        write_npy(&dir.join("colmap_expected.npy"), &colmap_expected(c))?;
-    }
-    if let Some(z) = &results.probes.ztap {
-        for cache in &z.caches {
-            let arr = Array1::from_vec(cache.zero_map.clone());
-            write_npy(&dir.join(zero_map_file(cache)), &arr)?;
-        }
-    }
-    if let Some(l) = &results.probes.layout {
-        write_npy(
-            &dir.join("layout_correlations.npy"),
-            &layout_correlations(l),
-        )?;
-    }
-    if let Some(f) = &results.probes.stale {
-        let m = issue10::stale_matrix(f, results.provenance.cache_len);
-        write_npy(&dir.join(issue10::STALE_NPY), &m)?;
-    }
-    if let Some(f) = &results.probes.causality {
-        write_npy(
-            &dir.join(issue10::CAUSALITY_NPY),
-            &issue10::causality_matrix(f)?,
-        )?;
-        write_npy(
-            &dir.join(issue10::CAUSALITY_FIRST_NPY),
-            &issue10::causality_first_layer(f)?,
-        )?;
-    }
-    if let Some(f) = &results.probes.splits {
-        write_npy(&dir.join(issue10::SPLITS_NPY), &issue10::splits_matrix(f))?;
-    }
-    if let Some(f) = &results.probes.layout_infer {
-        use crate::layout_infer as li;
-        write_npy(&dir.join(li::SLOTS_NPY), &li::slots_matrix(f))?;
-        write_npy(&dir.join(li::COLUMNS_NPY), &li::columns_matrix(f))?;
-    }
-    Ok(())
-}
-
-/// `[entries, positions]`; ragged rows are an error (the finding is malformed).
-pub fn colmap_matrix(c: &ColmapFinding) -> Result<Array2<f32>> {
-    let (r, n) = (c.entries.len(), c.positions.len());
-    if c.matrix.len() != r || c.matrix.iter().any(|row| row.len() != n) {
-        return Err(Error::BadArray {
-            name: "colmap".into(),
-            reason: format!(
-                "matrix is not [entries={r}][positions={n}]; the colmap finding is malformed"
-            ),
-        });
-    }
-    let flat: Vec<f32> = c.matrix.iter().flatten().copied().collect();
-    Array2::from_shape_vec((r, n), flat).map_err(|e| Error::BadArray {
-        name: "colmap".into(),
-        reason: e.to_string(),
-    })
-}
-
-/// `[entries, positions]`: true where the ring arithmetic puts prompt position p at entry j.
-pub fn colmap_expected(c: &ColmapFinding) -> Array2<bool> {
-    let mut m = Array2::from_elem((c.entries.len(), c.positions.len()), false);
-    for (i, entry) in c.entries.iter().enumerate() {
-        let expected = c
-            .rows
-            .iter()
-            .find(|row| row.entry == *entry)
-            .and_then(|row| row.expected_position);
-        if let Some(p) = expected {
-            if let Some(k) = c.positions.iter().position(|q| *q == p) {
-                m[[i, k]] = true;
-            }
-        }
-    }
-    m
-}
-
-/// `[caches, layouts (Layout::ALL order), shifts (finding.shifts order)]`; NaN = not tried.
-pub fn layout_correlations(l: &LayoutFinding) -> Array3<f64> {
-    let mut m = Array3::from_elem(
-        (l.caches.len(), Layout::ALL.len(), l.shifts.len()),
-        f64::NAN,
-    );
-    for (i, cache) in l.caches.iter().enumerate() {
-        for s in &cache.scores {
-            let li = Layout::ALL.iter().position(|x| *x == s.layout);
-            let si = l.shifts.iter().position(|x| *x == s.shift);
-            if let (Some(li), Some(si)) = (li, si) {
-                m[[i, li, si]] = s.score;
-            }
-        }
-    }
-    m
 }

@@ -206,6 +206,86 @@ fn colmap(n: usize, entries: usize, mix: bool) -> ColmapFinding {
 }
 
 fn findings(n: usize, faulty: bool) -> ProbeFindings {
+    let caches = caches();
+    ProbeFindings {
+        prefill: Some(PrefillFinding {
+            scale: None,
+            rows: (0..n)
+                .step_by(8)
+                .map(|p| PrefillRow {
+                    position: p,
+                    comparison: cmp(0.98 + 0.01 * noise(p, 1, 7), 40 + p as u32, true),
+                })
+                .collect(),
+            rerun_cosine: 1.0,
+            rerun_identical: true,
+            min_cosine: 0.97,
+            mean_cosine: 0.981,
+            top1_agreement: 1.0,
+        }),
+        greedy: Some(greedy(n, faulty)),
+        selfmask: Some(SelfmaskFinding {
+            steps: (0..8)
+                .map(|s| SelfmaskStep {
+                    step: s,
+                    position: n + s,
+                    input_token: 2000 + s as u32,
+                    comparison: cmp(0.985 + 0.01 * noise(s, 2, 8), 500 + s as u32, true),
+                })
+                .collect(),
+            mean_cosine: 0.985,
+            min_cosine: 0.975,
+            top1_agreement: 1.0,
+        }),
+        colmap: Some(colmap(n, 127, faulty)),
+        ztap: Some(ztap(n, faulty, &caches)),
+        quant: Some(quant(&caches)),
+        maskconv: Some(maskconv(faulty)),
+        positions: Some(positions(faulty)),
+        theta: Some(ThetaCheck {
+            declared: "plain".into(),
+            rows: 3,
+            declared_cosine: if faulty { 0.41 } else { 0.9999 },
+            other_cosine: if faulty { 0.9999 } else { 0.41 },
+        }),
+        layout: Some(layout(&caches)),
+        inject: Some(InjectFinding {
+            device_rings: cmp(if faulty { 0.45 } else { 0.98 }, 77, !faulty),
+            golden: cmp(if faulty { 0.46 } else { 0.98 }, 77, !faulty),
+            golden_swapped: cmp(0.2, 77, false),
+            blame: if faulty { "reader" } else { "none" }.into(),
+            partial_swap: None,
+        }),
+        layout_infer: None,
+        cache_precision: None,
+        stale: None,
+        causality: None,
+        splits: None,
+        overflow: None,
+        state: None,
+        not_applicable: Vec::new(),
+        extra: Default::default(),
+    }
+}
+
+/// Eight cache edges: K and V of four layers.
+fn caches() -> Vec<(u32, usize, CacheKind)> {
+    (0..8u32)
+        .map(|id| {
+            (
+                id,
+                id as usize / 2,
+                if id % 2 == 0 {
+                    CacheKind::K
+                } else {
+                    CacheKind::V
+                },
+            )
+        })
+        .collect()
+}
+
+fn greedy(n: usize, faulty: bool) -> GreedyFinding {
     let steps = 32;
     let greedy_steps: Vec<GreedyStep> = (0..steps)
         .map(|s| {
@@ -229,218 +309,168 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             }
         })
         .collect();
-    let caches: Vec<(u32, usize, CacheKind)> = (0..8u32)
-        .map(|id| {
-            (
-                id,
-                id as usize / 2,
-                if id % 2 == 0 {
-                    CacheKind::K
-                } else {
-                    CacheKind::V
-                },
-            )
-        })
-        .collect();
-    let shifts: Vec<i64> = (-2..=2).collect();
+    GreedyFinding {
+        first_divergence: greedy_steps
+            .iter()
+            .find(|s| !s.comparison.top1_match)
+            .map(|s| s.step),
+        device_ids: (0..steps as u32).map(|i| 300 + i).collect(),
+        device_text: if faulty {
+            " the the <script>alert(3)</script>\n\u{1b}[31m garbage".into()
+        } else {
+            " jumps over the lazy dog.\nThe end.".into()
+        },
+        reference_ids: (0..steps as u32).map(|i| 300 + i).collect(),
+        reference_text: " jumps over the lazy dog.\nThe end.".into(),
+        mean_cosine: if faulty { 0.47 } else { 0.975 },
+        min_cosine: if faulty { 0.25 } else { 0.96 },
+        top1_agreement: if faulty { 0.34 } else { 0.97 },
+        tbt_mean_cosine: Some(if faulty { 0.45 } else { 0.975 }),
+        steps: greedy_steps,
+    }
+}
+
+fn ztap(n: usize, faulty: bool, caches: &[(u32, usize, CacheKind)]) -> ZtapFinding {
+    ZtapFinding {
+        source: "taps".into(),
+        caches: caches
+            .iter()
+            .map(|(id, layer, kind)| {
+                let width = 192;
+                let empty = 127 - n;
+                let zero_map: Vec<bool> = (0..width)
+                    .map(|k| faulty && k >= width - width * empty / 127)
+                    .collect();
+                ZtapCache {
+                    cache_id: *id,
+                    layer: Some(*layer),
+                    kind: Some(*kind),
+                    entries: 127,
+                    width,
+                    zero_columns: zero_map.iter().filter(|z| **z).count(),
+                    zero_map,
+                    empty_entries: empty,
+                    expected_transposed_zero_columns: (empty * width) as f64 / 127.0,
+                    interpretation: if faulty { "transposition" } else { "none" }.into(),
+                }
+            })
+            .collect(),
+        interpretation: if faulty { "transposition" } else { "none" }.into(),
+    }
+}
+
+fn quant(caches: &[(u32, usize, CacheKind)]) -> QuantFinding {
     let qi = |scale: f32| QuantInfo {
         scale,
         zero_point: 128.0,
         min: -20.0,
         max: 20.0,
     };
-    ProbeFindings {
-        prefill: Some(PrefillFinding {
-            scale: None,
-            rows: (0..n)
-                .step_by(8)
-                .map(|p| PrefillRow {
-                    position: p,
-                    comparison: cmp(0.98 + 0.01 * noise(p, 1, 7), 40 + p as u32, true),
-                })
-                .collect(),
-            rerun_cosine: 1.0,
-            rerun_identical: true,
-            min_cosine: 0.97,
-            mean_cosine: 0.981,
-            top1_agreement: 1.0,
+    QuantFinding {
+        caches: caches
+            .iter()
+            .map(|(id, layer, kind)| QuantCacheRow {
+                cache_id: *id,
+                layer: Some(*layer),
+                kind: Some(*kind),
+                prefill_input: Some(qi(0.08)),
+                prefill_output: Some(qi(0.08)),
+                tbt_input: Some(qi(0.08)),
+                tbt_output: Some(qi(0.08)),
+                consistent: true,
+                max_scale_ratio: 1.0,
+            })
+            .collect(),
+        mask: Some(QuantInfo {
+            scale: 1.0 / 255.0,
+            zero_point: 0.0,
+            min: 0.0,
+            max: 1.0,
         }),
-        greedy: Some(GreedyFinding {
-            first_divergence: greedy_steps
-                .iter()
-                .find(|s| !s.comparison.top1_match)
-                .map(|s| s.step),
-            device_ids: (0..steps as u32).map(|i| 300 + i).collect(),
-            device_text: if faulty {
-                " the the <script>alert(3)</script>\n\u{1b}[31m garbage".into()
-            } else {
-                " jumps over the lazy dog.\nThe end.".into()
-            },
-            reference_ids: (0..steps as u32).map(|i| 300 + i).collect(),
-            reference_text: " jumps over the lazy dog.\nThe end.".into(),
-            mean_cosine: if faulty { 0.47 } else { 0.975 },
-            min_cosine: if faulty { 0.25 } else { 0.96 },
-            top1_agreement: if faulty { 0.34 } else { 0.97 },
-            tbt_mean_cosine: Some(if faulty { 0.45 } else { 0.975 }),
-            steps: greedy_steps,
-        }),
-        selfmask: Some(SelfmaskFinding {
-            steps: (0..8)
-                .map(|s| SelfmaskStep {
-                    step: s,
-                    position: n + s,
-                    input_token: 2000 + s as u32,
-                    comparison: cmp(0.985 + 0.01 * noise(s, 2, 8), 500 + s as u32, true),
-                })
-                .collect(),
-            mean_cosine: 0.985,
-            min_cosine: 0.975,
-            top1_agreement: 1.0,
-        }),
-        colmap: Some(colmap(n, 127, faulty)),
-        ztap: Some(ZtapFinding {
-            source: "taps".into(),
-            caches: caches
-                .iter()
-                .map(|(id, layer, kind)| {
-                    let width = 192;
-                    let empty = 127 - n;
-                    let zero_map: Vec<bool> = (0..width)
-                        .map(|k| faulty && k >= width - width * empty / 127)
-                        .collect();
-                    ZtapCache {
-                        cache_id: *id,
-                        layer: Some(*layer),
-                        kind: Some(*kind),
-                        entries: 127,
-                        width,
-                        zero_columns: zero_map.iter().filter(|z| **z).count(),
-                        zero_map,
-                        empty_entries: empty,
-                        expected_transposed_zero_columns: (empty * width) as f64 / 127.0,
-                        interpretation: if faulty { "transposition" } else { "none" }.into(),
-                    }
-                })
-                .collect(),
-            interpretation: if faulty { "transposition" } else { "none" }.into(),
-        }),
-        quant: Some(QuantFinding {
-            caches: caches
-                .iter()
-                .map(|(id, layer, kind)| QuantCacheRow {
+        mask_allowed_value: Some(255),
+        embeddings: None,
+        inconsistent_caches: 0,
+    }
+}
+
+fn maskconv(faulty: bool) -> MaskconvFinding {
+    MaskconvFinding {
+        variants: ["ring", "left-valid", "shift-1", "shift+1", "per-head"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let good = !faulty && i == 0;
+                MaskVariant {
+                    name: name.to_string(),
+                    comparison: cmp(if good { 0.98 } else { 0.5 - 0.05 * i as f64 }, 77, good),
+                    reproduces: good,
+                }
+            })
+            .collect(),
+        other_heads_ignored_cosine: Some(0.41),
+        best: (!faulty).then(|| "ring".to_string()),
+    }
+}
+
+fn positions(faulty: bool) -> PositionsFinding {
+    PositionsFinding {
+        scale: None,
+        points: (-4..=4)
+            .map(|d: i64| PositionPoint {
+                delta: d,
+                comparison: cmp(
+                    if faulty {
+                        0.45
+                    } else {
+                        0.98 - 0.1 * d.unsigned_abs() as f64
+                    },
+                    77,
+                    !faulty && d == 0,
+                ),
+            })
+            .collect(),
+        best_delta: 0,
+        best_cosine: if faulty { 0.45 } else { 0.98 },
+        baseline_cosine: if faulty { 0.45 } else { 0.98 },
+    }
+}
+
+fn layout(caches: &[(u32, usize, CacheKind)]) -> LayoutFinding {
+    let shifts: Vec<i64> = (-2..=2).collect();
+    LayoutFinding {
+        caches: caches
+            .iter()
+            .map(|(id, layer, kind)| {
+                let scores: Vec<LayoutScore> = Layout::ALL
+                    .iter()
+                    .flat_map(|l| {
+                        shifts.iter().map(move |s| LayoutScore {
+                            layout: *l,
+                            shift: *s,
+                            score: if *l == Layout::TokenMajor && *s == 0 {
+                                0.995
+                            } else {
+                                0.1 * noise(*id as usize, (*s + 10) as usize, 9)
+                            },
+                        })
+                    })
+                    .collect();
+                LayoutCache {
                     cache_id: *id,
                     layer: Some(*layer),
                     kind: Some(*kind),
-                    prefill_input: Some(qi(0.08)),
-                    prefill_output: Some(qi(0.08)),
-                    tbt_input: Some(qi(0.08)),
-                    tbt_output: Some(qi(0.08)),
-                    consistent: true,
-                    max_scale_ratio: 1.0,
-                })
-                .collect(),
-            mask: Some(QuantInfo {
-                scale: 1.0 / 255.0,
-                zero_point: 0.0,
-                min: 0.0,
-                max: 1.0,
-            }),
-            mask_allowed_value: Some(255),
-            embeddings: None,
-            inconsistent_caches: 0,
-        }),
-        maskconv: Some(MaskconvFinding {
-            variants: ["ring", "left-valid", "shift-1", "shift+1", "per-head"]
-                .iter()
-                .enumerate()
-                .map(|(i, name)| {
-                    let good = !faulty && i == 0;
-                    MaskVariant {
-                        name: name.to_string(),
-                        comparison: cmp(if good { 0.98 } else { 0.5 - 0.05 * i as f64 }, 77, good),
-                        reproduces: good,
-                    }
-                })
-                .collect(),
-            other_heads_ignored_cosine: Some(0.41),
-            best: (!faulty).then(|| "ring".to_string()),
-        }),
-        positions: Some(PositionsFinding {
-            scale: None,
-            points: (-4..=4)
-                .map(|d: i64| PositionPoint {
-                    delta: d,
-                    comparison: cmp(
-                        if faulty {
-                            0.45
-                        } else {
-                            0.98 - 0.1 * d.unsigned_abs() as f64
-                        },
-                        77,
-                        !faulty && d == 0,
-                    ),
-                })
-                .collect(),
-            best_delta: 0,
-            best_cosine: if faulty { 0.45 } else { 0.98 },
-            baseline_cosine: if faulty { 0.45 } else { 0.98 },
-        }),
-        theta: Some(ThetaCheck {
-            declared: "plain".into(),
-            rows: 3,
-            declared_cosine: if faulty { 0.41 } else { 0.9999 },
-            other_cosine: if faulty { 0.9999 } else { 0.41 },
-        }),
-        layout: Some(LayoutFinding {
-            caches: caches
-                .iter()
-                .map(|(id, layer, kind)| {
-                    let scores: Vec<LayoutScore> = Layout::ALL
-                        .iter()
-                        .flat_map(|l| {
-                            shifts.iter().map(move |s| LayoutScore {
-                                layout: *l,
-                                shift: *s,
-                                score: if *l == Layout::TokenMajor && *s == 0 {
-                                    0.995
-                                } else {
-                                    0.1 * noise(*id as usize, (*s + 10) as usize, 9)
-                                },
-                            })
-                        })
-                        .collect();
-                    LayoutCache {
-                        cache_id: *id,
-                        layer: Some(*layer),
-                        kind: Some(*kind),
-                        scores,
-                        best_layout: Layout::TokenMajor,
-                        best_shift: 0,
-                        best_score: 0.995,
-                        token_major_score: 0.995,
-                    }
-                })
-                .collect(),
-            shifts,
-            writer_layout: Layout::TokenMajor,
-            writer_shift: 0,
-            writer_score: 0.995,
-        }),
-        inject: Some(InjectFinding {
-            device_rings: cmp(if faulty { 0.45 } else { 0.98 }, 77, !faulty),
-            golden: cmp(if faulty { 0.46 } else { 0.98 }, 77, !faulty),
-            golden_swapped: cmp(0.2, 77, false),
-            blame: if faulty { "reader" } else { "none" }.into(),
-            partial_swap: None,
-        }),
-        layout_infer: None,
-        cache_precision: None,
-        stale: None,
-        causality: None,
-        splits: None,
-        overflow: None,
-        state: None,
-        not_applicable: Vec::new(),
+                    scores,
+                    best_layout: Layout::TokenMajor,
+                    best_shift: 0,
+                    best_score: 0.995,
+                    token_major_score: 0.995,
+                }
+            })
+            .collect(),
+        shifts,
+        writer_layout: Layout::TokenMajor,
+        writer_shift: 0,
+        writer_score: 0.995,
     }
 }
 

@@ -7,15 +7,17 @@
 //! - [`render_compare`] writes compare.html: before the fix beside after the fix.
 
 pub mod arrays;
+mod cells;
 pub mod charts;
 pub mod error;
 pub mod fixtures;
 mod fsio;
 pub mod html;
-pub mod issue10;
-pub mod layout_infer;
+mod npy;
 pub mod render;
-pub mod tables;
+pub mod section;
+pub mod sections;
+pub mod summary;
 pub mod text;
 
 pub use arrays::{ArrayData, NamedArray};
@@ -24,3 +26,5 @@ pub use render::{
     load_results, render_compare, render_report, write_artifacts, COMPARE_HTML, REPORT_HTML,
     RESULTS_JSON,
 };
+pub use section::{Chart, ProbeBlock, ProbeSection};
+pub use summary::text as summary;

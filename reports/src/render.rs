@@ -1,11 +1,10 @@
 //! Writing a run's folder, re-rendering it from results.json, and the before/after page.
 
 use crate::arrays::{self, NamedArray};
-use crate::charts::probes::charts;
 use crate::error::{Error, Result};
 use crate::fsio::{ensure_dir, write_atomic};
 use crate::html::page;
-use crate::tables::write_tables;
+use crate::sections::{self, charts};
 use kvprobe_schema::{Results, SCHEMA_VERSION};
 use std::path::Path;
 
@@ -38,8 +37,10 @@ pub fn write_artifacts(results: &Results, arrays: &[NamedArray], out_dir: &Path)
 
     ensure_dir(out_dir)?;
     write_atomic(&out_dir.join(RESULTS_JSON), format!("{json}\n").as_bytes())?;
-    write_tables(&reread, out_dir)?;
-    arrays::write_derived_arrays(&reread, out_dir)?;
+    for (name, contents) in sections::tables(&reread) {
+        write_atomic(&out_dir.join(name), contents.as_bytes())?;
+    }
+    sections::write_arrays(&reread, out_dir)?;
     arrays::write_caller_arrays(arrays, out_dir)?;
     for (name, svg) in &svgs {
         write_atomic(&out_dir.join(name), svg.as_bytes())?;

@@ -81,6 +81,72 @@ pub struct LayoutInferFinding {
     pub outlier_edges: Vec<String>,
 }
 
+impl LayoutInferFinding {
+    /// One line for a report or a verdict's evidence.
+    pub fn evidence(&self) -> String {
+        let f = self;
+        let n = f.caches.len();
+        let mut s = match (&f.writer_description, &f.writer_formula, f.writer_shift) {
+            (Some(d), Some(formula), Some(shift)) => {
+                let follow = f
+                    .caches
+                    .iter()
+                    .filter(|c| c.explained && c.formula == *formula && c.shift == shift)
+                    .collect::<Vec<_>>();
+                let min = follow
+                    .iter()
+                    .map(|c| c.fraction_explained)
+                    .fold(1.0, f64::min);
+                format!(
+                    "layout --infer: {}/{n} cache edges follow {d} [{formula}] at slot shift {shift:+} (each explains ≥ {:.2} of its prompt elements)",
+                    follow.len(),
+                    min
+                )
+            }
+            _ => {
+                let best = f
+                    .caches
+                    .iter()
+                    .max_by(|a, b| a.fraction_explained.total_cmp(&b.fraction_explained));
+                match best {
+                    Some(b) => format!(
+                        "layout --infer: no cache edge explained (threshold {:.2}); the closest map, {} at slot shift {:+} on {}, explains {:.2} of the prompt elements",
+                        f.threshold,
+                        b.description,
+                        b.shift,
+                        edge_name(b.layer, b.kind, b.cache_id),
+                        b.fraction_explained
+                    ),
+                    None => "layout --infer: the device has no cache edge".to_string(),
+                }
+            }
+        };
+        if f.writer_formula.is_some() && !f.outlier_edges.is_empty() {
+            let shown: Vec<&str> = f.outlier_edges.iter().take(6).map(String::as_str).collect();
+            let more = f.outlier_edges.len() - shown.len();
+            s += &format!(
+                "; differ or unexplained: {}{}",
+                shown.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        s
+    }
+}
+
+/// `K3`, `V0`, or `cache 7` when the role is unknown.
+pub fn edge_name(layer: Option<usize>, kind: Option<CacheKind>, id: u32) -> String {
+    match (layer, kind) {
+        (Some(l), Some(CacheKind::K)) => format!("K{l}"),
+        (Some(l), Some(CacheKind::V)) => format!("V{l}"),
+        _ => format!("cache {id}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::ProbeFindings;

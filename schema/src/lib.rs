@@ -1,7 +1,8 @@
 //! The serialisable vocabulary every kvprobe crate speaks.
 //!
-//! Depends on serde only, like a stable metadata crate: reports read these types from
-//! `results.json` without linking models, devices or probes.
+//! Depends on serde (and serde_json, for the findings of probes without a typed field) only,
+//! like a stable metadata crate: reports read these types from `results.json` without linking
+//! models, devices or probes.
 
 pub mod device;
 pub mod findings;

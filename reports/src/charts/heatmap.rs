@@ -227,10 +227,6 @@ fn draw(
     (_width, height): (i32, i32),
 ) -> Result<()> {
     let err = chart_err("heatmap");
-    let c = cell as i32;
-    let rh = row_h as i32;
-    let rd = p.values.len();
-    let cd = p.values.first().map(Vec::len).unwrap_or(0);
     root.fill(&WHITE).map_err(&err)?;
     root.draw(&Text::new(
         h.title.clone(),
@@ -246,7 +242,25 @@ fn draw(
         ))
         .map_err(&err)?;
     }
+    draw_cells(h, p, root, (cell, row_h), (left, top))?;
+    draw_labels(h, p, root, (cell, row_h), (left, top), height)?;
+    let cd = p.values.first().map(Vec::len).unwrap_or(0);
+    legend(h, p, root, left + cd as i32 * cell as i32 + 30, top)
+}
 
+/// The grid: cells, the marked outlines, the frame and the row-class strip.
+fn draw_cells(
+    h: &Heatmap,
+    p: &Pooled,
+    root: &DrawingArea<SVGBackend, Shift>,
+    (cell, row_h): (usize, usize),
+    (left, top): (i32, i32),
+) -> Result<()> {
+    let err = chart_err("heatmap");
+    let c = cell as i32;
+    let rh = row_h as i32;
+    let rd = p.values.len();
+    let cd = p.values.first().map(Vec::len).unwrap_or(0);
     // Cells: runs of one colour per row become one <rect> (keeps 2048-entry maps small).
     for (i, row) in p.values.iter().enumerate() {
         let y = top + i as i32 * rh;
@@ -298,7 +312,23 @@ fn draw(
             .map_err(&err)?;
         }
     }
+    Ok(())
+}
 
+/// Row and column labels (thinned) and the axis titles.
+fn draw_labels(
+    h: &Heatmap,
+    p: &Pooled,
+    root: &DrawingArea<SVGBackend, Shift>,
+    (cell, row_h): (usize, usize),
+    (left, top): (i32, i32),
+    height: i32,
+) -> Result<()> {
+    let err = chart_err("heatmap");
+    let c = cell as i32;
+    let rh = row_h as i32;
+    let rd = p.values.len();
+    let cd = p.values.first().map(Vec::len).unwrap_or(0);
     // Row labels, thinned.
     let strip = if p.class.is_some() { 10 } else { 0 };
     let rstep = label_step(row_h);
@@ -352,8 +382,7 @@ fn draw(
             .pos(Pos::new(HPos::Center, VPos::Center)),
     ))
     .map_err(&err)?;
-
-    legend(h, p, root, left + cd as i32 * c + 30, top)
+    Ok(())
 }
 
 fn tick(root: &DrawingArea<SVGBackend, Shift>, (x, y): (i32, i32), horizontal: bool) -> Result<()> {

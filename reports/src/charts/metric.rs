@@ -2,6 +2,7 @@
 
 use super::{chart_err, font_px, FONT};
 use crate::error::Result;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -50,117 +51,139 @@ pub fn render(m: &MetricChart) -> Result<String> {
             (Some(a), Some(b)) => (a - 0.5, b + 0.5),
             _ => (0.0, 1.0),
         };
-        let (y0, y1) = y_range(&m.cosine);
-        // Title left, legend right, both above the plot: a legend inside would hide points.
-        upper
-            .draw(&Text::new(
-                m.title.clone(),
-                (12, 8),
-                TextStyle::from((FONT, font_px(14.0)).into_font())
-                    .color(&RGBColor(40, 40, 40))
-                    .pos(Pos::new(HPos::Left, VPos::Top)),
-            ))
-            .map_err(&err)?;
-        let mut legend: Vec<(String, RGBColor)> =
-            vec![("cosine, device vs reference".to_string(), BLUE_LINE)];
-        if let Some((_, label)) = &m.marker {
-            legend.push((label.clone(), BAD));
-        }
-        let small = TextStyle::from((FONT, font_px(11.0)).into_font())
-            .color(&RGBColor(40, 40, 40))
-            .pos(Pos::new(HPos::Left, VPos::Center));
-        for (i, (label, color)) in legend.iter().enumerate() {
-            let x = WIDTH as i32 - 250;
-            let y = 12 + 16 * i as i32;
-            upper
-                .draw(&PathElement::new(
-                    vec![(x, y), (x + 20, y)],
-                    color.stroke_width(2),
-                ))
-                .map_err(&err)?;
-            upper
-                .draw(&Text::new(label.clone(), (x + 26, y), small.clone()))
-                .map_err(&err)?;
-        }
-        let mut chart = ChartBuilder::on(&upper)
-            .margin(10)
-            .margin_top(16 + 16 * legend.len() as u32)
-            .x_label_area_size(0)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x0..x1, y0..y1)
-            .map_err(&err)?;
-        chart
-            .configure_mesh()
-            .y_desc("cosine")
-            .x_labels(0)
-            .label_style((FONT, font_px(11.0)))
-            .light_line_style(RGBColor(235, 235, 235))
-            .draw()
-            .map_err(&err)?;
-        let pts: Vec<(f64, f64)> =
-            m.xs.iter()
-                .zip(&m.cosine)
-                .filter(|(_, y)| y.is_finite())
-                .map(|(x, y)| (*x, y.clamp(y0, y1)))
-                .collect();
-        chart
-            .draw_series(std::iter::once(PathElement::new(
-                pts.clone(),
-                BLUE_LINE.stroke_width(2),
-            )))
-            .map_err(&err)?;
-        chart
-            .draw_series(pts.iter().map(|p| Circle::new(*p, 3, BLUE_LINE.filled())))
-            .map_err(&err)?;
-        if let Some((mx, _)) = &m.marker {
-            chart
-                .draw_series(std::iter::once(PathElement::new(
-                    vec![(*mx, y0), (*mx, y1)],
-                    BAD.stroke_width(1),
-                )))
-                .map_err(&err)?;
-        }
-
-        let mut strip = ChartBuilder::on(&lower)
-            .margin_left(10)
-            .margin_right(10)
-            .margin_bottom(6)
-            .x_label_area_size(36)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x0..x1, -0.5f64..1.5f64)
-            .map_err(&err)?;
-        strip
-            .configure_mesh()
-            .x_desc(m.x_desc.clone())
-            .y_desc("top-1")
-            .y_labels(3)
-            .y_label_formatter(&|v| match v.round() as i64 {
-                1 => "match".to_string(),
-                0 => "differs".to_string(),
-                _ => String::new(),
-            })
-            // plotters may put ticks between integer steps; label integers only.
-            .x_label_formatter(&|v| {
-                if (v - v.round()).abs() < 1e-9 {
-                    format!("{v:.0}")
-                } else {
-                    String::new()
-                }
-            })
-            .label_style((FONT, font_px(11.0)))
-            .disable_y_mesh()
-            .light_line_style(RGBColor(235, 235, 235))
-            .draw()
-            .map_err(&err)?;
-        strip
-            .draw_series(m.xs.iter().zip(&m.top1).map(|(x, ok)| {
-                let style = if *ok { GOOD.filled() } else { BAD.filled() };
-                Circle::new((*x, if *ok { 1.0 } else { 0.0 }), 4, style)
-            }))
-            .map_err(&err)?;
+        let legend = header(m, &upper)?;
+        cosine_plot(m, &upper, (x0, x1), legend)?;
+        top1_strip(m, &lower, (x0, x1))?;
         root.present().map_err(&err)?;
     }
     Ok(buf)
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+/// Title left, legend right; returns the number of legend lines.
+fn header(m: &MetricChart, upper: &Area) -> Result<usize> {
+    let err = chart_err("metric");
+    // Title left, legend right, both above the plot: a legend inside would hide points.
+    upper
+        .draw(&Text::new(
+            m.title.clone(),
+            (12, 8),
+            TextStyle::from((FONT, font_px(14.0)).into_font())
+                .color(&RGBColor(40, 40, 40))
+                .pos(Pos::new(HPos::Left, VPos::Top)),
+        ))
+        .map_err(&err)?;
+    let mut legend: Vec<(String, RGBColor)> =
+        vec![("cosine, device vs reference".to_string(), BLUE_LINE)];
+    if let Some((_, label)) = &m.marker {
+        legend.push((label.clone(), BAD));
+    }
+    let small = TextStyle::from((FONT, font_px(11.0)).into_font())
+        .color(&RGBColor(40, 40, 40))
+        .pos(Pos::new(HPos::Left, VPos::Center));
+    for (i, (label, color)) in legend.iter().enumerate() {
+        let x = WIDTH as i32 - 250;
+        let y = 12 + 16 * i as i32;
+        upper
+            .draw(&PathElement::new(
+                vec![(x, y), (x + 20, y)],
+                color.stroke_width(2),
+            ))
+            .map_err(&err)?;
+        upper
+            .draw(&Text::new(label.clone(), (x + 26, y), small.clone()))
+            .map_err(&err)?;
+    }
+    Ok(legend.len())
+}
+
+/// Cosine per x, with the marker line.
+fn cosine_plot(m: &MetricChart, upper: &Area, (x0, x1): (f64, f64), legend: usize) -> Result<()> {
+    let err = chart_err("metric");
+    let (y0, y1) = y_range(&m.cosine);
+    let mut chart = ChartBuilder::on(upper)
+        .margin(10)
+        .margin_top(16 + 16 * legend as u32)
+        .x_label_area_size(0)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(&err)?;
+    chart
+        .configure_mesh()
+        .y_desc("cosine")
+        .x_labels(0)
+        .label_style((FONT, font_px(11.0)))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(&err)?;
+    let pts: Vec<(f64, f64)> =
+        m.xs.iter()
+            .zip(&m.cosine)
+            .filter(|(_, y)| y.is_finite())
+            .map(|(x, y)| (*x, y.clamp(y0, y1)))
+            .collect();
+    chart
+        .draw_series(std::iter::once(PathElement::new(
+            pts.clone(),
+            BLUE_LINE.stroke_width(2),
+        )))
+        .map_err(&err)?;
+    chart
+        .draw_series(pts.iter().map(|p| Circle::new(*p, 3, BLUE_LINE.filled())))
+        .map_err(&err)?;
+    if let Some((mx, _)) = &m.marker {
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(*mx, y0), (*mx, y1)],
+                BAD.stroke_width(1),
+            )))
+            .map_err(&err)?;
+    }
+    Ok(())
+}
+
+/// Top-1 match per x, as a strip of dots under the plot.
+fn top1_strip(m: &MetricChart, lower: &Area, (x0, x1): (f64, f64)) -> Result<()> {
+    let err = chart_err("metric");
+    let mut strip = ChartBuilder::on(lower)
+        .margin_left(10)
+        .margin_right(10)
+        .margin_bottom(6)
+        .x_label_area_size(36)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, -0.5f64..1.5f64)
+        .map_err(&err)?;
+    strip
+        .configure_mesh()
+        .x_desc(m.x_desc.clone())
+        .y_desc("top-1")
+        .y_labels(3)
+        .y_label_formatter(&|v| match v.round() as i64 {
+            1 => "match".to_string(),
+            0 => "differs".to_string(),
+            _ => String::new(),
+        })
+        // plotters may put ticks between integer steps; label integers only.
+        .x_label_formatter(&|v| {
+            if (v - v.round()).abs() < 1e-9 {
+                format!("{v:.0}")
+            } else {
+                String::new()
+            }
+        })
+        .label_style((FONT, font_px(11.0)))
+        .disable_y_mesh()
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(&err)?;
+    strip
+        .draw_series(m.xs.iter().zip(&m.top1).map(|(x, ok)| {
+            let style = if *ok { GOOD.filled() } else { BAD.filled() };
+            Circle::new((*x, if *ok { 1.0 } else { 0.0 }), 4, style)
+        }))
+        .map_err(&err)?;
+    Ok(())
 }
 
 #[cfg(test)]

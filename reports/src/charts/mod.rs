@@ -5,7 +5,6 @@
 
 pub mod heatmap;
 pub mod metric;
-pub mod probes;
 
 use crate::error::Error;
 
@@ -22,3 +21,19 @@ pub(crate) fn font_px(px: f64) -> f64 {
 }
 
 pub(crate) const FONT: &str = "sans-serif";
+
+/// Rows of an `f32` matrix as the `f64` rows a heatmap takes.
+pub(crate) fn to_f64(m: &ndarray::Array2<f32>) -> Vec<Vec<f64>> {
+    m.outer_iter()
+        .map(|r| r.iter().map(|v| *v as f64).collect())
+        .collect()
+}
+
+/// The note a heatmap too large to show cell by cell carries.
+pub(crate) fn pooled_note(notes: &mut Vec<String>, rows: usize, cols: usize) {
+    if rows > heatmap::MAX_CELLS || cols > heatmap::MAX_CELLS {
+        notes.push(format!(
+            "{rows} × {cols} cells shown pooled; labels name a block's first row/column"
+        ));
+    }
+}

@@ -3,11 +3,10 @@
 //! Everything model- or user-derived goes through `text::html*` before it lands in markup.
 
 pub mod page;
-pub mod probes;
 pub mod provenance;
 pub mod style;
 
-use crate::text::html;
+use crate::text::{html, html_visible};
 use kvprobe_schema::{Results, Verdict};
 
 /// A table whose cells are already-escaped HTML fragments.
@@ -41,6 +40,19 @@ pub(crate) fn kv_table(pairs: &[(&str, String)]) -> String {
     }
     s.push_str("</tbody></table>\n");
     s
+}
+
+/// Multi-line model text for a `<pre>`: newlines and tabs kept, other control characters spelled.
+pub(crate) fn html_text(s: &str) -> String {
+    s.split('\n')
+        .map(|line| {
+            line.split('\t')
+                .map(html_visible)
+                .collect::<Vec<_>>()
+                .join("\t")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Long tables fold away (a `<details>` works without JavaScript).

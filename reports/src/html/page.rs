@@ -1,8 +1,9 @@
 //! report.html (one run) and compare.html (before / after).
 
-use super::probes::{blocks, ProbeBlock};
 use super::style::CSS;
 use super::{banner, evidence, provenance};
+use crate::section::{Chart, ProbeBlock};
+use crate::sections::blocks;
 use crate::text::{html, html_visible};
 use kvprobe_schema::Results;
 
@@ -25,10 +26,10 @@ fn title_of(r: &Results) -> String {
 }
 
 /// Files of the folder that belong to this report (what a reader can open next).
-fn artefacts(r: &Results, charts: &[(&'static str, String)]) -> String {
+fn artefacts(r: &Results, charts: &[Chart]) -> String {
     let mut files = vec!["results.json".to_string()];
-    files.extend(crate::tables::tables(r).into_iter().map(|(n, _)| n));
-    files.extend(crate::arrays::derived_array_files(r));
+    files.extend(crate::sections::tables(r).into_iter().map(|(n, _)| n));
+    files.extend(crate::sections::array_files(r));
     files.extend(charts.iter().map(|(n, _)| n.to_string()));
     let items: Vec<String> = files
         .iter()
@@ -42,7 +43,7 @@ fn artefacts(r: &Results, charts: &[(&'static str, String)]) -> String {
     )
 }
 
-pub fn report(r: &Results, charts: &[(&'static str, String)]) -> String {
+pub fn report(r: &Results, charts: &[Chart]) -> String {
     let blocks = blocks(r, charts);
     let mut s = head(&title_of(r), "run");
     s.push_str(&format!(
@@ -81,9 +82,9 @@ fn section(b: &ProbeBlock) -> String {
 /// Before / after on one page: verdicts, probe tables side by side, charts paired.
 pub fn compare(
     before: &Results,
-    before_charts: &[(&'static str, String)],
+    before_charts: &[Chart],
     after: &Results,
-    after_charts: &[(&'static str, String)],
+    after_charts: &[Chart],
 ) -> String {
     let bb = blocks(before, before_charts);
     let ab = blocks(after, after_charts);
@@ -113,6 +114,9 @@ pub fn compare(
             ids.push(b.id);
         }
     }
+    // The sections compare.html was written with, pinned in page order; any other section
+    // (stale, causality, splits, the stateful ones, later probes) sorts before them in the
+    // order it ran. A quirk, kept so compare pages of old run folders re-render byte-identically.
     const ORDER: [&str; 12] = [
         "prefill",
         "greedy",

@@ -1,6 +1,6 @@
 //! The run record: what was run, on what model and device, with which prompt, how long.
 
-use super::{fold, kv_table, probes::html_text, table};
+use super::{fold, html_text, kv_table, table};
 use crate::text::{html_visible, num, shell_join};
 use kvprobe_schema::Results;
 

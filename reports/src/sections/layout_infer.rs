@@ -1,17 +1,18 @@
-//! The `layout --infer` artefacts: its CSV table, its two `.npy` match maps, its heatmaps (cache
-//! edges × ring slots, cache edges × entry columns) and its report section. Kept in one module
-//! so the generic per-probe files each gain a single call.
+//! `layout --infer`: its CSV table, its two `.npy` match maps, its heatmaps (cache edges × ring
+//! slots, cache edges × entry columns), its report section and its summary lines.
 
 use ndarray::Array2;
 
+use crate::cells::{chart, kind_name};
 use crate::charts::heatmap::{self, Heatmap, Scale};
 use crate::error::Result;
-use crate::html::probes::ProbeBlock;
-use crate::html::{fold, inline_svg, kv_table, table};
-use crate::tables::kind_name;
+use crate::html::{fold, kv_table, table};
+use crate::npy::write_npy;
+use crate::section::{Chart, ProbeBlock, ProbeSection};
 use crate::text::{csv_text, html, num};
-use kvprobe_schema::{InferredCache, LayoutInferFinding};
+use kvprobe_schema::{edge_name, InferredCache, LayoutInferFinding, Results};
 use std::fmt::Write as _;
+use std::path::Path;
 
 pub const SLOTS_SVG: &str = "layout_infer_slots.svg";
 pub const COLUMNS_SVG: &str = "layout_infer_columns.svg";
@@ -130,14 +131,95 @@ pub fn charts(f: &LayoutInferFinding) -> Result<Vec<(&'static str, String)>> {
     ])
 }
 
-pub fn block(f: &LayoutInferFinding, charts: &[(&'static str, String)]) -> ProbeBlock {
-    let svg = |name: &str, alt: &str| {
-        charts
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, s)| inline_svg(s, alt))
+pub struct LayoutInfer;
+
+impl ProbeSection for LayoutInfer {
+    fn tables(&self, r: &Results) -> Vec<(String, String)> {
+        match &r.probes.layout_infer {
+            Some(f) => vec![(CSV.to_string(), csv(f))],
+            None => Vec::new(),
+        }
+    }
+
+    fn array_files(&self, r: &Results) -> Vec<String> {
+        match r.probes.layout_infer {
+            Some(_) => vec![SLOTS_NPY.to_string(), COLUMNS_NPY.to_string()],
+            None => Vec::new(),
+        }
+    }
+
+    fn write_arrays(&self, r: &Results, dir: &Path) -> Result<()> {
+        if let Some(f) = &r.probes.layout_infer {
+            write_npy(&dir.join(SLOTS_NPY), &slots_matrix(f))?;
+            write_npy(&dir.join(COLUMNS_NPY), &columns_matrix(f))?;
+        }
+        Ok(())
+    }
+
+    fn reserved_prefixes(&self) -> &'static [&'static str] {
+        &["layout_infer"]
+    }
+
+    fn charts(&self, r: &Results) -> Result<Vec<Chart>> {
+        match &r.probes.layout_infer {
+            Some(f) => charts(f),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn files_listed_last(&self) -> bool {
+        true
+    }
+
+    fn block(&self, r: &Results, charts: &[Chart]) -> Option<ProbeBlock> {
+        r.probes.layout_infer.as_ref().map(|f| block(f, charts))
+    }
+
+    fn summary(&self, r: &Results) -> String {
+        r.probes
+            .layout_infer
+            .as_ref()
+            .map(summary)
             .unwrap_or_default()
-    };
+    }
+}
+
+/// The solved layout: the one-line evidence, then one line per group of edges sharing a map and
+/// shift outside the majority.
+fn summary(f: &LayoutInferFinding) -> String {
+    let mut s = format!("{}\n", f.evidence());
+    let mut groups: Vec<(&InferredCache, Vec<String>)> = Vec::new();
+    for c in &f.caches {
+        let majority = c.explained
+            && f.writer_formula.as_deref() == Some(c.formula.as_str())
+            && f.writer_shift == Some(c.shift);
+        if majority {
+            continue;
+        }
+        let name = edge_name(c.layer, c.kind, c.cache_id);
+        match groups.iter_mut().find(|(g, _)| {
+            g.formula == c.formula && g.shift == c.shift && g.explained == c.explained
+        }) {
+            Some((_, names)) => names.push(name),
+            None => groups.push((c, vec![name])),
+        }
+    }
+    for (c, names) in groups {
+        s += &format!(
+            "  {}: {} [{}] at shift {:+}, {:.2} explained{}\n",
+            names.join(", "),
+            c.description,
+            c.formula,
+            c.shift,
+            c.fraction_explained,
+            if c.explained { "" } else { " (UNEXPLAINED)" }
+        );
+    }
+    s
+}
+
+fn block(f: &LayoutInferFinding, charts: &[Chart]) -> ProbeBlock {
+    let svg = |name: &str, alt: &str| chart(charts, name, alt);
     let rows: Vec<_> = f
         .caches
         .iter()

@@ -1,0 +1,168 @@
+//! Findings of the probes that compare device logits with the reference's: prefill, greedy,
+//! selfmask, maskconv, positions (and the theta check), inject.
+
+use serde::{Deserialize, Serialize};
+
+/// Device logits against reference logits at one position or step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogitComparison {
+    pub cosine: f64,
+    /// KL(reference ‖ device) of the softmax distributions, nats.
+    pub kl: f64,
+    pub device_top1: u32,
+    pub reference_top1: u32,
+    pub top1_match: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrefillRow {
+    /// Position of the last prompt token of this prefix (prefix length − 1).
+    pub position: usize,
+    pub comparison: LogitComparison,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrefillFinding {
+    pub rows: Vec<PrefillRow>,
+    /// Cosine between the first prefix's device logits and its re-run at the end.
+    pub rerun_cosine: f64,
+    /// False when the re-run differs: state leaked between resets.
+    pub rerun_identical: bool,
+    pub min_cosine: f64,
+    pub mean_cosine: f64,
+    pub top1_agreement: f64,
+    /// The whole prompt's prefill against references with other attention scales (`diagnose`
+    /// runs it when the prefill rows pass: a near-1 scale hides inside their tolerance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleFit>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GreedyStep {
+    /// 0 = the token from prefill.
+    pub step: usize,
+    /// Absolute position of the token whose logits these are.
+    pub position: usize,
+    /// Token fed at this step (last prompt token for step 0).
+    pub input_token: u32,
+    /// Keys the reference saw (sliding window once the ring wraps).
+    pub visible_keys: usize,
+    pub comparison: LogitComparison,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GreedyFinding {
+    pub steps: Vec<GreedyStep>,
+    /// First step whose top-1 differs from the reference (teacher-forced on the device's tokens).
+    pub first_divergence: Option<usize>,
+    pub device_ids: Vec<u32>,
+    pub device_text: String,
+    /// The reference's own free-running greedy continuation.
+    pub reference_ids: Vec<u32>,
+    pub reference_text: String,
+    pub mean_cosine: f64,
+    pub min_cosine: f64,
+    pub top1_agreement: f64,
+    /// Mean cosine over tbt steps only (step ≥ 1).
+    pub tbt_mean_cosine: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfmaskStep {
+    pub step: usize,
+    pub position: usize,
+    pub input_token: u32,
+    pub comparison: LogitComparison,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfmaskFinding {
+    pub steps: Vec<SelfmaskStep>,
+    pub mean_cosine: f64,
+    pub min_cosine: f64,
+    pub top1_agreement: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MaskVariant {
+    /// e.g. "ring", "left-valid", "shift-1", "shift+1", "per-head".
+    pub name: String,
+    pub comparison: LogitComparison,
+    pub reproduces: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MaskconvFinding {
+    pub variants: Vec<MaskVariant>,
+    /// Cosine between device outputs when only heads ≥ 1 get a different mask: ≈ 1 means the
+    /// graph ignored their rows (uses one head's row for all).
+    pub other_heads_ignored_cosine: Option<f64>,
+    pub best: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PositionPoint {
+    pub delta: i64,
+    pub comparison: LogitComparison,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PositionsFinding {
+    pub points: Vec<PositionPoint>,
+    pub best_delta: i64,
+    pub best_cosine: f64,
+    pub baseline_cosine: f64,
+    /// The same first tbt step (server position) against references computed with other
+    /// attention scales: a position shift and a wrong scale can mimic each other, the fit tells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<ScaleFit>,
+}
+
+/// Single-chunk prefill rows driven with the device's theta table and with the same table in
+/// the other RoPE sign convention (contract §2.6: the embedded table decides, and a graph
+/// compiled for the other convention turns every rotation into a non-rotation).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThetaCheck {
+    /// "plain" (both halves positive) or "sign-folded" (first half negated).
+    pub declared: String,
+    pub rows: usize,
+    /// Mean cosine to the reference of the rows with the declared table.
+    pub declared_cosine: f64,
+    /// Same rows with the table in the other convention.
+    pub other_cosine: f64,
+}
+
+/// Which attention-scale multiplier of the reference best explains a device output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScaleFit {
+    /// (scale multiplier, cosine of the device output to the reference at that scale).
+    pub points: Vec<(f64, f64)>,
+    pub best_scale: f64,
+    pub best_cosine: f64,
+    /// Cosine at the model's own scale (multiplier 1).
+    pub unit_cosine: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InjectFinding {
+    /// The tbt step on the rings as the device's own prefill left them.
+    pub device_rings: LogitComparison,
+    /// The tbt step on golden token-major rings (reference K/V, declared quant infos).
+    pub golden: LogitComparison,
+    /// The same with the K and V rings swapped.
+    pub golden_swapped: LogitComparison,
+    /// "writer" (golden matches, device rings do not), "reader", "binding" (swapped matches),
+    /// "none" (everything matches).
+    pub blame: String,
+    /// When neither golden variant reproduces: golden rings with K↔V swapped on only the layers
+    /// whose single-layer swap helps (a binding crossed on some layers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_swap: Option<PartialSwap>,
+}
+
+/// Golden rings swapped K↔V on some layers only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartialSwap {
+    pub layers: Vec<usize>,
+    pub comparison: LogitComparison,
+}

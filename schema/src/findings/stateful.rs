@@ -1,0 +1,41 @@
+//! Findings of a stateful device's diagnosis (issue 9) and the probes that do not apply to it.
+
+use serde::{Deserialize, Serialize};
+
+/// A probe that does not apply to the device's runtime, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NotApplicable {
+    pub probe: String,
+    pub why: String,
+}
+
+/// What the state checks of a stateful device saw (probes/src/statecheck.rs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateFinding {
+    pub prompt_len: usize,
+    /// Positions whose K state (layer 0, every KV head) is non-zero after a fresh prefill of the
+    /// prompt; a correct slice_update writes exactly `0..prompt_len`.
+    pub written: Vec<usize>,
+    /// The first decode step with the reference K/V written into the states, cosine against the
+    /// reference: `[documented [kv_heads, ctx, d], swapped [ctx, kv_heads, d]]`.
+    pub layout_cosines: Option<[f64; 2]>,
+    /// A decode step whose mask allows only itself, against the reference token alone.
+    pub selfonly_cosine: Option<f64>,
+    /// The same step under the full-context mask, against its reference.
+    pub full_cosine: Option<f64>,
+}
+
+/// Where inf/NaN first appears on a stateful fp16 device: the state scan after a prefill.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OverflowFinding {
+    /// Prompt tokens of the prefill that was scanned.
+    pub prompt_len: usize,
+    /// First layer whose attention produced a non-finite value (`None`: all finite).
+    pub layer: Option<usize>,
+    /// First absolute position holding a non-finite value in that layer's output.
+    pub position: Option<usize>,
+    /// Whether the prefill's logits were finite.
+    pub logits_finite: bool,
+    /// Longest prompt prefix (tokens) whose prefill stayed finite, when a search ran.
+    pub longest_finite_prefix: Option<usize>,
+}
