@@ -291,3 +291,76 @@ fn bad_input_exits_2_with_one_line_and_no_artefacts() {
         assert!(String::from_utf8_lossy(&r.stderr).contains("--features hailo"));
     }
 }
+
+/// `quant --sim` on the Llama fixture with `--out OUT --force`, run from `cwd`.
+fn forced_quant_in(cwd: &std::path::Path, out: &str) -> std::process::Output {
+    let f = fixture("llama", 7);
+    std::process::Command::new(env!("CARGO_BIN_EXE_kvprobe"))
+        .args(["quant", "--sim", "--model", f.to_str().unwrap()])
+        .args(["--out", out, "--force"])
+        .current_dir(cwd)
+        .output()
+        .expect("run kvprobe")
+}
+
+#[test]
+fn force_never_deletes_what_is_not_an_earlier_run() {
+    // issue 19: `--out . --force` deleted the working folder's files and wrote nothing
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(work.join("sub")).unwrap();
+    std::fs::write(work.join("notes.txt"), "mine").unwrap();
+    std::fs::write(work.join("sub/data.bin"), "mine too").unwrap();
+    for (cwd, out) in [
+        (&work, "."),
+        (&work.join("sub"), ".."),
+        (&work, "sub"),
+        (&work, work.to_str().unwrap()),
+    ] {
+        let r = forced_quant_in(cwd, out);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "--out {out}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "--out {out}: {err}");
+        assert!(err.contains("--force"), "--out {out}: {err}");
+        assert_eq!(
+            std::fs::read_to_string(work.join("notes.txt")).unwrap(),
+            "mine"
+        );
+        assert_eq!(
+            std::fs::read_to_string(work.join("sub/data.bin")).unwrap(),
+            "mine too"
+        );
+        let leftovers: Vec<_> = std::fs::read_dir(&work)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".kvprobe"))
+            .collect();
+        assert!(leftovers.is_empty(), "--out {out}: {leftovers:?}");
+    }
+    // an earlier run's folder is still replaced, and nothing is left beside it
+    let run = tmp.path().join("run");
+    let r = forced_quant_in(tmp.path(), "run");
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    std::fs::write(run.join("stale.txt"), "from the first run's folder").unwrap();
+    let r = forced_quant_in(tmp.path(), "run");
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert!(run.join("results.json").is_file() && !run.join("stale.txt").exists());
+    let names: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with(".kvprobe")),
+        "{names:?}"
+    );
+}

@@ -26,6 +26,9 @@ pub fn check_out_dir(out: &Path, force: bool) -> anyhow::Result<()> {
                 out.display()
             )));
         }
+        if non_empty {
+            check_replaceable(out)?;
+        }
     }
     // Missing parents are created only once the run has succeeded (write_out), so a failed run
     // leaves nothing behind; here we only check that they can be.
@@ -45,7 +48,43 @@ pub fn check_out_dir(out: &Path, force: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--force` replaces an earlier run's folder, never anything else: not a folder without the
+/// results.json a run writes, and never the working folder or one of its parents (replacing
+/// `--out .` used to delete the working folder's files).
+fn check_replaceable(out: &Path) -> anyhow::Result<()> {
+    let real = out.canonicalize().map_err(|e| {
+        usage(format!(
+            "{}: cannot resolve it ({e}); choose another --out",
+            out.display()
+        ))
+    })?;
+    let cwd = std::env::current_dir().and_then(|d| d.canonicalize());
+    if cwd.as_ref().is_ok_and(|cwd| cwd.starts_with(&real)) || real.parent().is_none() {
+        return Err(usage(format!(
+            "{}: is the working folder or one of its parents; --force never replaces it, choose a new --out folder",
+            out.display()
+        )));
+    }
+    if !real.join(kvprobe_reports::RESULTS_JSON).is_file() {
+        return Err(usage(format!(
+            "{}: not an earlier kvprobe output folder (no {}); --force replaces only those, choose a new --out folder",
+            out.display(),
+            kvprobe_reports::RESULTS_JSON
+        )));
+    }
+    Ok(())
+}
+
+/// The folder that holds `out` (resolved through links and `..` when `out` exists, so the
+/// temporary folder is never made inside the folder it replaces).
 fn parent_of(out: &Path) -> PathBuf {
+    if let Some(parent) = out
+        .canonicalize()
+        .ok()
+        .and_then(|r| r.parent().map(Path::to_path_buf))
+    {
+        return parent;
+    }
     match out.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -86,21 +125,43 @@ pub fn write_out(
         ane.write_manifest(&tmp.path().join("sim-manifest.json"))
             .map_err(crate::cli::device_args::npu_error)?;
     }
-    if out.exists() {
-        std::fs::remove_dir_all(out).map_err(|e| {
+    // the earlier run is moved aside, not deleted, until the new one is in place
+    let old = if out.exists() {
+        let aside = tempfile::Builder::new()
+            .prefix(".kvprobe-old-")
+            .tempdir_in(parent_of(out))
+            .map_err(|e| {
+                usage(format!(
+                    "{}: cannot replace it ({e}); choose another --out",
+                    out.display()
+                ))
+            })?
+            .keep();
+        let moved = aside.join("run");
+        std::fs::rename(out, &moved).map_err(|e| {
+            let _ = std::fs::remove_dir(&aside);
             usage(format!(
                 "{}: cannot replace it ({e}); choose another --out",
                 out.display()
             ))
         })?;
-    }
+        Some((aside, moved))
+    } else {
+        None
+    };
     let tmp_path = tmp.keep();
-    std::fs::rename(&tmp_path, out).map_err(|e| {
+    if let Err(e) = std::fs::rename(&tmp_path, out) {
         let _ = std::fs::remove_dir_all(&tmp_path);
-        usage(format!(
+        if let Some((_, moved)) = &old {
+            let _ = std::fs::rename(moved, out);
+        }
+        return Err(usage(format!(
             "{}: cannot move the artefacts into place ({e})",
             out.display()
-        ))
-    })?;
+        )));
+    }
+    if let Some((aside, _)) = old {
+        let _ = std::fs::remove_dir_all(aside);
+    }
     Ok(())
 }
