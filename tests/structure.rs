@@ -30,9 +30,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
     ("npu/src/sim/mod.rs::describe_group", TODO),
     ("npu/src/driver.rs", TODO),
     ("probes/src/causality.rs::run", TODO),
-    ("probes/src/diagnose.rs", TODO),
-    ("probes/src/diagnose.rs::diagnose_ring", TODO),
-    ("probes/src/diagnose_stateful.rs::diagnose", TODO),
     ("probes/src/greedy.rs::run_with", TODO),
     ("reports/src/charts/heatmap.rs::draw", TODO),
     ("reports/src/charts/metric.rs::render", TODO),
@@ -49,7 +46,6 @@ const TODO: &str = "issue 17: still to split";
 const CIRCLES_TODO: &[&str] = &[
     "kvprobe-reference: reference/src/gguf_tokenizer.rs ↔ reference/src/gguf.rs",
     "kvprobe-npu: npu/src/sim/faults.rs ↔ npu/src/ane/faults.rs",
-    "kvprobe-probes: probes/src/diagnose_stateful.rs ↔ probes/src/diagnose_stage.rs ↔ probes/src/diagnose.rs",
     "kvprobe-reports: reports/src/tables.rs ↔ reports/src/charts/probes.rs ↔ reports/src/html/probes.rs ↔ reports/src/layout_infer.rs ↔ reports/src/arrays.rs",
 ];
 
