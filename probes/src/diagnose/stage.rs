@@ -302,6 +302,7 @@ pub(crate) fn diagnose_stage_only(s: &mut Session, _opts: &DiagnoseOptions) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::diagnose::ring::testing::layout_infer;
     use kvprobe_schema::test_findings;
 
     fn splits(pure: f64, mixed: f64, whole: f64) -> SplitsFinding {
@@ -401,237 +402,114 @@ mod tests {
         );
     }
 
-    fn edge(explained: bool, named: Option<Layout>, shift: i64) -> kvprobe_schema::InferredCache {
-        kvprobe_schema::InferredCache {
-            cache_id: 0,
-            layer: Some(0),
-            kind: None,
-            explained,
-            fraction_explained: if explained { 0.95 } else { 0.1 },
-            residual_cosine: 0.9,
-            shift,
-            formula: String::new(),
-            description: String::new(),
-            digits: Vec::new(),
-            tile: 8,
-            named,
-            runner_up: None,
-            runner_up_fraction: 0.0,
-            slot_fraction: Vec::new(),
-            column_fraction: Vec::new(),
-        }
-    }
-
-    fn inferred(caches: Vec<kvprobe_schema::InferredCache>) -> LayoutInferFinding {
-        LayoutInferFinding {
-            caches,
-            prompt_tokens: 8,
-            window: 8,
-            features: 64,
-            candidates: 10,
-            shifts_searched: 24,
-            tolerance_steps: 1.5,
-            threshold: 0.75,
-            unexplained: 0,
-            writer_formula: None,
-            writer_description: None,
-            writer_shift: None,
-            outlier_edges: Vec::new(),
-        }
+    /// Four edges solved token-major at `shift`; `edit` changes some.
+    fn inferred(
+        shift: i64,
+        edit: impl FnOnce(&mut Vec<kvprobe_schema::InferredCache>),
+    ) -> LayoutInferFinding {
+        let mut li = layout_infer(Some(Layout::TokenMajor), shift);
+        edit(&mut li.caches);
+        li
     }
 
     #[test]
     fn solved_writer_layout_names_writer_or_offset() {
-        let tm = Some(Layout::TokenMajor);
         // healthy: token-major in place
-        assert_eq!(
-            stage_from_layout(&inferred(vec![edge(true, tm, 0); 4])),
-            None
-        );
+        assert_eq!(stage_from_layout(&inferred(0, |_| ())), None);
         // one V edge written feature-major, or by a map outside the named list
-        let mut one = vec![edge(true, tm, 0); 4];
-        one[3] = edge(true, Some(Layout::FeatureMajor), 0);
-        assert_eq!(
-            stage_from_layout(&inferred(one)),
-            Some(Stage::PrefillWriter)
-        );
-        let mut unnamed = vec![edge(true, tm, 0); 4];
-        unnamed[1] = edge(true, None, 0);
-        assert_eq!(
-            stage_from_layout(&inferred(unnamed)),
-            Some(Stage::PrefillWriter)
-        );
+        let one = inferred(0, |c| c[3].named = Some(Layout::FeatureMajor));
+        assert_eq!(stage_from_layout(&one), Some(Stage::PrefillWriter));
+        let unnamed = inferred(0, |c| c[1].named = None);
+        assert_eq!(stage_from_layout(&unnamed), Some(Stage::PrefillWriter));
         // right bytes in the wrong slots everywhere
         assert_eq!(
-            stage_from_layout(&inferred(vec![edge(true, tm, -13); 4])),
+            stage_from_layout(&inferred(-13, |_| ())),
             Some(Stage::Offset)
         );
         // unexplained edges say nothing (truncated bytes are the causality rules' business)
-        assert_eq!(
-            stage_from_layout(&inferred(vec![edge(false, None, 3); 4])),
-            None
-        );
-    }
-}
-
-#[cfg(test)]
-mod table_tests {
-    use super::*;
-    use kvprobe_schema::test_findings;
-
-    fn rule(id: &str) -> &'static StageRule {
-        TABLE.iter().find(|r| r.id == id).expect("rule")
+        let unexplained = inferred(3, |c| {
+            c.iter_mut().for_each(|e| {
+                e.explained = false;
+                e.named = None;
+            })
+        });
+        assert_eq!(stage_from_layout(&unexplained), None);
     }
 
-    fn causality(first: usize, spread: usize, frozen: usize, leaks: usize) -> CausalityFinding {
-        CausalityFinding {
-            slots: Vec::new(),
-            slot_positions: Vec::new(),
-            perturbed: Vec::new(),
-            replacement_tokens: Vec::new(),
-            matrix: Vec::new(),
-            first_layer_matrix: Vec::new(),
-            final_logits_cosine: Vec::new(),
-            leaks: Vec::new(),
-            leak_cells: leaks,
-            first_layer_leak_cells: first,
-            stray_cells: 0,
-            padding_cells: 0,
-            first_layer_spread: spread,
-            frozen_tail_columns: frozen,
-            first_layer_shift: Some(0),
-        }
+    fn facts_with(f: impl FnOnce(&mut StageFacts)) -> StageFacts {
+        let mut facts = StageFacts::default();
+        f(&mut facts);
+        facts
     }
 
-    fn with_causality(c: CausalityFinding) -> StageFacts {
-        StageFacts {
-            causality: Some(c),
-            ..Default::default()
-        }
-    }
-
-    fn with_splits(pure: f64, mixed: f64, whole: f64) -> StageFacts {
-        StageFacts {
-            splits: Some(test_findings::splits(4, Vec::new(), pure, mixed, whole)),
-            ..Default::default()
-        }
-    }
-
-    fn with_stale(moved: bool, whole: Option<bool>) -> StageFacts {
-        let mut st = test_findings::stale(vec![5, 6], Vec::new(), &[5, 6]);
-        if !moved {
-            st.first_moved_step = None;
-        }
-        st.leaks_whole_entries = whole;
-        StageFacts {
-            stale: Some(st),
-            ..Default::default()
-        }
-    }
-
-    fn with_edges(named: Option<Layout>, shift: i64, explained: bool) -> StageFacts {
-        let mut li = test_findings_layout(named, shift);
-        li.caches.iter_mut().for_each(|c| c.explained = explained);
-        StageFacts {
-            layout_infer: Some(li),
-            ..Default::default()
-        }
-    }
-
-    fn test_findings_layout(named: Option<Layout>, shift: i64) -> LayoutInferFinding {
-        let edge = kvprobe_schema::InferredCache {
-            cache_id: 0,
-            layer: Some(0),
-            kind: None,
-            explained: true,
-            fraction_explained: 0.95,
-            residual_cosine: 0.9,
-            shift,
-            formula: String::new(),
-            description: String::new(),
-            digits: Vec::new(),
-            tile: 8,
-            named,
-            runner_up: None,
-            runner_up_fraction: 0.0,
-            slot_fraction: Vec::new(),
-            column_fraction: Vec::new(),
-        };
-        LayoutInferFinding {
-            caches: vec![edge; 2],
-            prompt_tokens: 8,
-            window: 8,
-            features: 64,
-            candidates: 10,
-            shifts_searched: 24,
-            tolerance_steps: 1.5,
-            threshold: 0.75,
-            unexplained: 0,
-            writer_formula: None,
-            writer_description: None,
-            writer_shift: None,
-            outlier_edges: Vec::new(),
-        }
-    }
-
-    /// (rule, facts where it holds, a near miss where it must not).
+    /// (rule, facts where it holds, a near miss where it must not), in table order.
     fn cases() -> Vec<(&'static str, StageFacts, StageFacts)> {
-        let tm = Some(Layout::TokenMajor);
+        let layout = |li: LayoutInferFinding| facts_with(|f| f.layout_infer = Some(li));
+        let cause = |c: CausalityFinding| facts_with(|f| f.causality = Some(c));
+        let split = |p, m, w| facts_with(|f| f.splits = Some(splits(p, m, w)));
+        let stale_at = |moved: bool, whole| {
+            let mut st = stale(whole);
+            if !moved {
+                st.first_moved_step = None;
+            }
+            facts_with(|f| f.stale = Some(st))
+        };
+        let mut frozen = causality(0, 0, Some(0), 1);
+        frozen.frozen_tail_columns = 16;
         vec![
             (
                 "solved-writer-map",
-                with_edges(None, 0, true),
-                with_edges(None, 0, false),
+                layout(inferred(0, |c| c[0].named = None)),
+                layout(inferred(0, |c| {
+                    c[0].named = None;
+                    c[0].explained = false;
+                })),
             ),
             (
                 "solved-slot-shift",
-                with_edges(tm, -13, true),
-                with_edges(tm, 0, true),
+                layout(inferred(-13, |_| ())),
+                layout(inferred(-13, |c| c[0].shift = 0)),
             ),
             (
                 "first-layer-moved",
-                with_causality(causality(5, 1, 0, 5)),
-                with_causality(causality(59, 8, 0, 59)),
+                cause(causality(5, 5, Some(-1), 1)),
+                cause(causality(59, 59, None, 8)),
             ),
             (
                 "first-layer-scattered",
-                with_causality(causality(59, 8, 0, 59)),
-                with_causality(causality(0, 8, 0, 3)),
+                cause(causality(59, 59, None, 8)),
+                cause(causality(0, 3, Some(0), 8)),
             ),
             (
                 "frozen-tail",
-                with_causality(causality(0, 1, 16, 0)),
-                with_causality(causality(0, 1, 0, 0)),
+                cause(frozen),
+                cause(causality(0, 0, Some(0), 1)),
             ),
             (
                 "later-layer-leak",
-                with_causality(causality(0, 1, 0, 3)),
-                with_causality(causality(0, 1, 0, 0)),
+                cause(causality(0, 3, Some(0), 1)),
+                cause(causality(0, 0, Some(0), 1)),
             ),
             (
                 "stale-whole-entries",
-                with_stale(true, None),
-                with_stale(false, Some(true)),
+                stale_at(true, None),
+                stale_at(false, Some(true)),
             ),
             (
                 "stale-other-bytes",
-                with_stale(true, Some(false)),
-                with_stale(true, Some(true)),
+                stale_at(true, Some(false)),
+                stale_at(true, Some(true)),
             ),
             (
                 "decode-after-prefill",
-                with_splits(0.9785, -0.83, 1.0),
-                with_splits(0.93, -0.83, 1.0),
+                split(0.9785, -0.83, 1.0),
+                split(0.93, -0.83, 1.0),
             ),
-            (
-                "pure-decode",
-                with_splits(0.5, 0.5, 1.0),
-                with_splits(0.95, 0.5, 1.0),
-            ),
+            ("pure-decode", split(0.5, 0.5, 1.0), split(0.95, 0.5, 1.0)),
             (
                 "prefill-logits",
-                with_splits(1.0, 0.99, 0.9),
-                with_splits(0.99, 0.99, 0.99),
+                split(1.0, 0.99, 0.9),
+                split(0.99, 0.99, 0.99),
             ),
         ]
     }
@@ -642,13 +520,10 @@ mod table_tests {
         let ids: Vec<&str> = cases.iter().map(|c| c.0).collect();
         let table: Vec<&str> = TABLE.iter().map(|r| r.id).collect();
         assert_eq!(ids, table, "one case per rule, in table order");
-        for (id, hit, near) in &cases {
-            assert!((rule(id).check)(hit), "{id} should hold");
-            assert!(
-                !(rule(id).check)(near),
-                "{id} should not hold on its near miss"
-            );
-            assert_eq!(locate(hit), Some(rule(id).stage), "{id} is the first match");
+        for (rule, (id, hit, near)) in TABLE.iter().zip(&cases) {
+            assert!((rule.check)(hit), "{id} should hold");
+            assert!(!(rule.check)(near), "{id} should not hold on its near miss");
+            assert_eq!(locate(hit), Some(rule.stage), "{id} is the first match");
         }
         assert_eq!(locate(&StageFacts::default()), None);
     }

@@ -442,7 +442,7 @@ mod tests {
     use crate::diagnose::engine::Engine;
 
     fn fires_in(id: &str, f: &RingFacts) -> Option<Cause> {
-        fires(&[CACHE_PATH, CACHE_LATE, SOLVED].concat(), id, f)
+        fires(&super::super::TABLE.concat(), id, f)
     }
 
     fn line(id: &str, f: &RingFacts) -> String {

@@ -68,6 +68,51 @@ pub struct RingFacts {
     pub layout_infer: Option<LayoutInferFinding>,
 }
 
+/// Nothing measured yet: no probe ran (the start of hand-made facts and of `from_controls`).
+impl Default for RingFacts {
+    fn default() -> Self {
+        let none = RowStats {
+            mean: 0.0,
+            min: 1.0,
+            count: 0,
+            top1: 0.0,
+        };
+        RingFacts {
+            has_tbt: false,
+            rope_table: false,
+            learned_positions: false,
+            prompt_len: 0,
+            quant: QuantFinding {
+                caches: Vec::new(),
+                mask: None,
+                mask_allowed_value: None,
+                embeddings: None,
+                inconsistent_caches: 0,
+            },
+            single: none,
+            multi: none,
+            selfmask: None,
+            greedy: GreedyStats {
+                steps: 0,
+                tbt_mean: None,
+                tbt_min: 1.0,
+                tbt_top1: 1.0,
+                first_divergence: None,
+            },
+            prefill_scale: None,
+            cache_floor: None,
+            positions: None,
+            maskconv: None,
+            layout: None,
+            ztap: None,
+            inject: None,
+            colmap: None,
+            theta: None,
+            layout_infer: None,
+        }
+    }
+}
+
 pub(crate) fn stage_ok(mean: f64, min: f64) -> bool {
     mean >= STAGE_MEAN_COSINE && min >= STAGE_MIN_COSINE
 }
@@ -142,16 +187,7 @@ impl RingFacts {
                 tbt_top1: tbt_top1(greedy).unwrap_or(1.0),
                 first_divergence: greedy.first_divergence,
             },
-            prefill_scale: None,
-            cache_floor: None,
-            positions: None,
-            maskconv: None,
-            layout: None,
-            ztap: None,
-            inject: None,
-            colmap: None,
-            theta: None,
-            layout_infer: None,
+            ..RingFacts::default()
         }
     }
 

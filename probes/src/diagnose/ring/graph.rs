@@ -343,17 +343,7 @@ mod tests {
     use kvprobe_schema::Layout;
 
     fn fires_in(id: &str, f: &RingFacts) -> Option<Cause> {
-        let table = [
-            HEALTHY,
-            HEADS,
-            MULTI_CHUNK,
-            THETA,
-            PREFILL_GRAPH,
-            SELF_ONLY,
-            GRAPH_END,
-        ]
-        .concat();
-        fires(&table, id, f)
+        fires(&super::super::TABLE.concat(), id, f)
     }
 
     /// Single-chunk prefill rows fail (a graph fault), self-only passes.

@@ -11,7 +11,7 @@ mod cache;
 mod facts;
 mod graph;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 use kvprobe_schema::{Layout, ProbeFindings, Timing};
 

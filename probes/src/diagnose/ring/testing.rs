@@ -72,15 +72,7 @@ pub fn healthy_facts() -> RingFacts {
             first_divergence: None,
         },
         prefill_scale: Some(scale(0.9999, 0.99995, 1.0)),
-        cache_floor: None,
-        positions: None,
-        maskconv: None,
-        layout: None,
-        ztap: None,
-        inject: None,
-        colmap: None,
-        theta: None,
-        layout_infer: None,
+        ..RingFacts::default()
     }
 }
 
