@@ -52,6 +52,8 @@ pub struct RingFacts {
     pub multi: RowStats,
     pub selfmask: Option<RowStats>,
     pub greedy: GreedyStats,
+    /// First greedy step (0 = the prefill's last row) whose device logits hold inf or NaN.
+    pub non_finite_step: Option<usize>,
     /// The whole prompt's prefill fitted over attention scales (runs when the rows pass).
     pub prefill_scale: Option<ScaleFit>,
     /// Cosine of the reference's first tbt step over cache-rounded K/V (runs when the tbt
@@ -99,6 +101,7 @@ impl Default for RingFacts {
                 tbt_top1: 1.0,
                 first_divergence: None,
             },
+            non_finite_step: None,
             prefill_scale: None,
             cache_floor: None,
             positions: None,
@@ -187,6 +190,16 @@ impl RingFacts {
                 tbt_top1: tbt_top1(greedy).unwrap_or(1.0),
                 first_divergence: greedy.first_divergence,
             },
+            // the comparisons count non-finite logits as a plain miss (metrics): read the logits
+            non_finite_step: s
+                .compared
+                .iter()
+                .find(|c| c.name == "greedy_device_logits")
+                .and_then(|c| {
+                    c.data
+                        .chunks(c.cols.max(1))
+                        .position(|row| row.iter().any(|x| !x.is_finite()))
+                }),
             ..RingFacts::default()
         }
     }

@@ -17,8 +17,32 @@ const PREFILL: Tier = Tier::PrefillGraph;
 const TBT: Tier = Tier::TbtGraph;
 const CACHE: Tier = Tier::CachePath;
 
-/// After the controls and the quiet discriminators: every control passes and nothing quiet shows.
-pub const HEALTHY: &[R] = &[R::new("healthy", CACHE, Some(Verdict::Healthy), healthy).stop()];
+/// After the controls and the quiet discriminators: non-finite output first (every comparison
+/// after it is meaningless), then every control passes and nothing quiet shows.
+pub const HEALTHY: &[R] = &[
+    R::new(
+        "non-finite-logits",
+        PREFILL,
+        Some(Verdict::NumericOverflow),
+        non_finite_logits,
+    )
+    .stop(),
+    R::new("healthy", CACHE, Some(Verdict::Healthy), healthy).stop(),
+];
+
+/// The device answered with inf or NaN logits: the graph overflows (an fp16 or INT8
+/// accumulator, a scale), and the cosines of every probe after it only say "no agreement".
+fn non_finite_logits(f: &RingFacts) -> Option<Cause> {
+    let step = f.non_finite_step?;
+    let at = if step == 0 {
+        "the prefill's last row (greedy step 0)".to_string()
+    } else {
+        format!("tbt step {step}")
+    };
+    Some(Cause::new(0.9).line(format!(
+        "→ numeric-overflow: the device's logits at {at} hold inf/NaN; the comparisons count them as no agreement, so no later rule can tell more"
+    )))
+}
 
 /// After the graph stage's `maskconv`.
 pub const HEADS: &[R] = &[R::new(
@@ -373,6 +397,36 @@ mod tests {
             selfmask: Some(rows(0.5, 0.4, 4)),
             ..healthy_facts()
         }
+    }
+
+    #[test]
+    fn non_finite_logits_name_the_first_step() {
+        let f = RingFacts {
+            non_finite_step: Some(3),
+            single: rows(0.0, 0.0, 4),
+            ..healthy_facts()
+        };
+        let c = fires_in("non-finite-logits", &f).expect("fires");
+        assert!(c.evidence[0]
+            .starts_with("→ numeric-overflow: the device's logits at tbt step 3 hold inf/NaN"));
+        let prefill = RingFacts {
+            non_finite_step: Some(0),
+            ..f.clone()
+        };
+        assert!(fires_in("non-finite-logits", &prefill)
+            .expect("fires")
+            .evidence[0]
+            .contains("the prefill's last row (greedy step 0)"));
+        // a failing device whose logits are finite is for the other rules
+        let finite = RingFacts {
+            non_finite_step: None,
+            ..f
+        };
+        assert!(fires_in("non-finite-logits", &finite).is_none());
+        let mut e = Engine::new();
+        e.apply(HEALTHY, &prefill);
+        assert!(e.stopped());
+        assert_eq!(e.conclude().verdict, Verdict::NumericOverflow);
     }
 
     #[test]
