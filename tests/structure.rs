@@ -24,9 +24,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
     ("npu/src/sim/mod.rs::new", TODO),
     ("npu/src/sim/mod.rs::describe_group", TODO),
     ("npu/src/driver.rs", TODO),
-    ("probes/src/diagnose.rs", TODO),
-    ("probes/src/diagnose.rs::diagnose_ring", TODO),
-    ("probes/src/diagnose_stateful.rs::diagnose", TODO),
 ];
 
 /// Not a reason: what is still to split (issue 17). None may remain when the issue closes.
@@ -36,7 +33,6 @@ const TODO: &str = "issue 17: still to split";
 const CIRCLES_TODO: &[&str] = &[
     "kvprobe-reference: reference/src/gguf_tokenizer.rs ↔ reference/src/gguf.rs",
     "kvprobe-npu: npu/src/sim/faults.rs ↔ npu/src/ane/faults.rs",
-    "kvprobe-probes: probes/src/diagnose_stateful.rs ↔ probes/src/diagnose_stage.rs ↔ probes/src/diagnose.rs",
 ];
 
 /// The library and CLI source roots: `(crate, src folder)`.

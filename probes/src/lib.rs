@@ -8,8 +8,6 @@ pub mod affected;
 pub mod causality;
 pub mod colmap;
 pub mod diagnose;
-pub mod diagnose_stage;
-pub mod diagnose_stateful;
 pub mod error;
 pub mod greedy;
 pub mod inject;
@@ -34,6 +32,8 @@ pub mod statecheck;
 pub mod thresholds;
 pub mod ztap;
 
+/// The stateful rules under their former module name (the CLI reads `NOT_APPLICABLE`).
+pub use diagnose::stateful as diagnose_stateful;
 pub use diagnose::{diagnose, DiagnoseOptions, Diagnosis};
 pub use error::{Error, Result};
 pub use probe::{Probe, ProbeOptions};

@@ -1,0 +1,406 @@
+//! The rule engine: evaluates an ordered table of rules over a runtime's facts and writes the
+//! verdict, its confidence, the evidence lines and `also` (docs/diagnosis.md, "Rules").
+//!
+//! A rule reads only the facts: the orchestration that ran the probes decides nothing but which
+//! probe to run next. Evidence lines come out in the order they are written: the orchestration's
+//! lines about a probe between the rule phases, each rule's lines when it fires.
+
+use kvprobe_schema::Verdict;
+
+/// How early in the pipeline a cause sits; the earliest one heads the verdict (a broken graph
+/// explains everything after it), ties go to the rule that fired first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tier {
+    /// The prefill graph (its control, single-chunk rows, fails).
+    PrefillGraph,
+    /// The tbt graph, named from its own control (self-only steps).
+    TbtGraph,
+    /// What the cache path shows (rings, masks, positions), and every verdict that is not a
+    /// graph control's.
+    CachePath,
+}
+
+/// When the engine asks a rule at all, by what the rules before it found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    Always,
+    /// Only if no rule named a cause yet ("only if nothing above fired").
+    NothingYet,
+    /// Only if some rule named a cause already.
+    AfterCause,
+}
+
+/// What happens after a rule fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    Continue,
+    /// The diagnosis ends here: no later rule or probe runs.
+    Stop,
+}
+
+/// One row of a rule table.
+pub struct Rule<F> {
+    /// Stable name (docs/diagnosis.md lists every id in table order).
+    pub id: &'static str,
+    pub stage: Tier,
+    /// The cause the rule names; `None` for a note (evidence only, no cause).
+    pub verdict: Option<Verdict>,
+    pub when: When,
+    pub then: Then,
+    pub check: fn(&F) -> Option<Cause>,
+}
+
+// by hand: a derive would ask `F: Copy` of the facts, the row holds only a function pointer
+impl<F> Clone for Rule<F> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<F> Copy for Rule<F> {}
+
+impl<F> Rule<F> {
+    /// A rule asked always that lets the later rules run.
+    pub const fn new(
+        id: &'static str,
+        stage: Tier,
+        verdict: Option<Verdict>,
+        check: fn(&F) -> Option<Cause>,
+    ) -> Self {
+        Rule {
+            id,
+            stage,
+            verdict,
+            when: When::Always,
+            then: Then::Continue,
+            check,
+        }
+    }
+
+    pub const fn when(mut self, when: When) -> Self {
+        self.when = when;
+        self
+    }
+
+    pub const fn stop(mut self) -> Self {
+        self.then = Then::Stop;
+        self
+    }
+}
+
+/// What a rule found when it fires: how sure it is, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cause {
+    pub confidence: f64,
+    pub evidence: Vec<String>,
+    pub warnings: Vec<String>,
+    /// Further causes the same evidence supports (same tier), in order.
+    pub also: Vec<(Verdict, f64)>,
+    /// Rank the cause after the rule with this id (its evidence stays where it fired): a
+    /// discriminator that a later rule beats must not head the verdict.
+    pub ranked_after: Option<&'static str>,
+}
+
+impl Cause {
+    pub fn new(confidence: f64) -> Self {
+        Cause {
+            confidence,
+            evidence: Vec::new(),
+            warnings: Vec::new(),
+            also: Vec::new(),
+            ranked_after: None,
+        }
+    }
+
+    /// The evidence of a note (a rule without a verdict).
+    pub fn note(line: impl Into<String>) -> Self {
+        Cause::new(0.0).line(line)
+    }
+
+    pub fn line(mut self, line: impl Into<String>) -> Self {
+        self.evidence.push(line.into());
+        self
+    }
+
+    pub fn warn(mut self, line: impl Into<String>) -> Self {
+        self.warnings.push(line.into());
+        self
+    }
+
+    pub fn also(mut self, verdict: Verdict, confidence: f64) -> Self {
+        self.also.push((verdict, confidence));
+        self
+    }
+
+    pub fn ranked_after(mut self, id: &'static str) -> Self {
+        self.ranked_after = Some(id);
+        self
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Named {
+    verdict: Verdict,
+    confidence: f64,
+    tier: Tier,
+}
+
+/// The engine's result: what `Diagnosis` carries from the rules.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conclusion {
+    pub verdict: Verdict,
+    pub confidence: f64,
+    pub evidence: Vec<String>,
+    pub also: Vec<Verdict>,
+    pub warnings: Vec<String>,
+}
+
+/// Evaluates rule phases one after the other and keeps what they found.
+#[derive(Debug, Default)]
+pub struct Engine {
+    evidence: Vec<String>,
+    warnings: Vec<String>,
+    causes: Vec<Named>,
+    held: Vec<(&'static str, Named)>,
+    fired: Vec<&'static str>,
+    stopped: bool,
+}
+
+impl Engine {
+    pub fn new() -> Self {
+        Engine::default()
+    }
+
+    /// An evidence line of the orchestration (what a probe measured).
+    pub fn line(&mut self, line: impl Into<String>) {
+        self.evidence.push(line.into());
+    }
+
+    pub fn warn(&mut self, line: impl Into<String>) {
+        self.warnings.push(line.into());
+    }
+
+    pub fn has_causes(&self) -> bool {
+        !self.causes.is_empty()
+    }
+
+    /// A `Then::Stop` rule fired: the diagnosis is over.
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Ids of the rules that fired, in order.
+    pub fn fired(&self) -> &[&'static str] {
+        &self.fired
+    }
+
+    /// Evaluates `rules` in order over `facts` (nothing once stopped).
+    pub fn apply<F>(&mut self, rules: &[Rule<F>], facts: &F) {
+        for rule in rules {
+            if self.stopped {
+                return;
+            }
+            let asked = match rule.when {
+                When::Always => true,
+                When::NothingYet => self.causes.is_empty(),
+                When::AfterCause => !self.causes.is_empty(),
+            };
+            if let Some(cause) = asked.then(|| (rule.check)(facts)).flatten() {
+                self.record(rule, cause);
+            }
+            self.release(rule.id);
+        }
+        // a cause held for a rule outside this phase is ranked at the phase's end
+        for (_, named) in std::mem::take(&mut self.held) {
+            self.causes.push(named);
+        }
+    }
+
+    fn record<F>(&mut self, rule: &Rule<F>, cause: Cause) {
+        self.fired.push(rule.id);
+        self.evidence.extend(cause.evidence);
+        self.warnings.extend(cause.warnings);
+        if let Some(verdict) = rule.verdict {
+            let named = std::iter::once((verdict, cause.confidence))
+                .chain(cause.also)
+                .map(|(verdict, confidence)| Named {
+                    verdict,
+                    confidence,
+                    tier: rule.stage,
+                });
+            match cause.ranked_after {
+                Some(after) => self.held.extend(named.map(|n| (after, n))),
+                None => self.causes.extend(named),
+            }
+        }
+        if rule.then == Then::Stop {
+            self.stopped = true;
+        }
+    }
+
+    fn release(&mut self, id: &str) {
+        let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|(after, _)| *after == id);
+        self.held = kept;
+        self.causes.extend(due.into_iter().map(|(_, n)| n));
+    }
+
+    /// Headline = the earliest tier, then the first cause named; the other verdicts go to
+    /// `also`, and each one costs the headline 0.05 of confidence (floor 0.5). No cause:
+    /// `unknown`, 0.3.
+    pub fn conclude(self) -> Conclusion {
+        let Engine {
+            evidence,
+            warnings,
+            causes,
+            ..
+        } = self;
+        let Some(head) = causes
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, c)| (c.tier, *i))
+            .map(|(_, c)| *c)
+        else {
+            return Conclusion {
+                verdict: Verdict::Unknown,
+                confidence: 0.3,
+                evidence,
+                also: Vec::new(),
+                warnings,
+            };
+        };
+        let mut also: Vec<Verdict> = Vec::new();
+        for c in &causes {
+            if c.verdict != head.verdict && !also.contains(&c.verdict) {
+                also.push(c.verdict);
+            }
+        }
+        let confidence = (head.confidence - 0.05 * also.len() as f64).max(0.5);
+        Conclusion {
+            verdict: head.verdict,
+            confidence,
+            evidence,
+            also,
+            warnings,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(
+        id: &'static str,
+        stage: Tier,
+        verdict: Option<Verdict>,
+        when: When,
+        check: fn(&u8) -> Option<Cause>,
+    ) -> Rule<u8> {
+        Rule {
+            id,
+            stage,
+            verdict,
+            when,
+            then: Then::Continue,
+            check,
+        }
+    }
+
+    #[test]
+    fn earliest_tier_heads_and_others_cost_confidence() {
+        let rules = [
+            rule(
+                "a",
+                Tier::CachePath,
+                Some(Verdict::CacheQuantization),
+                When::Always,
+                |_| Some(Cause::new(0.9).line("a")),
+            ),
+            rule(
+                "b",
+                Tier::PrefillGraph,
+                Some(Verdict::PrefillGraph),
+                When::Always,
+                |_| Some(Cause::new(0.7).line("b").also(Verdict::MaskConvention, 0.7)),
+            ),
+            rule(
+                "c",
+                Tier::CachePath,
+                Some(Verdict::KvBinding),
+                When::NothingYet,
+                |_| Some(Cause::new(0.9).line("c")),
+            ),
+        ];
+        let mut e = Engine::new();
+        e.apply(&rules, &0);
+        assert_eq!(e.fired(), ["a", "b"]);
+        let c = e.conclude();
+        assert_eq!(c.verdict, Verdict::PrefillGraph);
+        assert_eq!(
+            c.also,
+            vec![Verdict::CacheQuantization, Verdict::MaskConvention]
+        );
+        assert!((c.confidence - 0.6).abs() < 1e-12);
+        assert_eq!(c.evidence, ["a", "b"]);
+    }
+
+    #[test]
+    fn held_cause_ranks_after_its_rule_and_notes_name_nothing() {
+        let rules = [
+            rule(
+                "s",
+                Tier::CachePath,
+                Some(Verdict::TbtGraph),
+                When::Always,
+                |_| Some(Cause::new(0.85).line("s").ranked_after("d")),
+            ),
+            rule("n", Tier::CachePath, None, When::Always, |_| {
+                Some(Cause::note("n"))
+            }),
+            rule(
+                "d",
+                Tier::CachePath,
+                Some(Verdict::MaskConvention),
+                When::Always,
+                |_| Some(Cause::new(0.9).line("d")),
+            ),
+        ];
+        let mut e = Engine::new();
+        e.apply(&rules, &0);
+        let c = e.conclude();
+        assert_eq!(c.verdict, Verdict::MaskConvention);
+        assert_eq!(c.also, vec![Verdict::TbtGraph]);
+        assert_eq!(c.evidence, ["s", "n", "d"]);
+    }
+
+    #[test]
+    fn stop_ends_and_nothing_is_unknown() {
+        let mut rules = [
+            rule(
+                "h",
+                Tier::CachePath,
+                Some(Verdict::Healthy),
+                When::Always,
+                |x| (*x == 1).then(|| Cause::new(0.95)),
+            ),
+            rule(
+                "x",
+                Tier::CachePath,
+                Some(Verdict::TbtGraph),
+                When::Always,
+                |_| Some(Cause::new(0.6)),
+            ),
+        ];
+        rules[0].then = Then::Stop;
+        let mut e = Engine::new();
+        e.apply(&rules, &1);
+        assert!(e.stopped());
+        let c = e.conclude();
+        assert_eq!((c.verdict, c.confidence), (Verdict::Healthy, 0.95));
+        let e = Engine::new();
+        let c = e.conclude();
+        assert_eq!((c.verdict, c.confidence), (Verdict::Unknown, 0.3));
+    }
+}

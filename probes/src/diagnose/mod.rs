@@ -1,0 +1,102 @@
+//! `diagnose`: run the probes stage by stage and name the root cause (docs/diagnosis.md).
+//!
+//! Per runtime, an orchestration runs the probes and fills a facts value; an ordered table of
+//! rules reads the facts, and one [`engine::Engine`] writes the verdict, its confidence, the
+//! evidence and `also`: [`ring`] (genai ring devices), [`stateful`] (stateful devices) and
+//! [`stage`] (the issue-10 probes' pipeline stage, on `unknown` and under `stage_only`).
+
+pub mod engine;
+mod outcome;
+pub mod ring;
+pub mod stage;
+pub mod stateful;
+
+pub use outcome::{DiagnoseOptions, Diagnosis};
+
+use crate::session::Session;
+use crate::Result;
+use ring::{SKIPPED, SKIPPED_BOTH};
+
+/// The runtime gate (issue 9): a stateful device has its own rules.
+fn runs_stateful(s: &Session) -> bool {
+    s.describe().runtime == kvprobe_schema::RuntimeKind::Stateful
+}
+
+pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
+    if runs_stateful(s) {
+        return stateful::diagnose(s, opts);
+    }
+    if opts.stage_only {
+        return stage::diagnose_stage_only(s, opts);
+    }
+    let mut d = ring::diagnose(s, opts)?;
+    if opts.all_probes && d.stage.is_none() && s.has_tbt() {
+        for e in &mut d.evidence {
+            if let Some(why) = e.strip_prefix(SKIPPED_BOTH) {
+                *e = format!("cache-path probes skipped{why}");
+            }
+        }
+        d.evidence.retain(|e| !e.starts_with(SKIPPED));
+        d.evidence.push(format!(
+            "stale/causality/splits run on request (--all-probes); the {} verdict stands",
+            d.verdict.name()
+        ));
+        d.stage = stage::run_new_probes(s, &mut d.timings, &mut d.probes, &mut d.evidence)?;
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::engine::Rule;
+
+    const DOC: &str = include_str!("../../../docs/diagnosis.md");
+
+    /// `(rule, verdict or stage)` rows of the doc's list between `<!-- rules:NAME -->` markers.
+    fn documented(name: &str) -> Vec<(String, String)> {
+        let start = format!("<!-- rules:{name} -->");
+        let end = format!("<!-- /rules:{name} -->");
+        let from = DOC.find(&start).expect("start marker") + start.len();
+        let to = DOC[from..].find(&end).expect("end marker") + from;
+        DOC[from..to]
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let k = cells.iter().position(|c| c.starts_with('`'))?;
+                let id = cells[k].trim_matches('`').to_string();
+                Some((id, cells.get(k + 1)?.to_string()))
+            })
+            .collect()
+    }
+
+    fn rows<F>(table: &[&[Rule<F>]]) -> Vec<(String, String)> {
+        table
+            .iter()
+            .flat_map(|phase| phase.iter())
+            .map(|r| {
+                let v = r.verdict.map_or("note", |v| v.name());
+                (r.id.to_string(), v.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn docs_list_every_rule_in_table_order() {
+        assert_eq!(documented("ring"), rows(super::ring::TABLE));
+        assert_eq!(documented("stateful"), rows(super::stateful::TABLE));
+        let stage: Vec<(String, String)> = super::stage::TABLE
+            .iter()
+            .map(|r| (r.id.to_string(), r.stage.name().to_string()))
+            .collect();
+        assert_eq!(documented("stage"), stage);
+    }
+
+    #[test]
+    fn rule_ids_are_unique_per_table() {
+        let mut ids: Vec<String> = rows(super::ring::TABLE).into_iter().map(|r| r.0).collect();
+        let n = ids.len();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), n);
+    }
+}

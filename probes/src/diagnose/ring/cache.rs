@@ -1,0 +1,796 @@
+//! The cache-path rules (docs/diagnosis.md, stage 4, rules a … g): every graph control passes
+//! and `positions`, `layout`, `inject`, `ztap` and `colmap` ran. Byte-level evidence first, then
+//! the output-level discriminators, then the injection and elimination rules, which fire only
+//! if nothing above named a cause.
+
+use kvprobe_schema::{Layout, LayoutInferFinding, Verdict};
+
+use super::facts::SKIPPED;
+use super::facts::{clean_shift, mask_variant_fault, position_fault, scale_fault, RingFacts};
+use super::graph::cache_quantization;
+use crate::affected;
+use crate::diagnose::engine::{Cause, Rule, Tier, When};
+use crate::thresholds::*;
+
+type R = Rule<RingFacts>;
+const CACHE: Tier = Tier::CachePath;
+
+/// After the cache-path probes.
+pub const CACHE_PATH: &[R] = &[
+    R::new(
+        "cache-quantization",
+        CACHE,
+        Some(Verdict::CacheQuantization),
+        cache_quantization,
+    ),
+    R::new(
+        "cache-truncation",
+        CACHE,
+        Some(Verdict::CacheTruncation),
+        cache_truncation,
+    ),
+    R::new(
+        "attention-scale-set-aside",
+        CACHE,
+        None,
+        attention_scale_set_aside,
+    ),
+    R::new(
+        "attention-scale",
+        CACHE,
+        Some(Verdict::TbtGraph),
+        attention_scale,
+    ),
+    R::new(
+        "position-shift",
+        CACHE,
+        Some(Verdict::PositionMismatch),
+        position_shift,
+    ),
+    R::new(
+        "writer-layout",
+        CACHE,
+        Some(Verdict::CacheLayoutMismatch),
+        writer_layout,
+    ),
+    R::new(
+        "writer-slot-shift",
+        CACHE,
+        Some(Verdict::CacheOffset),
+        writer_slot_shift,
+    ),
+    R::new(
+        MASK_CONVENTION,
+        CACHE,
+        Some(Verdict::MaskConvention),
+        mask_convention,
+    ),
+    R::new("kv-binding", CACHE, Some(Verdict::KvBinding), kv_binding).when(When::NothingYet),
+    R::new(
+        "reader-layout",
+        CACHE,
+        Some(Verdict::CacheLayoutMismatch),
+        reader_layout,
+    )
+    .when(When::NothingYet),
+    R::new(
+        "reader-elimination",
+        CACHE,
+        Some(Verdict::TbtGraph),
+        reader_elimination,
+    )
+    .when(When::NothingYet),
+];
+
+/// After `layout --infer`, which runs first when golden rings repair the step and no rule
+/// named a cause yet.
+pub const CACHE_LATE: &[R] = &[
+    R::new(
+        "writer-layout-solved",
+        CACHE,
+        Some(Verdict::CacheLayoutMismatch),
+        writer_layout_solved,
+    )
+    .when(When::NothingYet),
+    R::new(
+        "writer-partial-shift",
+        CACHE,
+        Some(Verdict::CacheOffset),
+        writer_partial_shift,
+    )
+    .when(When::NothingYet),
+    R::new(
+        "prefill-chunk-mask",
+        CACHE,
+        Some(Verdict::MaskConvention),
+        prefill_chunk_mask,
+    )
+    .when(When::NothingYet),
+    R::new(
+        "tbt-writer-truncation",
+        CACHE,
+        Some(Verdict::CacheTruncation),
+        tbt_writer_truncation,
+    )
+    .when(When::NothingYet),
+    R::new(
+        "tbt-graph-elimination",
+        CACHE,
+        Some(Verdict::TbtGraph),
+        tbt_graph_elimination,
+    )
+    .when(When::NothingYet),
+    R::new(
+        "marginal-healthy",
+        CACHE,
+        Some(Verdict::Healthy),
+        marginal_healthy,
+    )
+    .when(When::NothingYet)
+    .stop(),
+];
+
+/// Before calling it unknown, after `layout --infer` ran.
+pub const SOLVED: &[R] = &[R::new(
+    "layout-solved",
+    CACHE,
+    Some(Verdict::CacheLayoutMismatch),
+    layout_solved,
+)
+.when(When::NothingYet)];
+
+const MASK_CONVENTION: &str = "mask-convention";
+
+/// e. Byte-level evidence, ahead of the output-level discriminators: zeroed tails can make a
+/// shifted position look better.
+fn cache_truncation(f: &RingFacts) -> Option<Cause> {
+    let zt = f.ztap.as_ref()?;
+    let cut = affected::truncated(&zt.caches);
+    if cut.is_empty() {
+        return None;
+    }
+    let kept = zt
+        .caches
+        .iter()
+        .filter(|c| c.interpretation == "truncation")
+        .map(|c| c.width - c.zero_columns)
+        .min()
+        .unwrap_or(0);
+    Some(Cause::new(0.9).line(format!(
+        "→ cache-truncation: the same tail columns are zero in every written entry of {} (entries keep {} of {} bytes)",
+        affected::describe(&cut, zt.caches.len()),
+        kept,
+        zt.caches.first().map_or(0, |c| c.width)
+    )))
+}
+
+/// Golden rings repairing the step show the tbt graph computes right on right bytes: a scale
+/// fit is then the wrong bytes mimicking a scale (a K ring scrambled by the writer).
+fn attention_scale_set_aside(f: &RingFacts) -> Option<Cause> {
+    let fit = scale_fault(f.positions.as_ref()?).filter(|_| f.writer_blamed())?;
+    let inj = f.inject.as_ref()?;
+    Some(Cause::note(format!(
+        "attention-scale fit ×{:.3} ({:.5}) set aside: golden token-major rings repair the step ({:.4}), so the tbt graph is right on right bytes",
+        fit.best_scale, fit.best_cosine, inj.golden.cosine
+    )))
+}
+
+/// s. One attention-scale multiplier reproduces the first tbt step better than any position
+/// shift; a mask variant that does better still keeps the headline (its rule ranks first).
+fn attention_scale(f: &RingFacts) -> Option<Cause> {
+    let ps = f.positions.as_ref()?;
+    let fit = scale_fault(ps).filter(|_| !f.writer_blamed())?;
+    let best_mask = f
+        .maskconv
+        .as_ref()
+        .and_then(mask_variant_fault)
+        .map_or(0.0, |v| v.comparison.cosine);
+    let cause = Cause::new(0.85).line(format!(
+        "→ tbt-graph (attention scale): the first tbt step at the server's position matches the reference with its attention scale ×{:.3} ({:.5} vs {:.5} at ×1), better than any position shift ({:.5})",
+        fit.best_scale, fit.best_cosine, fit.unit_cosine, ps.best_cosine
+    ));
+    Some(if fit.best_cosine > best_mask {
+        cause
+    } else {
+        cause.ranked_after(MASK_CONVENTION)
+    })
+}
+
+/// b.
+fn position_shift(f: &RingFacts) -> Option<Cause> {
+    let ps = f.positions.as_ref().filter(|ps| position_fault(ps))?;
+    Some(Cause::new(0.9).line(format!(
+        "→ position-mismatch: sending position pos{:+} reproduces the reference ({:.4} vs {:.4}): the tbt graph's positional input is wired {:+} off",
+        ps.best_delta, ps.best_cosine, ps.baseline_cosine, -ps.best_delta
+    )))
+}
+
+/// c. The prefill writer's ring bytes decode as another layout, for the majority or any ring.
+fn writer_layout(f: &RingFacts) -> Option<Cause> {
+    let ly = f.layout.as_ref()?;
+    let tm = f.token_major_score();
+    let laid_out = affected::misplaced_layout(&ly.caches);
+    let majority = ly.writer_layout != Layout::TokenMajor
+        && ly.writer_score >= LAYOUT_CLEAN
+        && ly.writer_score >= tm + LAYOUT_MARGIN;
+    if !majority && laid_out.is_empty() {
+        return None;
+    }
+    let mut layouts: Vec<&str> = ly
+        .caches
+        .iter()
+        .filter(|c| laid_out.contains(&(c.layer, c.kind)))
+        .map(|c| c.best_layout.name())
+        .collect();
+    layouts.sort_unstable();
+    layouts.dedup();
+    Some(Cause::new(0.9).line(format!(
+        "→ cache-layout-mismatch: the prefill writer's ring bytes of {} decode as {} (majority {} at correlation {:.3} vs token-major {:.3}); HailoRT's ring needs token-major (contract §7.4)",
+        affected::describe(&laid_out, ly.caches.len()),
+        if layouts.is_empty() { ly.writer_layout.name().to_string() } else { layouts.join(" / ") },
+        ly.writer_layout.name(),
+        ly.writer_score,
+        tm
+    )))
+}
+
+fn placement_off(f: &RingFacts) -> bool {
+    f.layout
+        .as_ref()
+        .is_some_and(|ly| clean_shift(ly, f.token_major_score()))
+}
+
+/// d'. Placement before masks: a mis-placed prompt makes a shifted or reversed mask line up
+/// with it, never the reverse.
+fn writer_slot_shift(f: &RingFacts) -> Option<Cause> {
+    let ly = f.layout.as_ref().filter(|_| placement_off(f))?;
+    Some(Cause::new(0.85).line(format!(
+        "→ cache-offset: prompt tokens sit at slot shift {:+} from position mod L (correlation {:.3} vs {:.3} at the predicted slots)",
+        ly.writer_shift, ly.writer_score, f.token_major_score()
+    )))
+}
+
+/// d. A mask convention other than the ring reproduces; a shifted mask that only "repairs" a
+/// shifted placement is the placement's (fault signatures).
+fn mask_convention(f: &RingFacts) -> Option<Cause> {
+    let mc = f.maskconv.as_ref()?;
+    let v = mask_variant_fault(mc)?;
+    if v.name.starts_with("shift") && placement_off(f) {
+        return None;
+    }
+    Some(Cause::new(0.9).line(format!(
+        "→ mask-convention: the `{}` mask reproduces the reference ({:.4}) where the server's ring mask gives {:.4}",
+        v.name,
+        v.comparison.cosine,
+        mc.variants.first().map_or(0.0, |r| r.comparison.cosine)
+    )))
+}
+
+/// f. Golden rings fail but swapped K↔V (on every layer, or on some layers only) reproduce.
+fn kv_binding(f: &RingFacts) -> Option<Cause> {
+    let inj = f.inject.as_ref().filter(|i| i.blame == "binding")?;
+    let partial = inj
+        .partial_swap
+        .as_ref()
+        .filter(|p| p.comparison.cosine > inj.golden_swapped.cosine);
+    Some(Cause::new(0.9).line(match partial {
+        Some(p) => format!(
+            "→ kv-binding: golden rings fail ({:.4}), swapped K↔V on every layer too ({:.4}), but swapped on layers {} only they reproduce the reference ({:.4}): the K and V rings of those layers are bound crosswise",
+            inj.golden.cosine,
+            inj.golden_swapped.cosine,
+            p.layers.iter().map(usize::to_string).collect::<Vec<_>>().join(", "),
+            p.comparison.cosine
+        ),
+        None => format!(
+            "→ kv-binding: golden rings fail ({:.4}) but the same rings swapped K↔V reproduce the reference ({:.4})",
+            inj.golden.cosine, inj.golden_swapped.cosine
+        ),
+    }))
+}
+
+/// Never-written entries are the decisive rows (fault signatures): identical = token-local,
+/// different = a reader layout spreading real data over them. Row classes decide only when no
+/// never-written entry was covered: single-key responses of a real model share a common
+/// component, so its rows look mixed.
+fn reader_mixes(f: &RingFacts) -> Option<bool> {
+    let (cm, zt) = (f.colmap.as_ref()?, f.ztap.as_ref()?);
+    Some(match cm.empty_rows_identical {
+        Some(identical) => !identical,
+        None => cm.mixture_rows > cm.clean_rows || zt.interpretation == "transposition",
+    })
+}
+
+fn reader_blamed(f: &RingFacts) -> bool {
+    f.inject.as_ref().is_some_and(|i| i.blame == "reader")
+}
+
+fn reader_layout(f: &RingFacts) -> Option<Cause> {
+    let (inj, cm) = (f.inject.as_ref()?, f.colmap.as_ref()?);
+    if !reader_blamed(f) || reader_mixes(f) != Some(true) {
+        return None;
+    }
+    Some(Cause::new(0.85).line(format!(
+        "→ cache-layout-mismatch (reader): golden token-major rings fail too ({:.4}) and column-map rows mix tokens ({} of {} mixtures; never-written rows differ): the tbt reader uses another layout",
+        inj.golden.cosine, cm.mixture_rows, cm.rows.len()
+    )))
+}
+
+/// The reader's elimination: a crossed layer whose single swap moves the step by less than
+/// inject's per-layer screen escapes it, hence `also` kv-binding.
+fn reader_elimination(f: &RingFacts) -> Option<Cause> {
+    let (inj, cm) = (f.inject.as_ref()?, f.colmap.as_ref()?);
+    if !reader_blamed(f) || reader_mixes(f) != Some(false) || f.controls_pass() {
+        return None;
+    }
+    Some(Cause::new(0.65).also(Verdict::KvBinding, 0.5).line(format!(
+        "→ tbt-graph (by elimination): golden rings fail ({:.4}), the column map stays diagonal ({:.3}), positions, masks, quant and placement are clean; the self-only control is blind to the attention scale",
+        inj.golden.cosine, cm.diagonal_strength
+    )))
+}
+
+/// Edges whose bytes `layout --infer` explains with a writer map that is not token-major.
+fn solved_edges(li: &LayoutInferFinding) -> usize {
+    li.caches
+        .iter()
+        .filter(|c| c.explained && c.named != Some(Layout::TokenMajor))
+        .count()
+}
+
+fn solved_line(li: &LayoutInferFinding) -> Option<String> {
+    let solved = solved_edges(li);
+    (solved > 0).then(|| format!(
+        "→ cache-layout-mismatch: {solved} of {} cache edges solve to a prefill-writer layout that is not token-major; {}",
+        li.caches.len(),
+        crate::layout_infer::evidence(li)
+    ))
+}
+
+/// f''. Golden rings repair the step, so the writer's bytes are wrong: a writer map outside the
+/// named layouts, solved from the bytes, explains that before any mask rule does.
+fn writer_layout_solved(f: &RingFacts) -> Option<Cause> {
+    let line = solved_line(f.layout_infer.as_ref().filter(|_| f.writer_blamed())?)?;
+    Some(Cause::new(0.85).line(line))
+}
+
+/// f'0. The prompt's tokens sit mostly at one slot shift (an offset applied after the first
+/// chunk leaves later chunks' entries mixed, below the clean correlation).
+fn writer_partial_shift(f: &RingFacts) -> Option<Cause> {
+    let (ly, inj) = (f.layout.as_ref()?, f.inject.as_ref()?);
+    let tm = f.token_major_score();
+    let fits = ly.writer_layout == Layout::TokenMajor
+        && ly.writer_shift != 0
+        && ly.writer_score >= PARTIAL_SHIFT_SCORE
+        && ly.writer_score >= tm + PARTIAL_SHIFT_LEAD;
+    if !(f.pf_single_ok() && !f.pf_multi_ok() && f.writer_blamed() && fits) {
+        return None;
+    }
+    Some(Cause::new(0.75).line(format!(
+        "→ cache-offset: golden rings repair the tbt step ({:.4} vs {:.4}) and the prompt's tokens sit mostly at slot shift {:+} (correlation {:.3} vs {:.3} at the predicted slots)",
+        inj.golden.cosine, inj.device_rings.cosine, ly.writer_shift, ly.writer_score, tm
+    )))
+}
+
+/// f'. The writer's data are wrong although no placement, layout or truncation shows, and only
+/// multi-chunk prefill rows fail: later chunks computed their K/V with a wrong attention over the
+/// cached columns, the prefill graph's mask convention for them.
+fn prefill_chunk_mask(f: &RingFacts) -> Option<Cause> {
+    let inj = f.inject.as_ref()?;
+    if !(f.pf_single_ok() && !f.pf_multi_ok() && f.writer_blamed()) {
+        return None;
+    }
+    Some(Cause::new(0.7).also(Verdict::PrefillGraph, 0.7).line(format!(
+        "→ mask-convention (prefill graph): single-chunk prefill rows pass, multi-chunk ones fail (mean {:.4}) and golden rings repair the tbt step ({:.4} vs {:.4}): later chunks attended to the cached columns wrongly, so their K/V are wrong",
+        f.multi.mean, inj.golden.cosine, inj.device_rings.cosine
+    )))
+}
+
+/// g'. The first tbt step reproduces on the rings prefill left (injection blames nothing) as
+/// precisely as the controls, yet later steps fail: they also read entries the tbt graph
+/// wrote. The catalogue's cause is a truncating tbt writer; ztap reads only prefill-written
+/// bytes, hence `also`.
+fn tbt_writer_truncation(f: &RingFacts) -> Option<Cause> {
+    let inj = f.inject.as_ref().filter(|i| i.blame == "none")?;
+    let precise = 1.0 - inj.device_rings.cosine <= (REL_RATIO * f.cache_noise()).min(REL_TBT_GAP);
+    if f.controls_pass() || !f.sm_ok() || !precise {
+        return None;
+    }
+    Some(Cause::new(0.65).also(Verdict::TbtGraph, 0.6).line(format!(
+        "→ cache-truncation (tbt writer, by elimination): the first tbt step reproduces on the rings prefill wrote ({:.4}) but later steps fail: entries written by the tbt graph are wrong",
+        inj.device_rings.cosine
+    )))
+}
+
+/// g. Nothing on the cache path is wrong and the column map is clean, yet steps that read the
+/// cache fail: the tbt graph's attention over cached keys (e.g. its scale, to which the
+/// self-only control is blind). A binding crossed on a layer too weak for inject's per-layer
+/// screen leaves the same clean map, hence `also`.
+fn tbt_graph_elimination(f: &RingFacts) -> Option<Cause> {
+    let cm = f.colmap.as_ref()?;
+    let eliminated = !f.controls_pass()
+        && cm.diagonal_strength >= COLMAP_DIAGONAL
+        && cm.empty_rows_identical != Some(false);
+    if !eliminated {
+        return None;
+    }
+    Some(Cause::new(0.6).also(Verdict::KvBinding, 0.5).line(format!(
+        "→ tbt-graph (by elimination): positions, masks, quant, placement and injection are clean and the column map is diagonal ({:.3}), yet steps that read the cache fail; the self-only control is blind to the attention scale",
+        cm.diagonal_strength
+    )))
+}
+
+/// Marginal, every control passes, and no discriminator names a fault: elimination is not
+/// enough to call a passing device faulty.
+fn marginal_healthy(f: &RingFacts) -> Option<Cause> {
+    f.controls_pass().then(|| {
+        Cause::new(0.6).warn("the cache-reading steps pass but are marginal (below 0.96 mean or 0.9 min cosine); no probe isolates a cause")
+    })
+}
+
+/// A clean solved map that is not token-major is a layout mismatch even when no named layout is
+/// that map.
+fn layout_solved(f: &RingFacts) -> Option<Cause> {
+    let line = solved_line(f.layout_infer.as_ref()?)?;
+    Some(Cause::new(0.8).line(line).line(format!(
+        "{SKIPPED}: the writer's layout was solved from the ring bytes"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+    use crate::diagnose::engine::Engine;
+
+    fn fires_in(id: &str, f: &RingFacts) -> Option<Cause> {
+        fires(&super::super::TABLE.concat(), id, f)
+    }
+
+    fn line(id: &str, f: &RingFacts) -> String {
+        fires_in(id, f).expect(id).evidence.join("\n")
+    }
+
+    /// The cache-path probes ran because the tbt steps fail.
+    fn failing() -> RingFacts {
+        let mut f = cache_path();
+        f.greedy.tbt_mean = Some(0.8);
+        f.greedy.tbt_min = 0.7;
+        f
+    }
+
+    fn with_scale(blame: &str, best: f64) -> RingFacts {
+        let mut ps = positions(0.9, 0, 0.9);
+        ps.scale = Some(scale(0.9, best, 1.6));
+        RingFacts {
+            positions: Some(ps),
+            inject: Some(inject(0.9, 0.99, 0.2, blame)),
+            ..failing()
+        }
+    }
+
+    #[test]
+    fn cache_truncation_names_rings_and_kept_bytes() {
+        let f = RingFacts {
+            ztap: Some(ztap(&[0, 2], "truncation")),
+            ..failing()
+        };
+        assert_eq!(
+            line("cache-truncation", &f),
+            "→ cache-truncation: the same tail columns are zero in every written entry of only K rings (all layers) (entries keep 48 of 64 bytes)"
+        );
+        assert!(fires_in("cache-truncation", &failing()).is_none());
+    }
+
+    #[test]
+    fn attention_scale_is_set_aside_when_golden_rings_repair_the_step() {
+        assert_eq!(
+            line("attention-scale-set-aside", &with_scale("writer", 0.999)),
+            "attention-scale fit ×1.600 (0.99900) set aside: golden token-major rings repair the step (0.9900), so the tbt graph is right on right bytes"
+        );
+        assert!(fires_in("attention-scale", &with_scale("writer", 0.999)).is_none());
+        assert!(fires_in("attention-scale-set-aside", &with_scale("none", 0.999)).is_none());
+    }
+
+    #[test]
+    fn attention_scale_heads_unless_a_mask_reproduces_better() {
+        let c = fires_in("attention-scale", &with_scale("none", 0.999)).expect("fires");
+        assert_eq!((c.confidence, c.ranked_after), (0.85, None));
+        assert!(c.evidence[0].contains(
+            "×1.600 (0.99900 vs 0.90000 at ×1), better than any position shift (0.90000)"
+        ));
+        let masked = RingFacts {
+            maskconv: Some(maskconv(0.5, &[("left-valid", 0.9995)])),
+            ..with_scale("none", 0.999)
+        };
+        let c = fires_in("attention-scale", &masked).expect("fires");
+        assert_eq!(c.ranked_after, Some(MASK_CONVENTION));
+        assert!(fires_in("attention-scale", &with_scale("none", 0.96)).is_none());
+    }
+
+    #[test]
+    fn held_scale_ranks_after_the_mask_rule() {
+        let f = RingFacts {
+            maskconv: Some(maskconv(0.5, &[("left-valid", 0.9995)])),
+            ..with_scale("none", 0.999)
+        };
+        let mut e = Engine::new();
+        e.apply(CACHE_PATH, &f);
+        assert_eq!(e.fired(), ["attention-scale", MASK_CONVENTION]);
+        let c = e.conclude();
+        assert_eq!(c.verdict, Verdict::MaskConvention);
+        assert_eq!(c.also, vec![Verdict::TbtGraph]);
+        assert!(c.evidence[0].starts_with("→ tbt-graph (attention scale)"));
+    }
+
+    #[test]
+    fn position_shift_reproduces_and_beats_the_scale_fit() {
+        let f = RingFacts {
+            positions: Some(positions(0.95, 2, 0.995)),
+            ..failing()
+        };
+        assert_eq!(
+            line("position-shift", &f),
+            "→ position-mismatch: sending position pos+2 reproduces the reference (0.9950 vs 0.9500): the tbt graph's positional input is wired -2 off"
+        );
+        let near = RingFacts {
+            positions: Some(positions(0.95, 2, 0.96)),
+            ..failing()
+        };
+        assert!(fires_in("position-shift", &near).is_none());
+        let mut scaled = positions(0.95, 2, 0.995);
+        scaled.scale = Some(scale(0.95, 0.999, 1.5));
+        let scaled = RingFacts {
+            positions: Some(scaled),
+            ..failing()
+        };
+        assert!(fires_in("position-shift", &scaled).is_none());
+    }
+
+    #[test]
+    fn writer_layout_for_the_majority_or_single_rings() {
+        let all = RingFacts {
+            layout: Some(layout(Layout::FeatureMajor, 0, 0.95, &[])),
+            ..failing()
+        };
+        assert!(line("writer-layout", &all).contains("ring bytes of every ring decode as"));
+        let one = RingFacts {
+            layout: Some(layout(Layout::TokenMajor, 0, 0.99, &[3])),
+            ..failing()
+        };
+        assert!(line("writer-layout", &one).contains("of only V rings of layer 1 decode as"));
+        let near = RingFacts {
+            layout: Some(layout(Layout::FeatureMajor, 0, 0.75, &[])),
+            ..failing()
+        };
+        assert!(fires_in("writer-layout", &near).is_none());
+    }
+
+    #[test]
+    fn writer_slot_shift_needs_a_clean_correlation() {
+        let f = RingFacts {
+            layout: Some(layout(Layout::TokenMajor, -1, 0.95, &[])),
+            ..failing()
+        };
+        assert_eq!(
+            line("writer-slot-shift", &f),
+            "→ cache-offset: prompt tokens sit at slot shift -1 from position mod L (correlation 0.950 vs 0.050 at the predicted slots)"
+        );
+        let near = RingFacts {
+            layout: Some(layout(Layout::TokenMajor, -1, 0.78, &[])),
+            ..failing()
+        };
+        assert!(fires_in("writer-slot-shift", &near).is_none());
+    }
+
+    #[test]
+    fn mask_convention_unless_a_shift_mask_only_mirrors_the_placement() {
+        let f = RingFacts {
+            maskconv: Some(maskconv(0.8, &[("left-valid", 0.99)])),
+            ..failing()
+        };
+        assert_eq!(
+            line(MASK_CONVENTION, &f),
+            "→ mask-convention: the `left-valid` mask reproduces the reference (0.9900) where the server's ring mask gives 0.8000"
+        );
+        let shift = RingFacts {
+            maskconv: Some(maskconv(0.8, &[("shift+1", 0.99)])),
+            ..failing()
+        };
+        assert!(fires_in(MASK_CONVENTION, &shift).is_some());
+        let placed = RingFacts {
+            layout: Some(layout(Layout::TokenMajor, 1, 0.95, &[])),
+            ..shift
+        };
+        assert!(fires_in(MASK_CONVENTION, &placed).is_none());
+        assert!(fires_in(MASK_CONVENTION, &failing()).is_none());
+    }
+
+    #[test]
+    fn kv_binding_on_every_layer_or_some() {
+        let f = RingFacts {
+            inject: Some(inject(0.2, 0.3, 0.99, "binding")),
+            ..failing()
+        };
+        assert_eq!(
+            line("kv-binding", &f),
+            "→ kv-binding: golden rings fail (0.3000) but the same rings swapped K↔V reproduce the reference (0.9900)"
+        );
+        let mut inj = inject(0.2, 0.3, 0.5, "binding");
+        inj.partial_swap = partial(&[15, 23], 0.98);
+        let some = RingFacts {
+            inject: Some(inj),
+            ..failing()
+        };
+        assert!(line("kv-binding", &some)
+            .contains("swapped on layers 15, 23 only they reproduce the reference (0.9800)"));
+        let reader = RingFacts {
+            inject: Some(inject(0.2, 0.3, 0.5, "reader")),
+            ..failing()
+        };
+        assert!(fires_in("kv-binding", &reader).is_none());
+    }
+
+    fn reader(empty_identical: Option<bool>) -> RingFacts {
+        RingFacts {
+            inject: Some(inject(0.2, 0.3, 0.25, "reader")),
+            colmap: Some(colmap(0.5, empty_identical)),
+            ..failing()
+        }
+    }
+
+    #[test]
+    fn reader_layout_when_never_written_rows_differ() {
+        let c = fires_in("reader-layout", &reader(Some(false))).expect("fires");
+        assert_eq!(c.confidence, 0.85);
+        assert!(fires_in("reader-layout", &reader(Some(true))).is_none());
+        // no never-written row covered: a transposed zero-column count decides
+        let transposed = RingFacts {
+            ztap: Some(ztap(&[], "transposition")),
+            ..reader(None)
+        };
+        assert!(fires_in("reader-layout", &transposed).is_some());
+        assert!(fires_in("reader-layout", &reader(None)).is_none());
+    }
+
+    #[test]
+    fn reader_elimination_only_when_a_control_fails() {
+        let c = fires_in("reader-elimination", &reader(Some(true))).expect("fires");
+        assert_eq!(
+            (c.confidence, c.also),
+            (0.65, vec![(Verdict::KvBinding, 0.5)])
+        );
+        let passing = RingFacts {
+            greedy: cache_path().greedy,
+            ..reader(Some(true))
+        };
+        assert!(fires_in("reader-elimination", &passing).is_none());
+        assert!(fires_in("reader-elimination", &reader(Some(false))).is_none());
+    }
+
+    fn writer() -> RingFacts {
+        RingFacts {
+            inject: Some(inject(0.5, 0.999, 0.2, "writer")),
+            ..failing()
+        }
+    }
+
+    #[test]
+    fn writer_layout_solved_needs_golden_repair_and_a_solved_map() {
+        let f = RingFacts {
+            layout_infer: Some(layout_infer(None, 0)),
+            ..writer()
+        };
+        assert!(line("writer-layout-solved", &f).starts_with(
+            "→ cache-layout-mismatch: 4 of 4 cache edges solve to a prefill-writer layout that is not token-major; layout --infer:"
+        ));
+        let tm = RingFacts {
+            layout_infer: Some(layout_infer(Some(Layout::TokenMajor), 0)),
+            ..writer()
+        };
+        assert!(fires_in("writer-layout-solved", &tm).is_none());
+        let unblamed = RingFacts {
+            inject: Some(inject(0.5, 0.6, 0.2, "reader")),
+            ..f
+        };
+        assert!(fires_in("writer-layout-solved", &unblamed).is_none());
+    }
+
+    fn multi_writer(score: f64) -> RingFacts {
+        RingFacts {
+            multi: rows(0.8, 0.7, 2),
+            layout: Some(layout(Layout::TokenMajor, 3, score, &[])),
+            ..writer()
+        }
+    }
+
+    #[test]
+    fn writer_partial_shift_needs_most_tokens_at_one_shift() {
+        assert_eq!(
+            line("writer-partial-shift", &multi_writer(0.62)),
+            "→ cache-offset: golden rings repair the tbt step (0.9990 vs 0.5000) and the prompt's tokens sit mostly at slot shift +3 (correlation 0.620 vs 0.050 at the predicted slots)"
+        );
+        assert!(fires_in("writer-partial-shift", &multi_writer(0.45)).is_none());
+    }
+
+    #[test]
+    fn prefill_chunk_mask_when_golden_rings_repair_and_multi_chunk_rows_fail() {
+        let c = fires_in("prefill-chunk-mask", &multi_writer(0.1)).expect("fires");
+        assert_eq!(c.also, vec![(Verdict::PrefillGraph, 0.7)]);
+        let none = RingFacts {
+            inject: Some(inject(0.5, 0.6, 0.2, "none")),
+            ..multi_writer(0.1)
+        };
+        assert!(fires_in("prefill-chunk-mask", &none).is_none());
+        assert!(fires_in("prefill-chunk-mask", &writer()).is_none());
+    }
+
+    #[test]
+    fn tbt_writer_truncation_when_the_first_step_is_as_precise_as_the_controls() {
+        let f = RingFacts {
+            inject: Some(inject(0.9999, 0.9999, 0.2, "none")),
+            ..failing()
+        };
+        let c = fires_in("tbt-writer-truncation", &f).expect("fires");
+        assert_eq!(c.also, vec![(Verdict::TbtGraph, 0.6)]);
+        let near = RingFacts {
+            inject: Some(inject(0.99, 0.99, 0.2, "none")),
+            ..failing()
+        };
+        assert!(fires_in("tbt-writer-truncation", &near).is_none());
+    }
+
+    #[test]
+    fn tbt_graph_elimination_needs_a_clean_column_map() {
+        let c = fires_in("tbt-graph-elimination", &failing()).expect("fires");
+        assert_eq!(
+            (c.confidence, c.also),
+            (0.6, vec![(Verdict::KvBinding, 0.5)])
+        );
+        for cm in [colmap(0.95, Some(false)), colmap(0.5, Some(true))] {
+            let near = RingFacts {
+                colmap: Some(cm),
+                ..failing()
+            };
+            assert!(fires_in("tbt-graph-elimination", &near).is_none());
+        }
+        assert!(fires_in("tbt-graph-elimination", &cache_path()).is_none());
+    }
+
+    #[test]
+    fn marginal_healthy_only_when_every_control_passes() {
+        let c = fires_in("marginal-healthy", &cache_path()).expect("fires");
+        assert_eq!(
+            (c.confidence, c.warnings.len(), c.evidence.len()),
+            (0.6, 1, 0)
+        );
+        assert!(fires_in("marginal-healthy", &failing()).is_none());
+    }
+
+    #[test]
+    fn layout_solved_before_unknown() {
+        let f = RingFacts {
+            layout_infer: Some(layout_infer(None, 0)),
+            ..failing()
+        };
+        let c = fires_in("layout-solved", &f).expect("fires");
+        assert_eq!(c.confidence, 0.8);
+        assert_eq!(
+            c.evidence[1],
+            "stale/causality/splits skipped: the writer's layout was solved from the ring bytes"
+        );
+        let tm = RingFacts {
+            layout_infer: Some(layout_infer(Some(Layout::TokenMajor), 2)),
+            ..failing()
+        };
+        assert!(fires_in("layout-solved", &tm).is_none());
+    }
+
+    #[test]
+    fn cache_quantization_heads_the_cache_path() {
+        let f = RingFacts {
+            quant: quant(&[2]),
+            ..failing()
+        };
+        assert!(line("cache-quantization", &f).contains("1 of 4 caches (only K rings of layer 1)"));
+        assert!(fires_in("cache-quantization", &failing()).is_none());
+    }
+}

@@ -1,0 +1,424 @@
+//! What the probes measured on a genai-ring device, as plain data, and the control judgments
+//! derived from it (docs/diagnosis.md, stage order 1-2). The orchestration fills a field when
+//! the probe ran; a field left `None` means the probe did not run on this path.
+
+use kvprobe_schema::{
+    ColmapFinding, GreedyFinding, InjectFinding, Layout, LayoutFinding, LayoutInferFinding,
+    MaskVariant, MaskconvFinding, PositionsFinding, PrefillFinding, QuantFinding, ScaleFit,
+    SelfmaskFinding, ThetaCheck, ZtapFinding,
+};
+
+use crate::affected;
+use crate::greedy::{tbt_min, tbt_top1};
+use crate::session::{Geometry, Session};
+use crate::thresholds::*;
+
+/// Evidence lines that say the issue-10 probes did not run (rewritten under `all_probes`).
+pub const SKIPPED: &str = "stale/causality/splits skipped";
+pub const SKIPPED_BOTH: &str = "cache-path probes and stale/causality/splits skipped";
+
+/// Mean, min, count and top-1 agreement of a set of compared rows or steps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowStats {
+    pub mean: f64,
+    pub min: f64,
+    pub count: usize,
+    pub top1: f64,
+}
+
+/// The greedy run's tbt steps (step ≥ 1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GreedyStats {
+    pub steps: usize,
+    /// `None` when no tbt step ran.
+    pub tbt_mean: Option<f64>,
+    pub tbt_min: f64,
+    pub tbt_top1: f64,
+    pub first_divergence: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RingFacts {
+    pub has_tbt: bool,
+    /// The driver sends a RoPE theta table (the theta check applies).
+    pub rope_table: bool,
+    /// The model has learned absolute positions (no RoPE): a self-only step depends on them.
+    pub learned_positions: bool,
+    pub prompt_len: usize,
+    pub quant: QuantFinding,
+    /// Prefill rows whose prefix fits one chunk, and the ones that read earlier chunks' cache.
+    /// An empty set has mean 0 and min 1.
+    pub single: RowStats,
+    pub multi: RowStats,
+    pub selfmask: Option<RowStats>,
+    pub greedy: GreedyStats,
+    /// First greedy step (0 = the prefill's last row) whose device logits hold inf or NaN.
+    pub non_finite_step: Option<usize>,
+    /// The whole prompt's prefill fitted over attention scales (runs when the rows pass).
+    pub prefill_scale: Option<ScaleFit>,
+    /// Cosine of the reference's first tbt step over cache-rounded K/V (runs when the tbt
+    /// steps miss far more than the cache-free controls).
+    pub cache_floor: Option<f64>,
+    /// The rest: the latest run of each discriminator.
+    pub positions: Option<PositionsFinding>,
+    pub maskconv: Option<MaskconvFinding>,
+    pub layout: Option<LayoutFinding>,
+    pub ztap: Option<ZtapFinding>,
+    pub inject: Option<InjectFinding>,
+    pub colmap: Option<ColmapFinding>,
+    pub theta: Option<ThetaCheck>,
+    pub layout_infer: Option<LayoutInferFinding>,
+}
+
+/// Nothing measured yet: no probe ran (the start of hand-made facts and of `from_controls`).
+impl Default for RingFacts {
+    fn default() -> Self {
+        let none = RowStats {
+            mean: 0.0,
+            min: 1.0,
+            count: 0,
+            top1: 0.0,
+        };
+        RingFacts {
+            has_tbt: false,
+            rope_table: false,
+            learned_positions: false,
+            prompt_len: 0,
+            quant: QuantFinding {
+                caches: Vec::new(),
+                mask: None,
+                mask_allowed_value: None,
+                embeddings: None,
+                inconsistent_caches: 0,
+            },
+            single: none,
+            multi: none,
+            selfmask: None,
+            greedy: GreedyStats {
+                steps: 0,
+                tbt_mean: None,
+                tbt_min: 1.0,
+                tbt_top1: 1.0,
+                first_divergence: None,
+            },
+            non_finite_step: None,
+            prefill_scale: None,
+            cache_floor: None,
+            positions: None,
+            maskconv: None,
+            layout: None,
+            ztap: None,
+            inject: None,
+            colmap: None,
+            theta: None,
+            layout_infer: None,
+        }
+    }
+}
+
+pub(crate) fn stage_ok(mean: f64, min: f64) -> bool {
+    mean >= STAGE_MEAN_COSINE && min >= STAGE_MIN_COSINE
+}
+
+/// Top-1 agreement counts only where the logits are not near-identical: a flat distribution
+/// (random-weight fixtures, near-tie tokens) flips its argmax on edge noise alone.
+pub(crate) fn top1_ok(agreement: f64, floor: f64, mean_cosine: f64) -> bool {
+    agreement >= floor || mean_cosine >= TOP1_IRRELEVANT_ABOVE
+}
+
+/// A miss (1 − cosine) with rounding noise floored away.
+pub(crate) fn noise(cosine: f64) -> f64 {
+    (1.0 - cosine).max(REL_NOISE_FLOOR)
+}
+
+/// Single-chunk and multi-chunk prefill rows.
+pub fn prefill_split(f: &PrefillFinding, g: &Geometry) -> [RowStats; 2] {
+    let mut out = [RowStats {
+        mean: 0.0,
+        min: f64::INFINITY,
+        count: 0,
+        top1: 0.0,
+    }; 2];
+    for r in &f.rows {
+        let o = &mut out[usize::from(g.chunks(r.position + 1) > 1)];
+        o.mean += r.comparison.cosine;
+        o.min = o.min.min(r.comparison.cosine);
+        o.count += 1;
+        o.top1 += r.comparison.top1_match as usize as f64;
+    }
+    for o in &mut out {
+        if o.count > 0 {
+            o.mean /= o.count as f64;
+            o.top1 /= o.count as f64;
+        } else {
+            o.min = 1.0;
+        }
+    }
+    out
+}
+
+impl RingFacts {
+    /// The facts the controls establish (the device, the model and the control probes'
+    /// findings); the discriminators' fields stay `None` until they run.
+    pub fn from_controls(
+        s: &Session,
+        quant: QuantFinding,
+        prefill: &PrefillFinding,
+        selfmask: Option<&SelfmaskFinding>,
+        greedy: &GreedyFinding,
+    ) -> Self {
+        let g = s.geometry();
+        let [single, multi] = prefill_split(prefill, &g);
+        RingFacts {
+            has_tbt: s.has_tbt(),
+            rope_table: s.driver.rope_theta().is_some(),
+            learned_positions: s.model.rope_inv_freq().is_none(),
+            prompt_len: g.prompt_len,
+            quant,
+            single,
+            multi,
+            selfmask: selfmask.map(|f| RowStats {
+                mean: f.mean_cosine,
+                min: f.min_cosine,
+                count: f.steps.len(),
+                top1: f.top1_agreement,
+            }),
+            greedy: GreedyStats {
+                steps: greedy.steps.len(),
+                tbt_mean: greedy.tbt_mean_cosine,
+                tbt_min: tbt_min(greedy).unwrap_or(1.0),
+                tbt_top1: tbt_top1(greedy).unwrap_or(1.0),
+                first_divergence: greedy.first_divergence,
+            },
+            // the comparisons count non-finite logits as a plain miss (metrics): read the logits
+            non_finite_step: s
+                .compared
+                .iter()
+                .find(|c| c.name == "greedy_device_logits")
+                .and_then(|c| {
+                    c.data
+                        .chunks(c.cols.max(1))
+                        .position(|row| row.iter().any(|x| !x.is_finite()))
+                }),
+            ..RingFacts::default()
+        }
+    }
+
+    fn rows_ok(r: &RowStats) -> bool {
+        r.count == 0 || (stage_ok(r.mean, r.min) && top1_ok(r.top1, PREFILL_TOP1, r.mean))
+    }
+
+    pub fn selfmask_noise(&self) -> Option<f64> {
+        self.selfmask.map(|f| noise(f.mean))
+    }
+
+    /// Relative prefill control: single-chunk rows that pass the absolute floors miss the
+    /// reference ≥ `REL_RATIO` × further than the self-only steps on the same edges.
+    pub fn prefill_relative_miss(&self) -> bool {
+        let s = &self.single;
+        Self::rows_ok(s)
+            && s.count > 0
+            && self
+                .selfmask_noise()
+                .is_some_and(|n| 1.0 - s.mean >= REL_PREFILL_GAP && 1.0 - s.mean >= REL_RATIO * n)
+    }
+
+    /// The prefill scale fit runs when the rows pass both the absolute and relative controls.
+    pub fn wants_prefill_scale(&self) -> bool {
+        Self::rows_ok(&self.single) && !self.prefill_relative_miss()
+    }
+
+    /// A scale ≠ 1 reproduces the prompt's prefill and shrinks its miss (`fit_repairs`).
+    pub fn prefill_scale_hit(&self) -> Option<&ScaleFit> {
+        self.prefill_scale.as_ref().filter(|f| {
+            f.best_cosine >= POSITION_REPRODUCES && fit_repairs(f.unit_cosine, f.best_cosine)
+        })
+    }
+
+    pub fn pf_single_ok(&self) -> bool {
+        self.wants_prefill_scale() && self.prefill_scale_hit().is_none()
+    }
+
+    pub fn pf_multi_ok(&self) -> bool {
+        Self::rows_ok(&self.multi)
+    }
+
+    pub fn sm_ok(&self) -> bool {
+        self.selfmask.is_none_or(|f| stage_ok(f.mean, f.min))
+    }
+
+    pub fn g_tbt_mean(&self) -> f64 {
+        self.greedy.tbt_mean.unwrap_or(1.0)
+    }
+
+    fn greedy_abs_ok(&self) -> bool {
+        let g = &self.greedy;
+        stage_ok(self.g_tbt_mean(), g.tbt_min)
+            && top1_ok(g.tbt_top1, GREEDY_TOP1, self.g_tbt_mean())
+    }
+
+    /// The worst miss of the cache-free controls (prefill rows, self-only steps).
+    pub fn cache_noise(&self) -> f64 {
+        [
+            self.selfmask_noise(),
+            (self.single.count > 0).then(|| noise(self.single.mean)),
+            (self.multi.count > 0).then(|| noise(self.multi.mean)),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(REL_NOISE_FLOOR, f64::max)
+    }
+
+    /// Relative tbt control: passing tbt steps miss ≥ `REL_RATIO` × the cache-free controls;
+    /// the cache's rounding floor then decides (`cache_floor`).
+    pub fn wants_cache_floor(&self) -> bool {
+        let miss = 1.0 - self.g_tbt_mean();
+        self.greedy_abs_ok()
+            && self.greedy.tbt_mean.is_some()
+            && miss >= REL_TBT_GAP
+            && miss >= REL_RATIO * self.cache_noise()
+    }
+
+    /// The tbt steps miss more than the cache's rounding alone costs.
+    pub fn greedy_relative_miss(&self) -> bool {
+        self.cache_floor
+            .is_some_and(|c| 1.0 - self.g_tbt_mean() > 1.0 - c)
+    }
+
+    pub fn greedy_ok(&self) -> bool {
+        self.greedy_abs_ok() && !self.greedy_relative_miss()
+    }
+
+    pub fn controls_pass(&self) -> bool {
+        self.pf_single_ok() && self.pf_multi_ok() && self.sm_ok() && self.greedy_ok()
+    }
+
+    /// Every control passes and the declared quant infos agree.
+    pub fn healthy_so_far(&self) -> bool {
+        self.controls_pass() && self.quant.inconsistent_caches == 0
+    }
+
+    /// A passing but marginal cache-reading stage: too far from the device's healthy level to
+    /// call healthy unchecked, too close to name a fault by elimination.
+    pub fn marginal(&self) -> bool {
+        let g = self.g_tbt_mean();
+        (g < MARGINAL_MEAN_COSINE || self.greedy.tbt_min < MARGINAL_MIN_COSINE)
+            || (self.multi.count > 0
+                && (self.multi.mean < MARGINAL_MEAN_COSINE || self.multi.min < MARGINAL_MIN_COSINE))
+    }
+
+    /// On a healthy-so-far run, `positions` / `maskconv` show a non-server convention that
+    /// reproduces the reference better than the server's own.
+    pub fn quiet_fault(&self) -> bool {
+        let (Some(ps), Some(mc)) = (&self.positions, &self.maskconv) else {
+            return false;
+        };
+        position_fault(ps) || mask_variant_fault(mc).is_some() || scale_fault(ps).is_some()
+    }
+
+    /// On a healthy-so-far run, some rings' writer data decode cleanly as another layout.
+    pub fn quiet_layout(&self) -> bool {
+        self.layout
+            .as_ref()
+            .is_some_and(|ly| !affected::misplaced_layout(&ly.caches).is_empty())
+    }
+
+    /// Only the multi-chunk prefill rows fail (what earlier chunks wrote is read wrong).
+    pub fn only_multi_chunk_fails(&self) -> bool {
+        self.pf_single_ok() && !self.pf_multi_ok() && self.sm_ok() && self.greedy_ok()
+    }
+
+    /// The theta check runs when single-chunk rows fail on a RoPE model with a tbt group.
+    pub fn wants_theta(&self) -> bool {
+        !self.pf_single_ok() && self.has_tbt && self.rope_table
+    }
+
+    /// Self-only steps fail on a model with learned positions: the position sweep can tell.
+    pub fn wants_self_only_positions(&self) -> bool {
+        !self.sm_ok() && self.pf_single_ok() && self.has_tbt && self.learned_positions
+    }
+
+    /// The position sweep run for the failing self-only control.
+    pub fn self_only_positions(&self) -> Option<&PositionsFinding> {
+        self.positions
+            .as_ref()
+            .filter(|_| self.wants_self_only_positions())
+    }
+
+    /// Golden rings repair the tbt step: the prefill writer's bytes are wrong.
+    pub fn writer_blamed(&self) -> bool {
+        self.inject.as_ref().is_some_and(|i| i.blame == "writer")
+    }
+
+    /// Mean token-major correlation at the predicted slots over the rings.
+    pub fn token_major_score(&self) -> f64 {
+        self.layout.as_ref().map_or(0.0, |ly| {
+            mean(ly.caches.iter().map(|c| c.token_major_score))
+        })
+    }
+}
+
+/// The other theta convention repairs the single-chunk rows that the shipped one fails.
+pub fn theta_fault(t: &ThetaCheck) -> bool {
+    t.other_cosine >= STAGE_MEAN_COSINE
+        && noise(t.declared_cosine) >= THETA_REPAIR_RATIO * noise(t.other_cosine)
+}
+
+/// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position
+/// (by the lead, or by shrinking the miss `FIT_RATIO`-fold), and better than any attention scale.
+pub fn position_fault(ps: &PositionsFinding) -> bool {
+    ps.best_delta != 0
+        && ps.best_cosine >= POSITION_REPRODUCES
+        && (ps.best_cosine >= ps.baseline_cosine + POSITION_MARGIN
+            || fit_repairs(ps.baseline_cosine, ps.best_cosine))
+        && scale_fault(ps).is_none_or(|f| f.best_cosine < ps.best_cosine)
+}
+
+/// Another attention scale reproduces the server-position first tbt step (positions' scale fit).
+pub fn scale_fault(ps: &PositionsFinding) -> Option<&ScaleFit> {
+    ps.scale.as_ref().filter(|f| {
+        f.best_cosine >= POSITION_REPRODUCES && fit_repairs(f.unit_cosine, f.best_cosine)
+    })
+}
+
+/// The best non-server mask convention that reproduces the reference (maskconv marks a variant
+/// `reproduces` only when it beats the ring mask by the repair margin).
+pub fn mask_variant_fault(mc: &MaskconvFinding) -> Option<&MaskVariant> {
+    let ring = mc
+        .variants
+        .iter()
+        .find(|v| v.name == "ring")
+        .map_or(0.0, |v| v.comparison.cosine);
+    // or, near the healthy level, a variant that shrinks the ring mask's miss FIT_RATIO-fold
+    // (a wrapped full window differs from the ring mask in a single column)
+    mc.variants
+        .iter()
+        .filter(|v| {
+            v.reproduces
+                || (v.comparison.cosine >= POSITION_REPRODUCES
+                    && fit_repairs(ring, v.comparison.cosine))
+        })
+        .filter(|v| v.name != "ring" && v.name != "per-head")
+        .max_by(|a, b| a.comparison.cosine.total_cmp(&b.comparison.cosine))
+}
+
+/// Token-major data at a clean slot shift ≠ 0 (the prompt sits at other slots).
+pub fn clean_shift(ly: &LayoutFinding, token_major: f64) -> bool {
+    ly.writer_layout == Layout::TokenMajor
+        && ly.writer_shift != 0
+        && ly.writer_score >= LAYOUT_CLEAN
+        && ly.writer_score >= token_major + LAYOUT_MARGIN
+}
+
+pub fn mean(it: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = it.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 {
+        0.0
+    } else {
+        s / n as f64
+    }
+}
+
+pub fn pct(x: f64) -> String {
+    format!("{:.0}%", 100.0 * x)
+}

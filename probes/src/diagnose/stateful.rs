@@ -1,0 +1,497 @@
+//! `diagnose` on a stateful device (issue 9): the runtime gate of [`crate::diagnose`] sends a
+//! stateful device here. Ring-specific probes say why they do not apply; the rules of [`TABLE`]
+//! (docs/diagnosis.md "Stateful devices") run in order, the first that fires ends it:
+//!
+//! 1. the prompt after a reset depends on the request before it (back-to-back) → stale-cache;
+//! 2. non-finite logits or states after the prompt's prefill → numeric-overflow;
+//! 3. the prefill wrote other slots than `0..n` → cache-offset;
+//! 4. prefill and greedy agree with the reference → healthy;
+//! 5. reference K/V written in `[ctx, kv_heads, d]` reproduce the reference and the documented
+//!    order does not → cache-layout-mismatch;
+//! 6. a self-only step misses the reference token alone → mask-convention (the mask input is not
+//!    applied as 0 / −inf);
+//! 7. otherwise unknown.
+
+use kvprobe_schema::{
+    NotApplicable, OverflowFinding, ProbeFindings, StateFinding, Timing, Verdict,
+};
+
+use super::engine::{Cause, Engine, Rule, Tier};
+use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
+use crate::thresholds::*;
+use crate::{greedy, prefill, selfmask, statecheck, Result};
+
+/// Probes that need the genai ring, with the reason (reported, never skipped silently).
+pub const NOT_APPLICABLE: &[(&str, &str)] = &[
+    ("quant", "the states and inputs are fp16/f32 without quant infos; there is nothing to compare"),
+    ("colmap", "single-key columns of a ring window; a stateful device's mask columns are absolute positions (the layout and mask state checks cover this)"),
+    ("ztap", "the device exposes no graph taps"),
+    ("maskconv", "the uint8 mask conventions of the genai server; the fp16 additive mask is checked by the self-only state check"),
+    ("positions", "ring read-offset/position wiring; positions are absolute inputs of every run"),
+    ("layout", "ring entry layouts written by the prefill group; the state layout check writes reference K/V in both state orders instead"),
+    ("inject", "golden ring windows at a read offset; the state layout check injects reference K/V into the states instead"),
+    ("stale", "ring slots outside the read window; the back-to-back rerun of the prefill check covers stale state"),
+    ("causality", "ring entries by slot; stateful slots are positions, checked by the occupancy state check"),
+    ("splits", "the handover between the genai prefill and tbt groups at every split; one graph serves both here (chunk continuation is the chunked-prefill property of npu/tests/ane_sim.rs)"),
+];
+
+fn na() -> Vec<NotApplicable> {
+    NOT_APPLICABLE
+        .iter()
+        .map(|(p, why)| NotApplicable {
+            probe: p.to_string(),
+            why: format!("not applicable on a stateful device: {why}"),
+        })
+        .collect()
+}
+
+/// What the state checks and the controls measured; `None` = not run (an earlier rule ended it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatefulFacts {
+    /// The prompt after a reset gave bit-identical logits whatever request came before.
+    pub back_to_back_identical: bool,
+    /// Cosine of the two back-to-back runs (NaN when refused).
+    pub back_to_back_cosine: f64,
+    /// The device refused the second request (why).
+    pub back_to_back_refused: Option<String>,
+    pub overflow: Option<OverflowFinding>,
+    /// Prefill rows and greedy steps against the reference: (mean, min, top-1 agreement).
+    pub prefill: Option<[f64; 3]>,
+    pub greedy: Option<[f64; 3]>,
+    pub state: Option<StateFinding>,
+}
+
+type R = Rule<StatefulFacts>;
+const T: Tier = Tier::CachePath;
+
+/// After the back-to-back check.
+pub const STALE: &[R] = &[R::new("stale-cache", T, Some(Verdict::StaleCache), stale_cache).stop()];
+
+/// After the overflow scan.
+pub const OVERFLOW: &[R] = &[R::new(
+    "numeric-overflow",
+    T,
+    Some(Verdict::NumericOverflow),
+    numeric_overflow,
+)
+.stop()];
+
+/// After the controls and the state check.
+pub const STATE: &[R] = &[
+    R::new("state-offset", T, Some(Verdict::CacheOffset), state_offset).stop(),
+    R::new("healthy", T, Some(Verdict::Healthy), healthy).stop(),
+    R::new("state-layout-cosines", T, None, state_layout_cosines),
+    R::new(
+        "state-layout",
+        T,
+        Some(Verdict::CacheLayoutMismatch),
+        state_layout,
+    )
+    .stop(),
+    R::new("mask-cosines", T, None, mask_cosines),
+    R::new(
+        "self-only-mask",
+        T,
+        Some(Verdict::MaskConvention),
+        self_only_mask,
+    )
+    .stop(),
+];
+
+/// Every stateful rule, in evaluation order.
+pub const TABLE: &[&[R]] = &[STALE, OVERFLOW, STATE];
+
+/// Passes the stage floors of the ring rules, top-1 ignored near identical logits.
+fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
+    mean >= STAGE_MEAN_COSINE
+        && min >= STAGE_MIN_COSINE
+        && (top1 >= top1_floor || mean >= TOP1_IRRELEVANT_ABOVE)
+}
+
+impl StatefulFacts {
+    pub fn prefill_ok(&self) -> bool {
+        self.prefill.is_some_and(|p| passes(p, PREFILL_TOP1))
+    }
+
+    pub fn greedy_ok(&self) -> bool {
+        self.greedy.is_some_and(|g| passes(g, GREEDY_TOP1))
+    }
+
+    pub fn overflowed(&self) -> bool {
+        self.overflow
+            .as_ref()
+            .is_some_and(|ov| !ov.logits_finite || ov.layer.is_some())
+    }
+
+    /// The prefill wrote exactly positions `0..n`.
+    fn written_ok(&self) -> Option<bool> {
+        let st = self.state.as_ref()?;
+        Some(st.written == (0..st.prompt_len).collect::<Vec<_>>())
+    }
+}
+
+fn stale_cache(f: &StatefulFacts) -> Option<Cause> {
+    if f.back_to_back_identical {
+        return None;
+    }
+    let first = match &f.back_to_back_refused {
+        Some(e) => format!(
+            "back-to-back: the prompt after a reset was refused ({e}) although it fits the context alone: the previous request's state length was kept"
+        ),
+        None => format!(
+            "back-to-back: the prompt after a reset gives different logits depending on the request before it (cosine {:.4})",
+            f.back_to_back_cosine
+        ),
+    };
+    Some(Cause::new(0.9).line(first).line(
+        "→ the second request's logits depend on the first: the state is not reset between requests",
+    ))
+}
+
+/// A layer whose output at position p is non-finite shows as non-finite K/V of the next layer.
+fn numeric_overflow(f: &StatefulFacts) -> Option<Cause> {
+    let ov = f.overflow.as_ref().filter(|_| f.overflowed())?;
+    let at = match (ov.layer, ov.position) {
+        (Some(l), Some(pos)) => format!("inside layer {l} at position {pos} (the first non-finite K/V is layer {} at position {pos})", l + 1),
+        (Some(l), None) => format!("in layer {l} or the head (every state finite, logits not)"),
+        _ => "in the graph".into(),
+    };
+    Some(Cause::new(0.95).line(format!(
+        "overflow: the {}-token prefill produces inf/NaN {at}",
+        ov.prompt_len
+    )))
+}
+
+fn state_offset(f: &StatefulFacts) -> Option<Cause> {
+    let n = f.state.as_ref()?.prompt_len;
+    (f.written_ok() == Some(false)).then(|| {
+        Cause::new(0.9).line(format!(
+            "→ slice_update writes other slots than 0..{n}: the state positions are off"
+        ))
+    })
+}
+
+fn healthy(f: &StatefulFacts) -> Option<Cause> {
+    (f.written_ok() == Some(true) && f.prefill_ok() && f.greedy_ok())
+        .then(|| Cause::new(0.9).line("→ prefill, decode and the states agree with the reference"))
+}
+
+fn state_layout_cosines(f: &StatefulFacts) -> Option<Cause> {
+    let [doc, swapped] = f.state.as_ref()?.layout_cosines?;
+    Some(Cause::note(format!(
+        "state layout: reference K/V written [kv_heads, ctx, d] → cosine {doc:.4}; [ctx, kv_heads, d] → {swapped:.4}"
+    )))
+}
+
+/// The swapped state order reproduces the reference and beats the documented one.
+fn state_layout(f: &StatefulFacts) -> Option<Cause> {
+    let [doc, swapped] = f.state.as_ref()?.layout_cosines?;
+    (swapped >= REPRODUCES_COSINE && swapped >= doc + REPAIR_MARGIN)
+        .then(|| Cause::new(0.9).line("→ the attention reads the states as [ctx, kv_heads, d]"))
+}
+
+fn mask_cosines(f: &StatefulFacts) -> Option<Cause> {
+    let st = f.state.as_ref()?;
+    let (own, full) = (st.selfonly_cosine?, st.full_cosine?);
+    Some(Cause::note(format!(
+        "mask: a self-only step against the token alone: cosine {own:.4}; the full-context step: {full:.4}"
+    )))
+}
+
+/// Blocked columns still contribute: the additive mask is not applied as 0 / −inf.
+fn self_only_mask(f: &StatefulFacts) -> Option<Cause> {
+    let st = f.state.as_ref()?;
+    let (own, _full) = (st.selfonly_cosine?, st.full_cosine?);
+    (own < REPRODUCES_COSINE).then(|| {
+        Cause::new(0.8).line(
+            "→ blocked columns still contribute: the additive mask is not applied as 0 / −inf",
+        )
+    })
+}
+
+struct Run<'s, 'a> {
+    s: &'s mut crate::session::Session<'a>,
+    t: Vec<Timing>,
+    p: ProbeFindings,
+    eng: Engine,
+}
+
+impl Run<'_, '_> {
+    fn timed<T>(
+        &mut self,
+        what: &str,
+        f: impl FnOnce(&mut crate::session::Session) -> Result<T>,
+    ) -> Result<T> {
+        let s = &mut *self.s;
+        super::outcome::timed(&mut self.t, what, || f(s))
+    }
+
+    fn done(self) -> Diagnosis {
+        Diagnosis::from_rules(self.eng.conclude(), self.p, self.t)
+    }
+}
+
+pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
+    let mut eng = Engine::new();
+    eng.line(format!(
+        "stateful device (max_ctx {}, max_query {}): {} ring probes not applicable (listed in the report)",
+        s.describe().cache_len,
+        s.describe().prefill_len,
+        NOT_APPLICABLE.len()
+    ));
+    let mut run = Run {
+        s,
+        t: Vec::new(),
+        p: ProbeFindings {
+            not_applicable: na(),
+            ..Default::default()
+        },
+        eng,
+    };
+    let bb = run.timed("back-to-back", statecheck::back_to_back)?;
+    let mut f = StatefulFacts {
+        back_to_back_identical: bb.identical,
+        back_to_back_cosine: bb.cosine,
+        back_to_back_refused: bb.refused.clone(),
+        overflow: None,
+        prefill: None,
+        greedy: None,
+        state: None,
+    };
+    run.eng.apply(STALE, &f);
+    if run.eng.stopped() {
+        return Ok(run.done());
+    }
+    run.eng.line("back-to-back: the prompt after a reset gives bit-identical logits whatever request came before");
+    // the back-to-back check left the device right after a reset and the prompt's prefill:
+    // the states the overflow and occupancy checks read
+    let ov = run.timed("overflow", |s| statecheck::overflow(s, &bb.last))?;
+    run.p.overflow = Some(ov.clone());
+    let prompt_len = ov.prompt_len;
+    f.overflow = Some(ov);
+    run.eng.apply(OVERFLOW, &f);
+    if run.eng.stopped() {
+        for probe in ["prefill", "greedy", "selfmask", "state"] {
+            run.p.not_applicable.push(NotApplicable {
+                probe: probe.into(),
+                why: "not run: the device's outputs are inf/NaN (numeric-overflow), comparisons would be NaN".into(),
+            });
+        }
+        return Ok(run.done());
+    }
+    run.eng.line(format!(
+        "overflow: every state and the logits of the {prompt_len}-token prefill are finite"
+    ));
+    controls_and_state(&mut run, &mut f, opts)?;
+    run.eng.apply(STATE, &f);
+    Ok(run.done())
+}
+
+/// Prefill, greedy and selfmask against the reference, then the state checks (their
+/// experiments only when a control fails).
+fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptions) -> Result<()> {
+    // occupancy now, before other probes move the states
+    let written = run.timed("occupancy", statecheck::written_positions)?;
+    // fewer prefixes than on a ring device: no chunk-boundary remainder rule to cover
+    let popts = prefill::PrefillOptions {
+        max_rows: opts.prefill.max_rows.min(4),
+    };
+    let pf = run.timed("prefill", |s| prefill::run(s, &popts))?;
+    run.eng.line(format!(
+        "prefill: mean cosine {:.4} (min {:.4}, top-1 {:.0}%); the first prefix rerun after a reset: cosine {:.6}",
+        pf.mean_cosine,
+        pf.min_cosine,
+        100.0 * pf.top1_agreement,
+        pf.rerun_cosine
+    ));
+    f.prefill = Some([pf.mean_cosine, pf.min_cosine, pf.top1_agreement]);
+    run.p.prefill = Some(pf);
+    let gr = run.timed("greedy", |s| {
+        greedy::run_with(s, opts.steps, Some(REFERENCE_TAIL))
+    })?;
+    run.eng.line(format!(
+        "greedy: {} steps, mean cosine {:.4} (min {:.4}), top-1 {:.0}%",
+        gr.steps.len(),
+        gr.mean_cosine,
+        gr.min_cosine,
+        100.0 * gr.top1_agreement
+    ));
+    f.greedy = Some([gr.mean_cosine, gr.min_cosine, gr.top1_agreement]);
+    run.p.greedy = Some(gr);
+    // the decode graph without the context: one-row runs whose mask allows only themselves
+    let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
+    run.eng.line(format!(
+        "selfmask: {} self-only steps, mean cosine {:.4} against the token alone",
+        sm.steps.len(),
+        sm.mean_cosine
+    ));
+    run.p.selfmask = Some(sm);
+    let experiments = !(f.prefill_ok() && f.greedy_ok());
+    let st = run.timed("state", |s| statecheck::run(s, written, experiments))?;
+    run.eng.line(format!(
+        "state: the prefill of {} tokens wrote positions {}",
+        st.prompt_len,
+        ranges(&st.written)
+    ));
+    run.p.state = Some(st.clone());
+    f.state = Some(st);
+    Ok(())
+}
+
+/// `0..4, 7` style list.
+fn ranges(v: &[usize]) -> String {
+    if v.is_empty() {
+        return "none".into();
+    }
+    let mut out = Vec::new();
+    let mut start = v[0];
+    let mut prev = v[0];
+    for &x in &v[1..] {
+        if x != prev + 1 {
+            out.push(if start == prev {
+                format!("{start}")
+            } else {
+                format!("{start}..={prev}")
+            });
+            start = x;
+        }
+        prev = x;
+    }
+    out.push(if start == prev {
+        format!("{start}")
+    } else {
+        format!("{start}..={prev}")
+    });
+    out.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A healthy stateful run: every check ran, nothing is off.
+    fn healthy_facts() -> StatefulFacts {
+        StatefulFacts {
+            back_to_back_identical: true,
+            back_to_back_cosine: 1.0,
+            back_to_back_refused: None,
+            overflow: Some(OverflowFinding {
+                prompt_len: 4,
+                layer: None,
+                position: None,
+                logits_finite: true,
+                longest_finite_prefix: None,
+            }),
+            prefill: Some([0.999, 0.998, 1.0]),
+            greedy: Some([0.999, 0.998, 1.0]),
+            state: Some(StateFinding {
+                prompt_len: 4,
+                written: vec![0, 1, 2, 3],
+                layout_cosines: None,
+                selfonly_cosine: None,
+                full_cosine: None,
+            }),
+        }
+    }
+
+    /// Controls fail; the experiments ran with the given results.
+    fn failing(layout: [f64; 2], own: f64) -> StatefulFacts {
+        let mut f = healthy_facts();
+        f.greedy = Some([0.5, 0.2, 0.3]);
+        if let Some(st) = &mut f.state {
+            st.layout_cosines = Some(layout);
+            st.selfonly_cosine = Some(own);
+            st.full_cosine = Some(0.5);
+        }
+        f
+    }
+
+    fn check(id: &str, f: &StatefulFacts) -> Option<Cause> {
+        let all: Vec<&R> = TABLE.iter().flat_map(|t| t.iter()).collect();
+        let rule = all.iter().find(|r| r.id == id).expect("rule");
+        (rule.check)(f)
+    }
+
+    fn conclude(f: &StatefulFacts) -> (Verdict, f64) {
+        let mut e = Engine::new();
+        for phase in TABLE {
+            e.apply(phase, f);
+        }
+        let c = e.conclude();
+        (c.verdict, c.confidence)
+    }
+
+    #[test]
+    fn stale_cache_on_different_or_refused_second_requests() {
+        let mut f = healthy_facts();
+        f.back_to_back_identical = false;
+        f.back_to_back_cosine = 0.97;
+        let c = check("stale-cache", &f).expect("fires");
+        assert!(c.evidence[0].ends_with("(cosine 0.9700)"));
+        f.back_to_back_refused = Some("context full".into());
+        assert!(
+            check("stale-cache", &f).expect("fires").evidence[0].contains("refused (context full)")
+        );
+        assert!(check("stale-cache", &healthy_facts()).is_none());
+        assert_eq!(conclude(&f), (Verdict::StaleCache, 0.9));
+    }
+
+    #[test]
+    fn numeric_overflow_names_the_layer() {
+        let mut f = healthy_facts();
+        if let Some(ov) = &mut f.overflow {
+            ov.layer = Some(2);
+            ov.position = Some(3);
+        }
+        assert_eq!(
+            check("numeric-overflow", &f).expect("fires").evidence,
+            ["overflow: the 4-token prefill produces inf/NaN inside layer 2 at position 3 (the first non-finite K/V is layer 3 at position 3)"]
+        );
+        assert!(check("numeric-overflow", &healthy_facts()).is_none());
+        assert_eq!(conclude(&f), (Verdict::NumericOverflow, 0.95));
+    }
+
+    #[test]
+    fn state_offset_when_the_prefill_writes_other_slots() {
+        let mut f = healthy_facts();
+        if let Some(st) = &mut f.state {
+            st.written = vec![1, 2, 3, 4];
+        }
+        assert!(check("state-offset", &f).is_some());
+        assert!(check("healthy", &f).is_none());
+        assert!(check("state-offset", &healthy_facts()).is_none());
+        assert_eq!(conclude(&f), (Verdict::CacheOffset, 0.9));
+    }
+
+    #[test]
+    fn healthy_when_prefill_and_greedy_pass() {
+        assert!(check("healthy", &healthy_facts()).is_some());
+        assert_eq!(conclude(&healthy_facts()), (Verdict::Healthy, 0.9));
+        let mut near = healthy_facts();
+        near.prefill = Some([0.95, 0.9, 0.5]);
+        assert!(check("healthy", &near).is_none());
+    }
+
+    #[test]
+    fn state_layout_when_the_swapped_order_reproduces() {
+        let f = failing([0.3, 0.99], 0.99);
+        assert!(check("state-layout-cosines", &f).is_some());
+        assert!(check("state-layout", &f).is_some());
+        assert_eq!(conclude(&f), (Verdict::CacheLayoutMismatch, 0.9));
+        let near = failing([0.98, 0.99], 0.99);
+        assert!(check("state-layout", &near).is_none());
+        assert!(check("state-layout-cosines", &healthy_facts()).is_none());
+    }
+
+    #[test]
+    fn self_only_mask_when_blocked_columns_contribute() {
+        let f = failing([0.9, 0.3], 0.6);
+        assert!(check("mask-cosines", &f).is_some());
+        assert!(check("self-only-mask", &f).is_some());
+        assert_eq!(conclude(&f), (Verdict::MaskConvention, 0.8));
+        let near = failing([0.9, 0.3], 0.95);
+        assert!(check("self-only-mask", &near).is_none());
+        assert_eq!(conclude(&near), (Verdict::Unknown, 0.3));
+        assert!(check("mask-cosines", &healthy_facts()).is_none());
+    }
+}
