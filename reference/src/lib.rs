@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod export;
 pub mod fixtures;
+pub mod generate;
 pub mod gguf;
 pub mod gguf_tokenizer;
 mod gpt2;

@@ -169,44 +169,10 @@ fn check_vocab(model: &Model, ids: &[u32]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Greedy argmax; the first maximum wins on ties (as numpy's argmax).
-pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// Greedy decoding with a KV state: the prompt minus its last token fills the state, then every
-/// step attends to the whole state and appends its own K/V.
-pub fn greedy(model: &Model, prompt: &[u32], max_new: usize) -> anyhow::Result<Vec<u32>> {
-    let max_pos = model.config().max_position;
-    let eos = model.config().eos_token_id;
-    let n = prompt.len();
-    let positions: Vec<usize> = (0..n - 1).collect();
-    let mut state = model.prefix_state(&prompt[..n - 1], &positions)?;
-    let mut token = prompt[n - 1];
-    let mut position = n - 1;
-    let mut out = Vec::with_capacity(max_new);
-    while out.len() < max_new && position < max_pos {
-        let logits = model.decode_step(&mut state, token, position)?;
-        token = argmax(&logits);
-        out.push(token);
-        if Some(token) == eos {
-            break;
-        }
-        position += 1;
-    }
-    Ok(out)
-}
-
 fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     let model = load(&a.model)?;
     let prompt_ids = encode(&model, &a.prompt, a.bos.choice())?;
-    let generated = greedy(&model, &prompt_ids, a.max_new)?;
+    let generated = model.greedy(&prompt_ids, a.max_new)?;
     let text = model.tokenizer().decode(&generated)?;
     if a.json {
         let v = serde_json::json!({
@@ -219,21 +185,6 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         println!("{text}");
     }
     Ok(())
-}
-
-/// Row-major `[T*T]` "may attend": causal, except that the last row sees only `k` and itself.
-pub fn single_key_mask(t: usize, k: usize) -> Vec<bool> {
-    let mut m = vec![false; t * t];
-    for r in 0..t {
-        for c in 0..=r {
-            m[r * t + c] = true;
-        }
-    }
-    let last = t - 1;
-    for c in 0..t {
-        m[last * t + c] = c == k || c == last;
-    }
-    m
 }
 
 fn logits(a: LogitsArgs) -> anyhow::Result<()> {
@@ -255,7 +206,7 @@ fn logits(a: LogitsArgs) -> anyhow::Result<()> {
                 t - 1
             )))
         }
-        Some(k) => Some(single_key_mask(t, k)),
+        Some(k) => Some(kvprobe_reference::mask::single_key(t, k)),
         None => None,
     };
     let out = model.forward(
@@ -304,7 +255,7 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let mut token = ids[n - 1];
     for i in 0..a.decode {
         let logits = model.decode_step(&mut state, token, n + i)?;
-        token = argmax(&logits);
+        token = kvprobe_reference::generate::argmax(&logits);
     }
     let decode_s = t2.elapsed().as_secs_f64();
     println!("model {}", model.source().display());
