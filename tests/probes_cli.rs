@@ -355,6 +355,20 @@ fn force_never_deletes_what_is_not_an_earlier_run() {
         String::from_utf8_lossy(&r.stderr)
     );
     assert!(run.join("results.json").is_file() && !run.join("stale.txt").exists());
+    #[cfg(unix)]
+    {
+        // issue 19: the run folder kept the temporary folder's 0700; the test binary runs under
+        // the harness's umask, so compare with what mkdir and create give beside it
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let plain_dir = tmp.path().join("plain");
+        std::fs::create_dir(&plain_dir).unwrap();
+        let plain_file = plain_dir.join("f");
+        std::fs::write(&plain_file, "").unwrap();
+        assert_eq!(mode(&run), mode(&plain_dir));
+        assert_eq!(mode(&run.join("results.json")), mode(&plain_file));
+        std::fs::remove_dir_all(&plain_dir).unwrap();
+    }
     let names: Vec<String> = std::fs::read_dir(tmp.path())
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))

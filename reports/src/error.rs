@@ -28,6 +28,9 @@ pub enum Error {
     BadArray { name: String, reason: String },
     #[error("{}: writing the .npy failed ({message}); check free space", path.display())]
     Npy { path: PathBuf, message: String },
+    /// An unusable `--out` folder; the message names it and says what to do.
+    #[error("{0}")]
+    OutFolder(String),
     #[error("chart {name}: drawing failed ({message})")]
     Chart { name: String, message: String },
 }

@@ -15,6 +15,7 @@ mod fsio;
 pub mod html;
 mod npy;
 pub mod render;
+pub mod run_folder;
 pub mod section;
 pub mod sections;
 pub mod summary;
@@ -26,5 +27,6 @@ pub use render::{
     load_results, render_compare, render_report, write_artifacts, COMPARE_HTML, REPORT_HTML,
     RESULTS_JSON,
 };
+pub use run_folder::{check_out_dir, write_run_folder};
 pub use section::{Chart, ProbeBlock, ProbeSection};
 pub use summary::text as summary;

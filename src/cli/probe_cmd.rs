@@ -6,7 +6,6 @@
 
 mod args;
 mod bar;
-mod out_dir;
 
 use std::io::Write;
 use std::path::Path;
@@ -18,10 +17,9 @@ use kvprobe_reports::NamedArray;
 use kvprobe_schema::{ProbeFindings, Provenance, Results, Timing, Verdict, SCHEMA_VERSION};
 
 use super::common::{usage, EXIT_FAULT_FOUND};
-use super::device_args::{probe_error, DeviceArgs, PromptTokenizer};
+use super::device_args::{npu_error, probe_error, Backend, DeviceArgs, PromptTokenizer};
 pub use args::ProbeCommand;
 use bar::Bar;
-use out_dir::{check_out_dir, write_out};
 
 pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
@@ -79,7 +77,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     // The emulator already hashed these weights for its manifest; hash them here only otherwise.
     let identity = match &manifest {
         Some(m) => m.model.clone(),
-        None => model_identity(&model).map_err(super::device_args::npu_error)?,
+        None => model_identity(&model).map_err(npu_error)?,
     };
     let hef_sha256 = hef_path.as_deref().map(file_sha256).transpose()?;
     let results = Results {
@@ -136,7 +134,7 @@ fn check_args(name: &str, args: &DeviceArgs) -> anyhow::Result<()> {
     }
     args.check_device_flags()?;
     if let Some(out) = &args.out {
-        check_out_dir(out, args.force)?;
+        kvprobe_reports::check_out_dir(out, args.force).map_err(|e| usage(e.to_string()))?;
     }
     Ok(())
 }
@@ -241,4 +239,28 @@ fn host() -> String {
         std::env::consts::OS,
         std::env::consts::ARCH
     )
+}
+
+/// The run folder with the emulator's manifest beside the artefacts (what reproduces the run).
+fn write_out(
+    out: &std::path::Path,
+    force: bool,
+    results: &Results,
+    arrays: &[NamedArray],
+    backend: &Backend,
+) -> anyhow::Result<()> {
+    kvprobe_reports::write_run_folder(out, force, results, arrays, |tmp| -> anyhow::Result<()> {
+        let manifest = tmp.join("sim-manifest.json");
+        if let Some(sim) = backend.sim() {
+            sim.write_manifest(&manifest).map_err(npu_error)?;
+        }
+        if let Backend::Ane(ane) = backend {
+            ane.write_manifest(&manifest).map_err(npu_error)?;
+        }
+        Ok(())
+    })
+    .map_err(|e| match e.downcast::<kvprobe_reports::Error>() {
+        Ok(r) => usage(r.to_string()),
+        Err(other) => other,
+    })
 }

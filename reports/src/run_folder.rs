@@ -1,18 +1,18 @@
-//! `--out DIR`: refused early when unusable, written to a temporary sibling and renamed into place
-//! only when complete, so a failed run leaves nothing behind.
+//! A run's `--out` folder: refused early when unusable, written to a temporary sibling and
+//! renamed into place only when complete, so a failed run leaves nothing behind; `--force`
+//! replaces an earlier run's folder and nothing else.
 
 use std::path::{Path, PathBuf};
 
-use kvprobe_reports::NamedArray;
 use kvprobe_schema::Results;
 
-use crate::cli::common::usage;
-use crate::cli::device_args::Backend;
+use crate::error::{Error, Result};
+use crate::{write_artifacts, NamedArray, RESULTS_JSON};
 
-pub fn check_out_dir(out: &Path, force: bool) -> anyhow::Result<()> {
+pub fn check_out_dir(out: &Path, force: bool) -> Result<()> {
     if out.exists() {
         if !out.is_dir() {
-            return Err(usage(format!(
+            return Err(Error::OutFolder(format!(
                 "{}: exists and is not a folder; choose another --out",
                 out.display()
             )));
@@ -21,7 +21,7 @@ pub fn check_out_dir(out: &Path, force: bool) -> anyhow::Result<()> {
             .map(|mut d| d.next().is_some())
             .unwrap_or(true);
         if non_empty && !force {
-            return Err(usage(format!(
+            return Err(Error::OutFolder(format!(
                 "{}: folder exists and is not empty; pass --force to replace it or choose another --out",
                 out.display()
             )));
@@ -38,7 +38,7 @@ pub fn check_out_dir(out: &Path, force: bool) -> anyhow::Result<()> {
         .find(|a| a.as_os_str().is_empty() || a.exists());
     if let Some(a) = existing {
         if !a.as_os_str().is_empty() && !a.is_dir() {
-            return Err(usage(format!(
+            return Err(Error::OutFolder(format!(
                 "{}: is not a folder, so {} cannot be created; choose another --out",
                 a.display(),
                 out.display()
@@ -51,25 +51,25 @@ pub fn check_out_dir(out: &Path, force: bool) -> anyhow::Result<()> {
 /// `--force` replaces an earlier run's folder, never anything else: not a folder without the
 /// results.json a run writes, and never the working folder or one of its parents (replacing
 /// `--out .` used to delete the working folder's files).
-fn check_replaceable(out: &Path) -> anyhow::Result<()> {
+fn check_replaceable(out: &Path) -> Result<()> {
     let real = out.canonicalize().map_err(|e| {
-        usage(format!(
+        Error::OutFolder(format!(
             "{}: cannot resolve it ({e}); choose another --out",
             out.display()
         ))
     })?;
     let cwd = std::env::current_dir().and_then(|d| d.canonicalize());
     if cwd.as_ref().is_ok_and(|cwd| cwd.starts_with(&real)) || real.parent().is_none() {
-        return Err(usage(format!(
+        return Err(Error::OutFolder(format!(
             "{}: is the working folder or one of its parents; --force never replaces it, choose a new --out folder",
             out.display()
         )));
     }
-    if !real.join(kvprobe_reports::RESULTS_JSON).is_file() {
-        return Err(usage(format!(
+    if !real.join(RESULTS_JSON).is_file() {
+        return Err(Error::OutFolder(format!(
             "{}: not an earlier kvprobe output folder (no {}); --force replaces only those, choose a new --out folder",
             out.display(),
-            kvprobe_reports::RESULTS_JSON
+            RESULTS_JSON
         )));
     }
     Ok(())
@@ -91,77 +91,80 @@ fn parent_of(out: &Path) -> PathBuf {
     }
 }
 
-/// Artefacts into a temporary sibling folder, renamed into place only when complete.
-pub fn write_out(
+/// Writes the artefacts (and whatever `extra` adds, e.g. the emulator's manifest) into a
+/// temporary sibling folder, then puts it in place of `out`; an earlier run is moved aside, not
+/// deleted, until the new one is in place.
+pub fn write_run_folder<E: From<Error>>(
     out: &Path,
     force: bool,
     results: &Results,
     arrays: &[NamedArray],
-    backend: &Backend,
-) -> anyhow::Result<()> {
+    extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
     check_out_dir(out, force)?;
     std::fs::create_dir_all(parent_of(out)).map_err(|e| {
-        usage(format!(
+        Error::OutFolder(format!(
             "{}: cannot create its parent folder ({e}); choose another --out",
             out.display()
         ))
     })?;
-    let tmp = tempfile::Builder::new()
-        .prefix(".kvprobe-out-")
-        .tempdir_in(parent_of(out))
-        .map_err(|e| {
-            usage(format!(
-                "{}: cannot create a folder next to it ({e}); choose another --out",
-                out.display()
-            ))
-        })?;
-    kvprobe_reports::write_artifacts(results, arrays, tmp.path())
-        .map_err(|e| usage(format!("{}: {e}", out.display())))?;
-    if let Some(sim) = backend.sim() {
-        sim.write_manifest(&tmp.path().join("sim-manifest.json"))
-            .map_err(crate::cli::device_args::npu_error)?;
-    }
-    if let crate::cli::device_args::Backend::Ane(ane) = backend {
-        ane.write_manifest(&tmp.path().join("sim-manifest.json"))
-            .map_err(crate::cli::device_args::npu_error)?;
-    }
-    // the earlier run is moved aside, not deleted, until the new one is in place
+    let tmp = sibling(out, ".kvprobe-out-", "cannot create a folder next to it")?;
+    write_artifacts(results, arrays, &tmp)
+        .map_err(|e| Error::OutFolder(format!("{}: {e}", out.display())))
+        .inspect_err(|_| discard(&tmp))?;
+    extra(&tmp).inspect_err(|_| discard(&tmp))?;
     let old = if out.exists() {
-        let aside = tempfile::Builder::new()
-            .prefix(".kvprobe-old-")
-            .tempdir_in(parent_of(out))
-            .map_err(|e| {
-                usage(format!(
-                    "{}: cannot replace it ({e}); choose another --out",
-                    out.display()
-                ))
-            })?
-            .keep();
+        let aside =
+            sibling(out, ".kvprobe-old-", "cannot replace it").inspect_err(|_| discard(&tmp))?;
         let moved = aside.join("run");
-        std::fs::rename(out, &moved).map_err(|e| {
-            let _ = std::fs::remove_dir(&aside);
-            usage(format!(
+        if let Err(e) = std::fs::rename(out, &moved) {
+            discard(&aside);
+            discard(&tmp);
+            return Err(Error::OutFolder(format!(
                 "{}: cannot replace it ({e}); choose another --out",
                 out.display()
             ))
-        })?;
+            .into());
+        }
         Some((aside, moved))
     } else {
         None
     };
-    let tmp_path = tmp.keep();
-    if let Err(e) = std::fs::rename(&tmp_path, out) {
-        let _ = std::fs::remove_dir_all(&tmp_path);
+    if let Err(e) = std::fs::rename(&tmp, out) {
+        discard(&tmp);
         if let Some((_, moved)) = &old {
             let _ = std::fs::rename(moved, out);
         }
-        return Err(usage(format!(
+        return Err(Error::OutFolder(format!(
             "{}: cannot move the artefacts into place ({e})",
             out.display()
-        )));
+        ))
+        .into());
     }
     if let Some((aside, _)) = old {
-        let _ = std::fs::remove_dir_all(aside);
+        discard(&aside);
     }
     Ok(())
+}
+
+/// A new hidden folder beside `out` (mode 0777 less the umask, like `mkdir`: the folder that
+/// becomes `out` must not keep a temporary folder's 0700).
+fn sibling(out: &Path, prefix: &str, what: &str) -> Result<PathBuf> {
+    let mut b = tempfile::Builder::new();
+    b.prefix(prefix);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        b.permissions(std::fs::Permissions::from_mode(0o777));
+    }
+    b.tempdir_in(parent_of(out)).map(|d| d.keep()).map_err(|e| {
+        Error::OutFolder(format!(
+            "{}: {what} ({e}); choose another --out",
+            out.display()
+        ))
+    })
+}
+
+fn discard(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
 }
