@@ -17,18 +17,6 @@ const EXCEPTIONS: &[(&str, &str)] = &[
     ("src/cli/probe_cmd.rs::summary", TODO),
     ("src/sweep.rs", TODO),
     ("schema/src/findings.rs", TODO),
-    ("npu/src/ane/mod.rs::new", TODO),
-    ("npu/src/hef/describe.rs::to_sim_manifest", TODO),
-    ("npu/src/hef/header.rs::parse", TODO),
-    ("npu/src/hef/lint.rs", TODO),
-    ("npu/src/hef/lint.rs::caches", TODO),
-    ("npu/src/hef/lint.rs::io_checks", TODO),
-    ("npu/src/hef/pairing.rs::pair", TODO),
-    ("npu/src/sim/faults.rs::parse", TODO),
-    ("npu/src/sim/mod.rs", TODO),
-    ("npu/src/sim/mod.rs::new", TODO),
-    ("npu/src/sim/mod.rs::describe_group", TODO),
-    ("npu/src/driver.rs", TODO),
     ("probes/src/causality.rs::run", TODO),
     ("probes/src/diagnose.rs", TODO),
     ("probes/src/diagnose.rs::diagnose_ring", TODO),
@@ -47,8 +35,6 @@ const TODO: &str = "issue 17: still to split";
 
 /// Import circles still to cut (issue 17), as the test prints them.
 const CIRCLES_TODO: &[&str] = &[
-    "kvprobe-reference: reference/src/gguf_tokenizer.rs ↔ reference/src/gguf.rs",
-    "kvprobe-npu: npu/src/sim/faults.rs ↔ npu/src/ane/faults.rs",
     "kvprobe-probes: probes/src/diagnose_stateful.rs ↔ probes/src/diagnose_stage.rs ↔ probes/src/diagnose.rs",
     "kvprobe-reports: reports/src/tables.rs ↔ reports/src/charts/probes.rs ↔ reports/src/html/probes.rs ↔ reports/src/layout_infer.rs ↔ reports/src/arrays.rs",
 ];

@@ -139,7 +139,7 @@ fn stage_ok(mean: f64, min: f64) -> bool {
 
 pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     // runtime-kind gate (issue 9): a stateful device has its own rules
-    if s.describe().runtime == kvprobe_schema::RuntimeKind::Stateful {
+    if s.dev.capabilities().stateful {
         return crate::diagnose_stateful::diagnose(s, opts);
     }
     if opts.stage_only {

@@ -281,7 +281,7 @@ fn run_probe(name: &str, args: &DeviceArgs, s: &mut Session) -> kvprobe_probes::
     let mut p = ProbeFindings::default();
     let t = Instant::now();
     let steps = args.steps.max(1);
-    if s.describe().runtime == kvprobe_schema::RuntimeKind::Stateful {
+    if s.dev.capabilities().stateful {
         if let Some((_, why)) = diagnose_stateful::NOT_APPLICABLE
             .iter()
             .find(|(n, _)| *n == name)
