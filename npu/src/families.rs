@@ -8,6 +8,7 @@ pub const FAMILIES: &[Family] = &[
     crate::hailo::sim::FAMILY,
     crate::hailo::HEF_FAMILY,
     crate::coreml::FAMILY,
+    crate::onnx::FAMILY,
 ];
 
 pub fn families() -> &'static [Family] {

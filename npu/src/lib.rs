@@ -12,6 +12,7 @@ pub mod families;
 pub mod hailo;
 pub mod layout;
 pub mod mask;
+pub mod onnx;
 pub mod quant;
 pub mod rope;
 
