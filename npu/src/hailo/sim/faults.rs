@@ -13,6 +13,7 @@
 //! | `offset=after-run` | `update_cache_offset` takes effect after the next run instead of before | — |
 //! | `tbt-cache-scale=F` | tbt cache inputs declared and dequantised with F × the writer's scale | k, v, layer |
 //! | `tbt-position=±N` | the tbt graph's positional input is wired N positions off | — |
+//! | `prefill-position=±N` | the prefill graph's positional input is wired N positions off | — |
 //! | `kv-swap` | tbt binds the K ring as V and the V ring as K (reads and writes) | layer |
 //! | `gqa-repeat=block` | KV heads expanded ABAB instead of HF repeat_kv AABB; default tbt | prefill, tbt |
 //! | `tbt-attn-scale=F` / `prefill-attn-scale=F` | attention scores × F in that group | — |
@@ -105,6 +106,15 @@ pub const TABLE: FaultTable = FaultTable {
             sweep: SweepValue::SmallSigned,
         },
         FaultDecl {
+            name: "prefill-position",
+            values: Values::Number("±N"),
+            scopes: &[],
+            default_groups: &[],
+            bug_class: "the prefill positional input is N positions off (the K it caches is rotated for the wrong positions; an off-by-N prefill position counter or BOS handling)",
+            expected: Expected::Always(Verdict::PositionMismatch),
+            sweep: SweepValue::SmallSigned,
+        },
+        FaultDecl {
             name: "kv-swap",
             values: Values::None,
             scopes: &[ScopeKind::Layer],
@@ -179,6 +189,7 @@ pub enum FaultKind {
     OffsetAfterRun,
     TbtCacheScale(f32),
     TbtPosition(i64),
+    PrefillPosition(i64),
     KvSwap,
     GqaBlock,
     TbtAttnScale(f32),
@@ -249,6 +260,7 @@ fn kind(f: &FaultText) -> Result<FaultKind> {
         "offset" => want_value(f, "after-run").map(|_| FaultKind::OffsetAfterRun)?,
         "tbt-cache-scale" => FaultKind::TbtCacheScale(parse_factor(f)?),
         "tbt-position" => FaultKind::TbtPosition(parse_positions(f)?),
+        "prefill-position" => FaultKind::PrefillPosition(parse_positions(f)?),
         "kv-swap" => match f.value {
             None => FaultKind::KvSwap,
             Some(_) => return Err(f.bad("takes no value")),
@@ -339,7 +351,9 @@ pub fn validate(f: &Fault, cx: &FaultContext) -> Result<()> {
         {
             return noop("a factor of 1.0");
         }
-        FaultKind::TbtPosition(0) => return noop("an offset of 0 positions"),
+        FaultKind::TbtPosition(0) | FaultKind::PrefillPosition(0) => {
+            return noop("an offset of 0 positions")
+        }
         FaultKind::RopeTheta(_) if cx.rope_theta.is_none() => {
             return noop("the model has learned positions and ships no theta table");
         }

@@ -63,13 +63,15 @@ impl SimDevice {
         inputs: &[(String, Buffer)],
         t: usize,
     ) -> Result<PositionInput> {
-        let shift = match self
-            .find_fault(g, |k| matches!(k, FaultKind::TbtPosition(_)))
-            .map(|f| &f.kind)
-        {
-            Some(FaultKind::TbtPosition(n)) if g == GroupKind::Tbt => *n,
-            _ => 0,
-        };
+        let shift = self
+            .faults
+            .iter()
+            .find_map(|f| match (&f.kind, g) {
+                (FaultKind::TbtPosition(n), GroupKind::Tbt)
+                | (FaultKind::PrefillPosition(n), GroupKind::Prefill) => Some(*n),
+                _ => None,
+            })
+            .unwrap_or(0);
         let by_role = |role: InputRole| gd.inputs.iter().find(|i| i.role == Some(role));
         if let Some(theta) = &self.theta {
             let get = |role: InputRole| -> Result<Vec<f32>> {
