@@ -74,6 +74,10 @@ pub enum Error {
 
     #[error("tensor computation failed: {0}")]
     Candle(String),
+
+    /// A family registered as a skeleton (`Family::implemented == false`).
+    #[error("{family}: {what} is not implemented yet")]
+    NotImplemented { family: &'static str, what: String },
 }
 
 impl From<candle_core::Error> for Error {

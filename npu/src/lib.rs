@@ -1,26 +1,30 @@
-//! kvprobe-npu: the device contract, HailoRT's KV-cache ring and quantisation, the genai driver
-//! and the HailoRT KV-cache emulator (`sim`). Domain rules cite `hailort-kv-contract.md` (contract §N).
+//! kvprobe-npu: the device contract (`contract`), the genai driver (`driver`), the host-side
+//! encodings every family shares (`mask`, `quant`, `layout`, `rope`) and one folder per device
+//! family: `hailo` (emulator, HEF reader, ring, HailoRT backend) and `coreml` (the ANE emulator).
+//! Domain rules cite `hailort-kv-contract.md` (contract §N).
 
-pub mod ane;
 pub mod buffer;
-pub mod device;
+pub mod contract;
+pub mod coreml;
 pub mod driver;
 pub mod error;
+pub mod families;
+pub mod hailo;
 pub mod layout;
 pub mod mask;
+pub mod onnx;
 pub mod quant;
-pub mod ring;
 pub mod rope;
-pub mod sim;
 
 pub use buffer::Buffer;
-pub use device::{Device, RunOutput};
+pub use contract::{device, Capabilities, Device, RunOutput};
 pub use driver::{argmax, Driver, EmbeddingTable, HostState, Trial};
 pub use error::{Error, Result};
+pub use families::{families, FAMILIES};
+pub use hailo::ring::{self, CacheRing, RingSet};
 pub use mask::MaskMode;
-pub use ring::{CacheRing, RingSet};
 pub use rope::RopeTheta;
 
-#[cfg(feature = "hailo")]
-pub mod hailo;
-pub mod hef;
+/// Paths from before the family folders (issue 17): `kvprobe_npu::sim`, `::hef`, `::ane`.
+pub use coreml as ane;
+pub use hailo::{hef, sim};

@@ -107,6 +107,15 @@ pub fn tbt_row(mode: &MaskMode, keys: usize, usage: usize) -> Option<Vec<bool>> 
     }
 }
 
+/// Additive fp16 mask value of an allowed / blocked column.
+pub fn additive_fp16(allowed: bool) -> u16 {
+    if allowed {
+        half::f16::ZERO.to_bits()
+    } else {
+        half::f16::NEG_INFINITY.to_bits()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

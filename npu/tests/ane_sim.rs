@@ -37,7 +37,7 @@ fn ane(
         .unwrap()
         .clone();
     let table = EmbeddingTable::from_tensor(model.embedding_table(), &emb).unwrap();
-    let drv = Driver::new(dev.describe(), table).unwrap();
+    let drv = Driver::new(&dev, table).unwrap();
     (dev, drv)
 }
 

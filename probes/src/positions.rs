@@ -82,6 +82,9 @@ impl Device for PositionShift<'_> {
     fn describe(&self) -> &DeviceDescription {
         self.inner.describe()
     }
+    fn capabilities(&self) -> kvprobe_npu::Capabilities {
+        self.inner.capabilities()
+    }
     fn run(
         &mut self,
         group: GroupKind,

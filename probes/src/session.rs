@@ -13,63 +13,8 @@ use kvprobe_schema::{DeviceDescription, GroupKind, InputRole};
 use crate::progress::Progress;
 use crate::{Error, Result};
 
-/// Ring geometry of one run (contract §1.3, §2.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Geometry {
-    /// `L`: entries per ring.
-    pub cache_len: usize,
-    /// `P`: prefill rows.
-    pub prefill_len: usize,
-    /// `n`: prompt tokens.
-    pub prompt_len: usize,
-}
-
-impl Geometry {
-    /// Entries of the tbt read window (`in = L − 1`, contract §1.3).
-    pub fn tbt_window(&self) -> usize {
-        self.cache_len - 1
-    }
-
-    /// Absolute position held by read-window column `j` of the first tbt step. With `T = n + 1`
-    /// tokens submitted, column j holds position `T − L + j` (prior art §1.7 invariant: entry
-    /// index ≡ position mod L); `None` = never written.
-    pub fn first_window_position(&self, j: usize) -> Option<usize> {
-        let p = (self.prompt_len + 1 + j) as i64 - self.cache_len as i64;
-        (p >= 0 && (p as usize) < self.prompt_len).then_some(p as usize)
-    }
-
-    /// Lowest (negative) position whose slot a prefill padding row wrote: a short first chunk of
-    /// `r = n mod P` tokens runs all `P` rows, so positions `r − P … −1` hold padding K/V
-    /// (contract §2.4); below that, slots were never written since the rings were cleared.
-    pub fn padding_floor(&self) -> i64 {
-        let r = self.prompt_len % self.prefill_len;
-        if self.prompt_len < self.prefill_len || r != 0 {
-            let r = if self.prompt_len < self.prefill_len {
-                self.prompt_len
-            } else {
-                r
-            };
-            r as i64 - self.prefill_len as i64
-        } else {
-            0
-        }
-    }
-
-    /// Read-window column j of the first tbt step was never written (not even by padding rows).
-    pub fn first_window_never_written(&self, j: usize) -> bool {
-        ((self.prompt_len + 1 + j) as i64 - (self.cache_len as i64)) < self.padding_floor()
-    }
-
-    /// Column of the first tbt window holding prompt position `p`.
-    pub fn first_window_column(&self, p: usize) -> usize {
-        self.cache_len + p - self.prompt_len - 1
-    }
-
-    /// Prefill chunks the driver runs for a prefix of `k` tokens (remainder first, contract §2.3).
-    pub fn chunks(&self, k: usize) -> usize {
-        k.div_ceil(self.prefill_len)
-    }
-}
+/// Ring geometry of one run: defined once, in the schema.
+pub use kvprobe_schema::Geometry;
 
 /// The prompt's reference: causal logits at every position and the K/V state.
 pub struct PromptRef {
@@ -137,11 +82,11 @@ impl<'a> Session<'a> {
             })?
             .clone();
         let table = EmbeddingTable::from_tensor(model.embedding_table(), &emb)?;
-        let driver = Driver::new(&desc, table)?;
+        let driver = Driver::new(&*dev, table)?;
         if ids.is_empty() {
             return Err(kvprobe_npu::Error::EmptyPrompt.into());
         }
-        if desc.runtime == kvprobe_schema::RuntimeKind::Stateful && ids.len() >= desc.cache_len {
+        if dev.capabilities().stateful && ids.len() >= desc.cache_len {
             return Err(kvprobe_npu::Error::ContextTooLong {
                 tokens: ids.len(),
                 max_ctx: desc.cache_len,

@@ -18,7 +18,7 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, Tokenizer};
 
 use crate::error::one_line;
-use crate::gguf::{value_i64, Meta};
+use crate::gguf_meta::{value_i64, Meta};
 use crate::{Error, Result, TextTokenizer};
 
 /// llama.cpp's token types (`llama_token_type`).

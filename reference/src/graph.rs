@@ -36,25 +36,48 @@ pub enum PositionInput {
     },
 }
 
-/// Default = correct math; the emulator's graph faults set the other values.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Default = the clean model's math. The seam a device graph plugs its variants into: the score
+/// scale (a probe's scale fit also varies it to explain a failure) and the [`HeadWiring`].
+#[derive(Debug, Clone, Copy)]
 pub struct GraphOptions {
     /// Multiplier on 1/sqrt(head_dim).
     pub attn_scale: f32,
-    /// One softmax over the concatenation of all heads' score rows of a query (Hailo SDK bug F11).
-    pub shared_softmax: bool,
-    /// KV head for query head q is `q % n_kv` (ABAB) instead of HF repeat_kv `q / n_rep` (AABB).
-    pub gqa_block_order: bool,
+    pub heads: HeadWiring,
 }
 
 impl Default for GraphOptions {
     fn default() -> Self {
         Self {
             attn_scale: 1.0,
-            shared_softmax: false,
-            gqa_block_order: false,
+            heads: HeadWiring::CLEAN,
         }
     }
+}
+
+/// How query heads meet KV heads and softmax rows: the reference holds only the clean wiring; a
+/// device family's emulator supplies others for its compile bugs.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadWiring {
+    /// `kv_head(q, n_kv, n_rep)`: the KV head query head `q` reads.
+    pub kv_head: fn(usize, usize, usize) -> usize,
+    /// `softmax_groups(n_heads)`: query heads whose score rows one softmax normalises together.
+    pub softmax_groups: fn(usize) -> Vec<Vec<usize>>,
+}
+
+impl HeadWiring {
+    /// HF `repeat_kv` (query head q reads KV head `q / n_rep`) and one softmax per head.
+    pub const CLEAN: HeadWiring = HeadWiring {
+        kv_head: repeat_kv_head,
+        softmax_groups: softmax_per_head,
+    };
+}
+
+fn repeat_kv_head(q: usize, _n_kv: usize, n_rep: usize) -> usize {
+    q / n_rep
+}
+
+fn softmax_per_head(n_heads: usize) -> Vec<Vec<usize>> {
+    (0..n_heads).map(|h| vec![h]).collect()
 }
 
 #[derive(Debug, Clone)]
@@ -166,14 +189,9 @@ impl Model {
             }
         };
         let kv_map: Vec<usize> = (0..nh)
-            .map(|q| {
-                if input.graph.gqa_block_order {
-                    q % nkv
-                } else {
-                    q / cfg.n_rep()
-                }
-            })
+            .map(|q| (input.graph.heads.kv_head)(q, nkv, cfg.n_rep()))
             .collect();
+        let softmax_groups = (input.graph.heads.softmax_groups)(nh);
         let attn = AttnCtx {
             nh,
             hd,
@@ -182,7 +200,7 @@ impl Model {
             mask: &input.mask,
             kv_map: &kv_map,
             scale: input.graph.attn_scale / (hd as f32).sqrt(),
-            shared: input.graph.shared_softmax,
+            softmax_groups: &softmax_groups,
         };
 
         let mut new_kv = Vec::with_capacity(self.blocks.len());
@@ -361,10 +379,11 @@ struct AttnCtx<'a> {
     t: usize,
     w: usize,
     mask: &'a [bool],
-    /// KV head of each query head (HF repeat_kv AABB, or ABAB under the F-fault).
+    /// KV head of each query head ([`HeadWiring::kv_head`]).
     kv_map: &'a [usize],
     scale: f32,
-    shared: bool,
+    /// Query heads normalised together ([`HeadWiring::softmax_groups`]).
+    softmax_groups: &'a [Vec<usize>],
 }
 
 impl AttnCtx<'_> {
@@ -454,19 +473,13 @@ impl AttnCtx<'_> {
     /// Scores → probabilities in place; `row(h, i)` is where head h's score row of query i starts,
     /// mask `[T, nh, C]`.
     ///
-    /// A row (per-head mode) or a query (shared mode) whose mask allows nothing gets all-zero
+    /// A softmax group whose mask allows nothing gets all-zero
     /// probabilities, so its attention output is zero and never NaN (design.md).
     fn masked_softmax_rows(&self, s: &mut [f32], row: impl Fn(usize, usize) -> usize) {
         let (nh, t, c) = (self.nh, self.t, self.w + self.t);
         let midx = |h: usize, i: usize| (i * nh + h) * c;
-        // Groups of (head) rows normalised together: one head, or all heads of the query (F11).
-        let groups: Vec<Vec<usize>> = if self.shared {
-            vec![(0..nh).collect()]
-        } else {
-            (0..nh).map(|h| vec![h]).collect()
-        };
         for i in 0..t {
-            for heads in &groups {
+            for heads in self.softmax_groups {
                 let mut m = f32::NEG_INFINITY;
                 for &h in heads {
                     let (sr, mr) = (row(h, i), midx(h, i));
@@ -516,6 +529,12 @@ mod tests {
         map: &'a [usize],
         shared: bool,
     ) -> AttnCtx<'a> {
+        // leaked: a test's groups live as long as the context that borrows them
+        let groups: Vec<Vec<usize>> = if shared {
+            vec![(0..nh).collect()]
+        } else {
+            softmax_per_head(nh)
+        };
         AttnCtx {
             nh,
             hd: 4,
@@ -524,7 +543,7 @@ mod tests {
             mask,
             kv_map: map,
             scale: 1.0,
-            shared,
+            softmax_groups: Box::leak(groups.into_boxed_slice()),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod export;
 pub mod fixtures;
 pub mod generate;
 pub mod gguf;
+mod gguf_meta;
 pub mod gguf_tokenizer;
 mod gpt2;
 pub mod graph;
@@ -25,7 +26,7 @@ mod weights;
 
 pub use config::{Family, ModelConfig};
 pub use error::{Error, Result};
-pub use graph::{GraphInput, GraphOptions, GraphOutput, PositionInput};
+pub use graph::{GraphInput, GraphOptions, GraphOutput, HeadWiring, PositionInput};
 pub use kv::{KeySet, KvState, LayerKv};
 pub use model::{ForwardOptions, ForwardOutput, Model};
 pub use tokenizer::TextTokenizer;

@@ -10,7 +10,7 @@ use common::{cosine, ids, llama, max_abs_diff};
 use kvprobe_reference::fixtures::{
     write_tiny_gpt2, write_tiny_llama, write_tiny_llama_with, FixtureOptions,
 };
-use kvprobe_reference::{hf, Error, Family, ForwardOptions, GraphOptions, Model};
+use kvprobe_reference::{hf, Error, Family, ForwardOptions, GraphOptions, HeadWiring, Model};
 
 fn logits(m: &Model, x: &[u32]) -> Vec<f32> {
     m.forward(x, &ForwardOptions::default()).unwrap().logits
@@ -292,7 +292,10 @@ fn gqa_block_order_equals_permuted_query_heads() {
             &x,
             &ForwardOptions {
                 graph: GraphOptions {
-                    gqa_block_order: true,
+                    heads: HeadWiring {
+                        kv_head: |q, n_kv, _| q % n_kv,
+                        ..HeadWiring::CLEAN
+                    },
                     ..Default::default()
                 },
                 ..Default::default()

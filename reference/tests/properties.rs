@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_close, both, cosine, ids, llama, max_abs_diff};
 use kvprobe_reference::{
-    mask, ForwardOptions, GraphInput, GraphOptions, KeySet, KvState, PositionInput,
+    mask, ForwardOptions, GraphInput, GraphOptions, HeadWiring, KeySet, KvState, PositionInput,
 };
 
 #[test]
@@ -389,15 +389,28 @@ fn shared_softmax_and_attn_scale_change_outputs() {
     for (name, f) in both() {
         let x = ids(8, f.model.config().vocab_size, 14);
         let base = f.model.forward(&x, &ForwardOptions::default()).unwrap();
-        for g in [
-            GraphOptions {
-                shared_softmax: true,
-                ..Default::default()
-            },
-            GraphOptions {
-                attn_scale: 0.5,
-                ..Default::default()
-            },
+        fn one_softmax(nh: usize) -> Vec<Vec<usize>> {
+            vec![(0..nh).collect()]
+        }
+        let shared = HeadWiring {
+            softmax_groups: one_softmax,
+            ..HeadWiring::CLEAN
+        };
+        for (is_shared, g) in [
+            (
+                true,
+                GraphOptions {
+                    heads: shared,
+                    ..Default::default()
+                },
+            ),
+            (
+                false,
+                GraphOptions {
+                    attn_scale: 0.5,
+                    ..Default::default()
+                },
+            ),
         ] {
             let o = f
                 .model
@@ -411,7 +424,7 @@ fn shared_softmax_and_attn_scale_change_outputs() {
                 .unwrap();
             // Row 0 has one key: per-head softmax = 1 whatever the scale, but the shared softmax
             // splits the mass over the heads.
-            if g.shared_softmax {
+            if is_shared {
                 assert!(max_abs_diff(base.row(0), o.row(0)) > 1e-3, "{name}");
             } else {
                 assert_close(name, base.row(0), o.row(0));

@@ -223,6 +223,65 @@ impl RuntimeKind {
     }
 }
 
+/// The ring and prefill geometry of one run (contract §1.3, §2.3): `L`, `P` and the prompt
+/// length `n`, and what follows from them. Every crate uses this one definition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Geometry {
+    /// `L`: entries per ring.
+    pub cache_len: usize,
+    /// `P`: prefill rows.
+    pub prefill_len: usize,
+    /// `n`: prompt tokens.
+    pub prompt_len: usize,
+}
+
+impl Geometry {
+    /// Entries of the tbt read window (`in = L − 1`, contract §1.3).
+    pub fn tbt_window(&self) -> usize {
+        self.cache_len - 1
+    }
+
+    /// Absolute position held by read-window column `j` of the first tbt step. With `T = n + 1`
+    /// tokens submitted, column j holds position `T − L + j` (prior art §1.7 invariant: entry
+    /// index ≡ position mod L); `None` = never written.
+    pub fn first_window_position(&self, j: usize) -> Option<usize> {
+        let p = (self.prompt_len + 1 + j) as i64 - self.cache_len as i64;
+        (p >= 0 && (p as usize) < self.prompt_len).then_some(p as usize)
+    }
+
+    /// Lowest (negative) position whose slot a prefill padding row wrote: a short first chunk of
+    /// `r = n mod P` tokens runs all `P` rows, so positions `r − P … −1` hold padding K/V
+    /// (contract §2.4); below that, slots were never written since the rings were cleared.
+    pub fn padding_floor(&self) -> i64 {
+        let r = self.prompt_len % self.prefill_len;
+        if self.prompt_len < self.prefill_len || r != 0 {
+            let r = if self.prompt_len < self.prefill_len {
+                self.prompt_len
+            } else {
+                r
+            };
+            r as i64 - self.prefill_len as i64
+        } else {
+            0
+        }
+    }
+
+    /// Read-window column j of the first tbt step was never written (not even by padding rows).
+    pub fn first_window_never_written(&self, j: usize) -> bool {
+        ((self.prompt_len + 1 + j) as i64 - (self.cache_len as i64)) < self.padding_floor()
+    }
+
+    /// Column of the first tbt window holding prompt position `p`.
+    pub fn first_window_column(&self, p: usize) -> usize {
+        self.cache_len + p - self.prompt_len - 1
+    }
+
+    /// Prefill chunks the driver runs for a prefix of `k` tokens (remainder first, contract §2.3).
+    pub fn chunks(&self, k: usize) -> usize {
+        k.div_ceil(self.prefill_len)
+    }
+}
+
 /// Model-level numbers the driver needs (hailo-config.json `pre_process_params`, or the
 /// reference model's config for the emulator).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use clap::Args;
 use kvprobe_npu::ane::{AneDevice, AneOptions};
 use kvprobe_npu::sim::options::{SimFlags, SimOptions};
 use kvprobe_npu::sim::SimDevice;
-use kvprobe_npu::Device;
+use kvprobe_npu::{families, Device};
 use kvprobe_reference::{Model, TextTokenizer};
 use kvprobe_schema::{DeviceDescription, SimManifest};
 
@@ -228,10 +228,23 @@ impl DeviceArgs {
                 )));
             }
         } else if let Some(d) = &self.device {
-            if d != "ane-sim" {
-                return Err(usage(format!(
-                    "--device {d}: unknown device; use --device ane-sim, --sim (the Hailo emulator) or --hef FILE"
-                )));
+            match families::by_device(d) {
+                None => {
+                    return Err(usage(format!(
+                        "--device {d}: unknown device; use {}, --sim (the Hailo emulator) or --hef FILE",
+                        families::device_choices()
+                    )))
+                }
+                Some(f) if !f.implemented => {
+                    return Err(usage(
+                        kvprobe_npu::Error::NotImplemented {
+                            family: f.flag,
+                            what: f.about.to_string(),
+                        }
+                        .to_string(),
+                    ))
+                }
+                Some(_) => {}
             }
         } else if !self.sim {
             return Err(usage(
@@ -264,7 +277,9 @@ impl DeviceArgs {
                 model_name: None,
                 manifest: self.sim_manifest.clone(),
             };
-            let dev = AneDevice::new(model.clone(), opts).map_err(npu_error)?;
+            // the device table let only runnable `--device` families through: ane-sim
+            let dev = AneDevice::new(model.clone(), opts)
+                .map_err(|e| npu_error(families::place_fault(&kvprobe_npu::ane::FAMILY, e)))?;
             return Ok(Backend::Ane(Box::new(dev)));
         }
         let flags = SimFlags {
@@ -280,7 +295,8 @@ impl DeviceArgs {
             sim_manifest: self.sim_manifest.clone(),
         };
         let opts = SimOptions::from_flags(&flags).map_err(npu_error)?;
-        let dev = SimDevice::new(model.clone(), opts).map_err(npu_error)?;
+        let dev = SimDevice::new(model.clone(), opts)
+            .map_err(|e| npu_error(families::place_fault(&kvprobe_npu::sim::FAMILY, e)))?;
         Ok(Backend::Sim(Box::new(dev)))
     }
 

@@ -174,7 +174,7 @@ fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Outc
     let args = &cmd.args;
     let t = Instant::now();
     let steps = args.steps.max(1);
-    if s.describe().runtime == kvprobe_schema::RuntimeKind::Stateful {
+    if s.dev.capabilities().stateful {
         if let Some((_, why)) = diagnose_stateful::NOT_APPLICABLE
             .iter()
             .find(|(n, _)| *n == name)

@@ -1,4 +1,4 @@
-//! The driver's stateful path (issue 9, `RuntimeKind::Stateful`): what a Core ML host does.
+//! The driver's stateful path (issue 9, `Capabilities::stateful`): what a Core ML host does.
 //!
 //! Positions are absolute and the device writes its states itself, so there is no read offset to
 //! move and no host window: every run gets the rows' input embeddings, their position ids and an
@@ -9,7 +9,7 @@
 use kvprobe_schema::GroupKind;
 
 use super::{Driver, TableData, Trial};
-use crate::ane::mask_value;
+use crate::mask::additive_fp16 as mask_value;
 use crate::mask::MaskMode;
 use crate::{Buffer, Device, Error, Result, RunOutput};
 

@@ -1,30 +1,27 @@
-//! HailoRT backend (feature `hailo`): the device contract over a real Hailo-10H.
-//!
-//! * `hailort-sys` for what the C API offers: library version, device scan, status messages.
-//! * A thin C++ shim (`npu/shim`, built by `npu/build.rs` only when `hailo/hailort.h` exists) for
-//!   the infer-model and KV-cache calls the C API lacks (contract §6.3, §6.4).
-//! * Geometry, roles and cache-edge quant infos come from the offline HEF reader (HailoRT does not
-//!   parse cache quant infos, contract §4).
-//!
-//! Without the shim (no headers at build time) [`HailoDevice::open`] returns
-//! [`HailoError::ShimNotBuilt`].
+//! The Hailo family: HailoRT genai devices with a KV-cache ring. The emulator (`sim`), the offline
+//! HEF reader (`hef`), the ring arithmetic (`ring`) and the hardware backend (`hw`, cargo feature
+//! `hailo`; its items are re-exported here so `kvprobe_npu::hailo::HailoDevice` names it).
 
-pub mod backend;
-pub mod error;
-#[cfg(kvprobe_hailort_shim)]
-mod ffi;
-pub mod status;
-pub mod sys;
+use crate::contract::{Capabilities, Family, FaultTable};
 
-pub use backend::{open_paired, HailoDevice};
-pub use error::{HailoError, Result};
+pub mod hef;
+pub mod ring;
+pub mod sim;
 
-/// The server's inference timeout (contract §2.3, `INFERENCE_TIMEOUT`).
-pub const RUN_TIMEOUT_MS: u32 = 15_000;
+#[cfg(feature = "hailo")]
+pub mod hw;
+#[cfg(feature = "hailo")]
+pub use hw::{
+    backend, error, open_paired, status, sys, HailoDevice, HailoError, Result, RUN_TIMEOUT_MS,
+    SHIM_BUILT, SUPPORTED_MAJOR,
+};
 
-/// The HailoRT major version the shim's C++ calls were written against (contract: 5.2.0); a
-/// library of another major version is refused before any device call.
-pub const SUPPORTED_MAJOR: u32 = 5;
-
-/// Whether this build contains the C++ shim.
-pub const SHIM_BUILT: bool = cfg!(kvprobe_hailort_shim);
+/// A compiled HEF on a Hailo-10H through HailoRT (needs a `--features hailo` build).
+pub const HEF_FAMILY: Family = Family {
+    name: "hef",
+    flag: "--hef FILE",
+    about: "a compiled HEF on a Hailo-10H through HailoRT (a --features hailo build)",
+    capabilities: Capabilities::GENAI_RING,
+    faults: FaultTable::NONE,
+    implemented: true,
+};

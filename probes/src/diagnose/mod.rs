@@ -19,7 +19,7 @@ use ring::{SKIPPED, SKIPPED_BOTH};
 
 /// The runtime gate (issue 9): a stateful device has its own rules.
 fn runs_stateful(s: &Session) -> bool {
-    s.describe().runtime == kvprobe_schema::RuntimeKind::Stateful
+    s.dev.capabilities().stateful
 }
 
 pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {

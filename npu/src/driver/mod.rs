@@ -1,117 +1,20 @@
-//! The genai driver: always what the Hailo genai server does (contract §2), never a fault.
-//!
-//! Per run: update the host window (drop the oldest `n` rows, append the new ones, `U += n`),
-//! fill embeddings, mask and positions, `update_cache_offset(+n)`, then run (contract §2.3).
-//! Prefill chunks are remainder first, then full chunks of `P`; the prefill embeddings input is the
-//! whole `P`-row window (older rows recomputed, new rows right-aligned, contract §2.4).
+//! The driver: the host side of an LLM runtime, always what the real host does, never a fault.
+//! It asks the device's [`Capabilities`] which host path runs: the genai ring (`ring.rs`, what the
+//! HailoRT genai server does, contract §2) or stateful (`stateful.rs`, what a Core ML host does).
+//! Both share the host window of embedding rows and the position counter (contract §2.4).
 
-use candle_core::Tensor;
-use kvprobe_schema::{
-    DType, DeviceDescription, GroupDescription, GroupKind, InputRole, IoDescription, RuntimeKind,
-};
+use kvprobe_schema::{DType, GroupDescription, GroupKind, InputRole, IoDescription};
 
+mod embeddings;
+mod ring;
 mod stateful;
 
-use crate::mask::{encode_per_head, encode_tiled, ring_rows, tbt_row, MaskMode};
-use crate::quant::{quantize_u16, quantize_u8};
-use crate::{Buffer, Device, Error, Result, RunOutput};
+pub use embeddings::EmbeddingTable;
+use embeddings::{TableData, Window};
 
-/// Rows of `embeddings.bin` in the embeddings input's domain (contract §2.11): uint16 codes for a
-/// quantised input, or float rows when the device declares a float embeddings input (the
-/// emulator's `--sim-quant none`).
-#[derive(Debug, Clone)]
-pub struct EmbeddingTable {
-    rows: usize,
-    features: usize,
-    data: TableData,
-}
-
-#[derive(Debug, Clone)]
-enum TableData {
-    U16(Vec<u16>),
-    F32(Vec<f32>),
-}
-
-impl EmbeddingTable {
-    /// Quantise a float `[rows, features]` matrix through the prefill embeddings input's quant
-    /// info (what the compiler does when it writes `embeddings.bin`).
-    pub fn from_float(
-        matrix: &[f32],
-        rows: usize,
-        features: usize,
-        input: &IoDescription,
-    ) -> Result<Self> {
-        if matrix.len() != rows * features {
-            return Err(Error::InvalidArgument(format!(
-                "embedding matrix has {} values, expected {rows} × {features}",
-                matrix.len()
-            )));
-        }
-        let data = match input.host_dtype {
-            DType::U16 => TableData::U16(
-                matrix
-                    .iter()
-                    .map(|&x| quantize_u16(x, &input.quant))
-                    .collect(),
-            ),
-            DType::F32 => TableData::F32(matrix.to_vec()),
-            DType::U8 | DType::F16 => {
-                return Err(Error::Device(format!(
-                "embeddings input `{}` is not uint16 or float32; the driver cannot fill it (contract §2.1)",
-                input.name
-            )))
-            }
-        };
-        Ok(EmbeddingTable {
-            rows,
-            features,
-            data,
-        })
-    }
-
-    /// From a candle `[vocab, hidden]` tensor (the reference model's embedding table).
-    pub fn from_tensor(t: &Tensor, input: &IoDescription) -> Result<Self> {
-        let (rows, features) = t.dims2()?;
-        let v: Vec<f32> = t.flatten_all()?.to_vec1()?;
-        Self::from_float(&v, rows, features, input)
-    }
-
-    /// `embeddings.bin` as shipped: row-major native-endian uint16, `rows = bytes / 2F`.
-    pub fn from_raw(bytes: &[u8], features: usize) -> Result<Self> {
-        if features == 0 || !bytes.len().is_multiple_of(2 * features) {
-            return Err(Error::InvalidArgument(format!(
-                "embeddings.bin of {} bytes is not a whole number of {features}-feature uint16 rows",
-                bytes.len()
-            )));
-        }
-        let codes: Vec<u16> = bytes
-            .chunks_exact(2)
-            .map(|c| u16::from_ne_bytes([c[0], c[1]]))
-            .collect();
-        Ok(EmbeddingTable {
-            rows: bytes.len() / (2 * features),
-            features,
-            data: TableData::U16(codes),
-        })
-    }
-
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-    pub fn features(&self) -> usize {
-        self.features
-    }
-    pub fn is_float(&self) -> bool {
-        matches!(self.data, TableData::F32(_))
-    }
-}
-
-/// The host window of the last `P` embedding rows (contract §2.4).
-#[derive(Debug, Clone)]
-enum Window {
-    U16(Vec<u16>),
-    F32(Vec<f32>),
-}
+use crate::mask::MaskMode;
+use crate::quant::quantize_u8;
+use crate::{Buffer, Capabilities, Device, Error, Result, RunOutput};
 
 /// Everything the server keeps on the host between runs.
 #[derive(Debug, Clone)]
@@ -196,8 +99,8 @@ impl GroupInputs {
 
 /// The genai server's host side, device-independent.
 pub struct Driver {
-    /// Which host path runs: the genai ring (this file) or stateful (`driver/stateful.rs`).
-    runtime: RuntimeKind,
+    /// Which host path runs (ring or stateful).
+    caps: Capabilities,
     cache_len: usize,
     prefill_len: usize,
     n_heads: usize,
@@ -220,7 +123,9 @@ pub fn theta_from_inv_freq(inv_freq: &[f32]) -> Vec<f32> {
 }
 
 impl Driver {
-    pub fn new(desc: &DeviceDescription, table: EmbeddingTable) -> Result<Driver> {
+    /// The host side for `dev`, reading embedding rows from `table`.
+    pub fn new(dev: &dyn Device, table: EmbeddingTable) -> Result<Driver> {
+        let desc = dev.describe();
         let pg = desc.group(GroupKind::Prefill).ok_or_else(|| {
             Error::Device(format!("device `{}` has no prefill group", desc.model_name))
         })?;
@@ -264,7 +169,7 @@ impl Driver {
             Window::U16(vec![0; p * features])
         };
         Ok(Driver {
-            runtime: desc.runtime,
+            caps: dev.capabilities(),
             cache_len: l,
             prefill_len: p,
             n_heads: desc.shape.n_heads,
@@ -307,8 +212,9 @@ impl Driver {
         }
     }
 
-    pub fn runtime(&self) -> RuntimeKind {
-        self.runtime
+    /// The device's capabilities the host path was chosen by.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
     }
     pub fn cache_len(&self) -> usize {
         self.cache_len
@@ -355,29 +261,10 @@ impl Driver {
         if ids.is_empty() {
             return Err(Error::EmptyPrompt);
         }
-        if self.runtime == RuntimeKind::Stateful {
+        if self.caps.stateful {
             return self.stateful_prefill(dev, ids);
         }
-        if ids.len() >= self.cache_len {
-            return Err(Error::PromptTooLong {
-                tokens: ids.len(),
-                cache_len: self.cache_len,
-            });
-        }
-        self.check_ids(ids)?;
-        let p = self.prefill_len;
-        let r = ids.len() % p;
-        let mut chunks: Vec<&[u32]> = Vec::new();
-        if r > 0 {
-            chunks.push(&ids[..r]);
-        }
-        chunks.extend(ids[r..].chunks(p));
-        let mut out = RunOutput::default();
-        for c in chunks {
-            out = self.run_prefill_chunk(dev, c)?;
-        }
-        self.saved = None;
-        Ok(out)
+        self.ring_prefill(dev, ids)
     }
 
     /// One tbt step with the token `token` (the server's path for every later read, contract §2.2).
@@ -385,22 +272,10 @@ impl Driver {
     /// [`Driver::step_back`] can undo it.
     pub fn step(&mut self, dev: &mut dyn Device, token: u32, mode: &MaskMode) -> Result<RunOutput> {
         self.check_ids(&[token])?;
-        if self.runtime == RuntimeKind::Stateful {
+        if self.caps.stateful {
             return self.stateful_step(dev, token, mode);
         }
-        let saved = self.state.clone();
-        let out = if self.tbt.is_some() {
-            self.run_tbt(dev, token, mode)?
-        } else if *mode == MaskMode::Ring {
-            // No tbt group: the server runs a 1-token prefill chunk (contract §3.2).
-            self.run_prefill_chunk(dev, &[token])?
-        } else {
-            return Err(Error::InvalidArgument(
-                "this device has no tbt group; only the ring mask is possible".into(),
-            ));
-        };
-        self.saved = Some(saved);
-        Ok(out)
+        self.ring_step(dev, token, mode)
     }
 
     /// Undo the last [`Driver::step`]: `update_cache_offset(−1)` and the host state before it. The
@@ -412,7 +287,7 @@ impl Driver {
             .ok_or_else(|| Error::InvalidArgument("step_back without a preceding step".into()))?;
         // Both ring paths (tbt, or a 1-token prefill chunk) advanced R by exactly one; a stateful
         // device has no offset (the slot the step wrote is rewritten by the next step).
-        if self.runtime == RuntimeKind::GenaiRing {
+        if self.caps.ring_offset {
             dev.update_cache_offset(-1)?;
         }
         self.state = saved;
@@ -554,91 +429,6 @@ impl Driver {
         }
     }
 
-    fn check_mask_frame(&self, g: &GroupInputs, rows: usize) -> Result<()> {
-        let want = rows * self.n_heads * self.cache_len;
-        if g.mask.elements() != want {
-            return Err(Error::Device(format!(
-                "mask input `{}` has {} elements, the server writes T·NH·KV = {want} (contract §2.5)",
-                g.mask.name,
-                g.mask.elements()
-            )));
-        }
-        Ok(())
-    }
-
-    fn run_prefill_chunk(&mut self, dev: &mut dyn Device, chunk: &[u32]) -> Result<RunOutput> {
-        let p = self.prefill_len;
-        self.push_tokens(chunk);
-        let g = self.prefill.clone();
-        self.check_mask_frame(&g, p)?;
-        let mut inputs = Vec::with_capacity(6);
-        inputs.push((g.embeddings.name.clone(), self.embeddings_rows(0)));
-        let rows = ring_rows(p, self.cache_len, self.state.usage);
-        encode_tiled(
-            &rows,
-            p,
-            self.n_heads,
-            self.cache_len,
-            self.m1,
-            &mut self.mask_buf,
-        );
-        inputs.push((g.mask.name.clone(), Buffer::U8(self.mask_buf.clone())));
-        let pos = self.state.window_pos.clone();
-        self.position_inputs(&g, &pos, &mut inputs)?;
-        dev.update_cache_offset(chunk.len() as i32)?;
-        dev.run(GroupKind::Prefill, &inputs)
-    }
-
-    fn run_tbt(&mut self, dev: &mut dyn Device, token: u32, mode: &MaskMode) -> Result<RunOutput> {
-        let inputs = self.tbt_inputs(token, mode)?;
-        dev.update_cache_offset(1)?;
-        dev.run(GroupKind::Tbt, &inputs)
-    }
-
-    /// Push `token` into the host window and build its tbt run's inputs under `mode`.
-    fn tbt_inputs(&mut self, token: u32, mode: &MaskMode) -> Result<Vec<(String, Buffer)>> {
-        let g = self
-            .tbt
-            .clone()
-            .ok_or_else(|| Error::Device("no tbt group".into()))?;
-        self.push_tokens(&[token]);
-        self.check_mask_frame(&g, 1)?;
-        let kv = self.cache_len;
-        let mut inputs = Vec::with_capacity(6);
-        inputs.push((
-            g.embeddings.name.clone(),
-            self.embeddings_rows(self.prefill_len - 1),
-        ));
-        match mode {
-            MaskMode::Custom(maps) => {
-                if !(maps.len() == 1 || maps.len() == self.n_heads)
-                    || maps.iter().any(|m| m.len() != kv)
-                {
-                    return Err(Error::InvalidArgument(format!(
-                        "custom mask needs 1 or {} bitmaps of {kv} columns",
-                        self.n_heads
-                    )));
-                }
-                encode_per_head(maps, self.n_heads, kv, self.m1, &mut self.mask_buf);
-            }
-            MaskMode::SingleKey(j) if *j + 1 >= kv => {
-                return Err(Error::InvalidArgument(format!(
-                    "single-key column {j} is not a read-window entry (0..{})",
-                    kv - 1
-                )));
-            }
-            _ => {
-                let row = tbt_row(mode, kv, self.state.usage).unwrap_or_default();
-                encode_tiled(&row, 1, self.n_heads, kv, self.m1, &mut self.mask_buf);
-            }
-        }
-        inputs.push((g.mask.name.clone(), Buffer::U8(self.mask_buf.clone())));
-        // contract §2.6: tbt uses the newest position pos[P−1]
-        let newest = [self.state.window_pos[self.prefill_len - 1]];
-        self.position_inputs(&g, &newest, &mut inputs)?;
-        Ok(inputs)
-    }
-
     /// Several independent trial steps from the current state, in one [`Device::run_batch`]:
     /// each trial is what [`Driver::trial_step`] would run after
     /// `set_host_state(host_state().with_position_offset(trial.position_shift))`, and the driver
@@ -653,36 +443,10 @@ impl Driver {
         for t in trials {
             self.check_ids(&[t.token])?;
         }
-        if self.runtime == RuntimeKind::Stateful {
+        if self.caps.stateful {
             return self.stateful_trial_batch(dev, trials);
         }
-        let start = self.state.clone();
-        if self.tbt.is_none() {
-            let mut outs = Vec::with_capacity(trials.len());
-            for t in trials {
-                self.state = start.clone().with_position_offset(t.position_shift);
-                let out = self.trial_step(dev, t.token, &t.mode);
-                self.state = start.clone();
-                outs.push(out?);
-            }
-            return Ok(outs);
-        }
-        let mut batch = Vec::with_capacity(trials.len());
-        for t in trials {
-            self.state = start.clone().with_position_offset(t.position_shift);
-            let inputs = self.tbt_inputs(t.token, &t.mode);
-            self.state = start.clone();
-            batch.push(inputs?);
-        }
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        dev.update_cache_offset(1)?;
-        let outs = dev.run_batch(GroupKind::Tbt, &batch);
-        // every trial advanced R by one and was stepped back: undo the one advance
-        dev.update_cache_offset(-1)?;
-        self.saved = None;
-        outs
+        self.ring_trial_batch(dev, trials)
     }
 
     /// [`Driver::trial_batch`] of one token under several masks (colmap's single keys, maskconv's

@@ -1,7 +1,7 @@
 //! Typed errors of the HailoRT backend. Device failures carry the HailoRT status name and point
 //! at `hailortcli logs`, where the firmware says more (prior-art F8).
 
-use crate::hef::HefError;
+use crate::hailo::hef::HefError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HailoError {

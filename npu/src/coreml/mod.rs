@@ -17,6 +17,7 @@
 //!   stateful driver never calls it.
 //! - Everything computes in fp16 (`graph`).
 
+mod describe;
 pub mod faults;
 mod graph;
 
@@ -25,16 +26,30 @@ use std::path::Path;
 use std::sync::Arc;
 
 use half::f16;
-use kvprobe_reference::Model;
-use kvprobe_schema::{
-    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupDescription,
-    GroupKind, InputRole, IoDescription, ModelShape, QuantInfo, RuntimeKind, SimManifest,
-};
+use kvprobe_reference::{Model, ModelConfig};
+use kvprobe_schema::{DeviceDescription, GroupKind, ModelIdentity, SimManifest};
 
 pub use faults::AneFault;
+
+/// The ANE emulator in the device table.
+pub const FAMILY: Family = Family {
+    name: "ane-sim",
+    flag: "--device ane-sim",
+    about: "a Core ML / Apple Neural Engine stateful KV cache, fp16",
+    capabilities: Capabilities {
+        ring_offset: false,
+        stateful: true,
+        taps: false,
+        read_cache: true,
+        write_cache: true,
+    },
+    faults: faults::TABLE,
+    implemented: true,
+};
 use graph::{Graph, LayerState, RunSpec};
 
-use crate::{Buffer, Device, Error, Result, RunOutput};
+use crate::contract::Family;
+use crate::{Buffer, Capabilities, Device, Error, Result, RunOutput};
 
 /// Input names of the converted model.
 pub const EMBEDDINGS: &str = "inputs_embeds";
@@ -79,73 +94,69 @@ pub struct AneDevice {
     manifest: SimManifest,
 }
 
-fn io(
-    name: &str,
-    role: Option<InputRole>,
-    shape: [usize; 3],
-    host: DType,
-    dev: DType,
-) -> IoDescription {
-    IoDescription {
-        name: name.into(),
-        role,
-        shape,
-        host_dtype: host,
-        device_dtype: dev,
-        quant: QuantInfo::IDENTITY,
+/// With `opts.manifest`: check it is an ane-sim manifest for these weights and take the
+/// context, query length and faults from it.
+fn apply_manifest(opts: &mut AneOptions, identity: &ModelIdentity) -> Result<()> {
+    let Some(path) = opts.manifest.clone() else {
+        return Ok(());
+    };
+    let m = crate::contract::manifest::read(&path)?;
+    if m.device != "ane-sim" {
+        return Err(Error::Manifest {
+            path,
+            detail: format!(
+                "written by the `{}` emulator, not ane-sim; use it with --sim, or write a new manifest with --device ane-sim",
+                m.device
+            ),
+        });
     }
+    crate::contract::manifest::check_model(&m, identity, &path)?;
+    opts.max_ctx = m.cache_len;
+    opts.max_query = m.prefill_len;
+    opts.faults = m.faults.clone();
+    Ok(())
+}
+
+fn check_options(opts: &AneOptions, cfg: &ModelConfig) -> Result<()> {
+    if opts.max_query == 0 || opts.max_ctx < 2 {
+        return Err(Error::BadOption {
+            flag: "--max-ctx/--max-query".into(),
+            detail: format!(
+                "max_ctx = {} and max_query = {} must be at least 2 and 1",
+                opts.max_ctx, opts.max_query
+            ),
+        });
+    }
+    if opts.max_query >= opts.max_ctx {
+        return Err(Error::BadOption {
+            flag: "--max-query".into(),
+            detail: format!(
+                "{} does not fit below the context (--max-ctx {}); use at most {}",
+                opts.max_query,
+                opts.max_ctx,
+                opts.max_ctx - 1
+            ),
+        });
+    }
+    if opts.max_ctx > cfg.max_position {
+        return Err(Error::BadOption {
+            flag: "--max-ctx".into(),
+            detail: format!(
+                "{} is beyond the model's context of {} positions; use at most {}",
+                opts.max_ctx, cfg.max_position, cfg.max_position
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl AneDevice {
     pub fn new(model: Arc<Model>, opts: AneOptions) -> Result<AneDevice> {
         let mut opts = opts;
-        let identity = crate::sim::manifest::model_identity(&model)?;
-        if let Some(path) = opts.manifest.clone() {
-            let m = crate::sim::manifest::read(&path)?;
-            if m.device != "ane-sim" {
-                return Err(Error::Manifest {
-                    path,
-                    detail: format!(
-                        "written by the `{}` emulator, not ane-sim; use it with --sim, or write a new manifest with --device ane-sim",
-                        m.device
-                    ),
-                });
-            }
-            crate::sim::manifest::check_model(&m, &identity, &path)?;
-            opts.max_ctx = m.cache_len;
-            opts.max_query = m.prefill_len;
-            opts.faults = m.faults.clone();
-        }
+        let identity = crate::contract::manifest::model_identity(&model)?;
+        apply_manifest(&mut opts, &identity)?;
         let cfg = model.config().clone();
-        if opts.max_query == 0 || opts.max_ctx < 2 {
-            return Err(Error::BadOption {
-                flag: "--max-ctx/--max-query".into(),
-                detail: format!(
-                    "max_ctx = {} and max_query = {} must be at least 2 and 1",
-                    opts.max_ctx, opts.max_query
-                ),
-            });
-        }
-        if opts.max_query >= opts.max_ctx {
-            return Err(Error::BadOption {
-                flag: "--max-query".into(),
-                detail: format!(
-                    "{} does not fit below the context (--max-ctx {}); use at most {}",
-                    opts.max_query,
-                    opts.max_ctx,
-                    opts.max_ctx - 1
-                ),
-            });
-        }
-        if opts.max_ctx > cfg.max_position {
-            return Err(Error::BadOption {
-                flag: "--max-ctx".into(),
-                detail: format!(
-                    "{} is beyond the model's context of {} positions; use at most {}",
-                    opts.max_ctx, cfg.max_position, cfg.max_position
-                ),
-            });
-        }
+        check_options(&opts, &cfg)?;
         let export = model.llama_export()?.ok_or_else(|| Error::BadOption {
             flag: "--device ane-sim".into(),
             detail: format!(
@@ -163,83 +174,8 @@ impl AneDevice {
         let name = opts
             .model_name
             .clone()
-            .unwrap_or_else(|| crate::sim::scope_name(model.source()));
-        let entry = cfg.n_kv_heads * cfg.head_dim * 2;
-        let edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
-            .flat_map(|l| {
-                [
-                    (2 * l as u32, CacheKind::K),
-                    (2 * l as u32 + 1, CacheKind::V),
-                ]
-                .map(|(id, kind)| CacheEdgeDescription {
-                    cache_id: id,
-                    direction: CacheDirection::Input,
-                    entry_size: entry,
-                    padded_entry_size: entry,
-                    length: ctx,
-                    data_bytes: 2,
-                    quant: QuantInfo::IDENTITY,
-                    format: Some("state [kv_heads, max_ctx, head_dim] fp16".into()),
-                    layer: Some(l),
-                    kind: Some(kind),
-                })
-            })
-            .collect();
-        let group = |kind: GroupKind, rows: usize| GroupDescription {
-            name: format!("{name}__q{rows}"),
-            kind,
-            rows,
-            inputs: vec![
-                io(
-                    EMBEDDINGS,
-                    Some(InputRole::Embeddings),
-                    [1, rows, cfg.hidden_size],
-                    DType::F32,
-                    DType::F16,
-                ),
-                io(
-                    POSITION_IDS,
-                    Some(InputRole::PositionIds),
-                    [1, 1, rows],
-                    DType::F32,
-                    DType::F32,
-                ),
-                io(
-                    CAUSAL_MASK,
-                    Some(InputRole::AttentionMask),
-                    [1, rows, ctx],
-                    DType::F16,
-                    DType::F16,
-                ),
-            ],
-            outputs: vec![io(
-                "logits",
-                None,
-                [1, 1, cfg.vocab_size],
-                DType::F32,
-                DType::F16,
-            )],
-            cache_edges: edges.clone(),
-            taps: Vec::new(),
-        };
-        let groups = vec![group(GroupKind::Prefill, qmax), group(GroupKind::Tbt, 1)];
-        let desc = DeviceDescription {
-            backend: "ane-emulator".into(),
-            runtime: RuntimeKind::Stateful,
-            model_name: name,
-            cache_len: ctx,
-            prefill_len: qmax,
-            shape: ModelShape {
-                vocab_size: cfg.vocab_size,
-                hidden_size: cfg.hidden_size,
-                n_layers: cfg.n_layers,
-                n_heads: cfg.n_heads,
-                n_kv_heads: cfg.n_kv_heads,
-                head_dim: cfg.head_dim,
-                rope_theta: None,
-            },
-            groups,
-        };
+            .unwrap_or_else(|| crate::contract::manifest::scope_name(model.source()));
+        let desc = describe::description(name, &cfg, ctx, qmax);
         let manifest = SimManifest {
             schema_version: kvprobe_schema::SCHEMA_VERSION,
             device: "ane-sim".into(),
@@ -273,7 +209,7 @@ impl AneDevice {
         &self.manifest
     }
     pub fn write_manifest(&self, path: &Path) -> Result<()> {
-        crate::sim::manifest::write(&self.manifest, path)
+        crate::contract::manifest::write(&self.manifest, path)
     }
     pub fn faults(&self) -> &[AneFault] {
         &self.faults
@@ -313,6 +249,10 @@ fn input<'a>(inputs: &'a [(String, Buffer)], name: &str) -> Result<&'a Buffer> {
 impl Device for AneDevice {
     fn describe(&self) -> &DeviceDescription {
         &self.desc
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        FAMILY.capabilities
     }
 
     fn run(&mut self, group: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput> {
@@ -468,11 +408,4 @@ impl Device for AneDevice {
     }
 }
 
-/// Additive fp16 mask value of an allowed / blocked column.
-pub fn mask_value(allowed: bool) -> u16 {
-    if allowed {
-        f16::ZERO.to_bits()
-    } else {
-        f16::NEG_INFINITY.to_bits()
-    }
-}
+pub use crate::mask::additive_fp16 as mask_value;

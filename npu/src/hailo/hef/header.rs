@@ -124,12 +124,38 @@ pub fn parse(file: &[u8]) -> Result<(ContainerHeader, HeaderChecks, &[u8])> {
         file_hash_ok: None,
         hash_string: String::new(),
     };
-    // A file shorter than its header declares is truncated (unreadable); a longer one is a lint.
-    let mut size_rule = |expected: u64, text: String| -> Result<()> {
+    let body = Body {
+        file,
+        residue,
+        proto,
+        hlen,
+    };
+    match version {
+        0 => verify_v0(&body, &mut header, &mut checks)?,
+        1 => verify_v1(&body, &mut header, &mut checks)?,
+        2 => verify_v2(&body, &mut header, &mut checks)?,
+        _ => verify_v3(&body, &mut header, &mut checks)?,
+    }
+    Ok((header, checks, proto))
+}
+
+/// The bytes after the fixed header fields, for the per-version size and hash rules.
+struct Body<'a> {
+    file: &'a [u8],
+    residue: &'a [u8],
+    proto: &'a [u8],
+    hlen: usize,
+}
+
+impl Body<'_> {
+    /// A file shorter than its header declares is truncated (unreadable); a longer one is a lint.
+    fn size_rule(&self, checks: &mut HeaderChecks, expected: u64, text: &str) -> Result<()> {
+        let residue_len = self.residue.len() as u64;
         if expected > residue_len {
             return Err(HefError::Truncated {
-                len: file.len(),
-                need: usize::try_from(expected.saturating_add(hlen as u64)).unwrap_or(usize::MAX),
+                len: self.file.len(),
+                need: usize::try_from(expected.saturating_add(self.hlen as u64))
+                    .unwrap_or(usize::MAX),
             });
         }
         if expected != residue_len {
@@ -139,96 +165,108 @@ pub fn parse(file: &[u8]) -> Result<(ContainerHeader, HeaderChecks, &[u8])> {
             ));
         }
         Ok(())
-    };
-    match version {
-        0 => {
-            let mut digest = [0u8; 16];
-            digest.copy_from_slice(&file[16..32]);
-            header.checksum = Checksum::Md5 { digest };
-            size_rule(proto_size, "proto_size".into())?;
-            let computed: [u8; 16] = Md5::digest(residue).into();
-            if computed != digest {
-                return Err(HefError::HashMismatch {
-                    what: "MD5 (v0)",
-                    expected: hex(&digest),
-                    computed: hex(&computed),
-                });
-            }
-            checks.hash_string = hex(&digest);
-        }
-        1 => {
-            let crc = be32(file, 12);
-            header.checksum = Checksum::Crc32 { value: crc };
-            header.ccws_size = be64(file, 16);
-            size_rule(
-                proto_size.saturating_add(header.ccws_size),
-                "proto_size + ccws_size".into(),
-            )?;
-            let computed = crc32fast::hash(residue);
-            if computed != crc {
-                return Err(HefError::HashMismatch {
-                    what: "CRC-32 (v1)",
-                    expected: format!("{crc:08x}"),
-                    computed: format!("{computed:08x}"),
-                });
-            }
-            checks.hash_string = hex(&crc.to_le_bytes());
-        }
-        2 => {
-            let x = be64(file, 12);
-            header.checksum = Checksum::Xxh3 { value: x };
-            header.ccws_size = be64(file, 20);
-            size_rule(
-                proto_size.saturating_add(header.ccws_size),
-                "proto_size + ccws_size".into(),
-            )?;
-            let computed = xxhash_rust::xxh3::xxh3_64(residue);
-            if computed != x {
-                return Err(HefError::HashMismatch {
-                    what: "XXH3-64 (v2)",
-                    expected: format!("{x:016x}"),
-                    computed: format!("{computed:016x}"),
-                });
-            }
-            checks.hash_string = hex(&x.to_le_bytes());
-        }
-        _ => {
-            let x = be64(file, 12);
-            header.checksum = Checksum::Xxh3 { value: x };
-            header.ccws_size = be64(file, 20);
-            header.padding_size = be32(file, 28);
-            header.additional_info_size = be64(file, 32);
-            header.proto_xxh3 = be64(file, 40);
-            size_rule(
-                proto_size
-                    .saturating_add(header.ccws_size)
-                    .saturating_add(header.additional_info_size),
-                "proto_size + ccws_size_with_padding + additional_info_size".into(),
-            )?;
-            checks.padding_ok = header.ccws_size >= u64::from(header.padding_size);
-            let whole = xxhash_rust::xxh3::xxh3_64(residue);
-            if header.proto_xxh3 != 0 {
-                // HailoRT verifies only the proto here and trusts the whole-file value (§5.1).
-                let computed = xxhash_rust::xxh3::xxh3_64(proto);
-                if computed != header.proto_xxh3 {
-                    return Err(HefError::HashMismatch {
-                        what: "proto XXH3-64 (v3)",
-                        expected: format!("{:016x}", header.proto_xxh3),
-                        computed: format!("{computed:016x}"),
-                    });
-                }
-                checks.file_hash_ok = Some(whole == x);
-            } else if whole != x {
-                return Err(HefError::HashMismatch {
-                    what: "XXH3-64 (v3)",
-                    expected: format!("{x:016x}"),
-                    computed: format!("{whole:016x}"),
-                });
-            }
-            checks.hash_string = hex(&x.to_le_bytes());
-        }
     }
-    Ok((header, checks, proto))
+}
+
+fn verify_v0(b: &Body, header: &mut ContainerHeader, checks: &mut HeaderChecks) -> Result<()> {
+    let proto_size = header.proto_size;
+    let mut digest = [0u8; 16];
+    digest.copy_from_slice(&b.file[16..32]);
+    header.checksum = Checksum::Md5 { digest };
+    b.size_rule(checks, proto_size, "proto_size")?;
+    let computed: [u8; 16] = Md5::digest(b.residue).into();
+    if computed != digest {
+        return Err(HefError::HashMismatch {
+            what: "MD5 (v0)",
+            expected: hex(&digest),
+            computed: hex(&computed),
+        });
+    }
+    checks.hash_string = hex(&digest);
+    Ok(())
+}
+
+fn verify_v1(b: &Body, header: &mut ContainerHeader, checks: &mut HeaderChecks) -> Result<()> {
+    let proto_size = header.proto_size;
+    let crc = be32(b.file, 12);
+    header.checksum = Checksum::Crc32 { value: crc };
+    header.ccws_size = be64(b.file, 16);
+    b.size_rule(
+        checks,
+        proto_size.saturating_add(header.ccws_size),
+        "proto_size + ccws_size",
+    )?;
+    let computed = crc32fast::hash(b.residue);
+    if computed != crc {
+        return Err(HefError::HashMismatch {
+            what: "CRC-32 (v1)",
+            expected: format!("{crc:08x}"),
+            computed: format!("{computed:08x}"),
+        });
+    }
+    checks.hash_string = hex(&crc.to_le_bytes());
+    Ok(())
+}
+
+fn verify_v2(b: &Body, header: &mut ContainerHeader, checks: &mut HeaderChecks) -> Result<()> {
+    let proto_size = header.proto_size;
+    let x = be64(b.file, 12);
+    header.checksum = Checksum::Xxh3 { value: x };
+    header.ccws_size = be64(b.file, 20);
+    b.size_rule(
+        checks,
+        proto_size.saturating_add(header.ccws_size),
+        "proto_size + ccws_size",
+    )?;
+    let computed = xxhash_rust::xxh3::xxh3_64(b.residue);
+    if computed != x {
+        return Err(HefError::HashMismatch {
+            what: "XXH3-64 (v2)",
+            expected: format!("{x:016x}"),
+            computed: format!("{computed:016x}"),
+        });
+    }
+    checks.hash_string = hex(&x.to_le_bytes());
+    Ok(())
+}
+
+fn verify_v3(b: &Body, header: &mut ContainerHeader, checks: &mut HeaderChecks) -> Result<()> {
+    let proto_size = header.proto_size;
+    let x = be64(b.file, 12);
+    header.checksum = Checksum::Xxh3 { value: x };
+    header.ccws_size = be64(b.file, 20);
+    header.padding_size = be32(b.file, 28);
+    header.additional_info_size = be64(b.file, 32);
+    header.proto_xxh3 = be64(b.file, 40);
+    b.size_rule(
+        checks,
+        proto_size
+            .saturating_add(header.ccws_size)
+            .saturating_add(header.additional_info_size),
+        "proto_size + ccws_size_with_padding + additional_info_size",
+    )?;
+    checks.padding_ok = header.ccws_size >= u64::from(header.padding_size);
+    let whole = xxhash_rust::xxh3::xxh3_64(b.residue);
+    if header.proto_xxh3 != 0 {
+        // HailoRT verifies only the proto here and trusts the whole-file value (§5.1).
+        let computed = xxhash_rust::xxh3::xxh3_64(b.proto);
+        if computed != header.proto_xxh3 {
+            return Err(HefError::HashMismatch {
+                what: "proto XXH3-64 (v3)",
+                expected: format!("{:016x}", header.proto_xxh3),
+                computed: format!("{computed:016x}"),
+            });
+        }
+        checks.file_hash_ok = Some(whole == x);
+    } else if whole != x {
+        return Err(HefError::HashMismatch {
+            what: "XXH3-64 (v3)",
+            expected: format!("{x:016x}"),
+            computed: format!("{whole:016x}"),
+        });
+    }
+    checks.hash_string = hex(&x.to_le_bytes());
+    Ok(())
 }
 
 impl ContainerHeader {

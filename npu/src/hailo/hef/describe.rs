@@ -222,44 +222,7 @@ pub fn to_sim_manifest(hef: &Hef, model: ModelIdentity) -> Result<SimManifest> {
             });
         }
     }
-    let mut layouts = Vec::new();
-    let mut widths = std::collections::BTreeSet::new();
-    for gd in [desc.group(GroupKind::Prefill), desc.group(GroupKind::Tbt)]
-        .into_iter()
-        .flatten()
-    {
-        let Some(g) = hef.group(&gd.name) else {
-            continue;
-        };
-        for &id in &ids {
-            for dir in [
-                kvprobe_schema::CacheDirection::Input,
-                kvprobe_schema::CacheDirection::Output,
-            ] {
-                let Some(e) = g
-                    .cache_edges
-                    .iter()
-                    .find(|e| e.cache_id == id as i32 && e.direction == dir)
-                else {
-                    continue;
-                };
-                widths.insert(e.data_bytes);
-                if let Some(layout) = formats::declared_layout(e.format_code, e.padded_shape[1]) {
-                    let direction = if dir == kvprobe_schema::CacheDirection::Input {
-                        "input"
-                    } else {
-                        "output"
-                    };
-                    layouts.push(EdgeLayout {
-                        group: gd.kind,
-                        cache_id: id,
-                        direction: direction.into(),
-                        layout,
-                    });
-                }
-            }
-        }
-    }
+    let (layouts, widths) = declared_layouts(hef, &desc, &ids);
     let cache_quant = match widths.iter().copied().max() {
         Some(2) => "uint16",
         Some(_) => "uint8",
@@ -300,4 +263,52 @@ pub fn to_sim_manifest(hef: &Hef, model: ModelIdentity) -> Result<SimManifest> {
         quant,
         faults: Vec::new(),
     })
+}
+
+/// The layouts the cache edges of both groups declare (by format code), and the element widths
+/// they use.
+fn declared_layouts(
+    hef: &Hef,
+    desc: &DeviceDescription,
+    ids: &std::collections::BTreeSet<u32>,
+) -> (Vec<EdgeLayout>, std::collections::BTreeSet<u32>) {
+    let mut layouts = Vec::new();
+    let mut widths = std::collections::BTreeSet::new();
+    for gd in [desc.group(GroupKind::Prefill), desc.group(GroupKind::Tbt)]
+        .into_iter()
+        .flatten()
+    {
+        let Some(g) = hef.group(&gd.name) else {
+            continue;
+        };
+        for &id in ids {
+            for dir in [
+                kvprobe_schema::CacheDirection::Input,
+                kvprobe_schema::CacheDirection::Output,
+            ] {
+                let Some(e) = g
+                    .cache_edges
+                    .iter()
+                    .find(|e| e.cache_id == id as i32 && e.direction == dir)
+                else {
+                    continue;
+                };
+                widths.insert(e.data_bytes);
+                if let Some(layout) = formats::declared_layout(e.format_code, e.padded_shape[1]) {
+                    let direction = if dir == kvprobe_schema::CacheDirection::Input {
+                        "input"
+                    } else {
+                        "output"
+                    };
+                    layouts.push(EdgeLayout {
+                        group: gd.kind,
+                        cache_id: id,
+                        direction: direction.into(),
+                        layout,
+                    });
+                }
+            }
+        }
+    }
+    (layouts, widths)
 }

@@ -3,7 +3,7 @@
 //! inputs and outputs, both groups configured before the first run, 15 s run timeout.
 
 use super::error::{HailoError, Result};
-use crate::hef::{self, Hef};
+use crate::hailo::hef::{self, Hef};
 use crate::{Buffer, Device, RunOutput};
 use kvprobe_schema::{DeviceDescription, GroupKind, InputRole};
 use std::collections::BTreeMap;
@@ -85,7 +85,7 @@ pub use with_shim::HailoDevice;
 #[cfg(kvprobe_hailort_shim)]
 mod with_shim {
     use super::*;
-    use crate::hailo::ffi;
+    use crate::hailo::hw::ffi;
     use std::ffi::{CStr, CString};
 
     fn check(op: &str, status: i32) -> Result<()> {
@@ -185,11 +185,11 @@ mod with_shim {
         /// sits at offset 0 after the other is wired, contract §1.4).
         pub fn open(hef_path: &Path) -> Result<HailoDevice> {
             let (_hef, desc) = describe_hef(hef_path)?;
-            let (major, minor, rev) = crate::hailo::sys::library_version()?;
-            if major != crate::hailo::SUPPORTED_MAJOR {
+            let (major, minor, rev) = crate::hailo::hw::sys::library_version()?;
+            if major != crate::hailo::hw::SUPPORTED_MAJOR {
                 return Err(HailoError::UnsupportedVersion {
                     found: format!("{major}.{minor}.{rev}"),
-                    supported: crate::hailo::SUPPORTED_MAJOR,
+                    supported: crate::hailo::hw::SUPPORTED_MAJOR,
                 });
             }
             let hef_c = cstr(&hef_path.to_string_lossy())?;

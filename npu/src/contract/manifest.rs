@@ -1,4 +1,5 @@
-//! The sim manifest: written with every run, accepted back (`--sim-manifest FILE`) to reproduce it.
+//! Device manifests: written with every emulator run, accepted back (`--sim-manifest FILE`) to
+//! reproduce it; shared by every family (each writes its own `device` name).
 
 use std::io::Read;
 use std::path::Path;
@@ -115,4 +116,21 @@ pub fn check_model(m: &SimManifest, id: &ModelIdentity, path: &Path) -> Result<(
         });
     }
     Ok(())
+}
+
+/// Group prefix from a model path: the file stem, lower case, `[a-z0-9_]` only.
+pub fn scope_name(path: &Path) -> String {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    let s: String = stem
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if s.is_empty() || s.chars().all(|c| c == '_') {
+        "model".into()
+    } else {
+        s
+    }
 }

@@ -114,79 +114,8 @@ pub fn pair(hef: &Hef, model: &Model) -> Vec<Lint> {
             );
         }
     }
-    // Head dim and theta (RoPE models).
-    match (&facts.theta, model.rope_inv_freq()) {
-        (Some(theta), Some(inv)) => {
-            if theta.len() != cfg.head_dim {
-                push(
-                    &mut out,
-                    "pair-head-dim",
-                    format!(
-                        "rope_theta_data.bin has D = {} values, model head_dim {}",
-                        theta.len(),
-                        cfg.head_dim
-                    ),
-                    "write head_dim theta values",
-                );
-            } else if let Some(msg) = theta_mismatch(theta, &inv, cfg.rope_theta) {
-                push(
-                    &mut out,
-                    "pair-rope-theta",
-                    msg,
-                    "regenerate rope_theta_data.bin from the model's rope_theta",
-                );
-            }
-        }
-        (Some(_), None) => push(
-            &mut out,
-            "pair-rope-theta",
-            "the HEF carries RoPE theta but the model uses learned positions".into(),
-            "pass the model this HEF was compiled from",
-        ),
-        _ => {}
-    }
-    // Layers and entry size.
-    if let Some(g) = prefill {
-        let ids: std::collections::BTreeSet<i32> =
-            g.cache_edges.iter().map(|e| e.cache_id).collect();
-        if !ids.is_empty() && ids.len() != 2 * cfg.n_layers {
-            push(
-                &mut out,
-                "pair-layers",
-                format!(
-                    "HEF has {} caches, model has {} layers (expects 2 per layer)",
-                    ids.len(),
-                    cfg.n_layers
-                ),
-                "compile the HEF from this model",
-            );
-        }
-        if let Some(e) = g.cache_edges.first() {
-            let bytes = e.data_bytes.max(1) as usize;
-            let un = cfg.n_kv_heads * cfg.head_dim * bytes;
-            let ex = cfg.n_heads * cfg.head_dim * bytes;
-            if e.entry_size != un && e.entry_size != ex {
-                push(&mut out, "pair-layers", format!("cache entry size {} matches neither NKV·hd·bytes = {un} nor NH·hd·bytes = {ex}", e.entry_size), "compile the HEF from this model");
-            }
-        }
-        let l = g
-            .cache_edges
-            .iter()
-            .filter(|e| e.cache_id == g.cache_edges[0].cache_id)
-            .map(|e| e.length)
-            .sum::<usize>();
-        if !g.cache_edges.is_empty() && cfg.max_position > 0 && l > cfg.max_position {
-            push(
-                &mut out,
-                "pair-context",
-                format!(
-                    "cache length {l} exceeds the model's {} positions",
-                    cfg.max_position
-                ),
-                "compile with a cache no longer than the model's context",
-            );
-        }
-    }
+    rope(&facts, model, &mut out);
+    caches(&facts, cfg, &mut out);
     tokenizer_checks(hef, model, &mut out);
     embedding_checks(hef, &facts, model, &mut out);
     out
@@ -355,5 +284,86 @@ fn embedding_checks(hef: &Hef, facts: &Facts, model: &Model, out: &mut Vec<Lint>
             format!("embeddings.bin vs model table: mean cosine {mean:.4} over {counted} rows (worst {cos_min:.4} at row {worst_row}), dequantised with scale {} zero point {}", q.scale, q.zero_point),
             "embed this model's table, quantised with the embeddings input's scale and zero point",
         );
+    }
+}
+
+/// Head dim and theta (RoPE models).
+fn rope(facts: &Facts, model: &Model, out: &mut Vec<Lint>) {
+    let cfg = model.config();
+    match (&facts.theta, model.rope_inv_freq()) {
+        (Some(theta), Some(inv)) => {
+            if theta.len() != cfg.head_dim {
+                push(
+                    out,
+                    "pair-head-dim",
+                    format!(
+                        "rope_theta_data.bin has D = {} values, model head_dim {}",
+                        theta.len(),
+                        cfg.head_dim
+                    ),
+                    "write head_dim theta values",
+                );
+            } else if let Some(msg) = theta_mismatch(theta, &inv, cfg.rope_theta) {
+                push(
+                    out,
+                    "pair-rope-theta",
+                    msg,
+                    "regenerate rope_theta_data.bin from the model's rope_theta",
+                );
+            }
+        }
+        (Some(_), None) => push(
+            out,
+            "pair-rope-theta",
+            "the HEF carries RoPE theta but the model uses learned positions".into(),
+            "pass the model this HEF was compiled from",
+        ),
+        _ => {}
+    }
+}
+
+/// Layers, entry size and context of the prefill group's caches.
+fn caches(facts: &Facts, cfg: &kvprobe_reference::ModelConfig, out: &mut Vec<Lint>) {
+    let prefill = facts.prefill;
+    if let Some(g) = prefill {
+        let ids: std::collections::BTreeSet<i32> =
+            g.cache_edges.iter().map(|e| e.cache_id).collect();
+        if !ids.is_empty() && ids.len() != 2 * cfg.n_layers {
+            push(
+                out,
+                "pair-layers",
+                format!(
+                    "HEF has {} caches, model has {} layers (expects 2 per layer)",
+                    ids.len(),
+                    cfg.n_layers
+                ),
+                "compile the HEF from this model",
+            );
+        }
+        if let Some(e) = g.cache_edges.first() {
+            let bytes = e.data_bytes.max(1) as usize;
+            let un = cfg.n_kv_heads * cfg.head_dim * bytes;
+            let ex = cfg.n_heads * cfg.head_dim * bytes;
+            if e.entry_size != un && e.entry_size != ex {
+                push(out, "pair-layers", format!("cache entry size {} matches neither NKV·hd·bytes = {un} nor NH·hd·bytes = {ex}", e.entry_size), "compile the HEF from this model");
+            }
+        }
+        let l = g
+            .cache_edges
+            .iter()
+            .filter(|e| e.cache_id == g.cache_edges[0].cache_id)
+            .map(|e| e.length)
+            .sum::<usize>();
+        if !g.cache_edges.is_empty() && cfg.max_position > 0 && l > cfg.max_position {
+            push(
+                out,
+                "pair-context",
+                format!(
+                    "cache length {l} exceeds the model's {} positions",
+                    cfg.max_position
+                ),
+                "compile with a cache no longer than the model's context",
+            );
+        }
     }
 }

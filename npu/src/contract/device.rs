@@ -17,8 +17,44 @@ pub struct RunOutput {
     pub taps: BTreeMap<u32, Vec<f32>>,
 }
 
+/// What a device can do, asked before calling the optional parts of [`Device`]: a caller never
+/// branches on which family it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The KV cache is a ring with a host-moved read offset: [`Device::init_cache`] takes any
+    /// offset below `L`, [`Device::update_cache_offset`] moves it, prompts of `L` tokens or more
+    /// are refused and generation wraps (HailoRT genai, contract §1.6).
+    pub ring_offset: bool,
+    /// The KV cache is per-layer state written in-graph at absolute positions: `init_cache(0)`
+    /// starts a request, there is no offset to move, and the context ends at `cache_len` (no
+    /// wrap). The host sends an additive fp16 mask and position ids (Core ML / ANE).
+    pub stateful: bool,
+    /// [`RunOutput::taps`] can carry what the graph read from each cache.
+    pub taps: bool,
+    /// [`Device::cache_buffers`] returns the raw cache bytes.
+    pub read_cache: bool,
+    /// [`Device::write_cache_buffer`] replaces them.
+    pub write_cache: bool,
+}
+
+impl Capabilities {
+    /// A HailoRT genai ring device without taps (what a device that says nothing is).
+    pub const GENAI_RING: Capabilities = Capabilities {
+        ring_offset: true,
+        stateful: false,
+        taps: false,
+        read_cache: true,
+        write_cache: true,
+    };
+}
+
 pub trait Device {
     fn describe(&self) -> &DeviceDescription;
+
+    /// What this device can do; the default is a genai ring device without taps.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::GENAI_RING
+    }
 
     /// One run of a group with named host buffers (the server's formats, contract §2.1). Does not
     /// move the read offset: the caller updates it before (contract §2.3).
@@ -38,7 +74,8 @@ pub trait Device {
     /// `init_cache(read_offset)`: requires `read_offset < L` (contract §1.6).
     fn init_cache(&mut self, read_offset: u32) -> Result<()>;
 
-    /// `update_cache_offset(delta)`: `R ← (R + delta as u32) mod L` (contract §1.6).
+    /// `update_cache_offset(delta)`: `R ← (R + delta as u32) mod L` (contract §1.6). Only called
+    /// on a device with [`Capabilities::ring_offset`].
     fn update_cache_offset(&mut self, delta: i32) -> Result<()>;
 
     /// `get_cache_buffers()`: `L × Ep` bytes per cache_id (contract §1.8).

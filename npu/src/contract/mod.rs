@@ -1,0 +1,15 @@
+//! The device contract every family implements: the [`Device`] trait with its [`Capabilities`],
+//! what a family declares for the device table, the manifest a run records, and the fault
+//! grammar every family's fault table is parsed with.
+//! The contract imports no family.
+
+pub mod device;
+pub mod family;
+pub mod faults;
+pub mod manifest;
+
+pub use device::{Capabilities, Device, RunOutput};
+pub use family::Family;
+pub use faults::{
+    Expected, FaultDecl, FaultTable, FaultText, Scope, ScopeKind, SweepValue, Values,
+};
