@@ -10,16 +10,13 @@ const MAX_FILE_LINES: usize = 600;
 const MAX_FN_LINES: usize = 120;
 
 /// `(path or path::fn, why)`: what is allowed past a limit, and why.
-const EXCEPTIONS: &[(&str, &str)] = &[
-    ("src/cli/inspect.rs::print_text", TODO),
-];
+const EXCEPTIONS: &[(&str, &str)] = &[("src/cli/inspect.rs::print_text", TODO)];
 
 /// Not a reason: what is still to split (issue 17). None may remain when the issue closes.
 const TODO: &str = "issue 17: still to split";
 
 /// Import circles still to cut (issue 17), as the test prints them.
-const CIRCLES_TODO: &[&str] = &[
-];
+const CIRCLES_TODO: &[&str] = &[];
 
 /// The library and CLI source roots: `(crate, src folder)`.
 const CRATES: &[(&str, &str)] = &[

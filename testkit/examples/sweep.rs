@@ -5,7 +5,7 @@
 //!
 //! `cargo run --release -p kvprobe-testkit --example sweep -- [--seed N] [--fixture-faulty N] [--fixture-healthy N]
 //!  [--smollm2-faulty N] [--smollm2-healthy N] [--jobs N] [--bin PATH] [--out FILE] [--list]
-//!  [--family NAME]…` (`--family`, repeatable: draw faults of these `sweep::FAMILIES` only)
+//!  [--family NAME]…` (`--family`, repeatable: draw faults of these `sweep::families()` only)
 
 use std::path::{Path, PathBuf};
 
@@ -23,7 +23,7 @@ struct Args {
     out: Option<PathBuf>,
     /// Print the cases' commands instead of running them.
     list: bool,
-    /// Fault families to draw (all of `sweep::FAMILIES` when empty).
+    /// Fault families to draw (all of `sweep::families()` when empty).
     families: Vec<String>,
 }
 
@@ -67,10 +67,10 @@ fn parse() -> anyhow::Result<Args> {
             "--jobs" => a.jobs = num()?,
             "--bin" => a.bin = PathBuf::from(&val),
             "--out" => a.out = Some(PathBuf::from(&val)),
-            "--family" if sweep::FAMILIES.contains(&val.as_str()) => a.families.push(val),
+            "--family" if sweep::families().contains(&val) => a.families.push(val),
             "--family" => bail!(
                 "--family {val}: unknown; one of {}",
-                sweep::FAMILIES.join(", ")
+                sweep::families().join(", ")
             ),
             _ => bail!("unknown flag {flag}; see the header of examples/sweep.rs"),
         }
@@ -100,8 +100,9 @@ fn main() -> anyhow::Result<()> {
         ModelSpec::load("llama-fixture", &llama, None, 128, 32)?,
         ModelSpec::load("gpt2-fixture", &gpt2, None, 64, 32)?,
     ];
+    let all = sweep::families();
     let families: Vec<&str> = if a.families.is_empty() {
-        sweep::FAMILIES.to_vec()
+        all.iter().map(String::as_str).collect()
     } else {
         a.families.iter().map(String::as_str).collect()
     };

@@ -182,6 +182,9 @@ pub enum SweepValue {
     EntryFraction,
     /// The RoPE convention the graph does not use (rope models only).
     OtherRopeConvention,
+    /// Not drawn by the randomised sweep (yet): its verdict is verified only where its own
+    /// end-to-end test runs it.
+    NotSampled,
 }
 
 /// One row of a family's fault table.

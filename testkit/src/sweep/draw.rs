@@ -1,45 +1,49 @@
 //! Drawing faults, scopes, values, geometries and prompts for the cases.
 
+use kvprobe_npu::contract::faults::{FaultDecl, FaultTable, ScopeKind, SweepValue};
+
 use super::case::{Case, ModelSpec};
 use super::rng::Rng;
 
-/// Expected verdict per fault: the README table. Graph faults the user scopes to one group are
-/// expected at that group's stage (`softmax=…@tbt` → `tbt-graph`; `@prefill` or both →
-/// `prefill-graph`, the earliest stage).
+/// The emulator's fault table, which the sweep draws from and judges against.
+fn table() -> &'static FaultTable {
+    &kvprobe_npu::hailo::sim::FAMILY.faults
+}
+
+/// Expected verdict per fault, from the emulator's fault table (the README table is generated
+/// from the same rows): graph faults a user scopes to one group are expected at that group's
+/// stage (`softmax=…@tbt` → `tbt-graph`; `@prefill` or both → `prefill-graph`).
 pub fn expected(fault: &str) -> &'static str {
-    let (body, scope) = fault.split_once('@').unwrap_or((fault, ""));
-    let name = body.split('=').next().unwrap_or(body);
-    let groups: Vec<&str> = scope
-        .split(',')
-        .filter(|s| *s == "prefill" || *s == "tbt")
-        .collect();
-    let prefill_in = |default_prefill: bool| {
-        if groups.is_empty() {
-            default_prefill
-        } else {
-            groups.contains(&"prefill")
-        }
-    };
-    match name {
-        "tbt-read-layout" | "prefill-write-layout" => "cache-layout-mismatch",
-        "mask" => "mask-convention",
-        "offset" => "cache-offset",
-        "tbt-cache-scale" => "cache-quantization",
-        "tbt-position" => "position-mismatch",
-        "kv-swap" => "kv-binding",
-        "gqa-repeat" | "softmax" => {
-            // gqa-repeat defaults to tbt only, softmax to both groups
-            if prefill_in(name == "softmax") {
-                "prefill-graph"
-            } else {
-                "tbt-graph"
-            }
-        }
-        "tbt-attn-scale" => "tbt-graph",
-        "prefill-attn-scale" => "prefill-graph",
-        "truncate-entry" => "cache-truncation",
-        "rope-theta" => "position-mismatch",
-        _ => "unknown",
+    table().expected(fault).map_or("unknown", |v| v.name())
+}
+
+/// The sweep's fault families in table order: a fault name, or `name=value` where the table
+/// declares one name once per value (`mask=left-valid`, `mask=repeat`). Rows marked
+/// `SweepValue::NotSampled` are left out.
+pub fn families() -> Vec<String> {
+    table()
+        .faults
+        .iter()
+        .filter(|d| d.sweep != SweepValue::NotSampled)
+        .map(|d| family_label(d.name, fixed_value(d)))
+        .collect()
+}
+
+fn fixed_value(d: &FaultDecl) -> Option<&'static str> {
+    match d.sweep {
+        SweepValue::Fixed(v) => Some(v),
+        _ => None,
+    }
+}
+
+fn declared_once(name: &str) -> bool {
+    table().faults.iter().filter(|d| d.name == name).count() == 1
+}
+
+fn family_label(name: &str, value: Option<&str>) -> String {
+    match value {
+        Some(v) if !declared_once(name) => format!("{name}={v}"),
+        _ => name.to_string(),
     }
 }
 
@@ -154,89 +158,49 @@ fn group_scope(rng: &mut Rng) -> Vec<String> {
     }
 }
 
-/// The fault names of the README table; the sweep spreads cases evenly over them.
-pub const FAMILIES: &[&str] = &[
-    "tbt-read-layout",
-    "prefill-write-layout",
-    "mask=left-valid",
-    "mask=repeat",
-    "offset",
-    "tbt-cache-scale",
-    "tbt-position",
-    "kv-swap",
-    "gqa-repeat",
-    "tbt-attn-scale",
-    "prefill-attn-scale",
-    "softmax",
-    "truncate-entry",
-    "rope-theta",
-];
-
-/// One fault of `family` with random value and scope; `None` when the model cannot take it (the
-/// emulator would refuse it as a no-op, e.g. block GQA order without grouped heads).
-/// Returns the fault text and whether it needs a multi-chunk prompt.
+/// One fault of `family` with random value and scope, drawn as its table row says; `None` when
+/// the model cannot take it (the emulator would refuse it as a no-op, e.g. block GQA order
+/// without grouped heads). Returns the fault text and whether it needs a multi-chunk prompt.
 fn draw_fault(rng: &mut Rng, family: &str, m: &ModelSpec) -> Option<(String, bool)> {
-    let layouts = ["feature-major", "f8cr"];
-    Some(match family {
-        "tbt-read-layout" | "prefill-write-layout" => {
-            let lay = if m.entry_bytes.is_multiple_of(8) {
-                *rng.pick(&layouts)
+    let decl = table().faults.iter().find(|d| {
+        d.sweep != SweepValue::NotSampled && family_label(d.name, fixed_value(d)) == family
+    })?;
+    if decl.name == "gqa-repeat" && (m.n_kv_heads == m.n_heads || m.n_kv_heads == 1) {
+        // the block order equals the HF order without grouped heads
+        return None;
+    }
+    let value = draw_value(rng, decl.sweep, m)?;
+    let scope = draw_scope(rng, decl.scopes, m);
+    // a prefill-only mask convention needs cached columns inside prefill: two chunks at least
+    let multi = decl.name == "mask" && scope == ["prefill"];
+    let value = value.map_or(String::new(), |v| format!("={v}"));
+    Some((format!("{}{value}{}", decl.name, scope_text(scope)), multi))
+}
+
+/// The value part (`None` inside: the fault takes none); `None`: the model cannot take it.
+fn draw_value(rng: &mut Rng, sweep: SweepValue, m: &ModelSpec) -> Option<Option<String>> {
+    Some(Some(match sweep {
+        SweepValue::None | SweepValue::NotSampled => return Some(None),
+        SweepValue::Fixed(v) => v.to_string(),
+        SweepValue::OneOf(values) => {
+            // f8cr groups 8 bytes: only where an entry is a whole number of groups
+            let fits: Vec<&str> = values
+                .iter()
+                .copied()
+                .filter(|v| *v != "f8cr" || m.entry_bytes.is_multiple_of(8))
+                .collect();
+            if fits.len() > 1 {
+                rng.pick(&fits).to_string()
             } else {
-                "feature-major"
-            };
-            (
-                format!("{family}={lay}{}", scope_text(kv_layer_scope(rng, m))),
-                false,
-            )
-        }
-        "mask=left-valid" | "mask=repeat" => {
-            let g = group_scope(rng);
-            // left-valid defaults to tbt; a prefill-only mask fault needs cached columns in prefill
-            let prefill_only = g == ["prefill"];
-            (format!("{family}{}", scope_text(g)), prefill_only)
-        }
-        "offset" => ("offset=after-run".into(), false),
-        "tbt-cache-scale" => (
-            format!(
-                "tbt-cache-scale={}{}",
-                draw_scale(rng),
-                scope_text(kv_layer_scope(rng, m))
-            ),
-            false,
-        ),
-        "tbt-position" => {
-            let n = rng.range(1, 4) as i64 * if rng.coin(0.5) { 1 } else { -1 };
-            (format!("tbt-position={n:+}"), false)
-        }
-        "kv-swap" => {
-            let parts = if rng.coin(0.5) {
-                draw_layers(rng, m.n_layers)
-                    .into_iter()
-                    .map(|l| format!("layer={l}"))
-                    .collect()
-            } else {
-                vec![]
-            };
-            (format!("kv-swap{}", scope_text(parts)), false)
-        }
-        "gqa-repeat" => {
-            if m.n_kv_heads == m.n_heads || m.n_kv_heads == 1 {
-                return None;
+                fits.first()?.to_string()
             }
-            (
-                format!("gqa-repeat=block{}", scope_text(group_scope(rng))),
-                false,
-            )
         }
-        "tbt-attn-scale" | "prefill-attn-scale" => (format!("{family}={}", draw_scale(rng)), false),
-        "softmax" => (
-            format!(
-                "softmax=shared-across-heads{}",
-                scope_text(group_scope(rng))
-            ),
-            false,
-        ),
-        "truncate-entry" => {
+        SweepValue::Factor => draw_scale(rng),
+        SweepValue::SmallSigned => {
+            let n = rng.range(1, 4) as i64 * if rng.coin(0.5) { 1 } else { -1 };
+            format!("{n:+}")
+        }
+        SweepValue::EntryFraction => {
             let e = m.entry_bytes;
             let n = match rng.range(0, 3) {
                 0 => e / 2,
@@ -244,33 +208,60 @@ fn draw_fault(rng: &mut Rng, family: &str, m: &ModelSpec) -> Option<(String, boo
                 2 => 3 * e / 4,
                 _ => rng.range(1, e - 1),
             };
+            n.to_string()
+        }
+        SweepValue::OtherRopeConvention => {
+            if !m.rope {
+                return None;
+            }
+            // the sweep runs the emulator's default graph: the table ships in the other
+            // convention (the same one is a no-op the emulator refuses)
+            kvprobe_npu::sim::SimOptions::default()
+                .rope_theta
+                .other()
+                .name()
+                .to_string()
+        }
+    }))
+}
+
+/// The scope parts for the scopes a fault accepts.
+fn draw_scope(rng: &mut Rng, scopes: &[ScopeKind], m: &ModelSpec) -> Vec<String> {
+    use ScopeKind::{Group, Kv, Layer};
+    match scopes {
+        [Kv, Layer] => kv_layer_scope(rng, m),
+        [Group] => group_scope(rng),
+        [Layer] => {
+            if rng.coin(0.5) {
+                draw_layers(rng, m.n_layers)
+                    .into_iter()
+                    .map(|l| format!("layer={l}"))
+                    .collect()
+            } else {
+                vec![]
+            }
+        }
+        [Group, Kv, Layer] => {
             let mut parts = kv_layer_scope(rng, m);
             match rng.range(0, 3) {
                 0 => parts.insert(0, "prefill".into()),
                 1 => parts.insert(0, "tbt".into()),
                 _ => {}
             }
-            (format!("truncate-entry={n}{}", scope_text(parts)), false)
+            parts
         }
-        "rope-theta" => {
-            if !m.rope {
-                return None;
-            }
-            // the sweep runs the emulator's default graph: the table ships in the other
-            // convention (the same one is a no-op the emulator refuses)
-            let graph = kvprobe_npu::sim::SimOptions::default().rope_theta;
-            (format!("rope-theta={}", graph.other().name()), false)
-        }
-        _ => return None,
-    })
+        _ => vec![],
+    }
 }
 
 /// `faulty` fault cases spread round-robin over the families and models, then `healthy` cases.
 pub fn generate(seed: u64, models: &[ModelSpec], faulty: usize, healthy: usize) -> Vec<Case> {
-    generate_families(seed, models, FAMILIES, faulty, healthy)
+    let families = families();
+    let names: Vec<&str> = families.iter().map(String::as_str).collect();
+    generate_families(seed, models, &names, faulty, healthy)
 }
 
-/// [`generate`] over some of the [`FAMILIES`] only (the sweep's `--family`). Stops early when
+/// [`generate`] over some of the [`families`] only (the sweep's `--family`). Stops early when
 /// no model can take any of them (e.g. `rope-theta` on learned positions only).
 pub fn generate_families(
     seed: u64,
@@ -315,10 +306,10 @@ fn make_case(rng: &mut Rng, m: &ModelSpec, fault: Option<String>, multi: bool, i
     let (expect, family) = match &fault {
         Some(f) => {
             let name = f.split(['=', '@']).next().unwrap_or(f);
-            let family = if name == "mask" {
-                f.split('@').next().unwrap_or(f).to_string()
-            } else {
+            let family = if declared_once(name) {
                 name.to_string()
+            } else {
+                f.split('@').next().unwrap_or(f).to_string()
             };
             (expected(f), family)
         }

@@ -11,7 +11,7 @@ mod run;
 mod summary;
 
 pub use case::{Case, ModelSpec, TEXTS};
-pub use draw::{expected, generate, generate_families, FAMILIES};
+pub use draw::{expected, families, generate, generate_families};
 pub use rng::Rng;
 pub use run::{known_limit, run_all, run_case, Outcome};
 pub use summary::{report, Summary};

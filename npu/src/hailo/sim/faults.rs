@@ -112,7 +112,8 @@ pub const TABLE: FaultTable = FaultTable {
             default_groups: &[],
             bug_class: "the prefill positional input is N positions off (the K it caches is rotated for the wrong positions; an off-by-N prefill position counter or BOS handling)",
             expected: Expected::Always(Verdict::PositionMismatch),
-            sweep: SweepValue::SmallSigned,
+            // verified on RoPE models (tests/fault_table_cli.rs); GPT-2's learned positions not yet
+            sweep: SweepValue::NotSampled,
         },
         FaultDecl {
             name: "kv-swap",
