@@ -13,6 +13,22 @@ const FAULTS: [(&str, &str); 6] = [
     ("ane-stale-state", "stale-cache"),
 ];
 
+#[test]
+fn the_matrix_is_the_coreml_fault_table() {
+    let table = &kvprobe_npu::coreml::FAMILY.faults;
+    for (fault, want) in FAULTS.iter().filter(|(f, _)| !f.is_empty()) {
+        let declared = table.expected(fault).map(|v| v.name());
+        assert_eq!(declared.ok(), Some(*want), "{fault}");
+    }
+    for d in table.faults {
+        assert!(
+            FAULTS.iter().any(|(f, _)| *f == d.name),
+            "{} is declared but not in the matrix",
+            d.name
+        );
+    }
+}
+
 /// `COMMAND --device ane-sim --model MODEL REST…`
 fn ane<'a>(command: &'a str, model: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec![command, "--device", "ane-sim", "--model", model];

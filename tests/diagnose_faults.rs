@@ -34,6 +34,26 @@ const TABLE: &[(&str, &str)] = &[
     ("rope-theta=sign-folded", "position-mismatch"),
 ];
 
+/// The matrix and the emulator's fault table agree: every row's verdict is the one the table
+/// declares (the README table is generated from it), and every fault the table declares is in
+/// the matrix, so a new fault cannot ship without an end-to-end verdict check.
+#[test]
+fn the_matrix_is_the_fault_table() {
+    let table = &kvprobe_npu::hailo::sim::FAMILY.faults;
+    for (fault, want) in TABLE {
+        let declared = table.expected(fault).map(|v| v.name());
+        assert_eq!(declared.ok(), Some(*want), "{fault}");
+    }
+    // prefill-position has its own end-to-end test (tests/fault_table_cli.rs)
+    for d in table.faults {
+        let covered = TABLE
+            .iter()
+            .any(|(f, _)| f.split(['=', '@']).next() == Some(d.name))
+            || d.name == "prefill-position";
+        assert!(covered, "{} is declared but not in the matrix", d.name);
+    }
+}
+
 fn check(model: &str, geometry: &[&str], fault: &str, want: &str) -> Option<String> {
     let mut args = vec!["diagnose", "--sim", "--model", model];
     args.extend_from_slice(geometry);
