@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Args;
-use kvprobe_npu::hef::{self, describe, lint::Severity, pairing, Hef, Lint};
+use kvprobe_npu::hef::{self, describe, pairing, Hef, Lint};
 use kvprobe_reference::Model;
 use kvprobe_schema::ModelIdentity;
 
@@ -41,11 +41,15 @@ pub struct Outcome {
 
 impl Outcome {
     pub fn errors(&self) -> usize {
-        self.lints
-            .iter()
-            .chain(&self.pairing)
-            .filter(|l| l.severity == Severity::Error)
-            .count()
+        self.inspection().errors()
+    }
+    fn inspection(&self) -> hef::summary::Inspection<'_> {
+        hef::summary::Inspection {
+            hef: &self.hef,
+            lints: &self.lints,
+            pairing: &self.pairing,
+            extracted: &self.extracted,
+        }
     }
 }
 
@@ -147,125 +151,8 @@ fn print_json(o: &Outcome) -> anyhow::Result<()> {
 }
 
 fn print_text(o: &Outcome) -> anyhow::Result<()> {
-    let h = &o.hef;
+    let text = hef::summary::text(&o.inspection());
     let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "HEF v{} ({} bytes), proto {} bytes, arch {}, SDK {}, hash {}",
-        h.header.version,
-        h.file_len,
-        h.header.proto_size,
-        h.hw_arch_name,
-        h.sdk_version,
-        h.header_checks.hash_string
-    )?;
-    writeln!(
-        out,
-        "extensions {:?} (optional {:?})",
-        h.extensions, h.optional_extensions
-    )?;
-    for g in &h.groups {
-        writeln!(
-            out,
-            "\ngroup {} [{}; core op {}; {} contexts; {} path]",
-            g.name,
-            g.index,
-            g.core_op_name,
-            g.contexts,
-            if g.net_flow { "net-flow" } else { "legacy" }
-        )?;
-        for (dir, layers) in [("in ", &g.inputs), ("out", &g.outputs)] {
-            for l in layers.iter() {
-                writeln!(
-                    out,
-                    "  {dir} {:<40} shape {:?} padded {:?} {} {}B  scale {} zp {}{}",
-                    l.name,
-                    l.shape,
-                    l.padded_shape,
-                    l.format_name.unwrap_or("invalid format"),
-                    l.data_bytes,
-                    l.quant.scale,
-                    l.quant.zero_point,
-                    if l.per_feature_quant {
-                        " (per-feature)"
-                    } else {
-                        ""
-                    }
-                )?;
-            }
-        }
-        for e in &g.cache_edges {
-            writeln!(
-                out,
-                "  cache {:>3} {:<6} {:<34} E {} Ep {} len {} {} {}B  scale {} zp {}",
-                e.cache_id,
-                format!("{:?}", e.direction).to_lowercase(),
-                e.name,
-                e.entry_size,
-                e.padded_entry_size,
-                e.length,
-                e.format_name.unwrap_or("invalid format"),
-                e.data_bytes,
-                e.quant.scale,
-                e.quant.zero_point
-            )?;
-        }
-        writeln!(
-            out,
-            "  sorted outputs ({}): {:?}",
-            g.sorted_output_source, g.sorted_output_names
-        )?;
-    }
-    writeln!(out)?;
-    for r in &h.resources {
-        let status = match (r.range, r.hash_ok) {
-            (None, _) => "OUT OF RANGE",
-            (_, Some(false)) => "HASH MISMATCH",
-            (_, Some(true)) => "hash ok",
-            (_, None) => "no hash",
-        };
-        writeln!(
-            out,
-            "resource {:<22} {:>10} bytes at +{} ({status})",
-            r.name, r.size, r.offset
-        )?;
-    }
-    for p in &o.extracted {
-        writeln!(out, "extracted {}", p.display())?;
-    }
-    if let Ok(d) = describe::to_device_description(h) {
-        writeln!(
-            out,
-            "\ndevice: model {} L {} P {} vocab {} hidden {} layers {} heads {}/{} head_dim {}",
-            d.model_name,
-            d.cache_len,
-            d.prefill_len,
-            d.shape.vocab_size,
-            d.shape.hidden_size,
-            d.shape.n_layers,
-            d.shape.n_heads,
-            d.shape.n_kv_heads,
-            d.shape.head_dim
-        )?;
-    }
-    writeln!(out)?;
-    for (title, lints) in [("lint", &o.lints), ("pairing", &o.pairing)] {
-        for l in lints.iter() {
-            let sev = match l.severity {
-                Severity::Error => "error",
-                Severity::Warning => "warning",
-            };
-            writeln!(out, "{sev}[{}] {} ({})", l.id, l.message, l.refs.join(", "))?;
-            writeln!(out, "    fix: {}", l.fix)?;
-        }
-        let _ = title;
-    }
-    let warnings = o
-        .lints
-        .iter()
-        .chain(&o.pairing)
-        .filter(|l| l.severity == Severity::Warning)
-        .count();
-    writeln!(out, "{} error(s), {warnings} warning(s)", o.errors())?;
+    out.write_all(text.as_bytes())?;
     Ok(())
 }

@@ -13,6 +13,7 @@ pub mod model;
 pub mod pairing;
 pub mod proto;
 pub mod roles;
+pub mod summary;
 pub mod wire;
 
 pub use error::{HefError, Result};
