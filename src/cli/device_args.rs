@@ -153,21 +153,13 @@ impl Backend {
         }
     }
 
-    /// The emulator, when that is what runs.
-    pub fn sim(&self) -> Option<&SimDevice> {
-        match self {
-            Backend::Sim(s) => Some(s),
-            Backend::Ane(_) => None,
-            #[cfg(feature = "hailo")]
-            Backend::Hailo(_) => None,
-        }
-    }
-
     /// The emulator's manifest (what reproduces the run); a real device has none.
     pub fn sim_manifest(&self) -> Option<&SimManifest> {
         match self {
+            Backend::Sim(s) => Some(s.manifest()),
             Backend::Ane(a) => Some(a.manifest()),
-            _ => self.sim().map(SimDevice::manifest),
+            #[cfg(feature = "hailo")]
+            Backend::Hailo(_) => None,
         }
     }
 

@@ -14,9 +14,9 @@ use std::time::Instant;
 use kvprobe_npu::sim::manifest::model_identity;
 use kvprobe_probes::{ProbeOptions, Session};
 use kvprobe_reports::NamedArray;
-use kvprobe_schema::{ProbeFindings, Provenance, Results, Timing, Verdict, SCHEMA_VERSION};
+use kvprobe_schema::{ProbeFindings, Provenance, Results, RunOutcome, Timing, SCHEMA_VERSION};
 
-use super::common::{usage, EXIT_FAULT_FOUND};
+use super::common::usage;
 use super::device_args::{npu_error, probe_error, Backend, DeviceArgs, PromptTokenizer};
 pub use args::ProbeCommand;
 use bar::Bar;
@@ -68,7 +68,15 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     };
     bar.finish();
     let (verdict, confidence, evidence, also, warnings, probes, probe_timings, stage) =
-        outcome.map_err(probe_error)?;
+        match outcome.map_err(probe_error)? {
+            Ran::Diagnosis(d) => {
+                let (v, c) = (Some(d.verdict), Some(d.confidence));
+                (
+                    v, c, d.evidence, d.also, d.warnings, d.probes, d.timings, d.stage,
+                )
+            }
+            Ran::Probe(p, t) => (None, None, vec![], vec![], vec![], p, vec![t], None),
+        };
     timings.extend(probe_timings);
     timings.push(Timing {
         what: "probes total".into(),
@@ -149,26 +157,21 @@ fn print_and_exit(results: &Results, json: bool) -> anyhow::Result<()> {
     }
     stdout.flush()?;
     drop(stdout);
-    let fault = matches!(results.verdict, Some(v) if v != Verdict::Healthy);
-    if fault {
-        // exit code 1 = a fault diagnosed (or unknown); everything is written and flushed
-        std::process::exit(EXIT_FAULT_FOUND as i32);
+    let outcome = RunOutcome::of_verdict(results.verdict);
+    if outcome != RunOutcome::Done {
+        // a fault diagnosed (or unknown); everything is written and flushed
+        std::process::exit(outcome.exit_code().into());
     }
     Ok(())
 }
 
-type Outcome = (
-    Option<Verdict>,
-    Option<f64>,
-    Vec<String>,
-    Vec<Verdict>,
-    Vec<String>,
-    ProbeFindings,
-    Vec<Timing>,
-    Option<kvprobe_schema::Stage>,
-);
+/// What one command measured: a diagnosis, or one probe's findings and its time.
+enum Ran {
+    Diagnosis(kvprobe_probes::Diagnosis),
+    Probe(ProbeFindings, Timing),
+}
 
-fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Outcome> {
+fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran> {
     use kvprobe_probes::{diagnose, diagnose_stateful, DiagnoseOptions, Error};
     let name = cmd.name();
     let args = &cmd.args;
@@ -191,34 +194,15 @@ fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Outc
             all_probes: args.all_probes,
             ..DiagnoseOptions::default()
         };
-        let d = diagnose(s, &opts)?;
-        return Ok((
-            Some(d.verdict),
-            Some(d.confidence),
-            d.evidence,
-            d.also,
-            d.warnings,
-            d.probes,
-            d.timings,
-            d.stage,
-        ));
+        return Ok(Ran::Diagnosis(diagnose(s, &opts)?));
     };
     let mut p = ProbeFindings::default();
     probe.run(s, &ProbeOptions { steps }, &mut p)?;
-    let timings = vec![Timing {
+    let time = Timing {
         what: name.to_string(),
         seconds: t.elapsed().as_secs_f64(),
-    }];
-    Ok((
-        None,
-        None,
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        p,
-        timings,
-        None,
-    ))
+    };
+    Ok(Ran::Probe(p, time))
 }
 
 /// Hex SHA-256 of a file (the HEF in the provenance).
@@ -250,12 +234,9 @@ fn write_out(
     backend: &Backend,
 ) -> anyhow::Result<()> {
     kvprobe_reports::write_run_folder(out, force, results, arrays, |tmp| -> anyhow::Result<()> {
-        let manifest = tmp.join("sim-manifest.json");
-        if let Some(sim) = backend.sim() {
-            sim.write_manifest(&manifest).map_err(npu_error)?;
-        }
-        if let Backend::Ane(ane) = backend {
-            ane.write_manifest(&manifest).map_err(npu_error)?;
+        if let Some(m) = backend.sim_manifest() {
+            kvprobe_npu::contract::manifest::write(m, &tmp.join("sim-manifest.json"))
+                .map_err(npu_error)?;
         }
         Ok(())
     })
