@@ -212,6 +212,9 @@ pub enum RuntimeKind {
     /// Core ML / ANE style: K/V states `[kv_heads, max_ctx, head_dim]` fp16 updated in-graph at
     /// absolute positions, explicit additive fp16 mask `[1,1,q,max_ctx]`, no wrap.
     Stateful,
+    /// ONNX Runtime GenAI style: the host owns the cache as `past_key_values.*` inputs and
+    /// `present.*` outputs of one graph (no ring offset, no in-graph state).
+    HostCache,
 }
 
 impl RuntimeKind {
@@ -219,6 +222,7 @@ impl RuntimeKind {
         match self {
             RuntimeKind::GenaiRing => "genai-ring",
             RuntimeKind::Stateful => "stateful",
+            RuntimeKind::HostCache => "host-cache",
         }
     }
 }

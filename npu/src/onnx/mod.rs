@@ -35,8 +35,7 @@ impl OnnxDevice {
         OnnxDevice {
             desc: DeviceDescription {
                 backend: FAMILY.name.into(),
-                // not serialised as anything new: the closest existing kind
-                runtime: RuntimeKind::Stateful,
+                runtime: RuntimeKind::HostCache,
                 model_name: model_name.into(),
                 cache_len: max_ctx,
                 prefill_len: max_ctx.saturating_sub(1),
