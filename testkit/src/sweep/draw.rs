@@ -2,6 +2,8 @@
 
 use kvprobe_npu::contract::faults::{FaultDecl, FaultTable, ScopeKind, SweepValue};
 
+use kvprobe_schema::Geometry;
+
 use super::case::{Case, ModelSpec};
 use super::rng::Rng;
 
@@ -47,17 +49,10 @@ fn family_label(name: &str, value: Option<&str>) -> String {
     }
 }
 
-/// Prompt length, prefill length, cache length and steps for one case.
-struct Geo {
-    l: usize,
-    p: usize,
-    n: usize,
-    steps: usize,
-}
-
 /// Draws a geometry; `multi_chunk` forces at least two prefill chunks (faults that act only on
 /// cache reads inside prefill are no-ops on a single chunk).
-fn draw_geometry(rng: &mut Rng, m: &ModelSpec, multi_chunk: bool) -> Geo {
+/// Returns the ring geometry and the number of steps.
+fn draw_geometry(rng: &mut Rng, m: &ModelSpec, multi_chunk: bool) -> (Geometry, usize) {
     loop {
         let l = rng.range(24, m.max_cache_len.min(m.max_position / 2).max(24));
         let p = rng.range(4, 32.min(l - 2));
@@ -95,7 +90,12 @@ fn draw_geometry(rng: &mut Rng, m: &ModelSpec, multi_chunk: bool) -> Geo {
             }
             rng.range(4, room)
         };
-        return Geo { l, p, n, steps };
+        let g = Geometry {
+            cache_len: l,
+            prefill_len: p,
+            prompt_len: n,
+        };
+        return (g, steps);
     }
 }
 
@@ -294,13 +294,13 @@ pub fn generate_families(
 }
 
 fn make_case(rng: &mut Rng, m: &ModelSpec, fault: Option<String>, multi: bool, id: usize) -> Case {
-    let g = draw_geometry(rng, m, multi);
+    let (g, steps) = draw_geometry(rng, m, multi);
     let prompt = rng.pick(&m.prompts);
-    let start = rng.range(0, prompt.len().saturating_sub(g.n));
+    let start = rng.range(0, prompt.len().saturating_sub(g.prompt_len));
     let ids: Vec<u32> = prompt[start..]
         .iter()
         .chain(prompt.iter().cycle())
-        .take(g.n)
+        .take(g.prompt_len)
         .copied()
         .collect();
     let (expect, family) = match &fault {
@@ -319,10 +319,10 @@ fn make_case(rng: &mut Rng, m: &ModelSpec, fault: Option<String>, multi: bool, i
         id,
         model: m.label.clone(),
         model_path: m.path.clone(),
-        cache_len: g.l,
-        prefill_len: g.p,
+        cache_len: g.cache_len,
+        prefill_len: g.prefill_len,
         ids,
-        steps: g.steps,
+        steps,
         fault,
         expect,
         family,
