@@ -138,16 +138,24 @@ fn truncated_real_gguf() {
     assert_input_error(&r, "truncated", &out);
 }
 
-/// A GGUF v3 header: `kv` string metadata and `tensors` (name, ggml type id) of shape [32].
-fn gguf_header(kv: &[(&str, &str)], tensors: &[(&str, u32)]) -> Vec<u8> {
-    let put = |b: &mut Vec<u8>, s: &str| {
-        b.extend((s.len() as u64).to_le_bytes());
-        b.extend(s.as_bytes());
-    };
+/// GGUF v3 magic, version and the two counts.
+fn gguf_preamble(n_tensors: usize, n_kv: usize) -> Vec<u8> {
     let mut b = b"GGUF".to_vec();
     b.extend(3u32.to_le_bytes());
-    b.extend((tensors.len() as u64).to_le_bytes());
-    b.extend((kv.len() as u64).to_le_bytes());
+    b.extend((n_tensors as u64).to_le_bytes());
+    b.extend((n_kv as u64).to_le_bytes());
+    b
+}
+
+/// A GGUF string: u64 length, then the bytes.
+fn put(b: &mut Vec<u8>, s: &str) {
+    b.extend((s.len() as u64).to_le_bytes());
+    b.extend(s.as_bytes());
+}
+
+/// A GGUF v3 header: `kv` string metadata and `tensors` (name, ggml type id) of shape [32].
+fn gguf_header(kv: &[(&str, &str)], tensors: &[(&str, u32)]) -> Vec<u8> {
+    let mut b = gguf_preamble(tensors.len(), kv.len());
     for (k, v) in kv {
         put(&mut b, k);
         b.extend(8u32.to_le_bytes());
@@ -443,4 +451,107 @@ fn written_files_follow_the_umask_like_any_other_tool() {
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o644, "{mode:o}");
+}
+
+enum Kv<'a> {
+    Str(&'a str),
+    U32(u32),
+    F32(f32),
+}
+
+/// A GGUF v3 file of llama metadata (plus `extra`, which overrides) and F32 tensors given as
+/// (name, ggml dims), their data zeros.
+fn llama_gguf(extra: &[(&str, Kv)], tensors: &[(&str, &[u64])]) -> Vec<u8> {
+    let base = [
+        ("general.architecture", Kv::Str("llama")),
+        ("llama.block_count", Kv::U32(1)),
+        ("llama.context_length", Kv::U32(64)),
+        ("llama.embedding_length", Kv::U32(32)),
+        ("llama.feed_forward_length", Kv::U32(64)),
+        ("llama.attention.head_count", Kv::U32(2)),
+        ("llama.attention.layer_norm_rms_epsilon", Kv::F32(1e-5)),
+    ];
+    let kv: Vec<&(&str, Kv)> = base
+        .iter()
+        .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+        .chain(extra)
+        .collect();
+    let mut b = gguf_preamble(tensors.len(), kv.len());
+    for (k, v) in kv {
+        put(&mut b, k);
+        match v {
+            Kv::Str(s) => {
+                b.extend(8u32.to_le_bytes());
+                put(&mut b, s);
+            }
+            Kv::U32(x) => b.extend(4u32.to_le_bytes().into_iter().chain(x.to_le_bytes())),
+            Kv::F32(x) => b.extend(6u32.to_le_bytes().into_iter().chain(x.to_le_bytes())),
+        }
+    }
+    let mut offset = 0u64;
+    for (name, dims) in tensors {
+        put(&mut b, name);
+        b.extend((dims.len() as u32).to_le_bytes());
+        for d in *dims {
+            b.extend(d.to_le_bytes());
+        }
+        b.extend(0u32.to_le_bytes());
+        b.extend(offset.to_le_bytes());
+        offset += (dims.iter().product::<u64>() * 4).div_ceil(32) * 32;
+    }
+    b.resize(b.len().div_ceil(32) * 32 + offset as usize, 0);
+    b
+}
+
+/// `kvprobe ref logits` on `bytes` saved as `name`, under a 1 GB address-space limit.
+fn ref_logits_limited(name: &str, bytes: &[u8]) -> (Run, tempfile::TempDir) {
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join(name);
+    std::fs::write(&m, bytes).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1000000 && exec \"$0\" ref logits --model \"$1\" --ids 1,2 --out \"$2\"")
+        .arg(env!("CARGO_BIN_EXE_kvprobe"))
+        .arg(&m)
+        .arg(d.path().join("o.npy"))
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("run kvprobe");
+    let run = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    (run, d)
+}
+
+#[test]
+fn hostile_gguf_headers_are_refused_in_one_line() {
+    // issue 19: alignment 0 and a dimensionless embedding panicked; a sub-kilobyte header
+    // claiming ten million layers used 13 GB before refusing (aborts under the 1 GB limit)
+    let embd: &[(&str, &[u64])] = &[("token_embd.weight", &[32, 10])];
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        (
+            "align0.gguf",
+            llama_gguf(&[("general.alignment", Kv::U32(0))], embd),
+            "general.alignment",
+        ),
+        (
+            "nodims.gguf",
+            llama_gguf(&[], &[("token_embd.weight", &[])]),
+            "token_embd.weight",
+        ),
+        (
+            "layers.gguf",
+            llama_gguf(&[("llama.block_count", Kv::U32(10_000_000))], embd),
+            "is missing",
+        ),
+    ];
+    for (name, bytes, needle) in cases {
+        assert!(bytes.len() < 4096, "{name} is {} bytes", bytes.len());
+        let (r, d) = ref_logits_limited(name, &bytes);
+        assert!(r.stdout.is_empty(), "{name}: {}", r.stdout);
+        assert_input_error(&r, needle, &d.path().join("o.npy"));
+        assert!(r.stderr.contains(name), "{name}: {}", r.stderr);
+    }
 }

@@ -66,6 +66,13 @@ fn read_header(reader: &mut BufReader<File>, path: &Path) -> Result<Content> {
             detail: "not a GGUF file (no `GGUF` magic); pass a .gguf file or a Hugging Face model folder".into(),
         });
     }
+    // candle divides by the alignment without checking it (a panic); refuse it first
+    if crate::gguf_scan::zero_alignment(path) {
+        return Err(Error::Format {
+            path: path.to_path_buf(),
+            detail: "GGUF metadata `general.alignment` is 0 (it must be a power of two, 32 when absent); remove the key or convert the model again".into(),
+        });
+    }
     reader.seek(SeekFrom::Start(0)).map_err(|e| Error::Io {
         path: path.to_path_buf(),
         source: e,
@@ -94,12 +101,13 @@ fn header_error(e: candle_core::Error, path: &Path) -> Error {
         .strip_prefix("unknown dtype for tensor ")
         .and_then(|s| s.trim().parse::<u32>().ok())
     {
-        let tensor = header_scan::tensor_with_type(path, type_id).unwrap_or_else(|| "?".into());
+        let tensor =
+            crate::gguf_scan::tensor_with_type(path, type_id).unwrap_or_else(|| "?".into());
         return Error::Unsupported {
             path: path.to_path_buf(),
             what: format!(
                 "tensor `{tensor}` has ggml type {} ; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K; re-quantise the model to one of these (or F16)",
-                header_scan::type_name(type_id)
+                crate::gguf_scan::type_name(type_id)
             ),
         };
     }
@@ -160,8 +168,22 @@ fn config_from_meta(meta: &Meta<'_>, content: &Content) -> Result<ModelConfig> {
         });
     }
     // The embedding table is the authority on the vocabulary (llama.vocab_size is optional).
-    let vocab_size = match content.tensor_infos.get("token_embd.weight") {
-        Some(info) => info.shape.dims()[0],
+    let vocab_size = match content
+        .tensor_infos
+        .get("token_embd.weight")
+        .map(|i| i.shape.dims())
+    {
+        Some(&[vocab, _]) => vocab,
+        Some(dims) => {
+            return Err(Error::BadTensor {
+                path: path.to_path_buf(),
+                name: "token_embd.weight".into(),
+                detail: format!(
+                    "has {} dimensions where a matrix [vocab, hidden] is expected",
+                    dims.len()
+                ),
+            })
+        }
         None => {
             return Err(Error::MissingTensor {
                 path: path.to_path_buf(),
@@ -240,7 +262,11 @@ pub fn hf_name(gguf: &str) -> Option<String> {
 /// The inverse therefore reads the file rows as `[heads, hd/2, 2]` and swaps them back.
 pub fn unpermute_rows(t: &Tensor, n_heads: usize) -> candle_core::Result<Tensor> {
     let dims = t.dims().to_vec();
-    let rows = dims[0];
+    let Some(&rows) = dims.first() else {
+        return Err(candle_core::Error::Msg(
+            "has no dimensions where q/k rows are expected".into(),
+        ));
+    };
     let hd = rows / n_heads;
     let rest: Vec<usize> = dims[1..].to_vec();
     let mut split = vec![n_heads, hd / 2, 2];
@@ -323,63 +349,71 @@ fn bad_tensor(path: &Path, name: &str, e: &candle_core::Error) -> Error {
 }
 
 /// Every tensor the forward needs must be present with the shape the metadata implies.
+///
+/// Checked one layer at a time: a header claiming millions of layers fails at its first missing
+/// one instead of listing them all first (gigabytes from a sub-kilobyte file).
 fn check_complete(w: &Weights, c: &ModelConfig, path: &Path) -> Result<()> {
-    let (h, hd, f) = (c.hidden_size, c.head_dim, c.intermediate_size);
-    let mut want: Vec<(String, Vec<usize>)> = vec![
-        ("model.embed_tokens.weight".into(), vec![c.vocab_size, h]),
-        ("model.norm.weight".into(), vec![h]),
-    ];
+    let h = c.hidden_size;
+    let check = |name: String, shape: Vec<usize>| -> Result<()> {
+        match w.get(&name) {
+            None => Err(Error::MissingTensor {
+                path: path.to_path_buf(),
+                name: gguf_name_of(&name),
+            }),
+            Some(t) if t.dims() != shape.as_slice() => Err(Error::BadTensor {
+                path: path.to_path_buf(),
+                name: gguf_name_of(&name),
+                detail: format!("has shape {:?}, the metadata implies {shape:?}", t.dims()),
+            }),
+            Some(_) => Ok(()),
+        }
+    };
+    check("model.embed_tokens.weight".into(), vec![c.vocab_size, h])?;
+    check("model.norm.weight".into(), vec![h])?;
     if !c.tie_embeddings {
-        want.push(("lm_head.weight".into(), vec![c.vocab_size, h]));
+        check("lm_head.weight".into(), vec![c.vocab_size, h])?;
     }
     for l in 0..c.n_layers {
-        let p = format!("model.layers.{l}.");
-        want.push((
-            format!("{p}self_attn.q_proj.weight"),
-            vec![c.n_heads * hd, h],
-        ));
-        want.push((
-            format!("{p}self_attn.k_proj.weight"),
-            vec![c.n_kv_heads * hd, h],
-        ));
-        want.push((
-            format!("{p}self_attn.v_proj.weight"),
-            vec![c.n_kv_heads * hd, h],
-        ));
-        want.push((
-            format!("{p}self_attn.o_proj.weight"),
-            vec![h, c.n_heads * hd],
-        ));
-        want.push((format!("{p}mlp.gate_proj.weight"), vec![f, h]));
-        want.push((format!("{p}mlp.up_proj.weight"), vec![f, h]));
-        want.push((format!("{p}mlp.down_proj.weight"), vec![h, f]));
-        want.push((format!("{p}input_layernorm.weight"), vec![h]));
-        want.push((format!("{p}post_attention_layernorm.weight"), vec![h]));
-        if c.qkv_bias {
-            want.push((format!("{p}self_attn.q_proj.bias"), vec![c.n_heads * hd]));
-            want.push((format!("{p}self_attn.k_proj.bias"), vec![c.n_kv_heads * hd]));
-            want.push((format!("{p}self_attn.v_proj.bias"), vec![c.n_kv_heads * hd]));
-        }
-    }
-    for (name, shape) in want {
-        match w.get(&name) {
-            None => {
-                return Err(Error::MissingTensor {
-                    path: path.to_path_buf(),
-                    name: gguf_name_of(&name),
-                })
-            }
-            Some(t) if t.dims() != shape.as_slice() => {
-                return Err(Error::BadTensor {
-                    path: path.to_path_buf(),
-                    name: gguf_name_of(&name),
-                    detail: format!("has shape {:?}, the metadata implies {shape:?}", t.dims()),
-                })
-            }
-            Some(_) => {}
+        for (name, shape) in layer_shapes(c, l) {
+            check(name, shape)?;
         }
     }
     Ok(())
+}
+
+/// (HF name, shape) of the tensors of layer `l`.
+fn layer_shapes(c: &ModelConfig, l: usize) -> Vec<(String, Vec<usize>)> {
+    let (h, hd, f) = (c.hidden_size, c.head_dim, c.intermediate_size);
+    let p = format!("model.layers.{l}.");
+    let mut want = vec![
+        (
+            format!("{p}self_attn.q_proj.weight"),
+            vec![c.n_heads * hd, h],
+        ),
+        (
+            format!("{p}self_attn.k_proj.weight"),
+            vec![c.n_kv_heads * hd, h],
+        ),
+        (
+            format!("{p}self_attn.v_proj.weight"),
+            vec![c.n_kv_heads * hd, h],
+        ),
+        (
+            format!("{p}self_attn.o_proj.weight"),
+            vec![h, c.n_heads * hd],
+        ),
+        (format!("{p}mlp.gate_proj.weight"), vec![f, h]),
+        (format!("{p}mlp.up_proj.weight"), vec![f, h]),
+        (format!("{p}mlp.down_proj.weight"), vec![h, f]),
+        (format!("{p}input_layernorm.weight"), vec![h]),
+        (format!("{p}post_attention_layernorm.weight"), vec![h]),
+    ];
+    if c.qkv_bias {
+        want.push((format!("{p}self_attn.q_proj.bias"), vec![c.n_heads * hd]));
+        want.push((format!("{p}self_attn.k_proj.bias"), vec![c.n_kv_heads * hd]));
+        want.push((format!("{p}self_attn.v_proj.bias"), vec![c.n_kv_heads * hd]));
+    }
+    want
 }
 
 /// For error messages: the name the user would see in GGUF tooling.
@@ -410,110 +444,4 @@ fn gguf_name_of(hf: &str) -> String {
         s = s.replacen(h, g, 1);
     }
     s
-}
-
-/// A minimal walk over the GGUF header, used only to name the tensor behind candle's
-/// "unknown dtype" error (candle stops before telling which tensor it was).
-mod header_scan {
-    use super::*;
-
-    pub fn type_name(id: u32) -> String {
-        let name = match id {
-            16 => "IQ2_XXS",
-            17 => "IQ2_XS",
-            18 => "IQ3_XXS",
-            19 => "IQ1_S",
-            20 => "IQ4_NL",
-            21 => "IQ3_S",
-            22 => "IQ2_S",
-            23 => "IQ4_XS",
-            24 => "I8",
-            25 => "I16",
-            26 => "I32",
-            27 => "I64",
-            28 => "F64",
-            29 => "IQ1_M",
-            34 => "TQ1_0",
-            35 => "TQ2_0",
-            _ => return format!("id {id}"),
-        };
-        format!("{name} (id {id})")
-    }
-
-    pub fn tensor_with_type(path: &Path, type_id: u32) -> Option<String> {
-        let mut r = BufReader::new(File::open(path).ok()?);
-        let mut s = Scan { r: &mut r };
-        if s.u32()? != u32::from_le_bytes(*b"GGUF") || s.u32()? < 2 {
-            return None;
-        }
-        let n_tensors = s.u64()?;
-        let n_kv = s.u64()?;
-        for _ in 0..n_kv {
-            s.string()?;
-            let t = s.u32()?;
-            s.skip_value(t, 0)?;
-        }
-        for _ in 0..n_tensors {
-            let name = s.string()?;
-            let nd = s.u32()?;
-            for _ in 0..nd {
-                s.u64()?;
-            }
-            let t = s.u32()?;
-            s.u64()?;
-            if t == type_id {
-                return Some(name);
-            }
-        }
-        None
-    }
-
-    struct Scan<'a> {
-        r: &'a mut BufReader<File>,
-    }
-
-    impl Scan<'_> {
-        fn bytes<const N: usize>(&mut self) -> Option<[u8; N]> {
-            let mut b = [0u8; N];
-            self.r.read_exact(&mut b).ok()?;
-            Some(b)
-        }
-        fn u32(&mut self) -> Option<u32> {
-            self.bytes::<4>().map(u32::from_le_bytes)
-        }
-        fn u64(&mut self) -> Option<u64> {
-            self.bytes::<8>().map(u64::from_le_bytes)
-        }
-        fn string(&mut self) -> Option<String> {
-            let n = self.u64()?;
-            if n > 1 << 24 {
-                return None;
-            }
-            let mut v = vec![0u8; n as usize];
-            self.r.read_exact(&mut v).ok()?;
-            Some(String::from_utf8_lossy(&v).into_owned())
-        }
-        fn skip_value(&mut self, t: u32, depth: u32) -> Option<()> {
-            let size: i64 = match t {
-                0 | 1 | 7 => 1,
-                2 | 3 => 2,
-                4..=6 => 4,
-                10..=12 => 8,
-                8 => {
-                    let n = self.u64()?;
-                    i64::try_from(n).ok()?
-                }
-                9 if depth < 4 => {
-                    let it = self.u32()?;
-                    let n = self.u64()?;
-                    for _ in 0..n {
-                        self.skip_value(it, depth + 1)?;
-                    }
-                    0
-                }
-                _ => return None,
-            };
-            self.r.seek_relative(size).ok()
-        }
-    }
 }

@@ -11,6 +11,7 @@ pub mod fixtures;
 pub mod generate;
 pub mod gguf;
 mod gguf_meta;
+mod gguf_scan;
 pub mod gguf_tokenizer;
 mod gpt2;
 pub mod graph;

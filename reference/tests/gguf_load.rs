@@ -322,3 +322,55 @@ fn smollm2_config_matches_published_values() {
     );
     assert_eq!(parts.weights.len(), 2 + 30 * 9);
 }
+
+/// The tiny model's metadata with `key` set to `value` (added when absent).
+fn meta_with(key: &'static str, value: Meta) -> Vec<(&'static str, Meta)> {
+    let mut meta = base_meta("llama", vocab_len());
+    meta.retain(|(k, _)| *k != key);
+    meta.push((key, value));
+    meta
+}
+
+#[test]
+fn zero_alignment_is_a_format_error_not_a_panic() {
+    // issue 19: candle divides by `general.alignment` and panicked on 0
+    let n = vocab_len();
+    for value in [Meta::U32(0), Meta::I32(0)] {
+        let bytes = encode(
+            &meta_with("general.alignment", value),
+            &base_tensors(n, false),
+        );
+        let e = load_err(&bytes);
+        assert!(matches!(e, Error::Format { .. }), "{e}");
+        assert!(e.to_string().contains("general.alignment"), "{e}");
+    }
+}
+
+#[test]
+fn embedding_without_dimensions_is_a_bad_tensor_not_a_panic() {
+    // issue 19: a tensor with no dimensions where a matrix is expected indexed dims()[0]
+    let n = vocab_len();
+    let mut tensors = base_tensors(n, false);
+    tensors[0] = RawTensor {
+        name: "token_embd.weight".into(),
+        dims: vec![],
+        type_id: 0,
+        data: 0f32.to_le_bytes().to_vec(),
+    };
+    let e = load_err(&encode(&base_meta("llama", n), &tensors));
+    assert!(matches!(e, Error::BadTensor { .. }), "{e}");
+    assert!(e.to_string().contains("token_embd.weight"), "{e}");
+}
+
+#[test]
+fn millions_of_claimed_layers_fail_at_the_first_missing_one() {
+    // issue 19: the expected-tensor list was built for every claimed layer first (13 GB for 1e7)
+    let n = vocab_len();
+    let bytes = encode(
+        &meta_with("llama.block_count", Meta::U32(10_000_000)),
+        &base_tensors(n, false),
+    );
+    let e = load_err(&bytes);
+    assert!(matches!(e, Error::MissingTensor { .. }), "{e}");
+    assert!(e.to_string().contains("blk.1.attn_q.weight"), "{e}");
+}

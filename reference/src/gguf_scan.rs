@@ -1,0 +1,208 @@
+//! A minimal walk over the GGUF header, for what candle's reader cannot tell us: the tensor behind
+//! its "unknown dtype" error (it stops before naming it) and a `general.alignment` of 0 (it
+//! divides by it and panics).
+//!
+//! Every length is checked against the bytes left in the file before it is read or skipped, so a
+//! header claiming huge strings or arrays ends the walk instead of allocating or looping for them.
+
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::path::Path;
+
+/// The GGUF metadata value types candle takes `general.alignment` from (u8, i8, u16, i16, u32,
+/// i32); a 0 of any other type falls back to its default and is harmless.
+const ALIGNMENT_TYPES: std::ops::RangeInclusive<u32> = 0..=5;
+const ALIGNMENT_KEY: &[u8] = b"general.alignment";
+
+pub fn type_name(id: u32) -> String {
+    let name = match id {
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        _ => return format!("id {id}"),
+    };
+    format!("{name} (id {id})")
+}
+
+/// Name of the first tensor whose ggml type is `type_id`.
+pub fn tensor_with_type(path: &Path, type_id: u32) -> Option<String> {
+    let mut s = Scan::open(path)?;
+    let (n_tensors, n_kv) = s.counts()?;
+    for _ in 0..n_kv {
+        s.skip_string()?;
+        let t = s.u32()?;
+        s.skip_value(t, 0)?;
+    }
+    for _ in 0..n_tensors {
+        let name = s.string()?;
+        let nd = s.u32()?;
+        s.skip(u64::from(nd).checked_mul(8)?)?;
+        let t = s.u32()?;
+        s.u64()?;
+        if t == type_id {
+            return Some(name);
+        }
+    }
+    None
+}
+
+/// The metadata sets `general.alignment` to 0 in a type candle reads (the last entry of the key
+/// wins, as in candle's map). False when the walk cannot finish: candle then reports the damage.
+pub fn zero_alignment(path: &Path) -> bool {
+    let walk = || -> Option<bool> {
+        let mut s = Scan::open(path)?;
+        let (_, n_kv) = s.counts()?;
+        let mut zero = false;
+        for _ in 0..n_kv {
+            let is_alignment = s.key_is(ALIGNMENT_KEY)?;
+            let t = s.u32()?;
+            if is_alignment {
+                zero = ALIGNMENT_TYPES.contains(&t) && s.int(t)? == 0;
+                if !ALIGNMENT_TYPES.contains(&t) {
+                    s.skip_value(t, 0)?;
+                }
+            } else {
+                s.skip_value(t, 0)?;
+            }
+        }
+        Some(zero)
+    };
+    walk().unwrap_or(false)
+}
+
+struct Scan {
+    r: BufReader<File>,
+    pos: u64,
+    len: u64,
+}
+
+impl Scan {
+    fn open(path: &Path) -> Option<Scan> {
+        let f = File::open(path).ok()?;
+        let len = f.metadata().ok()?.len();
+        Some(Scan {
+            r: BufReader::new(f),
+            pos: 0,
+            len,
+        })
+    }
+
+    /// (tensor count, metadata count) after the magic and a version candle reads (v2 or v3).
+    fn counts(&mut self) -> Option<(u64, u64)> {
+        if self.u32()? != u32::from_le_bytes(*b"GGUF") || self.u32()? < 2 {
+            return None;
+        }
+        Some((self.u64()?, self.u64()?))
+    }
+
+    fn bytes<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let mut b = [0u8; N];
+        self.r.read_exact(&mut b).ok()?;
+        self.pos += N as u64;
+        Some(b)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.bytes::<4>().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.bytes::<8>().map(u64::from_le_bytes)
+    }
+
+    /// A length that the rest of the file can hold, else None.
+    fn length(&mut self) -> Option<u64> {
+        let n = self.u64()?;
+        (n <= self.len.saturating_sub(self.pos)).then_some(n)
+    }
+
+    fn skip(&mut self, n: u64) -> Option<()> {
+        if n > self.len.saturating_sub(self.pos) {
+            return None;
+        }
+        self.r.seek_relative(i64::try_from(n).ok()?).ok()?;
+        self.pos += n;
+        Some(())
+    }
+
+    fn string(&mut self) -> Option<String> {
+        let n = self.length()?;
+        let mut v = vec![0u8; usize::try_from(n).ok()?];
+        self.r.read_exact(&mut v).ok()?;
+        self.pos += n;
+        Some(String::from_utf8_lossy(&v).into_owned())
+    }
+
+    fn skip_string(&mut self) -> Option<()> {
+        let n = self.length()?;
+        self.skip(n)
+    }
+
+    /// Reads a string and tells whether it is `key`, allocating nothing for other keys.
+    fn key_is(&mut self, key: &[u8]) -> Option<bool> {
+        let n = self.length()?;
+        if n != key.len() as u64 {
+            self.skip(n)?;
+            return Some(false);
+        }
+        let mut b = vec![0u8; key.len()];
+        self.r.read_exact(&mut b).ok()?;
+        self.pos += n;
+        Some(b == key)
+    }
+
+    /// An integer of GGUF type `t` (one of `ALIGNMENT_TYPES`).
+    fn int(&mut self, t: u32) -> Option<i64> {
+        Some(match t {
+            0 => i64::from(self.bytes::<1>()?[0]),
+            1 => i64::from(self.bytes::<1>()?[0] as i8),
+            2 => i64::from(u16::from_le_bytes(self.bytes::<2>()?)),
+            3 => i64::from(i16::from_le_bytes(self.bytes::<2>()?)),
+            4 => i64::from(self.u32()?),
+            5 => i64::from(self.u32()? as i32),
+            _ => return None,
+        })
+    }
+
+    fn skip_value(&mut self, t: u32, depth: u32) -> Option<()> {
+        let size: u64 = match t {
+            0 | 1 | 7 => 1,
+            2 | 3 => 2,
+            4..=6 => 4,
+            10..=12 => 8,
+            8 => return self.skip_string(),
+            9 if depth < 4 => {
+                let it = self.u32()?;
+                let n = self.u64()?;
+                if matches!(it, 8 | 9) {
+                    // every element consumes bytes or fails, so a false count ends at the file's end
+                    for _ in 0..n {
+                        self.skip_value(it, depth + 1)?;
+                    }
+                    return Some(());
+                }
+                let elem = match it {
+                    0 | 1 | 7 => 1,
+                    2 | 3 => 2,
+                    4..=6 => 4,
+                    10..=12 => 8,
+                    _ => return None,
+                };
+                n.checked_mul(elem)?
+            }
+            _ => return None,
+        };
+        self.skip(size)
+    }
+}
