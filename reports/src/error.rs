@@ -22,6 +22,10 @@ pub enum Error {
         found: u64,
         supported: u32,
     },
+    /// results.json parses but contradicts itself: a matrix that does not match its axes, or
+    /// sizes its data cannot back.
+    #[error("{}: {detail}; the file is damaged or was edited, re-run kvprobe to regenerate it", path.display())]
+    Malformed { path: PathBuf, detail: String },
     #[error("results cannot be stored as JSON ({0}); a probe produced a NaN or infinite number, fix the probe")]
     Serialize(serde_json::Error),
     #[error("array {name:?}: {reason}")]

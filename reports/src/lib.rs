@@ -20,6 +20,7 @@ pub mod section;
 pub mod sections;
 pub mod summary;
 pub mod text;
+mod validate;
 
 pub use arrays::{ArrayData, NamedArray};
 pub use error::{Error, Result};

@@ -48,7 +48,8 @@ pub fn write_artifacts(results: &Results, arrays: &[NamedArray], out_dir: &Path)
     write_atomic(&out_dir.join(REPORT_HTML), html.as_bytes())
 }
 
-/// Read and check `dir/results.json`: present, readable, valid, and not from a newer kvprobe.
+/// Read and check `dir/results.json`: present, readable, valid, not from a newer kvprobe, and
+/// consistent with itself (`crate::validate`).
 pub fn load_results(dir: &Path) -> Result<Results> {
     let path = dir.join(RESULTS_JSON);
     if !path.is_file() {
@@ -79,7 +80,12 @@ pub fn load_results(dir: &Path) -> Result<Results> {
         }
     }
     lift_positions_theta(&mut value);
-    serde_json::from_value(value).map_err(|source| Error::Json { path, source })
+    let results = serde_json::from_value(value).map_err(|source| Error::Json {
+        path: path.clone(),
+        source,
+    })?;
+    crate::validate::check(&results, &path, bytes.len())?;
+    Ok(results)
 }
 
 /// Files written before the theta check had its own field keep it under
