@@ -378,3 +378,33 @@ fn force_never_deletes_what_is_not_an_earlier_run() {
         "{names:?}"
     );
 }
+
+#[test]
+fn steps_are_refused_up_front_when_no_run_can_take_them() {
+    // issue 19: `--steps 0` silently became 1, and steps past the context failed late with an
+    // error that blamed the prompt (the fixture's context is 256 positions)
+    let f = fixture("llama", 7);
+    let f = f.to_str().unwrap();
+    for (probe, steps, needle) in [
+        ("greedy", "0", "--steps 0"),
+        ("quant", "0", "--steps 0"),
+        ("greedy", "1000", "--steps 254 or fewer"),
+        ("diagnose", "1000000000", "--steps 254 or fewer"),
+    ] {
+        one_line_exit_2(
+            &[
+                probe, "--sim", "--model", f, "--ids", "1,2,3", "--steps", steps,
+            ],
+            needle,
+        );
+    }
+    // the largest fitting run still runs: 3 prompt tokens + 254 generated end at position 255
+    let (code, v, stderr) = kvprobe_json(&[
+        "greedy", "--sim", "--model", f, "--ids", "1,2,3", "--steps", "254",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        v["probes"]["greedy"]["steps"].as_array().map(Vec::len),
+        Some(254)
+    );
+}

@@ -48,6 +48,9 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         Some(p) => p,
         None => args.prompt_ids(&model, backend.prompt_tokenizer(&model))?,
     };
+    if matches!(name, "greedy" | "diagnose") {
+        check_steps_fit(args.steps, ids.len(), model.config().max_position)?;
+    }
     let tokens: Vec<String> = {
         let tok = match backend.prompt_tokenizer(&model) {
             PromptTokenizer::Model => model.tokenizer(),
@@ -128,8 +131,25 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     print_and_exit(&results, args.json)
 }
 
+/// The last generated token sits at position `prompt + steps − 2`: past the model's context the
+/// run would fail late, and the reference's error would blame the prompt (issue 19).
+fn check_steps_fit(steps: usize, prompt: usize, context: usize) -> anyhow::Result<()> {
+    if prompt + steps > context + 1 {
+        let most = (context + 1).saturating_sub(prompt);
+        return Err(usage(format!(
+            "--steps {steps}: {prompt} prompt tokens and {steps} generated ones pass the model context of {context} positions; pass --steps {most} or fewer (or a shorter prompt)"
+        )));
+    }
+    Ok(())
+}
+
 /// Flag combinations refused before any work (and so before any partial artefact).
 fn check_args(name: &str, args: &DeviceArgs) -> anyhow::Result<()> {
+    if args.steps == 0 {
+        return Err(usage(
+            "--steps 0: a run generates at least the prefill's token; pass --steps 1 or more",
+        ));
+    }
     for (set, flag) in [
         (args.stage_only, "--stage-only"),
         (args.all_probes, "--all-probes"),
@@ -176,7 +196,7 @@ fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran>
     let name = cmd.name();
     let args = &cmd.args;
     let t = Instant::now();
-    let steps = args.steps.max(1);
+    let steps = args.steps;
     if s.dev.capabilities().stateful {
         if let Some((_, why)) = diagnose_stateful::NOT_APPLICABLE
             .iter()
