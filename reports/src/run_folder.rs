@@ -30,7 +30,7 @@ pub fn check_out_dir(out: &Path, force: bool) -> Result<()> {
             check_replaceable(out)?;
         }
     }
-    // Missing parents are created only once the run has succeeded (write_out), so a failed run
+    // Missing parents are created only once the run has succeeded (write_run_folder), so a failed run
     // leaves nothing behind; here we only check that they can be.
     let parent = parent_of(out);
     let existing = parent
