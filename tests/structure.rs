@@ -330,12 +330,7 @@ fn module_of(src_root: &Path, file: &Path) -> Vec<String> {
 /// `crate::…` and `super::…` paths the code uses, as absolute module paths (longest prefix that
 /// names a file of the crate). `pub use` re-exports and `mod` declarations are a module's face, not
 /// a dependency, and are not counted.
-fn uses(
-    code: &str,
-    me: &[String],
-    is_dir_module: bool,
-    modules: &BTreeSet<Vec<String>>,
-) -> BTreeSet<Vec<String>> {
+fn uses(code: &str, me: &[String], modules: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
     let mut out = BTreeSet::new();
     let mut stmt = String::new();
     for line in code.lines() {
@@ -351,8 +346,7 @@ fn uses(
             }
             continue;
         }
-        let chars: Vec<char> = t.chars().collect();
-        let text: String = chars.iter().collect();
+        let text = t;
         for start in ["crate::", "super::"] {
             let mut from = 0;
             while let Some(pos) = text[from..].find(start) {
@@ -377,7 +371,6 @@ fn uses(
                     // super from a file module `a/b.rs` (module a::b) is `a`; the same from
                     // `a/b/mod.rs` (also a::b) is `a`
                     abs = me.to_vec();
-                    let _ = is_dir_module;
                     while rest.first() == Some(&"super") {
                         abs.pop();
                         rest = &rest[1..];
@@ -421,8 +414,7 @@ fn cycles_in(src_root: &Path) -> Vec<Vec<String>> {
             .filter(|(k, _)| !tests.iter().any(|(a, b)| k >= a && k < b))
             .map(|(_, l)| *l)
             .collect();
-        let dir_mod = f.file_name().is_some_and(|n| n == "mod.rs");
-        let mut deps = uses(&kept.join("\n"), m, dir_mod, &names);
+        let mut deps = uses(&kept.join("\n"), m, &names);
         // a module depends on its ancestors only through what it names; the root re-exports
         deps.retain(|d| !d.is_empty());
         edges.insert(m.clone(), deps);
