@@ -7,6 +7,7 @@ use kvprobe_npu::MaskMode;
 use kvprobe_reference::ForwardOptions;
 use kvprobe_schema::{GreedyFinding, GreedyStep};
 
+use crate::matched;
 use crate::metrics::{compare, summarise, top1};
 use crate::session::{append, window_step, ComparedLogits, Session};
 use crate::Result;
@@ -51,21 +52,32 @@ pub fn run_with(
     )?;
     s.progress.inc(1);
     let mut out_steps = Vec::with_capacity(steps);
-    let mut first_divergence = None;
     for (step, logits) in device_logits.iter().enumerate() {
         let position = n - 1 + step;
-        let c = compare(logits, reference.row(position));
-        if !c.top1_match && first_divergence.is_none() {
-            first_divergence = Some(step);
-        }
         out_steps.push(GreedyStep {
             step,
             position,
             input_token: seq[position],
             visible_keys: position.min(l - 1),
-            comparison: c,
+            comparison: compare(logits, reference.row(position)),
+            reference_margin: 0.0,
+            near_tie: false,
+            matched: None,
         });
     }
+    let rows: Vec<&[f32]> = (0..steps).map(|i| reference.row(n - 1 + i)).collect();
+    let matched = matched::three_way(
+        s.model,
+        s.describe(),
+        &seq,
+        n,
+        &device_logits,
+        &rows,
+        &mut out_steps,
+    )?;
+    let first_divergence = out_steps
+        .iter()
+        .position(|x| !x.comparison.top1_match && !x.near_tie);
     // The reference's own greedy continuation equals the device's tokens up to the first
     // divergence; from there it runs free on the reference's KV state.
     let reference_ids = match first_divergence {
@@ -85,8 +97,9 @@ pub fn run_with(
     let tok = s.model.tokenizer();
     let device_text = tok.decode(&device_ids).unwrap_or_default();
     let reference_text = tok.decode(&reference_ids).unwrap_or_default();
-    let (mean_cosine, min_cosine, top1_agreement) =
-        summarise(out_steps.iter().map(|x| &x.comparison));
+    let (mean_cosine, min_cosine, _) = summarise(out_steps.iter().map(|x| &x.comparison));
+    let top1_agreement = agreement(&out_steps);
+    let near_tie_flips = out_steps.iter().filter(|x| x.near_tie).count();
     let tbt_mean_cosine =
         (steps > 1).then(|| summarise(out_steps[1..].iter().map(|x| &x.comparison)).0);
     Ok(GreedyFinding {
@@ -100,6 +113,8 @@ pub fn run_with(
         min_cosine,
         top1_agreement,
         tbt_mean_cosine,
+        near_tie_flips,
+        matched,
     })
 }
 
@@ -173,9 +188,21 @@ fn keep_compared(
     });
 }
 
-/// Top-1 agreement over tbt steps only (step ≥ 1); `None` without tbt steps.
+/// Top-1 agreement over tbt steps only (step ≥ 1), near-tie flips left out; `None` without
+/// tbt steps.
 pub fn tbt_top1(f: &GreedyFinding) -> Option<f64> {
-    (f.steps.len() > 1).then(|| summarise(f.steps[1..].iter().map(|x| &x.comparison)).2)
+    (f.steps.len() > 1).then(|| agreement(&f.steps[1..]))
+}
+
+/// Top-1 agreement of the steps that are not near-tie flips (1 when every flip is a near tie).
+pub fn agreement(steps: &[GreedyStep]) -> f64 {
+    let counted = steps.iter().filter(|x| !x.near_tie).count();
+    let agree = steps.iter().filter(|x| x.comparison.top1_match).count();
+    if counted == 0 {
+        1.0
+    } else {
+        agree as f64 / counted as f64
+    }
 }
 
 /// Minimum cosine over tbt steps only.

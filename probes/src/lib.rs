@@ -14,6 +14,7 @@ pub mod inject;
 pub mod layout;
 pub mod layout_infer;
 pub mod maskconv;
+pub mod matched;
 pub mod metrics;
 pub mod positions;
 pub mod precision;

@@ -306,6 +306,9 @@ fn greedy(n: usize, faulty: bool) -> GreedyFinding {
                 input_token: 2000 + s as u32,
                 visible_keys: n + s,
                 comparison: cmp(cos, 300 + s as u32, matched),
+                reference_margin: 0.0,
+                near_tie: false,
+                matched: None,
             }
         })
         .collect();
@@ -326,6 +329,8 @@ fn greedy(n: usize, faulty: bool) -> GreedyFinding {
         min_cosine: if faulty { 0.25 } else { 0.96 },
         top1_agreement: if faulty { 0.34 } else { 0.97 },
         tbt_mean_cosine: Some(if faulty { 0.45 } else { 0.975 }),
+        near_tie_flips: 0,
+        matched: None,
         steps: greedy_steps,
     }
 }

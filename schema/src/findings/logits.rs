@@ -48,12 +48,49 @@ pub struct GreedyStep {
     /// Keys the reference saw (sliding window once the ring wraps).
     pub visible_keys: usize,
     pub comparison: LogitComparison,
+    /// The reference's logit margin between its top-1 and the device's top-1 (0 when they agree).
+    #[serde(default)]
+    pub reference_margin: f64,
+    /// A top-1 flip whose reference margin lies inside the precision band: the device's
+    /// declared precision alone can decide it either way (counted apart, issue 18).
+    #[serde(default)]
+    pub near_tie: bool,
+    /// The precision-matched reference at this step, when the device declares a lower precision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched: Option<MatchedStep>,
+}
+
+/// The three-way comparison of one step: f32 reference, precision-matched reference, device.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MatchedStep {
+    /// Cosine of the precision-matched reference against the f32 reference.
+    pub reference_vs_matched: f64,
+    /// Cosine of the device against the precision-matched reference.
+    pub matched_vs_device: f64,
+    /// Top-1 of the precision-matched reference.
+    pub matched_top1: u32,
+    /// How far the declared precision moves a logit gap at this step (twice the 99.9th
+    /// percentile of |matched − f32| over the vocabulary): a reference margin below it is a
+    /// near tie.
+    pub band: f64,
+}
+
+/// What the precision-matched reference rounded, and its tbt means.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MatchedSummary {
+    pub precision: String,
+    /// Mean cosine over tbt steps (step ≥ 1) of the matched reference against the f32 one.
+    pub tbt_reference_vs_matched: Option<f64>,
+    /// Mean cosine over tbt steps of the device against the matched reference.
+    pub tbt_matched_vs_device: Option<f64>,
+    pub min_matched_vs_device: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GreedyFinding {
     pub steps: Vec<GreedyStep>,
-    /// First step whose top-1 differs from the reference (teacher-forced on the device's tokens).
+    /// First step whose top-1 differs from the reference (teacher-forced on the device's tokens)
+    /// outside a near tie.
     pub first_divergence: Option<usize>,
     pub device_ids: Vec<u32>,
     pub device_text: String,
@@ -62,9 +99,16 @@ pub struct GreedyFinding {
     pub reference_text: String,
     pub mean_cosine: f64,
     pub min_cosine: f64,
+    /// Top-1 agreement over the steps that are not near-tie flips.
     pub top1_agreement: f64,
     /// Mean cosine over tbt steps only (step ≥ 1).
     pub tbt_mean_cosine: Option<f64>,
+    /// Top-1 flips inside the precision band (left out of `top1_agreement`).
+    #[serde(default)]
+    pub near_tie_flips: usize,
+    /// The precision-matched reference's summary, when one ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched: Option<MatchedSummary>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

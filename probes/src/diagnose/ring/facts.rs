@@ -35,6 +35,9 @@ pub struct GreedyStats {
     pub tbt_min: f64,
     pub tbt_top1: f64,
     pub first_divergence: Option<usize>,
+    /// Tbt means of the precision-matched reference (issue 18), when the device declares a
+    /// lower precision: `(f32 vs matched, matched vs device)`.
+    pub matched: Option<(f64, f64)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -100,6 +103,7 @@ impl Default for RingFacts {
                 tbt_min: 1.0,
                 tbt_top1: 1.0,
                 first_divergence: None,
+                matched: None,
             },
             non_finite_step: None,
             prefill_scale: None,
@@ -189,6 +193,9 @@ impl RingFacts {
                 tbt_min: tbt_min(greedy).unwrap_or(1.0),
                 tbt_top1: tbt_top1(greedy).unwrap_or(1.0),
                 first_divergence: greedy.first_divergence,
+                matched: greedy.matched.as_ref().and_then(|m| {
+                    Some((m.tbt_reference_vs_matched?, m.tbt_matched_vs_device?))
+                }),
             },
             // the comparisons count non-finite logits as a plain miss (metrics): read the logits
             non_finite_step: s
@@ -253,8 +260,28 @@ impl RingFacts {
 
     fn greedy_abs_ok(&self) -> bool {
         let g = &self.greedy;
-        stage_ok(self.g_tbt_mean(), g.tbt_min)
-            && top1_ok(g.tbt_top1, GREEDY_TOP1, self.g_tbt_mean())
+        let passes = stage_ok(self.g_tbt_mean(), g.tbt_min)
+            && top1_ok(g.tbt_top1, GREEDY_TOP1, self.g_tbt_mean());
+        // a miss the declared precision explains is no failure: the precision-matched
+        // reference misses the f32 one about as much, and the device follows it
+        passes || self.precision_band().is_some_and(|band| !self.beyond_precision(band))
+    }
+
+    /// The miss the device's declared precision allows its tbt steps: the cache-free controls'
+    /// miss (its graph's own arithmetic) plus the precision-matched reference's (its cache and
+    /// edges), when that reference ran.
+    pub fn precision_band(&self) -> Option<f64> {
+        let (ref_vs_matched, _) = self.greedy.matched?;
+        Some(self.cache_noise() + noise(ref_vs_matched))
+    }
+
+    /// The device leaves its precision-matched reference by more than that precision explains.
+    fn beyond_precision(&self, band: f64) -> bool {
+        let Some((_, matched_vs_device)) = self.greedy.matched else {
+            return false;
+        };
+        let miss = 1.0 - matched_vs_device;
+        miss >= MATCHED_GAP && miss >= PRECISION_RATIO * band
     }
 
     /// The worst miss of the cache-free controls (prefill rows, self-only steps).
@@ -269,18 +296,25 @@ impl RingFacts {
         .fold(REL_NOISE_FLOOR, f64::max)
     }
 
-    /// Relative tbt control: passing tbt steps miss ≥ `REL_RATIO` × the cache-free controls;
-    /// the cache's rounding floor then decides (`cache_floor`).
+    /// Relative tbt control without a precision-matched reference: passing tbt steps miss
+    /// ≥ `REL_RATIO` × the cache-free controls; the cache's first-step rounding floor then
+    /// decides (`cache_floor`).
     pub fn wants_cache_floor(&self) -> bool {
         let miss = 1.0 - self.g_tbt_mean();
-        self.greedy_abs_ok()
+        self.greedy.matched.is_none()
+            && self.greedy_abs_ok()
             && self.greedy.tbt_mean.is_some()
             && miss >= REL_TBT_GAP
             && miss >= REL_RATIO * self.cache_noise()
     }
 
-    /// The tbt steps miss more than the cache's rounding alone costs.
+    /// The tbt steps miss more than the device's precision explains: against the
+    /// precision-matched reference when it ran, else more than the cache's rounding alone costs
+    /// the first step.
     pub fn greedy_relative_miss(&self) -> bool {
+        if let Some(band) = self.precision_band() {
+            return self.beyond_precision(band);
+        }
         self.cache_floor
             .is_some_and(|c| 1.0 - self.g_tbt_mean() > 1.0 - c)
     }

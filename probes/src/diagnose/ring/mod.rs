@@ -125,19 +125,29 @@ fn controls(run: &mut Run, opts: &DiagnoseOptions) -> Result<RingFacts> {
     run.p.quant = Some(q);
     run.p.prefill = Some(pf);
     run.p.selfmask = sm;
+    run.p.greedy = Some(gr);
     relative_controls(run, &mut f)?;
     let gs = &f.greedy;
     run.eng.line(format!(
-        "greedy: {} steps, tbt mean cosine {:.4} (min {:.4}, top-1 {}), first divergence {}",
+        "greedy: {} steps, tbt mean cosine {:.4} (min {:.4}, top-1 {}{}), first divergence {}",
         gs.steps,
         f.g_tbt_mean(),
         gs.tbt_min,
         pct(gs.tbt_top1),
+        near_ties(run.p.greedy.as_ref().map_or(0, |g| g.near_tie_flips)),
         gs.first_divergence
             .map_or("none".into(), |d| format!("at step {d}"))
     ));
-    run.p.greedy = Some(gr);
     Ok(f)
+}
+
+/// The near-tie flips a top-1 figure leaves out, as a clause.
+fn near_ties(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        1 => ", 1 near-tie flip counted apart".into(),
+        n => format!(", {n} near-tie flips counted apart"),
+    }
 }
 
 /// A graph far less precise than the device's other precise controls on the same edges
@@ -164,6 +174,20 @@ fn relative_controls(run: &mut Run, f: &mut RingFacts) -> Result<()> {
         if let Some(pf) = &mut run.p.prefill {
             pf.scale = Some(fit);
         }
+    }
+    if let (Some(band), Some((rm, md))) = (f.precision_band(), f.greedy.matched) {
+        run.eng.line(format!(
+            "greedy, three-way over tbt steps: f32 vs device {:.4}, f32 vs precision-matched {:.4}, precision-matched vs device {:.4}; the declared precision allows a miss of {:.4} (cache-free controls + matched reference) → {}",
+            f.g_tbt_mean(),
+            rm,
+            md,
+            band,
+            if f.greedy_relative_miss() {
+                "the device leaves it"
+            } else {
+                "within it"
+            }
+        ));
     }
     if f.wants_cache_floor() {
         // The controls read no cache; a step that does also pays for the cache's integer
