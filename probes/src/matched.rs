@@ -168,7 +168,11 @@ impl Store {
                     out[dst..dst + self.hd].copy_from_slice(&row[h * self.hd..(h + 1) * self.hd]);
                 }
             }
-            Ok(Tensor::from_vec(out, (self.n_kv, w, self.hd), &CDevice::Cpu)?)
+            Ok(Tensor::from_vec(
+                out,
+                (self.n_kv, w, self.hd),
+                &CDevice::Cpu,
+            )?)
         };
         self.k
             .iter()
@@ -409,10 +413,7 @@ mod tests {
     #[test]
     fn ring_prefill_runs_the_remainder_first_padded_at_the_front() {
         // n = 10, P = 4: rows 0..2 in a chunk starting at −2, then 2..6 and 6..10
-        assert_eq!(
-            chunks(10, 4, true),
-            vec![(0, 2, -2), (2, 6, 2), (6, 10, 6)]
-        );
+        assert_eq!(chunks(10, 4, true), vec![(0, 2, -2), (2, 6, 2), (6, 10, 6)]);
         assert_eq!(chunks(8, 4, true), vec![(0, 4, 0), (4, 8, 4)]);
         assert_eq!(chunks(3, 4, true), vec![(0, 3, -1)]);
     }

@@ -82,8 +82,12 @@ pub fn fit_repairs(base: f64, fitted: f64) -> bool {
     fitted - base >= FIT_MIN_GAIN && 1.0 - base >= FIT_RATIO * (1.0 - fitted)
 }
 
-/// The device's tbt steps fail against the precision-matched reference (issue 18) when they
-/// leave it by ≥ `PRECISION_RATIO` × what the declared precision costs (the matched reference's
-/// own miss plus the cache-free controls'), and by at least `MATCHED_GAP` (1 − mean cosine).
-pub const PRECISION_RATIO: f64 = 4.0;
+/// The device's tbt steps fail against the precision-matched reference (issue 18) when, at the
+/// median tbt step, they leave it by ≥ `PRECISION_RATIO` × what the declared precision costs
+/// that step (the matched reference's own miss, floored at `STEP_NOISE_FLOOR`, plus the
+/// cache-free controls' miss), and by at least `MATCHED_GAP` over the tbt steps (1 − mean
+/// cosine). SmolLM2 on the emulator: healthy medians 0.27-0.64 over 6 prompts, a tbt position
+/// −4 and a ×0.5 V-cache scale on two layers 5.2 and 6.8 (docs/diagnosis.md).
+pub const PRECISION_RATIO: f64 = 2.5;
 pub const MATCHED_GAP: f64 = 1e-3;
+pub const STEP_NOISE_FLOOR: f64 = 1e-4;

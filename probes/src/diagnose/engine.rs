@@ -38,6 +38,56 @@ pub enum Then {
     Stop,
 }
 
+/// The measured control a verdict stands on (issue 18): a fit, repair or variant may explain a
+/// failing control, never create one. The engine sets aside a fault verdict whose control
+/// passes within the device's precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Needs none: `healthy`, and notes (rules without a verdict).
+    Exempt,
+    /// Any control of the runtime.
+    Any,
+    /// Single-chunk prefill rows (no cache read).
+    PrefillSingle,
+    /// Multi-chunk prefill rows (they read what earlier chunks wrote).
+    PrefillMulti,
+    /// Self-only tbt steps.
+    SelfOnly,
+    /// Greedy tbt steps.
+    Greedy,
+    /// A stage that reads the cache: multi-chunk prefill rows or greedy tbt steps.
+    CacheReading,
+    /// The device's logits are finite.
+    Output,
+    /// The same request after a reset gives the same logits.
+    Rerun,
+    /// The prefill wrote the positions it was given (stateful devices).
+    StateWrites,
+}
+
+impl Control {
+    pub fn name(self) -> &'static str {
+        match self {
+            Control::Exempt => "none",
+            Control::Any => "any control",
+            Control::PrefillSingle => "single-chunk prefill rows",
+            Control::PrefillMulti => "multi-chunk prefill rows",
+            Control::SelfOnly => "self-only tbt steps",
+            Control::Greedy => "greedy tbt steps",
+            Control::CacheReading => "cache-reading stages (multi-chunk prefill, greedy tbt)",
+            Control::Output => "finite logits",
+            Control::Rerun => "re-run after reset",
+            Control::StateWrites => "state writes",
+        }
+    }
+}
+
+/// What a runtime's facts say of each control: `true` when it fails by more than the device's
+/// own precision explains.
+pub trait Controls {
+    fn fails(&self, c: Control) -> bool;
+}
+
 /// One row of a rule table.
 pub struct Rule<F> {
     /// Stable name (docs/diagnosis.md lists every id in table order).
@@ -45,6 +95,8 @@ pub struct Rule<F> {
     pub stage: Tier,
     /// The cause the rule names; `None` for a note (evidence only, no cause).
     pub verdict: Option<Verdict>,
+    /// The control that must fail before the verdict stands.
+    pub needs: Control,
     pub when: When,
     pub then: Then,
     pub check: fn(&F) -> Option<Cause>,
@@ -60,17 +112,23 @@ impl<F> Clone for Rule<F> {
 impl<F> Copy for Rule<F> {}
 
 impl<F> Rule<F> {
-    /// A rule asked always that lets the later rules run.
+    /// A rule asked always that lets the later rules run; a fault verdict needs some failing
+    /// control until [`Rule::needs`] names which.
     pub const fn new(
         id: &'static str,
         stage: Tier,
         verdict: Option<Verdict>,
         check: fn(&F) -> Option<Cause>,
     ) -> Self {
+        let needs = match verdict {
+            None | Some(Verdict::Healthy) => Control::Exempt,
+            Some(_) => Control::Any,
+        };
         Rule {
             id,
             stage,
             verdict,
+            needs,
             when: When::Always,
             then: Then::Continue,
             check,
@@ -79,6 +137,11 @@ impl<F> Rule<F> {
 
     pub const fn when(mut self, when: When) -> Self {
         self.when = when;
+        self
+    }
+
+    pub const fn needs(mut self, control: Control) -> Self {
+        self.needs = control;
         self
     }
 
@@ -195,7 +258,7 @@ impl Engine {
     }
 
     /// Evaluates `rules` in order over `facts` (nothing once stopped).
-    pub fn apply<F>(&mut self, rules: &[Rule<F>], facts: &F) {
+    pub fn apply<F: Controls>(&mut self, rules: &[Rule<F>], facts: &F) {
         for rule in rules {
             if self.stopped {
                 return;
@@ -206,7 +269,11 @@ impl Engine {
                 When::AfterCause => !self.causes.is_empty(),
             };
             if let Some(cause) = asked.then(|| (rule.check)(facts)).flatten() {
-                self.record(rule, cause);
+                if rule.needs == Control::Exempt || facts.fails(rule.needs) {
+                    self.record(rule, cause);
+                } else {
+                    self.set_aside(rule, cause);
+                }
             }
             self.release(rule.id);
         }
@@ -236,6 +303,24 @@ impl Engine {
         if rule.then == Then::Stop {
             self.stopped = true;
         }
+    }
+
+    /// A rule whose check fired while its control passes: its lines become warnings, it names
+    /// no cause and stops nothing.
+    fn set_aside<F>(&mut self, rule: &Rule<F>, cause: Cause) {
+        let verdict = rule.verdict.map_or("a cause", |v| v.name());
+        self.warnings.push(format!(
+            "set aside: rule `{}` would name {verdict}, but its control ({}) passes within the device's precision; a fit or variant may explain a failure, never create one",
+            rule.id,
+            rule.needs.name()
+        ));
+        self.warnings.extend(
+            cause
+                .evidence
+                .into_iter()
+                .map(|l| format!("  (set aside) {l}")),
+        );
+        self.warnings.extend(cause.warnings);
     }
 
     fn release(&mut self, id: &str) {
@@ -298,14 +383,48 @@ mod tests {
         when: When,
         check: fn(&u8) -> Option<Cause>,
     ) -> Rule<u8> {
-        Rule {
-            id,
-            stage,
-            verdict,
-            when,
-            then: Then::Continue,
-            check,
+        Rule::new(id, stage, verdict, check).when(when)
+    }
+
+    /// Hand-made facts: 255 = every control passes, anything else = every control fails.
+    const ALL_PASS: u8 = 255;
+
+    impl Controls for u8 {
+        fn fails(&self, _c: Control) -> bool {
+            *self != ALL_PASS
         }
+    }
+
+    #[test]
+    fn a_fault_verdict_whose_control_passes_is_set_aside() {
+        let rules = [
+            rule(
+                "fit",
+                Tier::CachePath,
+                Some(Verdict::TbtGraph),
+                When::Always,
+                |_| Some(Cause::new(0.9).line("scale ×0.91 fits better")),
+            )
+            .stop(),
+            rule(
+                "ok",
+                Tier::CachePath,
+                Some(Verdict::Healthy),
+                When::Always,
+                |_| Some(Cause::new(0.95).line("every control passes")),
+            ),
+        ];
+        let mut e = Engine::new();
+        e.apply(&rules, &ALL_PASS);
+        assert!(!e.stopped(), "a set-aside rule stops nothing");
+        let c = e.conclude();
+        assert_eq!(c.verdict, Verdict::Healthy);
+        assert!(c.warnings[0].starts_with("set aside: rule `fit` would name tbt-graph"));
+        assert!(c.warnings[1].contains("scale ×0.91"));
+        // the same rule on failing controls names its verdict
+        let mut e = Engine::new();
+        e.apply(&rules, &0);
+        assert_eq!(e.conclude().verdict, Verdict::TbtGraph);
     }
 
     #[test]

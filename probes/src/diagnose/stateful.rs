@@ -16,7 +16,7 @@ use kvprobe_schema::{
     NotApplicable, OverflowFinding, ProbeFindings, StateFinding, Timing, Verdict,
 };
 
-use super::engine::{Cause, Engine, Rule, Tier};
+use super::engine::{Cause, Control, Controls, Engine, Rule, Tier};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use crate::thresholds::*;
 use crate::{greedy, prefill, selfmask, statecheck, Result};
@@ -65,7 +65,11 @@ type R = Rule<StatefulFacts>;
 const T: Tier = Tier::CachePath;
 
 /// After the back-to-back check.
-pub const STALE: &[R] = &[R::new("stale-cache", T, Some(Verdict::StaleCache), stale_cache).stop()];
+pub const STALE: &[R] = &[
+    R::new("stale-cache", T, Some(Verdict::StaleCache), stale_cache)
+        .needs(Control::Rerun)
+        .stop(),
+];
 
 /// After the overflow scan.
 pub const OVERFLOW: &[R] = &[R::new(
@@ -74,11 +78,14 @@ pub const OVERFLOW: &[R] = &[R::new(
     Some(Verdict::NumericOverflow),
     numeric_overflow,
 )
+.needs(Control::Output)
 .stop()];
 
 /// After the controls and the state check.
 pub const STATE: &[R] = &[
-    R::new("state-offset", T, Some(Verdict::CacheOffset), state_offset).stop(),
+    R::new("state-offset", T, Some(Verdict::CacheOffset), state_offset)
+        .needs(Control::StateWrites)
+        .stop(),
     R::new("healthy", T, Some(Verdict::Healthy), healthy).stop(),
     R::new("state-layout-cosines", T, None, state_layout_cosines),
     R::new(
@@ -95,6 +102,7 @@ pub const STATE: &[R] = &[
         Some(Verdict::MaskConvention),
         self_only_mask,
     )
+    .needs(Control::SelfOnly)
     .stop(),
 ];
 
@@ -127,6 +135,39 @@ impl StatefulFacts {
     fn written_ok(&self) -> Option<bool> {
         let st = self.state.as_ref()?;
         Some(st.written == (0..st.prompt_len).collect::<Vec<_>>())
+    }
+}
+
+impl Controls for StatefulFacts {
+    fn fails(&self, c: Control) -> bool {
+        match c {
+            Control::Exempt => false,
+            Control::Rerun => !self.back_to_back_identical,
+            Control::Output => self.overflowed(),
+            Control::StateWrites => self.written_ok() == Some(false),
+            // a control that did not run has not failed
+            Control::PrefillSingle | Control::PrefillMulti => {
+                self.prefill.is_some_and(|p| !passes(p, PREFILL_TOP1))
+            }
+            Control::Greedy | Control::CacheReading => {
+                self.greedy.is_some_and(|g| !passes(g, GREEDY_TOP1))
+            }
+            Control::SelfOnly => self
+                .state
+                .as_ref()
+                .and_then(|st| st.selfonly_cosine)
+                .is_some_and(|own| own < REPRODUCES_COSINE),
+            Control::Any => [
+                Control::Rerun,
+                Control::Output,
+                Control::StateWrites,
+                Control::PrefillSingle,
+                Control::Greedy,
+                Control::SelfOnly,
+            ]
+            .into_iter()
+            .any(|c| self.fails(c)),
+        }
     }
 }
 

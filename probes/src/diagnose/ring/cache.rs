@@ -9,7 +9,7 @@ use super::facts::SKIPPED;
 use super::facts::{clean_shift, mask_variant_fault, position_fault, scale_fault, RingFacts};
 use super::graph::cache_quantization;
 use crate::affected;
-use crate::diagnose::engine::{Cause, Rule, Tier, When};
+use crate::diagnose::engine::{Cause, Control, Rule, Tier, When};
 use crate::thresholds::*;
 
 type R = Rule<RingFacts>;
@@ -22,13 +22,15 @@ pub const CACHE_PATH: &[R] = &[
         CACHE,
         Some(Verdict::CacheQuantization),
         cache_quantization,
-    ),
+    )
+    .needs(Control::CacheReading),
     R::new(
         "cache-truncation",
         CACHE,
         Some(Verdict::CacheTruncation),
         cache_truncation,
-    ),
+    )
+    .needs(Control::CacheReading),
     R::new(
         "attention-scale-set-aside",
         CACHE,
@@ -40,38 +42,46 @@ pub const CACHE_PATH: &[R] = &[
         CACHE,
         Some(Verdict::TbtGraph),
         attention_scale,
-    ),
+    )
+    .needs(Control::CacheReading),
     R::new(
         "position-shift",
         CACHE,
         Some(Verdict::PositionMismatch),
         position_shift,
-    ),
+    )
+    .needs(Control::CacheReading),
     R::new(
         "writer-layout",
         CACHE,
         Some(Verdict::CacheLayoutMismatch),
         writer_layout,
-    ),
+    )
+    .needs(Control::CacheReading),
     R::new(
         "writer-slot-shift",
         CACHE,
         Some(Verdict::CacheOffset),
         writer_slot_shift,
-    ),
+    )
+    .needs(Control::CacheReading),
     R::new(
         MASK_CONVENTION,
         CACHE,
         Some(Verdict::MaskConvention),
         mask_convention,
-    ),
-    R::new("kv-binding", CACHE, Some(Verdict::KvBinding), kv_binding).when(When::NothingYet),
+    )
+    .needs(Control::CacheReading),
+    R::new("kv-binding", CACHE, Some(Verdict::KvBinding), kv_binding)
+        .needs(Control::CacheReading)
+        .when(When::NothingYet),
     R::new(
         "reader-layout",
         CACHE,
         Some(Verdict::CacheLayoutMismatch),
         reader_layout,
     )
+    .needs(Control::CacheReading)
     .when(When::NothingYet),
     R::new(
         "reader-elimination",
@@ -79,6 +89,7 @@ pub const CACHE_PATH: &[R] = &[
         Some(Verdict::TbtGraph),
         reader_elimination,
     )
+    .needs(Control::CacheReading)
     .when(When::NothingYet),
 ];
 
@@ -91,6 +102,7 @@ pub const CACHE_LATE: &[R] = &[
         Some(Verdict::CacheLayoutMismatch),
         writer_layout_solved,
     )
+    .needs(Control::CacheReading)
     .when(When::NothingYet),
     R::new(
         "writer-partial-shift",
@@ -98,6 +110,7 @@ pub const CACHE_LATE: &[R] = &[
         Some(Verdict::CacheOffset),
         writer_partial_shift,
     )
+    .needs(Control::CacheReading)
     .when(When::NothingYet),
     R::new(
         "prefill-chunk-mask",
@@ -105,6 +118,7 @@ pub const CACHE_LATE: &[R] = &[
         Some(Verdict::MaskConvention),
         prefill_chunk_mask,
     )
+    .needs(Control::CacheReading)
     .when(When::NothingYet),
     R::new(
         "tbt-writer-truncation",
@@ -112,6 +126,7 @@ pub const CACHE_LATE: &[R] = &[
         Some(Verdict::CacheTruncation),
         tbt_writer_truncation,
     )
+    .needs(Control::CacheReading)
     .when(When::NothingYet),
     R::new(
         "tbt-graph-elimination",
@@ -119,6 +134,7 @@ pub const CACHE_LATE: &[R] = &[
         Some(Verdict::TbtGraph),
         tbt_graph_elimination,
     )
+    .needs(Control::CacheReading)
     .when(When::NothingYet),
     R::new(
         "marginal-healthy",
@@ -137,6 +153,7 @@ pub const SOLVED: &[R] = &[R::new(
     Some(Verdict::CacheLayoutMismatch),
     layout_solved,
 )
+.needs(Control::CacheReading)
 .when(When::NothingYet)];
 
 const MASK_CONVENTION: &str = "mask-convention";

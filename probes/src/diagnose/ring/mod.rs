@@ -175,17 +175,18 @@ fn relative_controls(run: &mut Run, f: &mut RingFacts) -> Result<()> {
             pf.scale = Some(fit);
         }
     }
-    if let (Some(band), Some((rm, md))) = (f.precision_band(), f.greedy.matched) {
+    if let (Some(band), Some(m)) = (f.precision_band(), &f.greedy.matched) {
+        let (rm, md) = (m.reference_vs_matched, m.matched_vs_device);
         run.eng.line(format!(
-            "greedy, three-way over tbt steps: f32 vs device {:.4}, f32 vs precision-matched {:.4}, precision-matched vs device {:.4}; the declared precision allows a miss of {:.4} (cache-free controls + matched reference) → {}",
+            "greedy, three-way over tbt steps: f32 vs device {:.4}, f32 vs precision-matched {:.4}, precision-matched vs device {:.4}; the declared precision costs {:.4} (cache-free controls + matched reference) → {}",
             f.g_tbt_mean(),
             rm,
             md,
             band,
             if f.greedy_relative_miss() {
-                "the device leaves it"
+                "the device leaves the matched reference by more than that at most steps"
             } else {
-                "within it"
+                "the device stays within it"
             }
         ));
     }

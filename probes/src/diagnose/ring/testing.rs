@@ -70,6 +70,7 @@ pub fn healthy_facts() -> RingFacts {
             tbt_min: 0.998,
             tbt_top1: 0.94,
             first_divergence: None,
+            matched: None,
         },
         prefill_scale: Some(scale(0.9999, 0.99995, 1.0)),
         ..RingFacts::default()
