@@ -280,6 +280,25 @@ fn run_rows(
     b: usize,
     from: usize,
 ) -> Result<Vec<f32>> {
+    let (mut logits, _) = run_graph_rows(model, p, store, seq, a, b, from, true)?;
+    p.logits.apply(&mut logits);
+    Ok(logits)
+}
+
+/// One graph run of rows `a..b` of `seq` over the stored positions `from..a` (causal inside the
+/// chunk); stores the rows' K/V. Returns the raw logits (`last_only`: the last row's) and their
+/// row count.
+#[allow(clippy::too_many_arguments)]
+fn run_graph_rows(
+    model: &Model,
+    p: &Precision,
+    store: &mut Store,
+    seq: &[u32],
+    a: usize,
+    b: usize,
+    from: usize,
+    last_only: bool,
+) -> Result<(Vec<f32>, usize)> {
     let t = b - a;
     let nh = model.config().n_heads;
     let mut hidden: Vec<f32> = model.embed(&seq[a..b])?.flatten_all()?.to_vec1()?;
@@ -300,13 +319,17 @@ fn run_rows(
         past: store.past(from, a)?,
         mask,
         graph: GraphOptions::default(),
-        last_only: true,
+        last_only,
     })?;
     store.push(&out.new_kv, p)?;
     let vocab = model.config().vocab_size;
-    let mut logits = out.logits[(out.rows - 1) * vocab..out.rows * vocab].to_vec();
-    p.logits.apply(&mut logits);
-    Ok(logits)
+    let rows = out.rows;
+    let logits = if last_only {
+        out.logits[(rows - 1) * vocab..rows * vocab].to_vec()
+    } else {
+        out.logits
+    };
+    Ok((logits, rows))
 }
 
 /// Fills each step's three-way comparison and near-tie flag from the device's and the f32
@@ -339,14 +362,9 @@ pub fn three_way(
         let floor = F32_BAND * r.iter().fold(0f32, |a, x| a.max(x.abs())) as f64;
         let band = match &matched {
             Some(m) => {
-                let band = precision_band(&m[i], r);
-                st.matched = Some(MatchedStep {
-                    reference_vs_matched: cosine(&m[i], r),
-                    matched_vs_device: cosine(&device[i], &m[i]),
-                    matched_top1: top1(&m[i]),
-                    band,
-                });
-                band.max(floor)
+                let step = step(&m[i], r, &device[i]);
+                st.matched = Some(step);
+                step.band.max(floor)
             }
             None => floor,
         };
@@ -359,6 +377,38 @@ pub fn three_way(
         st.near_tie = !c.top1_match && st.reference_margin <= band;
     }
     Ok(precision.map(|p| summary(p.describe, steps)))
+}
+
+/// The three-way comparison of one position: matched logits against the f32 reference and the
+/// device.
+pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
+    MatchedStep {
+        reference_vs_matched: cosine(matched, reference),
+        matched_vs_device: cosine(device, matched),
+        matched_top1: top1(matched),
+        band: precision_band(matched, reference),
+    }
+}
+
+/// Every row's logits of one prefill chunk of `ids` from position 0 (no past), at the declared
+/// precision: row i is the last row of the single-chunk prefix `ids[..=i]`.
+pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+    let c = model.config();
+    let mut store = Store {
+        k: vec![Vec::new(); c.n_layers],
+        v: vec![Vec::new(); c.n_layers],
+        n_kv: c.n_kv_heads,
+        hd: c.head_dim,
+    };
+    let (logits, rows) = run_graph_rows(model, p, &mut store, ids, 0, ids.len(), 0, false)?;
+    let vocab = c.vocab_size;
+    Ok((0..rows)
+        .map(|r| {
+            let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
+            p.logits.apply(&mut row);
+            row
+        })
+        .collect())
 }
 
 /// How far the declared precision moves the gap between two logits at one step: twice the

@@ -8,6 +8,7 @@
 
 use kvprobe_schema::{PrefillFinding, PrefillRow};
 
+use crate::matched;
 use crate::metrics::{compare, cosine, summarise};
 use crate::session::Session;
 use crate::thresholds::IDENTICAL_COSINE;
@@ -51,6 +52,12 @@ pub fn run(s: &mut Session, opts: &PrefillOptions) -> Result<PrefillFinding> {
     s.progress.phase("prefill sweep", runs as u64);
     let reference = s.prompt_ref()?;
     let ids = s.ids.clone();
+    // single-chunk prefixes: one precision-matched forward gives every row (causal)
+    let single = g.prompt_len.min(g.prefill_len);
+    let matched = match matched::Precision::of(s.describe(), s.model.config().n_layers) {
+        Some(p) => Some(matched::chunk_rows(s.model, &p, &ids[..single])?),
+        None => None,
+    };
     let mut rows = Vec::with_capacity(ks.len());
     let mut first_logits = Vec::new();
     for (i, &k) in ks.iter().enumerate() {
@@ -59,6 +66,10 @@ pub fn run(s: &mut Session, opts: &PrefillOptions) -> Result<PrefillFinding> {
         rows.push(PrefillRow {
             position: k - 1,
             comparison: compare(&out.logits, reference.row(k - 1)),
+            matched: matched.as_ref().and_then(|m| {
+                let row = m.get(k - 1)?;
+                Some(matched::step(row, reference.row(k - 1), &out.logits))
+            }),
         });
         if i == 0 {
             first_logits = out.logits;

@@ -89,5 +89,5 @@ pub fn fit_repairs(base: f64, fitted: f64) -> bool {
 /// cosine). SmolLM2 on the emulator: healthy medians 0.27-0.64 over 6 prompts, a tbt position
 /// −4 and a ×0.5 V-cache scale on two layers 5.2 and 6.8 (docs/diagnosis.md).
 pub const PRECISION_RATIO: f64 = 2.5;
-pub const MATCHED_GAP: f64 = 1e-3;
+pub const MATCHED_GAP: f64 = 2e-4;
 pub const STEP_NOISE_FLOOR: f64 = 1e-4;

@@ -215,6 +215,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
                 .map(|p| PrefillRow {
                     position: p,
                     comparison: cmp(0.98 + 0.01 * noise(p, 1, 7), 40 + p as u32, true),
+                    matched: None,
                 })
                 .collect(),
             rerun_cosine: 1.0,

@@ -6,6 +6,8 @@
 //! [`stage`] (the issue-10 probes' pipeline stage, on `unknown` and under `stage_only`).
 
 pub mod engine;
+#[cfg(test)]
+mod invariant;
 mod outcome;
 pub mod ring;
 pub mod stage;

@@ -19,6 +19,10 @@ pub struct PrefillRow {
     /// Position of the last prompt token of this prefix (prefix length − 1).
     pub position: usize,
     pub comparison: LogitComparison,
+    /// The precision-matched reference of a single-chunk prefix, when the device declares a
+    /// lower precision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched: Option<MatchedStep>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -286,7 +286,7 @@ fn prefill_graph(f: &RingFacts) -> Option<Cause> {
     };
     let cause = Cause::new(confidence);
     // the relative and scale-fit controls wrote their own line when they failed the rows
-    if f.prefill_relative_miss() || scale_hit {
+    if f.prefill_relative_miss() || f.prefill_leaves_matched() || scale_hit {
         return Some(cause);
     }
     Some(cause.line(format!(
@@ -482,7 +482,11 @@ mod tests {
         marginal.greedy.tbt_mean = Some(0.955);
         let c = fires_in("healthy", &marginal).expect("marginal is healthy");
         assert_eq!(c.confidence, 0.75);
-        assert!(c.warnings[0].contains("close to its floor"), "{:?}", c.warnings);
+        assert!(
+            c.warnings[0].contains("close to its floor"),
+            "{:?}",
+            c.warnings
+        );
         let laid_out = RingFacts {
             layout: Some(layout(Layout::TokenMajor, 0, 0.99, &[3])),
             ..healthy_facts()

@@ -162,6 +162,16 @@ fn relative_controls(run: &mut Run, f: &mut RingFacts) -> Result<()> {
             f.selfmask_noise().unwrap_or(0.0)
         ));
     }
+    if f.prefill_leaves_matched() {
+        let n = f.single_matched.len() as f64;
+        let (rm, md) = f
+            .single_matched
+            .iter()
+            .fold((0.0, 0.0), |(a, b), &(x, y)| (a + x / n, b + y / n));
+        run.eng.line(format!(
+            "prefill graph: single-chunk rows against the precision-matched reference: f32 vs matched {rm:.5}, matched vs device {md:.5} — the device leaves what its declared precision computes at most rows"
+        ));
+    }
     if f.wants_prefill_scale() {
         let fit = run.timed("scalefit", prefill_scale)?;
         f.prefill_scale = Some(fit.clone());
