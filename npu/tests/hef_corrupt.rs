@@ -172,3 +172,30 @@ proptest! {
         exercise(encode(&s));
     }
 }
+
+/// Cache edges whose padded dimensions multiply and add past 2^64: the sum wrapped (a debug
+/// build panicked on the overflow) and a cache length near 2^64 reached the summary and a
+/// manifest. Now the description and the manifest are refused; lint and pairing arithmetic
+/// saturate.
+#[test]
+fn cache_length_near_2_pow_64_is_refused_not_wrapped() {
+    for padded in [[u32::MAX, u32::MAX, 16], [u32::MAX, 2, 16], [65536, 1, 16]] {
+        let mut s = healthy();
+        for g in &mut s.groups {
+            for c in &mut g.caches {
+                c.padded[0] = padded[0];
+                c.padded[1] = padded[1];
+            }
+        }
+        let h = Hef::parse(encode(&s)).unwrap();
+        let _ = hef::lint(&h);
+        let e = hef::describe::to_device_description(&h).unwrap_err();
+        assert!(e.to_string().contains("longer than 65535 entries"), "{e}");
+        let id = kvprobe_schema::ModelIdentity {
+            path: "x".into(),
+            sha256: "y".into(),
+            architecture: "z".into(),
+        };
+        assert!(hef::describe::to_sim_manifest(&h, id).is_err());
+    }
+}

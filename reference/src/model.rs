@@ -69,6 +69,13 @@ impl Model {
                 path: path.to_path_buf(),
             });
         }
+        if !path.is_dir() && !path.is_file() {
+            // a pipe would block the read of the magic below until a writer came
+            return Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                what: "neither a folder nor a regular file (a pipe or a device); pass the model folder or a .gguf file".into(),
+            });
+        }
         let parts = if path.is_dir() {
             hf::load(path)?
         } else if is_gguf(path)? {

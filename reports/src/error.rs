@@ -35,6 +35,9 @@ pub enum Error {
     /// An unusable `--out` folder; the message names it and says what to do.
     #[error("{0}")]
     OutFolder(String),
+    /// SIGINT or SIGTERM arrived: the write was abandoned and its temporary files removed.
+    #[error("interrupted; nothing was written")]
+    Interrupted,
     #[error("chart {name}: drawing failed ({message})")]
     Chart { name: String, message: String },
 }

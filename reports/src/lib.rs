@@ -13,6 +13,8 @@ pub mod error;
 pub mod fixtures;
 mod fsio;
 pub mod html;
+mod index;
+pub mod interrupt;
 mod npy;
 pub mod render;
 pub mod run_folder;

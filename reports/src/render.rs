@@ -48,6 +48,10 @@ pub fn write_artifacts(results: &Results, arrays: &[NamedArray], out_dir: &Path)
     write_atomic(&out_dir.join(REPORT_HTML), html.as_bytes())
 }
 
+/// The largest results.json read: a SmolLM2 run with every probe writes about 2 MB, a
+/// 2048-slot colmap a few times that.
+pub const MAX_RESULTS_BYTES: u64 = 256 << 20;
+
 /// Read and check `dir/results.json`: present, readable, valid, not from a newer kvprobe, and
 /// consistent with itself (`crate::validate`).
 pub fn load_results(dir: &Path) -> Result<Results> {
@@ -63,7 +67,7 @@ pub fn load_results(dir: &Path) -> Result<Results> {
             path: dir.to_path_buf(),
         });
     }
-    let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+    let bytes = crate::fsio::read_capped(&path, MAX_RESULTS_BYTES)?;
     let mut value: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|source| Error::Json {
             path: path.clone(),

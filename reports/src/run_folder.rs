@@ -101,6 +101,7 @@ pub fn write_run_folder<E: From<Error>>(
     arrays: &[NamedArray],
     extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
 ) -> std::result::Result<(), E> {
+    let _writing = crate::interrupt::Writing::begin()?;
     check_out_dir(out, force)?;
     std::fs::create_dir_all(parent_of(out)).map_err(|e| {
         Error::OutFolder(format!(
@@ -113,6 +114,7 @@ pub fn write_run_folder<E: From<Error>>(
         .map_err(|e| Error::OutFolder(format!("{}: {e}", out.display())))
         .inspect_err(|_| discard(&tmp))?;
     extra(&tmp).inspect_err(|_| discard(&tmp))?;
+    crate::interrupt::check().inspect_err(|_| discard(&tmp))?;
     let old = if out.exists() {
         let aside =
             sibling(out, ".kvprobe-old-", "cannot replace it").inspect_err(|_| discard(&tmp))?;

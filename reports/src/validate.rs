@@ -22,6 +22,7 @@ pub(crate) fn check(r: &Results, path: &Path, file_len: usize) -> Result<()> {
         detail,
     };
     check_shapes(r).map_err(bad)?;
+    check_ranges(r).map_err(bad)?;
     let budget = MIN_CELL_BUDGET.max(CELLS_PER_BYTE.saturating_mul(file_len as u64));
     for (what, cells) in declared_cells(r) {
         if cells > budget {
@@ -54,6 +55,56 @@ fn check_shapes(r: &Results) -> std::result::Result<(), String> {
                 ("slots", c.slots.len()),
                 ("perturbed", c.perturbed.len()),
             )?;
+        }
+    }
+    Ok(())
+}
+
+/// Index and list sizes a real run keeps: the sections do arithmetic and lookups with them, and a
+/// list far longer than its axis would make a lookup per row quadratic in the file.
+fn check_ranges(r: &Results) -> std::result::Result<(), String> {
+    let p = &r.probes;
+    if let Some(s) = &p.stale {
+        let l = r.provenance.cache_len;
+        if let Some(st) = s.steps.iter().find(|st| st.step > st.position) {
+            return Err(format!(
+                "stale step {} is at position {}, before its own step count",
+                st.step, st.position
+            ));
+        }
+        for (what, n) in [
+            ("never_written_slots", s.never_written_slots.len()),
+            ("previously_written_slots", s.previously_written_slots.len()),
+            ("leaks", s.leaks.len()),
+        ] {
+            if n > l {
+                return Err(format!("stale {what} lists {n} slots of a {l}-slot ring"));
+            }
+        }
+    }
+    if let Some(s) = &p.splits {
+        let n = s.prompt_len;
+        if let Some(row) = s.rows.iter().find(|row| row.split > n) {
+            return Err(format!(
+                "splits row splits at {} of a {n}-token prompt",
+                row.split
+            ));
+        }
+        if s.rows.len() > n.saturating_add(1) || s.failing_splits.len() > s.rows.len() {
+            return Err(format!(
+                "splits lists {} rows and {} failing splits for a {n}-token prompt",
+                s.rows.len(),
+                s.failing_splits.len()
+            ));
+        }
+    }
+    if let Some(c) = &p.colmap {
+        if c.rows.len() > c.entries.len() {
+            return Err(format!(
+                "colmap lists {} rows for {} entries",
+                c.rows.len(),
+                c.entries.len()
+            ));
         }
     }
     Ok(())

@@ -88,3 +88,80 @@ fn valid_results_still_load() {
     let (got, _dir) = load(&r);
     assert!(got.unwrap() == r);
 }
+
+/// A step at a position before its own step count: `position - step` underflowed while drawing
+/// (a panic in a debug build, a walk over billions of positions in a release build).
+#[test]
+fn stale_step_before_its_position_is_refused() {
+    let mut r = faulty_results();
+    let step = StaleStep {
+        step: 5,
+        position: 2,
+        cosine_to_clean: 1.0,
+        max_abs_diff: 0.0,
+        moved: false,
+    };
+    r.probes.stale = Some(stale(vec![1], vec![step], &[]));
+    assert_malformed(&r, "stale step 5");
+    let mut r = faulty_results();
+    r.probes.stale = Some(stale((0..5000).collect(), vec![], &[]));
+    assert_malformed(&r, "never_written_slots");
+}
+
+/// A split past the prompt: `split + j` overflowed (a panic in a debug build).
+#[test]
+fn split_past_the_prompt_is_refused() {
+    let mut r = faulty_results();
+    let row = SplitRow {
+        split: usize::MAX,
+        prefill_continue: None,
+        decode_cosines: vec![0.9, 0.8],
+        decode_final: comparison(0.9),
+    };
+    r.probes.splits = Some(splits(4, vec![row], 0.9, 0.9, 0.9));
+    assert_malformed(&r, "splits row");
+}
+
+/// 150 000 colmap entries without positions: labels were matched row by row against every entry
+/// (2 × 2.25e10 comparisons, about a minute); a lookup built once draws it in well under a second.
+#[test]
+fn colmap_labels_are_matched_in_linear_time() {
+    let mut r = faulty_results();
+    let c = r.probes.colmap.as_mut().unwrap();
+    let n = 150_000;
+    let row = c.rows[0].clone();
+    c.positions.clear();
+    c.position_tokens.clear();
+    c.entries = (0..n).collect();
+    c.matrix = vec![Vec::new(); n];
+    c.rows = (0..n)
+        .rev()
+        .map(|entry| kvprobe_schema::ColmapRow {
+            entry,
+            ..row.clone()
+        })
+        .collect();
+    let (got, dir) = load(&r);
+    got.unwrap();
+    let t = std::time::Instant::now();
+    kvprobe_reports::render_report(dir.path()).unwrap();
+    assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", t.elapsed());
+}
+
+/// A results.json that is a pipe or a folder is refused before reading.
+#[test]
+fn results_json_must_be_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("results.json")).unwrap();
+    let e = load_results(dir.path()).unwrap_err().to_string();
+    assert!(!e.contains('\n'), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("results.json");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&p)
+        .status()
+        .unwrap()
+        .success());
+    let e = load_results(dir.path()).unwrap_err().to_string();
+    assert!(!e.contains('\n'), "{e}");
+}

@@ -26,6 +26,9 @@ pub struct DeviceError(pub String);
 
 /// Print the error as one line on stderr and pick the exit code.
 pub fn report_error(e: &anyhow::Error) -> ExitCode {
+    if super::interrupt::interrupted() {
+        super::interrupt::finish("a signal");
+    }
     let msg = format!("{e:#}");
     let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
     eprintln!("error: {one_line}");
@@ -85,6 +88,7 @@ pub fn write_atomic(
         use std::os::unix::fs::PermissionsExt;
         builder.permissions(std::fs::Permissions::from_mode(0o666));
     }
+    let _writing = kvprobe_reports::interrupt::Writing::begin()?;
     let mut tmp = builder.tempfile_in(dir).map_err(|e| {
         usage(format!(
             "{}: cannot create a file there ({e}); choose another --out",
@@ -98,6 +102,7 @@ pub fn write_atomic(
             path.display()
         ))
     })?;
+    kvprobe_reports::interrupt::check()?;
     tmp.persist(path).map_err(|e| {
         usage(format!(
             "{}: cannot write ({}); choose another --out",

@@ -56,7 +56,7 @@ impl Outcome {
 /// Reads, lints, optionally pairs/extracts/emits. Errors are unreadable input (exit 2).
 pub fn inspect(args: &InspectArgs) -> anyhow::Result<Outcome> {
     let hef = Hef::open(&args.hef).map_err(|e| match e {
-        hef::HefError::Io { .. } => anyhow::Error::from(e),
+        hef::HefError::Read { .. } => anyhow::Error::from(e),
         other => anyhow::Error::from(other).context(args.hef.display().to_string()),
     })?;
     let lints = hef::lint(&hef);

@@ -5,6 +5,7 @@
 pub mod common;
 pub mod device_args;
 pub mod inspect;
+pub mod interrupt;
 pub mod probe_cmd;
 pub mod ref_cmd;
 pub mod report;
@@ -40,6 +41,7 @@ pub enum Command {
 /// Parse the process arguments, run, and map the outcome to an exit code (design.md: 2 input or
 /// usage, 3 device, 1 reserved for "fault diagnosed").
 pub fn main() -> ExitCode {
+    interrupt::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {

@@ -45,6 +45,44 @@ impl<'a> FaultText<'a> {
     }
 }
 
+/// More faults than any table has rows times scopes: a longer list is a damaged manifest, and
+/// the conflict check below is quadratic in it.
+pub const MAX_FAULTS: usize = 256;
+
+/// One parsed fault as the conflict check sees it: its text, its typed value and its scope
+/// (`None`: everywhere).
+pub type FaultItem<'a, K> = (&'a str, &'a K, Option<&'a Scope>);
+
+/// Refuse two faults of one name whose values differ where their scopes meet: which one the
+/// emulator applies would depend on their order, so the run would not say what it tested.
+pub fn refuse_conflicts<K: PartialEq>(faults: &[FaultItem<'_, K>]) -> Result<()> {
+    if faults.len() > MAX_FAULTS {
+        return Err(Error::BadOption {
+            flag: "--fault".into(),
+            detail: format!(
+                "{} faults, more than the {MAX_FAULTS} a run takes; give each fault once",
+                faults.len()
+            ),
+        });
+    }
+    for (i, &(text_a, kind_a, scope_a)) in faults.iter().enumerate() {
+        let name_a = FaultText::split(text_a).name;
+        for &(text_b, kind_b, scope_b) in &faults[i + 1..] {
+            let b = FaultText::split(text_b);
+            let meet = match (scope_a, scope_b) {
+                (Some(x), Some(y)) => x.meets(y),
+                _ => true,
+            };
+            if b.name == name_a && kind_a != kind_b && meet {
+                return Err(b.bad(format!(
+                    "conflicts with `{text_a}` (the same fault with another value where both apply); keep one of them"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What a scope item restricts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScopeKind {
@@ -82,6 +120,19 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// Whether some group and edge is in both scopes (`None` holds everything).
+    pub fn meets(&self, other: &Scope) -> bool {
+        fn meet<T: PartialEq>(a: &Option<Vec<T>>, b: &Option<Vec<T>>) -> bool {
+            match (a, b) {
+                (Some(a), Some(b)) => a.iter().any(|x| b.contains(x)),
+                _ => true,
+            }
+        }
+        meet(&self.groups, &other.groups)
+            && meet(&self.kinds, &other.kinds)
+            && meet(&self.layers, &other.layers)
+    }
+
     pub fn has_group(&self, g: GroupKind) -> bool {
         self.groups.as_ref().is_none_or(|v| v.contains(&g))
     }

@@ -78,9 +78,73 @@ pub fn write(m: &SimManifest, path: &Path) -> Result<()> {
     })
 }
 
+/// The largest manifest read: a real one is tens of kilobytes (a quant info per edge).
+pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+
+/// Why [`read_capped`] would not read a file.
+#[derive(Debug, thiserror::Error)]
+pub enum CappedReadError {
+    #[error("cannot read it ({0}); check the path")]
+    Io(#[from] std::io::Error),
+    #[error("it is {0}, not a regular file; pass the file itself")]
+    NotAFile(&'static str),
+    #[error("it is {len} bytes, more than the {max} kvprobe reads for it; pass the right file")]
+    TooLarge { len: u64, max: u64 },
+}
+
+fn kind_of(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a pipe"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The bytes of a regular file of at most `max` bytes. The type is checked before opening (a
+/// FIFO would block the open) and again on the handle (the path may have changed), and the read
+/// stops at `max + 1` bytes, so a pipe, `/dev/zero`, a folder or a huge sparse file is refused
+/// before memory grows.
+pub fn read_capped(path: &Path, max: u64) -> std::result::Result<Vec<u8>, CappedReadError> {
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(CappedReadError::NotAFile(kind_of(meta.file_type())));
+    }
+    let f = std::fs::File::open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(CappedReadError::NotAFile(kind_of(meta.file_type())));
+    }
+    if meta.len() > max {
+        return Err(CappedReadError::TooLarge {
+            len: meta.len(),
+            max,
+        });
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        // it grew while being read
+        return Err(CappedReadError::TooLarge {
+            len: bytes.len() as u64,
+            max,
+        });
+    }
+    Ok(bytes)
+}
+
 pub fn read(path: &Path) -> Result<SimManifest> {
-    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
-    let m: SimManifest = serde_json::from_str(&text).map_err(|e| Error::Manifest {
+    let bytes = read_capped(path, MAX_MANIFEST_BYTES).map_err(|e| Error::Manifest {
+        path: path.to_path_buf(),
+        detail: format!("not read as a sim manifest: {e}"),
+    })?;
+    let m: SimManifest = serde_json::from_slice(&bytes).map_err(|e| Error::Manifest {
         path: path.to_path_buf(),
         detail: format!(
             "not a sim manifest ({}); pass the sim-manifest.json a previous run wrote",
@@ -96,7 +160,31 @@ pub fn read(path: &Path) -> Result<SimManifest> {
             ),
         });
     }
+    check_values(&m).map_err(|detail| Error::Manifest {
+        path: path.to_path_buf(),
+        detail: format!("{detail}; write a new manifest (a run records one)"),
+    })?;
     Ok(m)
+}
+
+/// Values no emulated compile produces: a quant scale that is not a positive finite number would
+/// quantise every value to one level (or to NaN) and steer the diagnosis to a wrong verdict.
+fn check_values(m: &SimManifest) -> std::result::Result<(), String> {
+    for n in &m.quant {
+        let q = &n.quant;
+        if !(q.scale.is_finite() && q.scale > 0.0) {
+            return Err(format!(
+                "quant info `{}` has scale {}, not a positive finite number",
+                n.name, q.scale
+            ));
+        }
+        for (what, x) in [("zero_point", q.zero_point), ("min", q.min), ("max", q.max)] {
+            if !x.is_finite() {
+                return Err(format!("quant info `{}` has {what} {x}", n.name));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuse a manifest made for other weights.

@@ -169,6 +169,13 @@ impl AneDevice {
         for f in &opts.faults {
             faults.push(faults::parse(f)?);
         }
+        let items: Vec<_> = opts
+            .faults
+            .iter()
+            .zip(&faults)
+            .map(|(t, f)| (t.as_str(), f, None))
+            .collect();
+        crate::contract::faults::refuse_conflicts(&items)?;
         let graph = Graph::new(&export, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)?;
         let (ctx, qmax) = (opts.max_ctx, opts.max_query);
         let name = opts

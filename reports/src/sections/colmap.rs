@@ -10,6 +10,7 @@ use crate::cells::{chart, opt, yes};
 use crate::charts::heatmap::{self, Heatmap, RowClass, Scale};
 use crate::error::{Error, Result};
 use crate::html::{fold, kv_table, table};
+use crate::index::first_index;
 use crate::npy::write_npy;
 use crate::section::{Chart, ProbeBlock, ProbeSection};
 use crate::text::{html_visible, num, visible};
@@ -68,7 +69,8 @@ impl ProbeSection for Colmap {
 
     fn block(&self, r: &Results, charts: &[Chart]) -> Option<ProbeBlock> {
         let f = r.probes.colmap.as_ref()?;
-        let rows: Vec<_> = f.rows.iter().map(|row| row_cells(f, row)).collect();
+        let at = first_index(&f.positions, |p| *p);
+        let rows: Vec<_> = f.rows.iter().map(|row| row_cells(f, row, &at)).collect();
         Some(ProbeBlock {
             id: "colmap",
             title: "Column-to-token map (single-key steps)",
@@ -121,12 +123,17 @@ pub fn class_name(c: ColumnMatch) -> &'static str {
     }
 }
 
-fn row_cells(f: &ColmapFinding, row: &ColmapRow) -> (Vec<String>, Option<bool>) {
+/// `at`: where each position stands in `f.positions`.
+fn row_cells(
+    f: &ColmapFinding,
+    row: &ColmapRow,
+    at: &std::collections::HashMap<usize, usize>,
+) -> (Vec<String>, Option<bool>) {
     let opt = |v: Option<usize>| v.map(|x| x.to_string()).unwrap_or_else(|| "—".into());
     let ok = row.expected_position.map(|e| row.best_position == Some(e));
     let best_token = row
         .best_position
-        .and_then(|p| f.positions.iter().position(|q| *q == p))
+        .and_then(|p| at.get(&p).copied())
         .map(|k| {
             f.position_tokens
                 .get(k)
@@ -206,14 +213,14 @@ pub fn colmap_matrix(c: &ColmapFinding) -> Result<Array2<f32>> {
 /// `[entries, positions]`: true where the ring arithmetic puts prompt position p at entry j.
 pub fn colmap_expected(c: &ColmapFinding) -> Array2<bool> {
     let mut m = Array2::from_elem((c.entries.len(), c.positions.len()), false);
+    let (rows, at) = (
+        first_index(&c.rows, |r| r.entry),
+        first_index(&c.positions, |p| *p),
+    );
     for (i, entry) in c.entries.iter().enumerate() {
-        let expected = c
-            .rows
-            .iter()
-            .find(|row| row.entry == *entry)
-            .and_then(|row| row.expected_position);
+        let expected = rows.get(entry).and_then(|&r| c.rows[r].expected_position);
         if let Some(p) = expected {
-            if let Some(k) = c.positions.iter().position(|q| *q == p) {
+            if let Some(&k) = at.get(&p) {
                 m[[i, k]] = true;
             }
         }
@@ -231,10 +238,11 @@ fn row_class(c: ColumnMatch) -> RowClass {
 
 pub fn colmap_chart(f: &ColmapFinding) -> Result<String> {
     let expected = colmap_expected(f);
+    let rows = first_index(&f.rows, |r| r.entry);
     let row_info: Vec<Option<&ColmapRow>> = f
         .entries
         .iter()
-        .map(|e| f.rows.iter().find(|r| r.entry == *e))
+        .map(|e| rows.get(e).map(|&r| &f.rows[r]))
         .collect();
     let row_labels = f
         .entries

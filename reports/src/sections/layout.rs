@@ -141,10 +141,11 @@ pub fn layout_correlations(l: &LayoutFinding) -> Array3<f64> {
         (l.caches.len(), Layout::ALL.len(), l.shifts.len()),
         f64::NAN,
     );
+    let shift_at = crate::index::first_index(&l.shifts, |s| *s);
     for (i, cache) in l.caches.iter().enumerate() {
         for s in &cache.scores {
             let li = Layout::ALL.iter().position(|x| *x == s.layout);
-            let si = l.shifts.iter().position(|x| *x == s.shift);
+            let si = shift_at.get(&s.shift).copied();
             if let (Some(li), Some(si)) = (li, si) {
                 m[[i, li, si]] = s.score;
             }

@@ -112,7 +112,7 @@ pub fn splits_matrix(f: &SplitsFinding) -> Array2<f32> {
     let mut m = Array2::from_elem((f.rows.len(), f.prompt_len), f32::NAN);
     for (i, r) in f.rows.iter().enumerate() {
         for (j, c) in r.decode_cosines.iter().enumerate() {
-            if r.split + j < f.prompt_len {
+            if r.split.saturating_add(j) < f.prompt_len {
                 m[[i, r.split + j]] = *c as f32;
             }
         }

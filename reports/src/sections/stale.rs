@@ -191,8 +191,8 @@ pub fn stale_matrix(f: &StaleFinding, cache_len: usize) -> Array2<f32> {
             .chain(&f.previously_written_slots)
         {
             // the steps before this one (and this one) overwrote slots n .. position
-            let first_pos = st.position - st.step;
-            let written = (first_pos..=st.position).any(|p| p % cache_len.max(1) == *slot);
+            let first_pos = st.position.saturating_sub(st.step);
+            let written = crate::index::ring_written(first_pos, st.position, cache_len, *slot);
             if *slot < cache_len && !written {
                 m[[k, *slot]] = 0.0;
             }
@@ -231,12 +231,13 @@ pub fn stale_csv(f: &StaleFinding) -> String {
 
 pub fn stale_chart(f: &StaleFinding, cache_len: usize) -> Result<String> {
     let m = stale_matrix(f, cache_len);
+    let leaks = crate::index::first_index(&f.leaks, |l| (l.step, l.slot));
     let marked = m
         .outer_iter()
         .enumerate()
         .map(|(k, row)| {
             (0..row.len())
-                .map(|slot| f.leaks.iter().any(|l| l.step == k && l.slot == slot))
+                .map(|slot| leaks.contains_key(&(k, slot)))
                 .collect()
         })
         .collect();

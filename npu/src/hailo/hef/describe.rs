@@ -12,6 +12,10 @@ use kvprobe_schema::{
     InputRole, IoDescription, ModelIdentity, ModelShape, NamedQuant, SimManifest, SCHEMA_VERSION,
 };
 
+/// The longest ring a genai device is described with: in and out are narrowed to 16 bits
+/// (contract §1.2), the same bound the emulator's `--cache-len` has.
+const MAX_CACHE_LEN: usize = 65535;
+
 fn dtype_of(data_bytes: u32) -> DType {
     if data_bytes == 2 {
         DType::U16
@@ -95,12 +99,18 @@ pub fn to_device_description(hef: &Hef) -> Result<DeviceDescription> {
     let mut lengths: Vec<usize> = Vec::new();
     for g in [Some(prefill), facts.tbt].into_iter().flatten() {
         for id in g.cache_edges.iter().map(|e| e.cache_id) {
-            let len: usize = g
+            let len = g
                 .cache_edges
                 .iter()
                 .filter(|e| e.cache_id == id)
-                .map(|e| e.length)
-                .sum();
+                .try_fold(0usize, |sum, e| sum.checked_add(e.length))
+                .filter(|&l| l <= MAX_CACHE_LEN)
+                .ok_or_else(|| {
+                    HefError::NotDescribable(format!(
+                        "group \"{}\" cache {id} is longer than {MAX_CACHE_LEN} entries (HailoRT keeps window lengths ≤ 65535, contract §1.2)",
+                        g.name
+                    ))
+                })?;
             lengths.push(len);
         }
     }

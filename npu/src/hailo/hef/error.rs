@@ -4,8 +4,11 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HefError {
-    #[error("{path}: cannot read the file: {err}; check the path and permissions")]
-    Io { path: PathBuf, err: std::io::Error },
+    #[error("{path}: not read as a HEF: {reason}")]
+    Read {
+        path: PathBuf,
+        reason: crate::contract::manifest::CappedReadError,
+    },
     #[error("HEF is {len} bytes, shorter than its {need}-byte header; the file is truncated, copy it again")]
     Truncated { len: usize, need: usize },
     #[error(

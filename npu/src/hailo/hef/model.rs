@@ -91,6 +91,10 @@ pub struct Resource {
     pub hash_ok: Option<bool>,
 }
 
+/// The largest HEF read (it is read whole for its checksums): a compiled LLM for the
+/// Hailo-10H is one to two gigabytes, and a larger file is refused before memory grows.
+pub const MAX_HEF_BYTES: u64 = 4 << 30;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Hef {
     pub file_len: u64,
@@ -112,10 +116,13 @@ pub struct Hef {
 
 impl Hef {
     pub fn open(path: &Path) -> Result<Hef> {
-        let bytes = std::fs::read(path).map_err(|err| super::HefError::Io {
-            path: path.to_path_buf(),
-            err,
-        })?;
+        let bytes =
+            crate::contract::manifest::read_capped(path, MAX_HEF_BYTES).map_err(|reason| {
+                super::HefError::Read {
+                    path: path.to_path_buf(),
+                    reason,
+                }
+            })?;
         Hef::parse(bytes)
     }
 
@@ -374,7 +381,7 @@ fn collect_edges(ctx: &Context, transposed_net: bool, group: &mut Group) {
                 edge_layer_type: e.edge_layer_type,
                 entry_size: e_size,
                 padded_entry_size: geometry::padded_entry_size(e_size),
-                length: base.padded_height as usize * base.padded_width as usize,
+                length: (base.padded_height as usize).saturating_mul(base.padded_width as usize),
                 padded_shape: padded,
                 format_code: base.format,
                 format_name: formats::compiler_format_name(base.format),

@@ -352,8 +352,7 @@ fn caches(facts: &Facts, cfg: &kvprobe_reference::ModelConfig, out: &mut Vec<Lin
             .cache_edges
             .iter()
             .filter(|e| e.cache_id == g.cache_edges[0].cache_id)
-            .map(|e| e.length)
-            .sum::<usize>();
+            .fold(0usize, |sum, e| sum.saturating_add(e.length));
         if !g.cache_edges.is_empty() && cfg.max_position > 0 && l > cfg.max_position {
             push(
                 out,

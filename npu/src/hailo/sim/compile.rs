@@ -59,6 +59,11 @@ pub(super) fn checked_faults(
     for text in &opts.faults {
         faults.push(faults::parse(text)?);
     }
+    let items: Vec<_> = faults
+        .iter()
+        .map(|f| (f.text.as_str(), &f.kind, Some(&f.scope)))
+        .collect();
+    crate::contract::faults::refuse_conflicts(&items)?;
     let (l, p) = (opts.cache_len, opts.prefill_len);
     let shape_for = move |n: usize| StreamShape { tokens: n, ..shape };
     let cx = faults::FaultContext {

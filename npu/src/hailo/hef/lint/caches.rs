@@ -155,7 +155,7 @@ fn pair_checks(
                 ),
             }
         }
-        lengths.push((g.name.clone(), id, i.length + o.length));
+        lengths.push((g.name.clone(), id, i.length.saturating_add(o.length)));
     }
 }
 
@@ -230,7 +230,7 @@ fn llm_contract(facts: &Facts, out: &mut Out) {
             if ins.len() != 1 || outs.len() != 1 {
                 continue;
             }
-            let l = ins[0].length + outs[0].length;
+            let l = ins[0].length.saturating_add(outs[0].length);
             if l != kv {
                 out.push(
                     "cache-kv-size",

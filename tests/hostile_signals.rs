@@ -1,0 +1,99 @@
+//! SIGINT/SIGTERM during a run (issue 19): the run ends with `verdict: incomplete` and exit 3, and
+//! leaves no hidden temporary folder or file and no half-written report, whenever it arrives.
+
+mod common;
+use common::*;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Hidden files or folders kvprobe makes while writing (`.kvprobe-out-*`, `.kvprobe-old-*`,
+/// `.NAME.tmp`) anywhere under `dir`.
+fn leftovers(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                found.push(e.path().display().to_string());
+            }
+            if e.path().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    found
+}
+
+/// Runs `diagnose` into `parent/run` and sends `sig` after `delay`; returns (exit code, stderr).
+fn interrupted_run(parent: &Path, sig: libc::c_int, delay: Duration) -> (i32, String) {
+    let model = fixture("llama", 7);
+    let out = parent.join("run");
+    let mut args = vec![
+        "diagnose".to_string(),
+        "--sim".into(),
+        "--model".into(),
+        model.display().to_string(),
+        "--out".into(),
+        out.display().to_string(),
+        "--all-probes".into(),
+    ];
+    args.extend(
+        geometry("32", "8", IDS_REMAINDER, "8")
+            .into_iter()
+            .map(String::from),
+    );
+    let child = Command::new(env!("CARGO_BIN_EXE_kvprobe"))
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kvprobe");
+    std::thread::sleep(delay);
+    // SAFETY: signalling our own child by its pid.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+    let o = child.wait_with_output().unwrap();
+    let code = o.status.code().expect("ended by its own exit, not killed");
+    (code, String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn an_interrupt_at_any_time_leaves_nothing_half_written() {
+    // how long a whole run takes here, to spread the signals over it
+    let t = Instant::now();
+    let whole = tempfile::tempdir().unwrap();
+    let (code, err) = interrupted_run(whole.path(), 0, Duration::ZERO);
+    assert!(code == 0 || code == 1, "{err}");
+    let span = t.elapsed();
+    let mut interrupted = 0;
+    for k in 0..8u32 {
+        let parent = tempfile::tempdir().unwrap();
+        let sig = if k % 2 == 0 {
+            libc::SIGTERM
+        } else {
+            libc::SIGINT
+        };
+        let (code, err) = interrupted_run(parent.path(), sig, span * k / 8);
+        assert_ne!(code, 101, "panicked: {err}");
+        let left = leftovers(parent.path());
+        assert!(left.is_empty(), "left behind after exit {code}: {left:?}");
+        let out = parent.path().join("run");
+        if code == 3 {
+            interrupted += 1;
+            assert!(err.contains("verdict: incomplete"), "{err}");
+            assert!(!out.exists(), "an interrupted run wrote {}", out.display());
+        } else {
+            // finished before the signal: the folder is whole
+            assert!(code == 0 || code == 1, "exit {code}: {err}");
+            assert!(out.join("report.html").is_file() && out.join("results.json").is_file());
+        }
+    }
+    assert!(
+        interrupted >= 4,
+        "only {interrupted} of 8 runs were interrupted"
+    );
+}
