@@ -10,6 +10,7 @@ pub mod export;
 pub mod fixtures;
 pub mod generate;
 pub mod gguf;
+mod gguf_config;
 mod gguf_meta;
 mod gguf_scan;
 pub mod gguf_tokenizer;
@@ -22,6 +23,7 @@ pub mod llama;
 pub mod mask;
 mod matmul;
 pub mod model;
+pub mod support;
 pub mod tokenizer;
 mod weights;
 
