@@ -365,8 +365,8 @@ fn layer_shapes(c: &ModelConfig, l: usize) -> Vec<(String, Vec<usize>)> {
     want
 }
 
-/// For error messages: the name the user would see in GGUF tooling.
-fn gguf_name_of(hf: &str) -> String {
+/// The GGUF name of a Llama-family HF tensor name (error messages, fixture writers).
+pub fn gguf_name_of(hf: &str) -> String {
     let direct = [
         ("model.embed_tokens.weight", "token_embd.weight"),
         ("model.norm.weight", "output_norm.weight"),
