@@ -79,6 +79,9 @@ impl Model {
                 what: "not a model folder or .gguf file; pass the folder holding config.json or a .gguf file".into(),
             });
         };
+        // a loaded file's tokenizer must fit its embedding (in-memory parts may pair a test
+        // tokenizer with a tiny vocabulary on purpose)
+        parts.tokenizer.check_fits(parts.config.vocab_size)?;
         Self::from_parts_at(parts, path)
     }
 
