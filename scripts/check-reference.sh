@@ -66,10 +66,11 @@ WRITE=target/release/examples/write_fixture
 ARCH_PROMPT="The capital of France is Paris, and 12345 is a number"
 for arch in ${ARCHS:-qwen2 qwen3 llama3}; do
     case "${ARCH_GEOMETRY:-tiny}:$arch" in
-        tiny:*) name="tiny-$arch"; hf_dtype=f32; gguf_dtype=f32 ;;
-        real:qwen2) name=qwen2.5-0.5b; hf_dtype=bf16; gguf_dtype=f16 ;;
-        real:qwen3) name=qwen3-0.6b; hf_dtype=bf16; gguf_dtype=f16 ;;
-        real:llama3) name=llama3.2-1b; hf_dtype=bf16; gguf_dtype=f16 ;;
+        tiny:*) name="tiny-$arch"; hf_dtype=f32; gguf_dtype=f32; np_dtype=float64 ;;
+        real:qwen2) name=qwen2.5-0.5b; hf_dtype=bf16; gguf_dtype=f16; np_dtype=float64 ;;
+        real:qwen3) name=qwen3-0.6b; hf_dtype=bf16; gguf_dtype=f16; np_dtype=float64 ;;
+        # numpy in float32: a float64 copy of 1.2 B weights does not fit beside the rest
+        real:llama3) name=llama3.2-1b; hf_dtype=bf16; gguf_dtype=f16; np_dtype=float32 ;;
         *) echo "check-reference: unknown ARCHS entry $arch (qwen2, qwen3, llama3)" >&2; exit 2 ;;
     esac
     "$WRITE" "$name" hf "$hf_dtype" "$TMP/$name-hf" >/dev/null
@@ -83,11 +84,11 @@ for arch in ${ARCHS:-qwen2 qwen3 llama3}; do
         echo "== $label: kvprobe vs numpy reference ($n prompt tokens)"
         "$BIN" ref logits --model "$m" --ids "$ids" --out "$TMP/a.npy"
         "$BIN" ref logits --model "$m" --ids "$ids" --single-key "$K" --out "$TMP/a_sk.npy"
-        python3 scripts/np_reference.py logits --model "$m" --ids "$ids" --out "$TMP/b.npy"
-        python3 scripts/np_reference.py logits --model "$m" --ids "$ids" --single-key "$K" --out "$TMP/b_sk.npy"
+        python3 scripts/np_reference.py logits --model "$m" --ids "$ids" --dtype "$np_dtype" --out "$TMP/b.npy"
+        python3 scripts/np_reference.py logits --model "$m" --ids "$ids" --single-key "$K" --dtype "$np_dtype" --out "$TMP/b_sk.npy"
         python3 scripts/np_reference.py compare "$TMP/a.npy" "$TMP/b.npy" --label "$label causal" --min-cos "$MIN_COS" | tail -1 || status=1
         python3 scripts/np_reference.py compare "$TMP/a_sk.npy" "$TMP/b_sk.npy" --label "$label single-key $K" --min-cos "$MIN_COS" | tail -1 || status=1
-        np_gen="$(python3 scripts/np_reference.py greedy --model "$m" --ids "$ids" --max-new 20 \
+        np_gen="$(python3 scripts/np_reference.py greedy --model "$m" --ids "$ids" --max-new 20 --dtype "$np_dtype" \
             | python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["generated_ids"])))')"
         # ours stops at EOS; numpy does not: ours must be a prefix of numpy's 20
         if [[ ",$np_gen," == ",$ours_gen,"* ]]; then
