@@ -10,8 +10,14 @@ attn_q / attn_k rows so that RoPE rotates *adjacent* pairs (x[2i], x[2i+1]); thi
 exactly that rotation to the raw rows. The Rust side instead un-permutes the rows and applies the
 HF rotate_half convention. A wrong un-permutation there cannot agree with this script.
 
-HF directories (config.json + *.safetensors) run Llama-family (rotate_half, as HF does) and
-GPT-2-family models; used for the tiny fixtures.
+GGUF architectures: llama (permuted q/k rows, adjacent-pair RoPE, the `rope_freqs` tensor divides
+the frequencies as llama.cpp's ggml_rope_ext does), qwen2 and qwen3 (NeoX-style rotate_half RoPE on
+unpermuted rows, as llama.cpp's LLM_ARCH_QWEN2/QWEN3; qwen3's attn_q_norm/attn_k_norm per head
+before RoPE).
+
+HF directories (config.json + *.safetensors) run Llama-family (rotate_half, as HF does: Llama with
+rope_scaling llama3 per transformers' _compute_llama3_parameters, Mistral, Qwen2 with q/k/v biases,
+Qwen3 with q_norm/k_norm) and GPT-2-family models. Anything else is refused.
 
 Commands:
   logits  --model PATH --ids 1,2,3 [--single-key K] --out FILE.npy
@@ -233,19 +239,22 @@ class Llama:
     """Llama family. `rope` is "adjacent" (GGUF raw rows, as llama.cpp's ROPE_TYPE_NORM) or
     "half" (HF rotate_half on HF rows)."""
 
-    def __init__(self, w, n_layers, n_heads, n_kv, eps, theta, rope, dtype, rope_dim=None):
+    def __init__(self, w, n_layers, n_heads, n_kv, eps, theta, rope, dtype, rope_dim=None, head_dim=None,
+                 inv_freq=None):
         self.w = {k: v.astype(dtype) for k, v in w.items()}
         self.n_layers, self.n_heads, self.n_kv = n_layers, n_heads, n_kv
         self.eps, self.theta, self.rope, self.dtype = eps, theta, rope, dtype
         self.hidden = self.w["embed"].shape[1]
-        self.hd = self.hidden // n_heads
+        self.hd = head_dim or self.hidden // n_heads
         self.rope_dim = rope_dim or self.hd
+        # explicit inverse frequencies (RoPE scaling); None = base^(-2i/rope_dim)
+        self.inv_freq = inv_freq
 
     def apply_rope(self, x, pos):
         # x: [T, H, hd]; theta_i = pos * base^(-2i/rope_dim)
         rd = self.rope_dim
         i = np.arange(rd // 2, dtype=np.float64)
-        inv = self.theta ** (-2.0 * i / rd)
+        inv = self.theta ** (-2.0 * i / rd) if self.inv_freq is None else np.asarray(self.inv_freq, np.float64)
         ang = np.asarray(pos, dtype=np.float64)[:, None] * inv[None, :]  # [T, rd/2]
         c = np.cos(ang).astype(self.dtype)[:, None, :]
         s = np.sin(ang).astype(self.dtype)[:, None, :]
@@ -279,8 +288,13 @@ class Llama:
                 q = q + w[p + "q_bias"]
                 k = k + w[p + "k_bias"]
                 v = v + w[p + "v_bias"]
-            q = self.apply_rope(q.reshape(T, H, hd), pos)
-            k = self.apply_rope(k.reshape(T, KV, hd), pos)
+            q = q.reshape(T, H, hd)
+            k = k.reshape(T, KV, hd)
+            if p + "q_norm" in w:  # Qwen3: RMSNorm over each head's hd features, before RoPE
+                q = rms_norm(q, w[p + "q_norm"], self.eps)
+                k = rms_norm(k, w[p + "k_norm"], self.eps)
+            q = self.apply_rope(q, pos)
+            k = self.apply_rope(k, pos)
             v = v.reshape(T, KV, hd)
             # query head j uses KV head j // rep (HF repeat_kv, llama.cpp broadcast)
             k = np.repeat(k, rep, axis=1)
@@ -333,31 +347,83 @@ class Gpt2:
         return x @ w["wte.weight"].T
 
 
+GGUF_ARCHS = ("llama", "qwen2", "qwen3")
+GGUF_LAYER = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
+              "up": "ffn_up", "down": "ffn_down", "attn_norm": "attn_norm", "ffn_norm": "ffn_norm"}
+
+
 def load_gguf_model(path, dtype):
     meta, raw = read_gguf(path)
     arch = meta.get("general.architecture")
-    if arch != "llama":
+    if arch not in GGUF_ARCHS:
         raise SystemExit(f"{path}: architecture {arch!r} not supported by np_reference.py")
+    for k in meta:
+        if k.startswith(arch + ".rope.scaling.") and k.endswith(".type") and meta[k] not in ("none", ""):
+            raise SystemExit(f"{path}: {k} = {meta[k]} not supported by np_reference.py")
     t = {name: dequantize(*v) for name, v in raw.items()}
-    n_layers = int(meta["llama.block_count"])
+    n_layers = int(meta[arch + ".block_count"])
     w = {"embed": t["token_embd.weight"], "norm": t["output_norm.weight"]}
     w["lm_head"] = t.get("output.weight", t["token_embd.weight"])
-    names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
-             "up": "ffn_up", "down": "ffn_down", "attn_norm": "attn_norm", "ffn_norm": "ffn_norm"}
+    known = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"}
     for l in range(n_layers):
-        for short, g in names.items():
+        for short, g in GGUF_LAYER.items():
             w[f"l{l}.{short}"] = t[f"blk.{l}.{g}.weight"]
+            known.add(f"blk.{l}.{g}.weight")
         for short in ("q", "k", "v"):
             bn = f"blk.{l}.attn_{short}.bias"
             if bn in t:
                 w[f"l{l}.{short}_bias"] = t[bn]
-    n_heads = int(meta["llama.attention.head_count"])
-    n_kv = int(meta.get("llama.attention.head_count_kv", n_heads))
-    eps = float(meta["llama.attention.layer_norm_rms_epsilon"])
-    theta = float(meta.get("llama.rope.freq_base", 10000.0))
-    rope_dim = meta.get("llama.rope.dimension_count")
-    return Llama(w, n_layers, n_heads, n_kv, eps, theta, "adjacent", dtype,
-                 rope_dim=int(rope_dim) if rope_dim is not None else None)
+                known.add(bn)
+        if arch == "qwen3":
+            for short in ("q", "k"):
+                w[f"l{l}.{short}_norm"] = t[f"blk.{l}.attn_{short}_norm.weight"]
+                known.add(f"blk.{l}.attn_{short}_norm.weight")
+    unknown = sorted(set(t) - known)
+    if unknown:
+        raise SystemExit(f"{path}: tensor {unknown[0]} not supported by np_reference.py")
+    n_heads = int(meta[arch + ".attention.head_count"])
+    n_kv = int(meta.get(arch + ".attention.head_count_kv", n_heads))
+    eps = float(meta[arch + ".attention.layer_norm_rms_epsilon"])
+    theta = float(meta.get(arch + ".rope.freq_base", 10000.0))
+    head_dim = meta.get(arch + ".attention.key_length")
+    head_dim = int(head_dim) if head_dim is not None else None
+    rope_dim = meta.get(arch + ".rope.dimension_count")
+    rope_dim = int(rope_dim) if rope_dim is not None else None
+    inv = None
+    if "rope_freqs.weight" in t:
+        if arch != "llama":
+            raise SystemExit(f"{path}: rope_freqs in a {arch} file is not supported by np_reference.py")
+        # ggml_rope_ext with freq_factors: theta_i = pos * base^(-2i/d) / freq_factors[i]
+        rd = rope_dim or head_dim or w["embed"].shape[1] // n_heads
+        i = np.arange(rd // 2, dtype=np.float64)
+        inv = theta ** (-2.0 * i / rd) / t["rope_freqs.weight"].astype(np.float64).reshape(-1)
+    # llama.cpp: LLAMA_ROPE_TYPE_NORM (adjacent pairs) for llama, NEOX (rotate_half) for qwen2/3
+    rope = "adjacent" if arch == "llama" else "half"
+    return Llama(w, n_layers, n_heads, n_kv, eps, theta, rope, dtype, rope_dim=rope_dim, head_dim=head_dim,
+                 inv_freq=inv)
+
+
+def hf_inv_freq(cfg, head_dim):
+    """transformers' RoPE init: default, or llama3 (_compute_llama3_parameters); others refused."""
+    params = cfg.get("rope_parameters") or {}
+    theta = float(cfg.get("rope_theta", params.get("rope_theta", 10000.0)))
+    rs = cfg.get("rope_scaling") or params or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise SystemExit(f"rope_scaling type {kind!r} not supported by np_reference.py")
+    factor = float(rs["factor"])
+    low, high = float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+    old = float(rs["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return theta, np.where(medium, smoothed, scaled)
 
 
 def load_hf_model(path, dtype):
@@ -381,14 +447,15 @@ def load_hf_model(path, dtype):
             bn = p + f"self_attn.{short}_proj.bias"
             if bn in t:
                 w[f"l{l}.{short}_bias"] = t[bn]
+        if p + "self_attn.q_norm.weight" in t:
+            w[f"l{l}.q_norm"] = t[p + "self_attn.q_norm.weight"]
+            w[f"l{l}.k_norm"] = t[p + "self_attn.k_norm.weight"]
     n_heads = int(cfg["num_attention_heads"])
     n_kv = int(cfg.get("num_key_value_heads", n_heads))
-    m = Llama(w, n_layers, n_heads, n_kv, float(cfg.get("rms_norm_eps", 1e-6)),
-              float(cfg.get("rope_theta", 10000.0)), "half", dtype)
-    if "head_dim" in cfg and cfg["head_dim"]:
-        m.hd = int(cfg["head_dim"])
-        m.rope_dim = m.hd
-    return m
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // n_heads)
+    theta, inv = hf_inv_freq(cfg, head_dim)
+    return Llama(w, n_layers, n_heads, n_kv, float(cfg.get("rms_norm_eps", 1e-6)), theta, "half", dtype,
+                 head_dim=head_dim, inv_freq=inv)
 
 
 def load_model(path, dtype):

@@ -300,3 +300,21 @@ fn write_offset_fills_one_slot_late_and_stale_state_continues_the_old_request() 
     assert!(cosine(&second, joined.row(11)) > 0.99);
     assert!(cosine(&second, alone.row(5)) < cosine(&second, joined.row(11)));
 }
+
+/// Qwen2 (biases), Qwen3 (QK-norm in the fp16 graph) and Llama-3 (rope_scaling llama3, through
+/// the exported inverse frequencies) fixtures against the reference under fp16.
+#[test]
+fn architecture_fixtures_match_the_reference_under_fp16() {
+    use kvprobe_reference::arch_fixtures::{write_hf, FixtureArch, Geometry};
+    for arch in FixtureArch::ALL {
+        let d = tempfile::tempdir().unwrap();
+        let (_, g) = Geometry::named(&format!("tiny-{}", arch.name())).unwrap();
+        write_hf(d.path(), arch, &g, 9, &Default::default()).unwrap();
+        let model = Arc::new(Model::load(d.path()).unwrap());
+        let (mut dev, mut drv) = ane(&model, 64, 8, &[]);
+        let prompt = ids(13, model.config().vocab_size, 1);
+        let cos = greedy_cosines(&model, &mut dev, &mut drv, &prompt, 12);
+        let min = cos.iter().cloned().fold(f64::INFINITY, f64::min);
+        assert!(min >= 0.99, "{}: fp16 cosines {cos:?}", arch.name());
+    }
+}

@@ -61,3 +61,17 @@ fn smollm2_float_greedy_two_geometries() {
         assert_eq!(got, want, "SmolLM2 L={l} P={p}");
     }
 }
+
+/// Qwen2 (biases), Qwen3 (QK-norm) and Llama-3 (rope_scaling llama3) fixtures: the emulator
+/// builds on the reference's graph, so with float edges it gives the reference's greedy tokens.
+#[test]
+fn architecture_fixtures_float_greedy() {
+    use kvprobe_reference::arch_fixtures::{write_hf, FixtureArch, Geometry};
+    for (salt, arch) in FixtureArch::ALL.into_iter().enumerate() {
+        let d = tempfile::tempdir().unwrap();
+        let (_, g) = Geometry::named(&format!("tiny-{}", arch.name())).unwrap();
+        write_hf(d.path(), arch, &g, 9, &Default::default()).unwrap();
+        let m = std::sync::Arc::new(kvprobe_reference::Model::load(d.path()).unwrap());
+        check(&m, 32, 8, 13, 10, salt);
+    }
+}

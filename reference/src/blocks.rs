@@ -203,6 +203,9 @@ pub(crate) enum Qkv {
 /// One pre-norm transformer block: x += o(attn(norm1(x))); x += mlp(norm2(x)).
 #[derive(Debug, Clone)]
 pub(crate) struct Block {
+    /// Qwen3 QK-norm: RMSNorm over each head of q / k, before RoPE.
+    pub q_norm: Option<Norm>,
+    pub k_norm: Option<Norm>,
     pub norm1: Norm,
     pub qkv: Qkv,
     pub o: Linear,
@@ -241,6 +244,17 @@ impl Block {
                 (q, k, v)
             }
         })
+    }
+
+    /// Per-head norms on `[T, heads, hd]` rows of q and k (a no-op without QK-norm).
+    pub fn qk_norm_rows(&self, q: &mut Vec<f32>, k: &mut Vec<f32>, hd: usize) -> Result<()> {
+        if let Some(n) = &self.q_norm {
+            *q = n.forward_rows(q, hd)?;
+        }
+        if let Some(n) = &self.k_norm {
+            *k = n.forward_rows(k, hd)?;
+        }
+        Ok(())
     }
 
     pub fn linears_mut(&mut self) -> Vec<&mut Linear> {

@@ -4,7 +4,8 @@ use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Family {
-    /// Llama, SmolLM/SmolLM2, Mistral, Qwen2: RMSNorm, RoPE, GQA, SwiGLU.
+    /// Llama (incl. Llama-3 RoPE scaling), SmolLM/SmolLM2, Mistral, Qwen2, Qwen3 (QK-norm):
+    /// RMSNorm, RoPE, GQA, SwiGLU.
     Llama,
     /// GPT-2, distilgpt2: learned positions, LayerNorm, GELU (tanh), Conv1D.
     Gpt2,
@@ -32,6 +33,14 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
     pub add_bos: bool,
+    /// Qwen3: RMSNorm over each head of q and k (weights `[head_dim]`) before RoPE.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
+    /// Per-frequency divisors of the RoPE inverse frequencies (length head_dim / 2): Llama-3
+    /// `rope_scaling` computed from config.json, or GGUF's `rope_freqs` tensor as stored. None =
+    /// plain RoPE. Kept as data, not a formula, so both sources feed one code path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_freq_factors: Option<Vec<f32>>,
 }
 
 impl ModelConfig {

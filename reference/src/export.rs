@@ -16,6 +16,10 @@ pub struct LinearExport {
 #[derive(Debug, Clone)]
 pub struct LayerExport {
     pub attn_norm: Tensor,
+    /// Qwen3 QK-norm gains `[head_dim]` (RMSNorm over each head of q / k before RoPE, with the
+    /// model's eps); None for architectures without it.
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
     pub q: LinearExport,
     pub k: LinearExport,
     pub v: LinearExport,
@@ -75,8 +79,11 @@ impl Model {
             let Mlp::SwiGlu { gate, up, down } = &b.mlp else {
                 return Ok(None);
             };
+            let head_norm = |n: &Option<Norm>| n.as_ref().and_then(rms).map(|(w, _)| w);
             layers.push(LayerExport {
                 attn_norm,
+                q_norm: head_norm(&b.q_norm),
+                k_norm: head_norm(&b.k_norm),
                 q: linear(q)?,
                 k: linear(k)?,
                 v: linear(v)?,

@@ -181,14 +181,14 @@ pub fn write_tiny_gpt2_with(dir: &Path, seed: u64, opts: &FixtureOptions) -> Res
     write_folder(dir, &config, w, &tok, opts)
 }
 
-fn create_dir(dir: &Path) -> Result<()> {
+pub(crate) fn create_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
         source,
     })
 }
 
-fn write_folder(
+pub(crate) fn write_folder(
     dir: &Path,
     config: &serde_json::Value,
     weights: Vec<(String, Tensor)>,
@@ -241,7 +241,7 @@ fn write_text(path: &Path, text: &str) -> Result<()> {
     })
 }
 
-fn token_id(tok: &Tokenizer, s: &str) -> Result<u32> {
+pub(crate) fn token_id(tok: &Tokenizer, s: &str) -> Result<u32> {
     tok.token_to_id(s).ok_or_else(|| Error::Tokenizer {
         path: "(fixture tokenizer)".into(),
         detail: format!("special token {s} missing"),
@@ -262,18 +262,11 @@ fn byte_char(b: u8) -> char {
     char::from_u32(256 + n).unwrap_or('?')
 }
 
-/// Byte-level BPE: 256 byte tokens (id = byte value), a few merges, then the special tokens.
-/// `bos_template`: a post-processor that prepends the first special token (Llama style).
-pub fn build_tokenizer(specials: &[&str], bos_template: bool) -> Result<Tokenizer> {
-    let fail = |e: String| Error::Tokenizer {
-        path: "(fixture tokenizer)".into(),
-        detail: one_line(&e),
-    };
-    let mut vocab: Vec<(String, u32)> = (0..=255u8)
-        .map(|b| (byte_char(b).to_string(), b as u32))
-        .collect();
+/// The merges of [`build_tokenizer`], in rank order (byte-level spellings; GGUF writes them as
+/// `"a b"`).
+pub fn fixture_merges() -> Vec<(String, String)> {
     let sp = byte_char(b' ').to_string();
-    let merge_list: Vec<(String, String)> = [
+    let mut merges: Vec<(String, String)> = [
         (sp.as_str(), "t"),
         ("h", "e"),
         ("i", "n"),
@@ -288,8 +281,21 @@ pub fn build_tokenizer(specials: &[&str], bos_template: bool) -> Result<Tokenize
     .iter()
     .map(|(a, b)| (a.to_string(), b.to_string()))
     .collect();
-    let mut merges = merge_list.clone();
     merges.push((format!("{sp}t"), "he".to_string()));
+    merges
+}
+
+/// Byte-level BPE: 256 byte tokens (id = byte value), a few merges, then the special tokens.
+/// `bos_template`: a post-processor that prepends the first special token (Llama style).
+pub fn build_tokenizer(specials: &[&str], bos_template: bool) -> Result<Tokenizer> {
+    let fail = |e: String| Error::Tokenizer {
+        path: "(fixture tokenizer)".into(),
+        detail: one_line(&e),
+    };
+    let mut vocab: Vec<(String, u32)> = (0..=255u8)
+        .map(|b| (byte_char(b).to_string(), b as u32))
+        .collect();
+    let merges = fixture_merges();
     for (a, b) in &merges {
         let id = vocab.len() as u32;
         vocab.push((format!("{a}{b}"), id));
@@ -367,7 +373,7 @@ impl Rng {
     }
 
     /// nn.Linear `[out, in]` with std 1/sqrt(in): activations stay O(1) through the layers.
-    fn linear(&mut self, out: usize, inp: usize) -> Result<Tensor> {
+    pub fn linear(&mut self, out: usize, inp: usize) -> Result<Tensor> {
         self.normal(&[out, inp], 1.0 / (inp as f64).sqrt())
     }
 
@@ -377,7 +383,7 @@ impl Rng {
     }
 
     /// Norm gains 1 ± 0.1.
-    fn around_one(&mut self, n: usize) -> Result<Tensor> {
+    pub fn around_one(&mut self, n: usize) -> Result<Tensor> {
         let v: Vec<f32> = (0..n).map(|_| (1.0 + 0.1 * self.gauss()) as f32).collect();
         Ok(Tensor::from_vec(v, n, &Device::Cpu)?)
     }

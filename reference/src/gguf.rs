@@ -1,10 +1,13 @@
-//! GGUF loading: llama-architecture files into f32 weights under canonical Hugging Face names, a
-//! [`ModelConfig`] from `llama.*` metadata and a tokenizer from `tokenizer.ggml.*` metadata.
+//! GGUF loading: `llama`, `qwen2` and `qwen3` files into f32 weights under canonical Hugging Face
+//! names, a [`ModelConfig`] from `<arch>.*` metadata (`gguf_config.rs`) and a tokenizer from
+//! `tokenizer.ggml.*` metadata. Every tensor must map to a weight the forward uses; the
+//! `rope_freqs` tensor (Llama 3.1/3.2 RoPE scaling) becomes the config's frequency divisors.
 //!
 //! Everything is dequantised once at load (issue 2: "Everything float32 on dequantised weights").
 //! llama.cpp's HF→GGUF converter reorders the rows of `attn_q` / `attn_k` inside every head so that
 //! RoPE rotates adjacent pairs (x[2i], x[2i+1]); our forward uses HF's rotate_half, which pairs
-//! (x[i], x[i + hd/2]). [`unpermute_rows`] restores the HF order.
+//! (x[i], x[i + hd/2]). [`unpermute_rows`] restores the HF order. Only the `llama` architecture
+//! is permuted: qwen2/qwen3 use NeoX-style RoPE in llama.cpp, which is rotate_half already.
 
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
@@ -15,9 +18,9 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
 
 use crate::gguf_meta::Meta;
-use crate::{Error, Family, LoadedParts, ModelConfig, Result, Weights};
+use crate::{Error, LoadedParts, ModelConfig, Result, Weights};
 
-/// Load a `.gguf` file (llama architecture) into config, f32 weights (HF names) and tokenizer.
+/// Load a `.gguf` file (llama, qwen2, qwen3) into config, f32 weights (HF names) and tokenizer.
 pub fn load(path: &Path) -> Result<LoadedParts> {
     let file = File::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::NotFound {
@@ -34,17 +37,9 @@ pub fn load(path: &Path) -> Result<LoadedParts> {
         map: &content.metadata,
         path,
     };
-    let arch = meta.string("general.architecture")?;
-    if arch != "llama" {
-        return Err(Error::Unsupported {
-            path: path.to_path_buf(),
-            what: format!(
-                "GGUF architecture `{arch}` (only `llama` is supported); use a llama-architecture GGUF or the model's Hugging Face folder"
-            ),
-        });
-    }
-    let config = config_from_meta(&meta, &content)?;
-    let weights = load_weights(&mut reader, &content, &config, path)?;
+    let arch = crate::gguf_config::architecture(&meta)?;
+    let mut config = crate::gguf_config::config_from_meta(&meta, &content, &arch)?;
+    let weights = load_weights(&mut reader, &content, &mut config, path)?;
     let tokenizer = crate::gguf_tokenizer::from_metadata(&content.metadata, path)?;
     Ok(LoadedParts {
         config,
@@ -132,100 +127,8 @@ fn is_eof(e: &candle_core::Error) -> bool {
     }
 }
 
-fn config_from_meta(meta: &Meta<'_>, content: &Content) -> Result<ModelConfig> {
-    let path = meta.path;
-    let hidden_size = meta.usize("llama.embedding_length")?;
-    let n_heads = meta.usize("llama.attention.head_count")?;
-    let n_kv_heads = meta
-        .opt_i64("llama.attention.head_count_kv")
-        .map(|v| v as usize)
-        .unwrap_or(n_heads);
-    if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
-        return Err(Error::Format {
-            path: path.to_path_buf(),
-            detail: format!("GGUF head counts {n_heads} / {n_kv_heads} (kv) are inconsistent; convert the model again"),
-        });
-    }
-    let head_dim = match meta.opt_i64("llama.attention.key_length") {
-        Some(k) => k as usize,
-        None => hidden_size / n_heads,
-    };
-    if let Some(rd) = meta.opt_i64("llama.rope.dimension_count") {
-        if rd as usize != head_dim {
-            return Err(Error::Unsupported {
-                path: path.to_path_buf(),
-                what: format!("partial RoPE (rope dimension {rd} < head dim {head_dim}); use a model that rotates the whole head"),
-            });
-        }
-    }
-    if meta
-        .opt_string("llama.rope.scaling.type")
-        .is_some_and(|s| s != "none")
-    {
-        return Err(Error::Unsupported {
-            path: path.to_path_buf(),
-            what: "RoPE scaling (llama.rope.scaling.type); use a model without RoPE scaling".into(),
-        });
-    }
-    // The embedding table is the authority on the vocabulary (llama.vocab_size is optional).
-    let vocab_size = match content
-        .tensor_infos
-        .get("token_embd.weight")
-        .map(|i| i.shape.dims())
-    {
-        Some(&[vocab, _]) => vocab,
-        Some(dims) => {
-            return Err(Error::BadTensor {
-                path: path.to_path_buf(),
-                name: "token_embd.weight".into(),
-                detail: format!(
-                    "has {} dimensions where a matrix [vocab, hidden] is expected",
-                    dims.len()
-                ),
-            })
-        }
-        None => {
-            return Err(Error::MissingTensor {
-                path: path.to_path_buf(),
-                name: "token_embd.weight".into(),
-            })
-        }
-    };
-    let tokenizer_model = meta.opt_string("tokenizer.ggml.model").unwrap_or_default();
-    // llama.cpp's defaults when the key is absent: SentencePiece vocabularies add BOS, BPE ones do not.
-    let add_bos = meta
-        .opt_bool("tokenizer.ggml.add_bos_token")
-        .unwrap_or(tokenizer_model == "llama");
-    let qkv_bias = content.tensor_infos.contains_key("blk.0.attn_q.bias");
-    Ok(ModelConfig {
-        family: Family::Llama,
-        architecture: "gguf:llama".into(),
-        vocab_size,
-        hidden_size,
-        n_layers: meta.usize("llama.block_count")?,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        intermediate_size: meta.usize("llama.feed_forward_length")?,
-        norm_eps: meta
-            .opt_f64("llama.attention.layer_norm_rms_epsilon")
-            .ok_or_else(|| meta.missing("llama.attention.layer_norm_rms_epsilon"))?,
-        rope_theta: meta.opt_f64("llama.rope.freq_base").unwrap_or(10_000.0),
-        max_position: meta.usize("llama.context_length")?,
-        tie_embeddings: !content.tensor_infos.contains_key("output.weight"),
-        qkv_bias,
-        bos_token_id: meta
-            .opt_i64("tokenizer.ggml.bos_token_id")
-            .map(|v| v as u32),
-        eos_token_id: meta
-            .opt_i64("tokenizer.ggml.eos_token_id")
-            .map(|v| v as u32),
-        add_bos,
-    })
-}
-
-/// Canonical HF name of a llama-architecture GGUF tensor; None for tensors the forward does not use
-/// (e.g. `rope_freqs`).
+/// Canonical HF name of a GGUF tensor; None for names without an HF counterpart (`rope_freqs`
+/// is handled by the loader, anything else is refused there).
 pub fn hf_name(gguf: &str) -> Option<String> {
     match gguf {
         "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
@@ -250,6 +153,8 @@ pub fn hf_name(gguf: &str) -> Option<String> {
         "ffn_down" => "mlp.down_proj",
         "attn_norm" => "input_layernorm",
         "ffn_norm" => "post_attention_layernorm",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{hf}.{kind}"))
@@ -277,12 +182,16 @@ pub fn unpermute_rows(t: &Tensor, n_heads: usize) -> candle_core::Result<Tensor>
         .reshape(dims)
 }
 
+/// The GGUF name of llama.cpp's per-frequency RoPE divisors (Llama 3.1/3.2 `rope_scaling`).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
 fn load_weights(
     reader: &mut BufReader<File>,
     content: &Content,
-    config: &ModelConfig,
+    config: &mut ModelConfig,
     path: &Path,
 ) -> Result<Weights> {
+    let llama = config.architecture == "gguf:llama";
     let file_len = reader.seek(SeekFrom::End(0)).map_err(|e| Error::Io {
         path: path.to_path_buf(),
         source: e,
@@ -292,8 +201,11 @@ fn load_weights(
     names.sort_by_key(|n| content.tensor_infos[*n].offset);
     let mut weights = Weights::new();
     for gguf_name in names {
-        let Some(hf) = hf_name(gguf_name) else {
-            continue;
+        let hf = match hf_name(gguf_name) {
+            Some(hf) => hf,
+            // llama.cpp reads it for the llama graph only
+            None if gguf_name == ROPE_FREQS && llama => ROPE_FREQS.to_string(),
+            None => return Err(unknown_tensor(path, gguf_name, &config.architecture)),
         };
         let info = &content.tensor_infos[gguf_name];
         check_type(info.ggml_dtype, gguf_name, path)?;
@@ -314,9 +226,13 @@ fn load_weights(
         let mut t = q
             .dequantize(&Device::Cpu)
             .map_err(|e| bad_tensor(path, gguf_name, &e))?;
-        if gguf_name.contains(".attn_q.") {
+        if hf == ROPE_FREQS {
+            config.rope_freq_factors = Some(rope_freqs(&t, config, path)?);
+            continue;
+        }
+        if llama && gguf_name.contains(".attn_q.") {
             t = unpermute_rows(&t, config.n_heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
-        } else if gguf_name.contains(".attn_k.") {
+        } else if llama && gguf_name.contains(".attn_k.") {
             t = unpermute_rows(&t, config.n_kv_heads)
                 .map_err(|e| bad_tensor(path, gguf_name, &e))?;
         }
@@ -324,6 +240,35 @@ fn load_weights(
     }
     check_complete(&weights, config, path)?;
     Ok(weights)
+}
+
+fn unknown_tensor(path: &Path, name: &str, arch: &str) -> Error {
+    Error::Unsupported {
+        path: path.to_path_buf(),
+        what: format!(
+            "tensor `{name}` is not one this tool computes with for {arch} (it may change the math); supported: token_embd, output_norm, output, blk.N.{{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down}} (weights, biases), blk.N.attn_q_norm/attn_k_norm (qwen3), rope_freqs (llama)"
+        ),
+    }
+}
+
+/// `rope_freqs` as the config's divisors: one per rotated pair (head_dim / 2).
+fn rope_freqs(t: &Tensor, c: &ModelConfig, path: &Path) -> Result<Vec<f32>> {
+    let v: Vec<f32> = t
+        .flatten_all()
+        .and_then(|x| x.to_vec1())
+        .map_err(|e| bad_tensor(path, ROPE_FREQS, &e))?;
+    if v.len() != c.head_dim / 2 {
+        return Err(Error::BadTensor {
+            path: path.to_path_buf(),
+            name: ROPE_FREQS.into(),
+            detail: format!(
+                "has {} values, head_dim / 2 = {} expected",
+                v.len(),
+                c.head_dim / 2
+            ),
+        });
+    }
+    Ok(v)
 }
 
 fn check_type(dtype: GgmlDType, name: &str, path: &Path) -> Result<()> {
@@ -408,6 +353,10 @@ fn layer_shapes(c: &ModelConfig, l: usize) -> Vec<(String, Vec<usize>)> {
         (format!("{p}input_layernorm.weight"), vec![h]),
         (format!("{p}post_attention_layernorm.weight"), vec![h]),
     ];
+    if c.qk_norm {
+        want.push((format!("{p}self_attn.q_norm.weight"), vec![hd]));
+        want.push((format!("{p}self_attn.k_norm.weight"), vec![hd]));
+    }
     if c.qkv_bias {
         want.push((format!("{p}self_attn.q_proj.bias"), vec![c.n_heads * hd]));
         want.push((format!("{p}self_attn.k_proj.bias"), vec![c.n_kv_heads * hd]));
@@ -416,8 +365,8 @@ fn layer_shapes(c: &ModelConfig, l: usize) -> Vec<(String, Vec<usize>)> {
     want
 }
 
-/// For error messages: the name the user would see in GGUF tooling.
-fn gguf_name_of(hf: &str) -> String {
+/// The GGUF name of a Llama-family HF tensor name (error messages, fixture writers).
+pub fn gguf_name_of(hf: &str) -> String {
     let direct = [
         ("model.embed_tokens.weight", "token_embd.weight"),
         ("model.norm.weight", "output_norm.weight"),
@@ -438,6 +387,8 @@ fn gguf_name_of(hf: &str) -> String {
         ("mlp.down_proj", "ffn_down"),
         ("post_attention_layernorm", "ffn_norm"),
         ("input_layernorm", "attn_norm"),
+        ("self_attn.q_norm", "attn_q_norm"),
+        ("self_attn.k_norm", "attn_k_norm"),
     ];
     let mut s = hf.replacen("model.layers.", "blk.", 1);
     for (h, g) in pairs {

@@ -14,7 +14,9 @@ use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::{AddedToken, Tokenizer};
 
 use crate::error::one_line;
@@ -47,7 +49,7 @@ pub fn from_metadata(map: &HashMap<String, Value>, path: &Path) -> Result<TextTo
     let pre_tokenizer = pre_tokenizer_for(&pre).ok_or_else(|| Error::Unsupported {
         path: path.to_path_buf(),
         what: format!(
-            "GGUF pre-tokenizer `{pre}` (supported: smollm, gpt2, default); use the model's Hugging Face folder with its tokenizer.json"
+            "GGUF pre-tokenizer `{pre}` (supported: smollm, gpt2, default, qwen2, llama-bpe); use the model's Hugging Face folder with its tokenizer.json"
         ),
     })?;
 
@@ -128,8 +130,28 @@ fn pre_tokenizer_for(pre: &str) -> Option<PreTokenizerWrapper> {
             PreTokenizerWrapper::ByteLevel(byte_level),
         ]))),
         "gpt2" | "gpt-2" | "default" => Some(PreTokenizerWrapper::ByteLevel(byte_level)),
+        // the split regexes of llama.cpp's `LLAMA_VOCAB_PRE_TYPE_QWEN2` / `_LLAMA3` (the same as
+        // the models' tokenizer.json Split pre-tokenizers), then byte-level without its own regex
+        "qwen2" => regex_then_bytes(QWEN2_SPLIT),
+        "llama-bpe" | "llama3" => regex_then_bytes(LLAMA3_SPLIT),
         _ => None,
     }
+}
+
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+fn regex_then_bytes(pattern: &str) -> Option<PreTokenizerWrapper> {
+    let split = Split::new(
+        SplitPattern::Regex(pattern.to_string()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .ok()?;
+    Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+        PreTokenizerWrapper::Split(split),
+        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
+    ])))
 }
 
 fn string_array(meta: &Meta<'_>, key: &str) -> Option<Vec<String>> {

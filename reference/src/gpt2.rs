@@ -32,6 +32,8 @@ pub(crate) fn build(cfg: &ModelConfig, g: &WeightGetter, act: Activation) -> Res
     for i in 0..cfg.n_layers {
         let p = format!("h.{i}");
         blocks.push(Block {
+            q_norm: None,
+            k_norm: None,
             norm1: ln(&format!("{p}.ln_1"))?,
             qkv: Qkv::Fused(g.conv1d(&format!("{p}.attn.c_attn"), h, 3 * h)?),
             o: g.conv1d(&format!("{p}.attn.c_proj"), h, h)?,

@@ -207,6 +207,7 @@ impl Model {
         for (li, blk) in self.blocks.iter().enumerate() {
             let h = blk.norm1.forward_rows(&x, hidden)?;
             let (mut q, mut k, v) = blk.qkv_rows(&h, t, nh * hd, nkv * hd)?;
+            blk.qk_norm_rows(&mut q, &mut k, hd)?;
             if let Some((qr, kr)) = &rope {
                 qr.apply(&mut q, nh, hd);
                 kr.apply(&mut k, nkv, hd);

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device};
 use serde_json::Value;
 
-use crate::{gpt2, Error, Family, LoadedParts, ModelConfig, Result, TextTokenizer, Weights};
+use crate::{
+    gpt2, support, Error, Family, LoadedParts, ModelConfig, Result, TextTokenizer, Weights,
+};
 
 const FOLDER_FIX: &str =
     "pass a Hugging Face model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file";
@@ -91,6 +93,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
                     "llama" => "LlamaForCausalLM",
                     "mistral" => "MistralForCausalLM",
                     "qwen2" => "Qwen2ForCausalLM",
+                    "qwen3" => "Qwen3ForCausalLM",
                     "gpt2" => "GPT2LMHeadModel",
                     other => other,
                 }
@@ -100,49 +103,8 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
         .unwrap_or_default();
     let f = Fields { v, path };
     match arch.as_str() {
-        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" => {
-            let act = f.str_or("hidden_act", "silu");
-            if act != "silu" {
-                return Err(f.unsupported(format!("hidden_act `{act}` (only silu is implemented)")));
-            }
-            if let Some(rs) = v.get("rope_scaling").filter(|x| !x.is_null()) {
-                return Err(f.unsupported(format!("rope_scaling {rs} (only plain RoPE is implemented)")));
-            }
-            let hidden = f.usize("hidden_size")?;
-            let n_heads = f.usize("num_attention_heads")?;
-            let head_dim = match f.opt_usize("head_dim")? {
-                Some(h) => h,
-                None => hidden / n_heads.max(1),
-            };
-            let qkv_bias = arch == "Qwen2ForCausalLM" || f.bool_or("attention_bias", false);
-            // Sliding-window attention is not modelled: cap the context at the window instead of
-            // silently computing full attention beyond it (Mistral always, Qwen2 when enabled).
-            let window = match arch.as_str() {
-                "MistralForCausalLM" => f.opt_usize("sliding_window")?,
-                "Qwen2ForCausalLM" if f.bool_or("use_sliding_window", false) => f.opt_usize("sliding_window")?,
-                _ => None,
-            };
-            let max_position = f.opt_usize("max_position_embeddings")?.unwrap_or(2048);
-            let max_position = window.map_or(max_position, |w| w.min(max_position));
-            Ok(ModelConfig {
-                family: Family::Llama,
-                architecture: arch.clone(),
-                vocab_size: f.usize("vocab_size")?,
-                hidden_size: hidden,
-                n_layers: f.usize("num_hidden_layers")?,
-                n_heads,
-                n_kv_heads: f.opt_usize("num_key_value_heads")?.unwrap_or(n_heads),
-                head_dim,
-                intermediate_size: f.usize("intermediate_size")?,
-                norm_eps: f.f64_or("rms_norm_eps", 1e-6),
-                rope_theta: f.f64_or("rope_theta", 10000.0),
-                max_position,
-                tie_embeddings: f.bool_or("tie_word_embeddings", false),
-                qkv_bias,
-                bos_token_id: f.token_id("bos_token_id"),
-                eos_token_id: f.token_id("eos_token_id"),
-                add_bos: false,
-            })
+        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
+            llama_config(&f, &arch)
         }
         "GPT2LMHeadModel" => {
             let act = f.str_or("activation_function", "gelu_new");
@@ -151,11 +113,8 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
                     "activation_function `{act}` (only the tanh GELU gelu_new is implemented)"
                 )));
             }
-            for flag in ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"] {
-                if f.bool_or(flag, false) {
-                    return Err(f.unsupported(format!("GPT-2 option `{flag}: true`")));
-                }
-            }
+            support::check_hf_fields(v, path, support::HF_GPT2_REFUSED)?;
+            support::check_hf_fields(v, path, support::HF_REFUSED)?;
             let hidden = f.usize("n_embd")?;
             let n_heads = f.usize("n_head")?;
             let max_position = match f.opt_usize("n_positions")? {
@@ -180,15 +139,79 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
                 bos_token_id: f.token_id("bos_token_id"),
                 eos_token_id: f.token_id("eos_token_id"),
                 add_bos: false,
+                qk_norm: false,
+                rope_freq_factors: None,
             })
         }
-        "" => Err(f.unsupported(
-            "config without `architectures` or `model_type`; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel".into(),
-        )),
+        "" => Err(f.unsupported(format!(
+            "config without `architectures` or `model_type`; supported: {}",
+            support::HF_ARCHITECTURES.join(", ")
+        ))),
         other => Err(f.unsupported(format!(
-            "architecture {other}; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel"
+            "architecture {other}; supported: {}",
+            support::HF_ARCHITECTURES.join(", ")
         ))),
     }
+}
+
+/// The Llama-family branch of [`parse_config`]: Llama (Llama-3 RoPE scaling included), Mistral,
+/// Qwen2 (q/k/v biases), Qwen3 (QK-norm).
+fn llama_config(f: &Fields<'_>, arch: &str) -> Result<ModelConfig> {
+    let (v, path) = (f.v, f.path);
+    let act = f.str_or("hidden_act", "silu");
+    if act != "silu" {
+        return Err(f.unsupported(format!(
+            "config.json `hidden_act: {act}` is not implemented; supported: silu"
+        )));
+    }
+    support::check_hf_fields(v, path, support::HF_REFUSED)?;
+    let hidden = f.usize("hidden_size")?;
+    let n_heads = f.usize("num_attention_heads")?;
+    let head_dim = match f.opt_usize("head_dim")? {
+        Some(h) => h,
+        None => hidden / n_heads.max(1),
+    };
+    let (rope_theta, rope_freq_factors) = support::hf_rope(v, path, head_dim)?;
+    let qkv_bias = arch == "Qwen2ForCausalLM" || f.bool_or("attention_bias", false);
+    // Sliding-window attention is not modelled: cap the context at the window instead of
+    // silently computing full attention beyond it (Mistral always, Qwen2/Qwen3 when enabled or
+    // when `layer_types` names a sliding layer).
+    let sliding_layers = v
+        .get("layer_types")
+        .and_then(Value::as_array)
+        .is_some_and(|a| a.iter().any(|t| t.as_str() == Some("sliding_attention")));
+    let window = match arch {
+        "MistralForCausalLM" => f.opt_usize("sliding_window")?,
+        "Qwen2ForCausalLM" | "Qwen3ForCausalLM"
+            if f.bool_or("use_sliding_window", false) || sliding_layers =>
+        {
+            f.opt_usize("sliding_window")?
+        }
+        _ => None,
+    };
+    let max_position = f.opt_usize("max_position_embeddings")?.unwrap_or(2048);
+    let max_position = window.map_or(max_position, |w| w.min(max_position));
+    Ok(ModelConfig {
+        family: Family::Llama,
+        architecture: arch.to_string(),
+        vocab_size: f.usize("vocab_size")?,
+        hidden_size: hidden,
+        n_layers: f.usize("num_hidden_layers")?,
+        n_heads,
+        n_kv_heads: f.opt_usize("num_key_value_heads")?.unwrap_or(n_heads),
+        head_dim,
+        intermediate_size: f.usize("intermediate_size")?,
+        norm_eps: f.f64_or("rms_norm_eps", 1e-6),
+        rope_theta,
+        max_position,
+        tie_embeddings: f.bool_or("tie_word_embeddings", false),
+        qkv_bias,
+        bos_token_id: f.token_id("bos_token_id"),
+        eos_token_id: f.token_id("eos_token_id"),
+        add_bos: false,
+        qk_norm: arch == "Qwen3ForCausalLM",
+        rope_freq_factors,
+    })
 }
 
 struct Fields<'a> {

@@ -3,13 +3,16 @@
 //! Everything here is the ground truth the probes compare an NPU against, so every path (full
 //! forward, KV steps, emulator graph runs) goes through one engine, [`Model::run_graph`].
 
+pub mod arch_fixtures;
 mod blocks;
 pub mod config;
 pub mod error;
 pub mod export;
 pub mod fixtures;
+pub mod fixtures_gguf;
 pub mod generate;
 pub mod gguf;
+mod gguf_config;
 mod gguf_meta;
 mod gguf_scan;
 pub mod gguf_tokenizer;
@@ -22,6 +25,7 @@ pub mod llama;
 pub mod mask;
 mod matmul;
 pub mod model;
+pub mod support;
 pub mod tokenizer;
 mod weights;
 

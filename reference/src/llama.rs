@@ -1,4 +1,5 @@
-//! Llama family (Llama, SmolLM/SmolLM2, Mistral, Qwen2): weight layout and RoPE tables.
+//! Llama family (Llama incl. Llama-3 RoPE scaling, SmolLM/SmolLM2, Mistral, Qwen2, Qwen3): weight
+//! layout and RoPE tables.
 
 use crate::blocks::{Block, Linear, Mlp, Norm, Qkv};
 use crate::weights::WeightGetter;
@@ -33,7 +34,19 @@ pub(crate) fn build(cfg: &ModelConfig, g: &WeightGetter) -> Result<LlamaParts> {
                 eps: cfg.norm_eps,
             })
         };
+        // Qwen3's per-head norms: RMSNorm over head_dim, same eps as the layer norms (HF Qwen3RMSNorm)
+        let head_norm = |name: &str| -> Result<Option<Norm>> {
+            if !cfg.qk_norm {
+                return Ok(None);
+            }
+            Ok(Some(Norm::Rms {
+                w: g.get(&format!("{p}.self_attn.{name}.weight"), &[hd])?,
+                eps: cfg.norm_eps,
+            }))
+        };
         blocks.push(Block {
+            q_norm: head_norm("q_norm")?,
+            k_norm: head_norm("k_norm")?,
             norm1: rms("input_layernorm")?,
             qkv: Qkv::Separate {
                 q: g.linear(&format!("{p}.self_attn.q_proj"), nh * hd, h, cfg.qkv_bias)?,
@@ -79,6 +92,55 @@ pub(crate) fn build(cfg: &ModelConfig, g: &WeightGetter) -> Result<LlamaParts> {
 pub fn inv_freq(theta: f64, head_dim: usize) -> Vec<f32> {
     (0..head_dim / 2)
         .map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
+        .collect()
+}
+
+/// [`inv_freq`] divided by per-frequency factors (llama.cpp's `rope_freqs`: theta_i / factor_i),
+/// the division done in f64 before the one rounding to f32. `None` = plain RoPE (the same bits as
+/// [`inv_freq`]).
+pub fn inv_freq_scaled(theta: f64, head_dim: usize, factors: Option<&[f32]>) -> Vec<f32> {
+    let Some(f) = factors else {
+        return inv_freq(theta, head_dim);
+    };
+    (0..head_dim / 2)
+        .map(|i| {
+            let base = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+            (base / f64::from(f[i])) as f32
+        })
+        .collect()
+}
+
+/// Llama-3 `rope_scaling` (`rope_type: llama3`) as per-frequency divisors, from HF's
+/// `_compute_llama3_parameters`: wavelengths shorter than `original / high_freq_factor` keep
+/// their frequency (divisor 1), longer than `original / low_freq_factor` are divided by
+/// `factor`, and the band between is interpolated with
+/// `smooth = (original / wavelen - low) / (high - low)`: `inv * ((1 - smooth) / factor + smooth)`.
+/// This is the divisor llama.cpp's converter writes as the `rope_freqs` tensor.
+pub fn llama3_factors(
+    theta: f64,
+    head_dim: usize,
+    factor: f64,
+    low_freq_factor: f64,
+    high_freq_factor: f64,
+    original_max_position: f64,
+) -> Vec<f32> {
+    let low_wavelen = original_max_position / low_freq_factor;
+    let high_wavelen = original_max_position / high_freq_factor;
+    (0..head_dim / 2)
+        .map(|i| {
+            let inv = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / inv;
+            let div = if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (original_max_position / wavelen - low_freq_factor)
+                    / (high_freq_factor - low_freq_factor);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            };
+            div as f32
+        })
         .collect()
 }
 

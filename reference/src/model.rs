@@ -86,6 +86,9 @@ impl Model {
                 what: "not a model folder or .gguf file; pass the folder holding config.json or a .gguf file".into(),
             });
         };
+        // a loaded file's tokenizer must fit its embedding (in-memory parts may pair a test
+        // tokenizer with a tiny vocabulary on purpose)
+        parts.tokenizer.check_fits(parts.config.vocab_size)?;
         Self::from_parts_at(parts, path)
     }
 
@@ -116,9 +119,14 @@ impl Model {
             Family::Llama => {
                 let g = WeightGetter::new(&weights, source);
                 let p = llama::build(&config, &g)?;
+                g.check_all_used(&config.architecture, ignorable)?;
                 let lm_head_tied = p.tied;
                 Ok(Model {
-                    inv_freq: Some(llama::inv_freq(config.rope_theta, config.head_dim)),
+                    inv_freq: Some(llama::inv_freq_scaled(
+                        config.rope_theta,
+                        config.head_dim,
+                        config.rope_freq_factors.as_deref(),
+                    )),
                     config,
                     tokenizer,
                     source: source.to_path_buf(),
@@ -137,6 +145,7 @@ impl Model {
                     .collect();
                 let g = WeightGetter::new(&weights, source);
                 let p = gpt2::build(&config, &g, crate::blocks::Activation::GeluTanh)?;
+                g.check_all_used(&config.architecture, ignorable)?;
                 Ok(Model {
                     config,
                     tokenizer,
@@ -454,6 +463,13 @@ fn is_gguf(path: &Path) -> Result<bool> {
     Ok(f.read_exact(&mut magic).is_ok() && &magic == b"GGUF")
 }
 
+/// Tensors a checkpoint may hold that the original model ignores too: the stored copy of a tied
+/// output projection (HF overwrites it with the embedding; untied models ask for it) and the RoPE
+/// frequency buffers old Llama conversions saved (HF recomputes them from the config).
+fn ignorable(name: &str) -> bool {
+    name == "lm_head.weight" || name.ends_with(".rotary_emb.inv_freq")
+}
+
 fn check_config(c: &ModelConfig, path: &Path) -> Result<()> {
     let fail = |detail: String| Error::Format {
         path: path.to_path_buf(),
@@ -475,6 +491,15 @@ fn check_config(c: &ModelConfig, path: &Path) -> Result<()> {
             "implausible sizes (hidden {}, head_dim {}, vocab {}, layers {}); fix the model config",
             c.hidden_size, c.head_dim, c.vocab_size, c.n_layers
         )));
+    }
+    if let Some(f) = &c.rope_freq_factors {
+        if f.len() != c.head_dim / 2 || f.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+            return Err(fail(format!(
+                "RoPE frequency factors must be {} positive numbers (head_dim / 2), got {} values; fix rope_scaling / the rope_freqs tensor",
+                c.head_dim / 2,
+                f.len()
+            )));
+        }
     }
     if c.family == Family::Gpt2 && c.n_heads * c.head_dim != c.hidden_size {
         return Err(fail(

@@ -124,6 +124,26 @@ impl TextTokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// Refuse a tokenizer that can produce ids the model has no embedding row for (the wrong
+    /// model's tokenizer.json): the forward would fail on the first such token, or worse, a
+    /// smaller-vocabulary model would read another token's row.
+    pub fn check_fits(&self, model_vocab: usize) -> Result<()> {
+        let top = self
+            .inner
+            .get_vocab(true)
+            .into_iter()
+            .max_by_key(|(_, id)| *id);
+        match top {
+            Some((tok, id)) if id as usize >= model_vocab => Err(Error::Tokenizer {
+                path: self.source.clone(),
+                detail: format!(
+                    "token `{tok}` has id {id} but the model's embedding has {model_vocab} rows; use the tokenizer that came with the model"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn err(&self, e: tokenizers::Error) -> Error {
         Error::Tokenizer {
             path: self.source.clone(),

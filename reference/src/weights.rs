@@ -1,5 +1,7 @@
 //! Taking tensors out of a [`Weights`] map by canonical name with shape checks.
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Tensor};
@@ -10,6 +12,9 @@ use crate::{Error, Result, Weights};
 pub(crate) struct WeightGetter<'a> {
     pub weights: &'a Weights,
     pub path: PathBuf,
+    /// Every name a builder asked for, found or not: what is left over is a weight the forward
+    /// does not compute with.
+    asked: RefCell<BTreeSet<String>>,
 }
 
 impl<'a> WeightGetter<'a> {
@@ -17,6 +22,35 @@ impl<'a> WeightGetter<'a> {
         Self {
             weights,
             path: path.to_path_buf(),
+            asked: RefCell::new(BTreeSet::new()),
+        }
+    }
+
+    /// Refuse a checkpoint holding a tensor the forward never asked for (QK-norm weights under an
+    /// architecture without them, biases the config does not declare, extra heads, ...): computing
+    /// without it would be silently wrong. `ignorable` names tensors the original model also
+    /// ignores (a stored copy of a tied lm_head, HF's recomputed `rotary_emb.inv_freq`).
+    pub fn check_all_used(
+        &self,
+        architecture: &str,
+        ignorable: impl Fn(&str) -> bool,
+    ) -> Result<()> {
+        let asked = self.asked.borrow();
+        let mut extra: Vec<&String> = self
+            .weights
+            .keys()
+            .filter(|k| !asked.contains(*k) && !ignorable(k))
+            .collect();
+        extra.sort();
+        match extra.first() {
+            None => Ok(()),
+            Some(name) => Err(Error::Unsupported {
+                path: self.path.clone(),
+                what: format!(
+                    "tensor `{name}` ({} unused in all) is not part of the {architecture} forward this tool computes, and leaving it out would change the math; supported: plain Llama/Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k norms), GPT-2 tensors",
+                    extra.len()
+                ),
+            }),
         }
     }
 
@@ -28,6 +62,7 @@ impl<'a> WeightGetter<'a> {
     }
 
     pub fn opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+        self.asked.borrow_mut().insert(name.to_string());
         let Some(t) = self.weights.get(name) else {
             return Ok(None);
         };

@@ -254,3 +254,20 @@ fn shard_names_outside_the_model_folder_are_refused() {
         one_line_naming(&e, shard);
     }
 }
+
+#[test]
+fn a_tokenizer_larger_than_the_vocabulary_is_refused() {
+    let d = fixture();
+    // the tiny tokenizer's largest id is 269; an embedding of 200 rows cannot serve it
+    set_config(d.path(), "vocab_size", serde_json::json!(200));
+    let st = d.path().join("model.safetensors");
+    let mut w = candle_core::safetensors::load(&st, &candle_core::Device::Cpu).unwrap();
+    for name in ["model.embed_tokens.weight", "lm_head.weight"] {
+        let t = w[name].narrow(0, 0, 200).unwrap().contiguous().unwrap();
+        w.insert(name.into(), t);
+    }
+    candle_core::safetensors::save(&w, &st).unwrap();
+    let e = Model::load(d.path()).unwrap_err();
+    assert!(matches!(e, Error::Tokenizer { .. }), "{e}");
+    one_line_naming(&e, "200 rows");
+}

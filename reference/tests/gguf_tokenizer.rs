@@ -78,3 +78,51 @@ fn tiny_vocab_merges_splits_digits_and_keeps_control_tokens_whole() {
     assert_eq!(tok.encode("a", true).unwrap(), vec![1, letter('a')]);
     assert_eq!(tok.decode(&[28, 29, 31]).unwrap(), "ab 1");
 }
+
+/// `tokenizer.ggml.pre` qwen2 and llama-bpe split text with llama.cpp's regexes before BPE:
+/// qwen2 makes every digit its own pre-token (`\p{N}`), llama-bpe groups up to three
+/// (`\p{N}{1,3}`). A merge "1 2" shows the difference: it can only apply inside one pre-token.
+#[test]
+fn qwen2_and_llama_bpe_pre_tokenizers_split_digits_as_llama_cpp() {
+    let (mut tokens, mut types, mut merges) = vocab();
+    tokens.push("12".into());
+    types.push(1);
+    merges.push("1 2".into());
+    let twelve = (tokens.len() - 1) as u32;
+    let digit = |d: u32| 30 + d;
+    let n = tokens.len();
+    let load = |pre: &str| {
+        let mut meta = base_meta("llama", vocab().0.len());
+        for (k, v) in meta.iter_mut() {
+            match *k {
+                "tokenizer.ggml.pre" => *v = Meta::Str(pre.into()),
+                "tokenizer.ggml.tokens" => *v = Meta::StrArr(tokens.clone()),
+                "tokenizer.ggml.token_type" => *v = Meta::I32Arr(types.clone()),
+                "tokenizer.ggml.merges" => *v = Meta::StrArr(merges.clone()),
+                _ => {}
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.gguf");
+        write(&p, &meta, &base_tensors(n, false));
+        gguf::load(&p).unwrap().tokenizer
+    };
+    let qwen = load("qwen2");
+    assert_eq!(
+        qwen.encode("1234", false).unwrap(),
+        vec![digit(1), digit(2), digit(3), digit(4)]
+    );
+    let llama3 = load("llama-bpe");
+    // "1234" → pre-tokens "123", "4" → BPE "12" "3", "4"
+    assert_eq!(
+        llama3.encode("1234", false).unwrap(),
+        vec![twelve, digit(3), digit(4)]
+    );
+    // a space before letters stays with them; control tokens are still matched whole
+    for tok in [&qwen, &llama3] {
+        assert_eq!(
+            tok.encode("<|im_start|>ab c", false).unwrap(),
+            vec![1, 28, 29, 2 + 2]
+        );
+    }
+}

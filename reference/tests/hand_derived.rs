@@ -56,6 +56,8 @@ fn llama() -> Model {
         bos_token_id: None,
         eos_token_id: None,
         add_bos: false,
+        qk_norm: false,
+        rope_freq_factors: None,
     };
     let mut swap = [[0.; 4]; 4];
     swap[0][2] = 1.;
@@ -229,6 +231,8 @@ fn gpt2() -> Model {
         bos_token_id: None,
         eos_token_id: None,
         add_bos: false,
+        qk_norm: false,
+        rope_freq_factors: None,
     };
     let mut c_attn = vec![0f32; 4 * 12];
     for i in 0..4 {

@@ -123,6 +123,85 @@ fn tiny_fixtures_match_numpy_reference() {
     check(&script, b.path(), "tiny gpt2");
 }
 
+/// Greedy ids of ours (KV-state decoding) against numpy's (full recompute per token), 20 tokens,
+/// EOS ignored on both sides so that all 20 are compared.
+fn check_greedy(script: &Path, path: &Path, name: &str) {
+    let m = Model::load(path).unwrap();
+    let prompt = ids(6, m.config().vocab_size.min(20000), 7);
+    let mut ours = Vec::new();
+    let mut state = m.empty_state().unwrap();
+    let mut tok = prompt[0];
+    for (i, &next) in prompt.iter().enumerate().skip(1) {
+        m.decode_step(&mut state, tok, i - 1).unwrap();
+        tok = next;
+    }
+    for step in 0..20 {
+        let logits = m
+            .decode_step(&mut state, tok, prompt.len() - 1 + step)
+            .unwrap();
+        tok = kvprobe_reference::generate::argmax(&logits);
+        ours.push(tok);
+    }
+    let ids_arg = prompt
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["greedy", "--model"])
+        .arg(path)
+        .args(["--ids", &ids_arg, "--max-new", "20"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let np: Vec<u32> = v["generated_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    println!("{name}: greedy 20 ids equal: {}", ours == np);
+    assert_eq!(ours, np, "{name}: greedy ids differ");
+}
+
+/// Qwen2, Qwen3 and Llama-3 (rope_scaling llama3) fixtures, each as an HF folder and as a GGUF
+/// file written the converter's way: prompt logits (causal and single-key) and 20 greedy ids
+/// against numpy, which reads both formats and the RoPE scaling on its own.
+#[test]
+fn architecture_fixtures_match_numpy_reference() {
+    use kvprobe_reference::arch_fixtures::{write_hf, FixtureArch, Geometry};
+    use kvprobe_reference::fixtures::FixtureOptions;
+    let Some(script) = script() else {
+        eprintln!("skipped: python3 with numpy or scripts/np_reference.py not available");
+        return;
+    };
+    for arch in FixtureArch::ALL {
+        let (_, g) = Geometry::named(&format!("tiny-{}", arch.name())).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let hf = dir.path().join("hf");
+        write_hf(&hf, arch, &g, 5, &FixtureOptions::default()).unwrap();
+        check(&script, &hf, &format!("{} HF", arch.name()));
+        check_greedy(&script, &hf, &format!("{} HF", arch.name()));
+        let gguf = dir.path().join("m.gguf");
+        kvprobe_reference::fixtures_gguf::write_gguf(
+            &gguf,
+            arch,
+            &g,
+            5,
+            candle_core::quantized::GgmlDType::F32,
+        )
+        .unwrap();
+        check(&script, &gguf, &format!("{} GGUF", arch.name()));
+        check_greedy(&script, &gguf, &format!("{} GGUF", arch.name()));
+    }
+}
+
 /// `KVPROBE_NP_MODEL=path cargo test -p kvprobe-reference --test numpy_reference -- --ignored
 /// --nocapture`: the same check on a real model (HF folder or GGUF).
 #[test]

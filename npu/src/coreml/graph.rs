@@ -36,6 +36,9 @@ impl Lin {
 
 pub(crate) struct Layer {
     attn_norm: Tensor,
+    /// Qwen3 QK-norm gains (fp16), applied per head before RoPE as in the reference.
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
     q: Lin,
     k: Lin,
     v: Lin,
@@ -111,8 +114,11 @@ impl Graph {
     ) -> Result<Graph> {
         let mut layers = Vec::with_capacity(e.layers.len());
         for l in &e.layers {
+            let f16 = |t: &Option<Tensor>| t.as_ref().map(|t| t.to_dtype(DType::F16)).transpose();
             layers.push(Layer {
                 attn_norm: l.attn_norm.to_dtype(DType::F16)?,
+                q_norm: f16(&l.q_norm)?,
+                k_norm: f16(&l.k_norm)?,
                 q: Lin::new(&l.q)?,
                 k: Lin::new(&l.k)?,
                 v: Lin::new(&l.v)?,
@@ -180,8 +186,17 @@ impl Graph {
             let heads = |t: Tensor, n: usize| -> Result<Tensor> {
                 Ok(t.reshape((q_rows, n, hd))?.transpose(0, 1)?.contiguous()?)
             };
-            let q = rope(&heads(layer.q.forward(&h)?, nh)?, &cos, &sin)?;
-            let k = rope(&heads(layer.k.forward(&h)?, nkv)?, &cos, &sin)?;
+            // QK-norm (Qwen3) on [heads, q, hd] rows: the norm's last axis is the head's features
+            let head_norm = |x: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
+                match w {
+                    Some(w) => rms_norm(&x, w, self.eps),
+                    None => Ok(x),
+                }
+            };
+            let q = head_norm(heads(layer.q.forward(&h)?, nh)?, &layer.q_norm)?;
+            let k = head_norm(heads(layer.k.forward(&h)?, nkv)?, &layer.k_norm)?;
+            let q = rope(&q, &cos, &sin)?;
+            let k = rope(&k, &cos, &sin)?;
             let v = heads(layer.v.forward(&h)?, nkv)?;
             // slice_update: row i of head g goes to slot positions[i] (+1 under the fault; a
             // slot past the end is dropped, as an out-of-range update writes nothing)

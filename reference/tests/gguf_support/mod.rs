@@ -162,16 +162,9 @@ pub fn vocab() -> (Vec<String>, Vec<i32>, Vec<String>) {
 pub fn base_meta(arch: &str, vocab_len: usize) -> Vec<(&'static str, Meta)> {
     let (tokens, types, merges) = vocab();
     assert_eq!(tokens.len(), vocab_len);
-    vec![
-        ("general.architecture", Meta::Str(arch.into())),
-        ("llama.block_count", Meta::U32(LAYERS as u32)),
-        ("llama.context_length", Meta::U64(64)),
-        ("llama.embedding_length", Meta::I32(HIDDEN as i32)),
-        ("llama.feed_forward_length", Meta::U32(FFN as u32)),
-        ("llama.attention.head_count", Meta::U32(HEADS as u32)),
-        ("llama.attention.head_count_kv", Meta::U64(KV_HEADS as u64)),
-        ("llama.rope.freq_base", Meta::F32(50000.0)),
-        ("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5)),
+    let mut m = arch_meta(arch);
+    m.insert(0, ("general.architecture", Meta::Str(arch.into())));
+    m.extend([
         ("tokenizer.ggml.model", Meta::Str("gpt2".into())),
         ("tokenizer.ggml.pre", Meta::Str("smollm".into())),
         ("tokenizer.ggml.tokens", Meta::StrArr(tokens)),
@@ -180,6 +173,22 @@ pub fn base_meta(arch: &str, vocab_len: usize) -> Vec<(&'static str, Meta)> {
         ("tokenizer.ggml.bos_token_id", Meta::U32(1)),
         ("tokenizer.ggml.eos_token_id", Meta::I32(0)),
         ("tokenizer.ggml.add_bos_token", Meta::Bool(true)),
+    ]);
+    m
+}
+
+/// The model keys of the tiny model under `<arch>.` (GGUF names them by architecture).
+pub fn arch_meta(arch: &str) -> Vec<(&'static str, Meta)> {
+    let k = |s: &str| -> &'static str { Box::leak(format!("{arch}.{s}").into_boxed_str()) };
+    vec![
+        (k("block_count"), Meta::U32(LAYERS as u32)),
+        (k("context_length"), Meta::U64(64)),
+        (k("embedding_length"), Meta::I32(HIDDEN as i32)),
+        (k("feed_forward_length"), Meta::U32(FFN as u32)),
+        (k("attention.head_count"), Meta::U32(HEADS as u32)),
+        (k("attention.head_count_kv"), Meta::U64(KV_HEADS as u64)),
+        (k("rope.freq_base"), Meta::F32(50000.0)),
+        (k("attention.layer_norm_rms_epsilon"), Meta::F32(1e-5)),
     ]
 }
 
