@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use kvprobe_npu::ane::{AneDevice, AneOptions};
+use kvprobe_npu::onnx::{parse_ep_option, Ep, OnnxDevice, OnnxOptions};
 use kvprobe_npu::sim::options::{SimFlags, SimOptions};
 use kvprobe_npu::sim::SimDevice;
 use kvprobe_npu::{families, Device};
@@ -31,8 +32,9 @@ pub struct DeviceArgs {
     /// Another emulated device: `ane-sim` (a Core ML / Apple Neural Engine stateful KV cache, fp16).
     #[arg(long, value_name = "NAME", conflicts_with_all = ["sim", "hef"])]
     pub device: Option<String>,
-    /// ane-sim: context length (state positions) max_ctx [default: 128].
-    #[arg(long, value_name = "N", requires = "device")]
+    /// ane-sim, --onnx: context length (state positions) max_ctx [default: 128; --onnx:
+    /// min(128, search.max_length)].
+    #[arg(long, value_name = "N")]
     pub max_ctx: Option<usize>,
     /// ane-sim: largest query length of one run (prefill chunk) [default: min(64, max_ctx − 1)].
     #[arg(long, value_name = "Q", requires = "device")]
@@ -41,6 +43,18 @@ pub struct DeviceArgs {
     /// model it was compiled from). L, P and the tokenizer come from the HEF.
     #[arg(long, value_name = "FILE")]
     pub hef: Option<PathBuf>,
+    /// An ONNX Runtime GenAI model folder (model.onnx, genai_config.json, tokenizer.json) run by
+    /// ONNX Runtime (a build with --features onnx; scripts/fetch-onnxruntime.sh fetches the
+    /// library). --model is the model it was exported from.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["sim", "hef", "device"])]
+    pub onnx: Option<PathBuf>,
+    /// --onnx: execution provider, cpu (default), qnn, openvino, vitisai or coreml.
+    #[arg(long, value_name = "EP", requires = "onnx")]
+    pub ep: Option<String>,
+    /// --onnx: execution provider option KEY=VALUE, repeatable, passed as is (after the folder's
+    /// genai_config.json provider_options).
+    #[arg(long = "ep-option", value_name = "KEY=VALUE", requires = "onnx")]
+    pub ep_options: Vec<String>,
 
     /// Emulator: cache length L.
     #[arg(long, value_name = "L", requires = "sim")]
@@ -111,6 +125,8 @@ pub enum Backend {
     Sim(Box<SimDevice>),
     /// `--device ane-sim`: the stateful Core ML / ANE emulator (issue 9).
     Ane(Box<AneDevice>),
+    /// `--onnx DIR`: an ONNX Runtime GenAI folder run by ONNX Runtime (issue 22).
+    Onnx(Box<OnnxDevice>),
     /// A Hailo-10H through HailoRT, opened from `--hef` after the pairing check (issue 6).
     #[cfg(feature = "hailo")]
     Hailo(Box<HailoRun>),
@@ -139,6 +155,7 @@ impl Backend {
         match self {
             Backend::Sim(s) => s.as_mut(),
             Backend::Ane(a) => a.as_mut(),
+            Backend::Onnx(o) => o.as_mut(),
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => &mut h.device,
         }
@@ -148,6 +165,7 @@ impl Backend {
         match self {
             Backend::Sim(s) => s.describe(),
             Backend::Ane(a) => a.describe(),
+            Backend::Onnx(o) => o.describe(),
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => h.device.describe(),
         }
@@ -158,6 +176,7 @@ impl Backend {
         match self {
             Backend::Sim(s) => Some(s.manifest()),
             Backend::Ane(a) => Some(a.manifest()),
+            Backend::Onnx(_) => None,
             #[cfg(feature = "hailo")]
             Backend::Hailo(_) => None,
         }
@@ -165,7 +184,7 @@ impl Backend {
 
     pub fn hef_path(&self) -> Option<&Path> {
         match self {
-            Backend::Sim(_) | Backend::Ane(_) => None,
+            Backend::Sim(_) | Backend::Ane(_) | Backend::Onnx(_) => None,
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => Some(&h.hef),
         }
@@ -175,7 +194,8 @@ impl Backend {
     /// the model's, which the pairing check compares it with) and no BOS.
     pub fn prompt_tokenizer<'a>(&'a self, model: &'a Model) -> PromptTokenizer<'a> {
         match self {
-            Backend::Sim(_) | Backend::Ane(_) => {
+            // --onnx: the folder's tokenizer.json is the model's (scripts/export-onnx.py copies it)
+            Backend::Sim(_) | Backend::Ane(_) | Backend::Onnx(_) => {
                 let _ = model;
                 PromptTokenizer::Model
             }
@@ -192,6 +212,21 @@ impl DeviceArgs {
     /// hear them: a build without HailoRT says so first (no flag fixes that; exit 3, issue 6),
     /// then `--hef` without `--model` (exit 2), then no device at all (exit 2).
     pub fn check_device_flags(&self) -> anyhow::Result<()> {
+        if let Some(n) = self.max_ctx {
+            if self.device.is_none() && self.onnx.is_none() {
+                return Err(usage(format!(
+                    "--max-ctx {n}: only for --device ane-sim or --onnx DIR"
+                )));
+            }
+        }
+        if self.onnx.is_some() {
+            if let Some(f) = self.faults.first() {
+                return Err(usage(format!(
+                    "--fault {f}: --onnx runs a real runtime, which takes no faults; use --sim or --device ane-sim"
+                )));
+            }
+            return Ok(());
+        }
         if !self.sim && self.device.is_none() {
             if let Some(f) = self.faults.first() {
                 return Err(usage(format!(
@@ -240,7 +275,7 @@ impl DeviceArgs {
             }
         } else if !self.sim {
             return Err(usage(
-                "no device: pass --sim (the Hailo emulator), --device ane-sim or --hef FILE",
+                "no device: pass --sim (the Hailo emulator), --device ane-sim, --hef FILE or --onnx DIR",
             ));
         }
         Ok(())
@@ -257,6 +292,9 @@ impl DeviceArgs {
         #[cfg(feature = "hailo")]
         if let Some(hef) = &self.hef {
             return open_hailo(hef, model);
+        }
+        if let Some(dir) = &self.onnx {
+            return self.open_onnx(dir, model);
         }
         if self.device.is_some() {
             let max_ctx = self.max_ctx.unwrap_or(128);
@@ -290,6 +328,29 @@ impl DeviceArgs {
         let dev = SimDevice::new(model.clone(), opts)
             .map_err(|e| npu_error(families::place_fault(&kvprobe_npu::sim::FAMILY, e)))?;
         Ok(Backend::Sim(Box::new(dev)))
+    }
+
+    /// `--onnx DIR`: the GenAI folder with the chosen execution provider; the driver sends the
+    /// rows of `model`'s embedding table, which the device maps back to token ids.
+    fn open_onnx(&self, dir: &Path, model: &Arc<Model>) -> anyhow::Result<Backend> {
+        let ep = match &self.ep {
+            Some(e) => Ep::parse(e).map_err(npu_error)?,
+            None => Ep::Cpu,
+        };
+        let ep_options = self
+            .ep_options
+            .iter()
+            .map(|s| parse_ep_option(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(npu_error)?;
+        let opts = OnnxOptions {
+            dir: dir.to_path_buf(),
+            ep,
+            ep_options,
+            max_ctx: self.max_ctx,
+        };
+        let dev = OnnxDevice::open(model, &opts).map_err(npu_error)?;
+        Ok(Backend::Onnx(Box::new(dev)))
     }
 
     /// Prompt token ids: --ids, else --prompt (or the default prompt) through the tokenizer.

@@ -1,79 +1,138 @@
-//! ONNX Runtime GenAI (the next issue's family): a skeleton. The host owns the KV cache as
-//! `past_key_values.*` inputs and `present.*` outputs of one ONNX graph, so there is no ring
-//! offset and no in-graph state. The device describes itself and declares its capabilities; it
-//! refuses to run until the family is implemented.
+//! ONNX Runtime GenAI decoder models (issue 22): a GenAI model folder (model.onnx + external
+//! data, genai_config.json, tokenizer.json) run by ONNX Runtime through `ort` (feature `onnx`,
+//! library loaded at run time), with kvprobe doing what GenAI's `Generator` does on the host
+//! (`host.rs`, docs/onnx-genai.md).
+//!
+//! Seen from the generic driver the device is stateful: it keeps the request's K/V itself (the
+//! past/present tensors GenAI moves between runs), positions are absolute, `init_cache(0)` starts
+//! a request and the context ends at `max_ctx` with no wrap. So `driver/stateful.rs` drives it
+//! unchanged and `diagnose` runs its stateful rules.
 
-use kvprobe_schema::{DeviceDescription, GroupKind, ModelShape, RuntimeKind};
+use std::path::{Path, PathBuf};
 
 use crate::contract::{Capabilities, Family, FaultTable};
-use crate::{Buffer, Device, Error, Result, RunOutput};
+use crate::{Error, Result};
+
+pub mod config;
+mod device;
+pub mod host;
+#[cfg(feature = "onnx")]
+mod runtime;
+
+pub use config::GenaiConfig;
+pub use device::OnnxDevice;
+#[cfg(feature = "onnx")]
+pub use runtime::{library_path, ORT_VERSION};
 
 /// The ONNX Runtime GenAI family in the device table.
 pub const FAMILY: Family = Family {
     name: "onnx-genai",
-    flag: "--device onnx-genai",
-    about: "the ONNX Runtime GenAI family (host-owned past/present KV tensors)",
-    capabilities: Capabilities {
-        ring_offset: false,
-        stateful: false,
-        taps: false,
-        read_cache: true,
-        write_cache: true,
-    },
+    flag: "--onnx DIR",
+    about: "an ONNX Runtime GenAI model folder run by ONNX Runtime (host-owned past/present KV tensors; build with --features onnx)",
+    capabilities: CAPABILITIES,
     faults: FaultTable::NONE,
-    implemented: false,
+    implemented: true,
 };
 
-/// A device of the family: it knows its model's shape and nothing else yet.
-pub struct OnnxDevice {
-    desc: DeviceDescription,
+const CAPABILITIES: Capabilities = Capabilities {
+    ring_offset: false,
+    stateful: true,
+    taps: false,
+    read_cache: true,
+    write_cache: true,
+};
+
+/// Execution providers `--ep` selects (contract doc §6: the names ONNX Runtime appends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ep {
+    #[default]
+    Cpu,
+    Qnn,
+    OpenVino,
+    VitisAi,
+    CoreMl,
 }
 
-impl OnnxDevice {
-    /// A skeleton device for a model of `shape` with a context of `max_ctx` positions.
-    pub fn new(model_name: &str, shape: ModelShape, max_ctx: usize) -> OnnxDevice {
-        OnnxDevice {
-            desc: DeviceDescription {
-                backend: FAMILY.name.into(),
-                runtime: RuntimeKind::HostCache,
-                model_name: model_name.into(),
-                cache_len: max_ctx,
-                prefill_len: max_ctx.saturating_sub(1),
-                shape,
-                groups: Vec::new(),
-            },
+impl Ep {
+    pub const CHOICES: &'static str = "cpu, qnn, openvino, vitisai, coreml";
+
+    pub fn parse(s: &str) -> Result<Ep> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "cpu" => Ep::Cpu,
+            "qnn" => Ep::Qnn,
+            "openvino" => Ep::OpenVino,
+            "vitisai" | "vitis" => Ep::VitisAi,
+            "coreml" => Ep::CoreMl,
+            _ => {
+                return Err(Error::BadOption {
+                    flag: format!("--ep {s}"),
+                    detail: format!("unknown execution provider; use one of {}", Self::CHOICES),
+                })
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Ep::Cpu => "cpu",
+            Ep::Qnn => "qnn",
+            Ep::OpenVino => "openvino",
+            Ep::VitisAi => "vitisai",
+            Ep::CoreMl => "coreml",
+        }
+    }
+
+    /// ONNX Runtime's name for it (`SessionOptionsAppendExecutionProvider`).
+    pub fn ort_name(self) -> &'static str {
+        match self {
+            Ep::Cpu => "CPU",
+            Ep::Qnn => "QNN",
+            Ep::OpenVino => "OpenVINO",
+            Ep::VitisAi => "VitisAI",
+            Ep::CoreMl => "CoreML",
+        }
+    }
+
+    /// Keys of `provider_options` in genai_config.json that configure it (G:cfg, G:so).
+    pub fn config_names(self) -> &'static [&'static str] {
+        match self {
+            Ep::Cpu => &[],
+            Ep::Qnn => &["qnn", "QNN"],
+            Ep::OpenVino => &["OpenVINO", "openvino"],
+            Ep::VitisAi => &["VitisAI", "vitisai"],
+            Ep::CoreMl => &["coreml", "CoreML"],
         }
     }
 }
 
-fn not_yet(what: &str) -> Error {
-    Error::NotImplemented {
-        family: FAMILY.flag,
-        what: format!("the ONNX Runtime GenAI family ({what})"),
+/// `KEY=VALUE` of `--ep-option`.
+pub fn parse_ep_option(s: &str) -> Result<(String, String)> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(Error::BadOption {
+            flag: format!("--ep-option {s}"),
+            detail: "expected KEY=VALUE (passed to the execution provider as is)".into(),
+        }),
     }
 }
 
-impl Device for OnnxDevice {
-    fn describe(&self) -> &DeviceDescription {
-        &self.desc
-    }
-    fn capabilities(&self) -> Capabilities {
-        FAMILY.capabilities
-    }
-    fn run(&mut self, _group: GroupKind, _inputs: &[(String, Buffer)]) -> Result<RunOutput> {
-        Err(not_yet("run"))
-    }
-    fn init_cache(&mut self, _read_offset: u32) -> Result<()> {
-        Err(not_yet("init_cache"))
-    }
-    fn update_cache_offset(&mut self, _delta: i32) -> Result<()> {
-        Err(not_yet("update_cache_offset"))
-    }
-    fn cache_buffers(&mut self) -> Result<std::collections::BTreeMap<u32, Vec<u8>>> {
-        Err(not_yet("cache_buffers"))
-    }
-    fn write_cache_buffer(&mut self, _cache_id: u32, _bytes: &[u8]) -> Result<()> {
-        Err(not_yet("write_cache_buffer"))
+/// How to open a GenAI folder.
+#[derive(Debug, Clone, Default)]
+pub struct OnnxOptions {
+    pub dir: PathBuf,
+    pub ep: Ep,
+    /// `--ep-option KEY=VALUE`, after genai_config.json's provider_options for the same EP.
+    pub ep_options: Vec<(String, String)>,
+    /// Context kvprobe drives (`--max-ctx`); default min(128, search.max_length).
+    pub max_ctx: Option<usize>,
+}
+
+impl OnnxOptions {
+    pub fn new(dir: &Path) -> OnnxOptions {
+        OnnxOptions {
+            dir: dir.to_path_buf(),
+            ..Default::default()
+        }
     }
 }
 
@@ -82,29 +141,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn describes_itself_and_refuses_to_run() {
-        let shape = ModelShape {
-            vocab_size: 8,
-            hidden_size: 4,
-            n_layers: 1,
-            n_heads: 1,
-            n_kv_heads: 1,
-            head_dim: 4,
-            rope_theta: None,
-        };
-        let mut dev = OnnxDevice::new("m", shape, 16);
-        assert_eq!(dev.describe().backend, "onnx-genai");
-        assert_eq!(dev.describe().cache_len, 16);
-        let caps = dev.capabilities();
-        assert!(!caps.ring_offset && !caps.stateful && caps.read_cache);
-        assert!(FAMILY.faults.faults.is_empty() && !FAMILY.implemented);
-        let e = dev.run(GroupKind::Prefill, &[]).unwrap_err();
+    fn flags_parse_or_say_what_is_accepted() {
+        assert_eq!(Ep::parse("OpenVINO").unwrap(), Ep::OpenVino);
+        let e = Ep::parse("tpu").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "--device onnx-genai: the ONNX Runtime GenAI family (run) is not implemented yet"
+            "--ep tpu: unknown execution provider; use one of cpu, qnn, openvino, vitisai, coreml"
         );
-        assert_eq!(e.exit_code(), 2);
-        assert!(crate::families::by_device("onnx-genai").is_some());
-        assert_eq!(crate::families::device_choices(), "--device ane-sim");
+        assert_eq!(
+            parse_ep_option("backend_path=libQnnHtp.so").unwrap(),
+            ("backend_path".into(), "libQnnHtp.so".into())
+        );
+        assert!(parse_ep_option("=x").is_err() && parse_ep_option("novalue").is_err());
+        assert!(crate::families::family("onnx-genai").is_some_and(|f| f.implemented));
+        let caps = crate::families::family("onnx-genai").map(|f| f.capabilities);
+        assert_eq!(caps, Some(CAPABILITIES));
     }
 }

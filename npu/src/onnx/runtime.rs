@@ -1,0 +1,337 @@
+//! ONNX Runtime through `ort` (feature `onnx`): the library loaded at run time, one session of
+//! the GenAI folder's `model.onnx` with the chosen execution provider, the graph's inputs checked
+//! against `genai_config.json`, and one run of the default decoder.
+
+use std::path::{Path, PathBuf};
+
+use ort::ep::{self, ExecutionProvider};
+use ort::session::Session;
+use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
+
+use super::config::{GenaiConfig, IoNames};
+use super::{Ep, OnnxOptions};
+use crate::{Error, Result};
+
+/// The ONNX Runtime version `scripts/fetch-onnxruntime.sh` fetches (`ort` rc.15 needs API ≥ 31).
+pub const ORT_VERSION: &str = "1.31.1";
+
+/// Where the library is looked for: `ORT_DYLIB_PATH` (ort's own variable), else
+/// `.cache/onnxruntime/libonnxruntime.so.<ver>` in the working folder or above the executable
+/// (target/<profile>/kvprobe sits two levels under the checkout).
+pub fn library_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("ORT_DYLIB_PATH") {
+        return PathBuf::from(p);
+    }
+    let rel = PathBuf::from(".cache/onnxruntime").join(format!("libonnxruntime.so.{ORT_VERSION}"));
+    let mut bases: Vec<PathBuf> = vec![PathBuf::from(".")];
+    if let Ok(exe) = std::env::current_exe() {
+        bases.extend(exe.ancestors().skip(1).take(4).map(Path::to_path_buf));
+    }
+    bases
+        .iter()
+        .map(|b| b.join(&rel))
+        .find(|p| p.is_file())
+        .unwrap_or(rel)
+}
+
+fn device(msg: String) -> Error {
+    Error::Device(crate::error::one_line(&msg))
+}
+
+/// Loads the library (once per process: `ort` keeps the first) and builds an environment.
+fn environment() -> Result<ort::environment::Environment> {
+    let lib = library_path();
+    if !lib.is_file() {
+        return Err(device(format!(
+            "{}: libonnxruntime not found; run scripts/fetch-onnxruntime.sh (or set ORT_DYLIB_PATH to an ONNX Runtime {ORT_VERSION}+ library)",
+            lib.display()
+        )));
+    }
+    let builder = ort::init_from(&lib).map_err(|e| {
+        device(format!(
+            "{}: cannot load ONNX Runtime ({e}); kvprobe needs ONNX Runtime {ORT_VERSION}+, scripts/fetch-onnxruntime.sh fetches it",
+            lib.display()
+        ))
+    })?;
+    builder
+        .with_name("kvprobe")
+        .build()
+        .map_err(|e| device(format!("ONNX Runtime environment: {e}")))
+}
+
+fn with_options<E: ep::ArbitrarilyConfigurableExecutionProvider>(
+    mut e: E,
+    opts: &[(String, String)],
+) -> E {
+    for (k, v) in opts {
+        e = e.with_arbitrary_config(k, v);
+    }
+    e
+}
+
+/// The execution provider as a dispatch that fails loudly (`ort` otherwise falls back to the CPU
+/// silently, contract doc §6), after asking the library whether it was built with it.
+fn provider(
+    ep_kind: Ep,
+    opts: &[(String, String)],
+) -> Result<Option<ep::ExecutionProviderDispatch>> {
+    let (available, dispatch) = match ep_kind {
+        Ep::Cpu => return Ok(None),
+        Ep::Qnn => (
+            ep::QNN::is_available(),
+            with_options(ep::QNN::default(), opts).build(),
+        ),
+        Ep::OpenVino => (
+            ep::OpenVINO::is_available(),
+            with_options(ep::OpenVINO::default(), opts).build(),
+        ),
+        Ep::VitisAi => (
+            ep::Vitis::is_available(),
+            with_options(ep::Vitis::default(), opts).build(),
+        ),
+        Ep::CoreMl => (
+            ep::CoreML::is_available(),
+            with_options(ep::CoreML::default(), opts).build(),
+        ),
+    };
+    match available {
+        Ok(true) => Ok(Some(dispatch.error_on_failure())),
+        Ok(false) => Err(device(format!(
+            "--ep {}: {} was built without the {} execution provider; install an ONNX Runtime build that has it (e.g. the onnxruntime-qnn / onnxruntime-openvino / Ryzen AI packages) and set ORT_DYLIB_PATH",
+            ep_kind.name(),
+            library_path().display(),
+            ep_kind.ort_name()
+        ))),
+        Err(e) => Err(device(format!("--ep {}: {e}", ep_kind.name()))),
+    }
+}
+
+/// Element types of the graph's inputs GenAI fills.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum IdType {
+    I32,
+    I64,
+}
+
+pub(super) struct Runtime {
+    session: Session,
+    names: IoNames,
+    layers: usize,
+    heads: usize,
+    hd: usize,
+    ids: IdType,
+    /// attention_mask and position_ids share one type (G:pos).
+    positions: IdType,
+    inputs: Vec<String>,
+}
+
+fn id_type(v: &ValueType, name: &str, path: &Path) -> Result<IdType> {
+    match v.tensor_type() {
+        Some(TensorElementType::Int64) => Ok(IdType::I64),
+        Some(TensorElementType::Int32) => Ok(IdType::I32),
+        other => Err(Error::Io {
+            path: path.to_path_buf(),
+            detail: format!("input `{name}` is {other:?}; GenAI feeds it int32 or int64"),
+        }),
+    }
+}
+
+impl Runtime {
+    pub(super) fn open(dir: &Path, cfg: &GenaiConfig, opts: &OnnxOptions) -> Result<Runtime> {
+        let model = dir.join(&cfg.filename);
+        if !model.is_file() {
+            return Err(Error::Io {
+                path: model,
+                detail: "missing; genai_config.json names it as decoder.filename".into(),
+            });
+        }
+        let env = environment()?;
+        let mut ep_opts = cfg
+            .provider_options
+            .iter()
+            .filter(|(ep, _)| opts.ep.config_names().contains(&ep.as_str()))
+            .flat_map(|(_, kv)| kv.clone())
+            .collect::<Vec<_>>();
+        ep_opts.extend(opts.ep_options.iter().cloned());
+        let mut builder =
+            Session::builder(&env).map_err(|e| device(format!("session options: {e}")))?;
+        if let Some(d) = provider(opts.ep, &ep_opts)? {
+            builder = builder.with_execution_providers([d]).map_err(|e| {
+                device(format!(
+                    "--ep {}: the execution provider failed to register ({e})",
+                    opts.ep.name()
+                ))
+            })?;
+        }
+        let session = builder.commit_from_file(&model).map_err(|e| Error::Io {
+            path: model.clone(),
+            detail: crate::error::one_line(&format!("ONNX Runtime cannot open it: {e}")),
+        })?;
+        Self::checked(session, cfg, &model)
+    }
+
+    /// The graph against the config: every name GenAI feeds is a graph input, KV inputs are
+    /// float32 `[B, H, S, D]` with the config's H and D where the graph fixes them (G:kv).
+    fn checked(session: Session, cfg: &GenaiConfig, model: &Path) -> Result<Runtime> {
+        let inputs: Vec<String> = session
+            .inputs()
+            .iter()
+            .map(|o| o.name().to_string())
+            .collect();
+        let find = |name: &str| session.inputs().iter().find(|o| o.name() == name);
+        let missing =
+            |name: &str| Error::Io {
+                path: cfg.path.clone(),
+                detail: format!(
+                "names input `{name}`, which {} does not have (its inputs: {}); fix decoder.inputs",
+                model.display(),
+                inputs.iter().take(6).cloned().collect::<Vec<_>>().join(", ")
+            ),
+            };
+        let n = &cfg.names;
+        let ids_in = find(&n.input_ids).ok_or_else(|| missing(&n.input_ids))?;
+        let mask_in = find(&n.attention_mask).ok_or_else(|| missing(&n.attention_mask))?;
+        let ids = id_type(ids_in.dtype(), &n.input_ids, model)?;
+        let positions = id_type(mask_in.dtype(), &n.attention_mask, model)?;
+        if find(&n.position_ids).is_none() {
+            return Err(missing(&n.position_ids));
+        }
+        for l in 0..cfg.n_layers {
+            for t in [&n.past_key, &n.past_value] {
+                let name = IoNames::layer(t, l);
+                let o = find(&name).ok_or_else(|| missing(&name))?;
+                check_kv(o.dtype(), &name, cfg, model)?;
+            }
+        }
+        let extra = IoNames::layer(&n.past_key, cfg.n_layers);
+        if find(&extra).is_some() {
+            return Err(Error::Io {
+                path: cfg.path.clone(),
+                detail: format!(
+                    "num_hidden_layers is {} but {} has input `{extra}` too; fix the config",
+                    cfg.n_layers,
+                    model.display()
+                ),
+            });
+        }
+        Ok(Runtime {
+            session,
+            names: cfg.names.clone(),
+            layers: cfg.n_layers,
+            heads: cfg.n_kv_heads,
+            hd: cfg.head_size,
+            ids,
+            positions,
+            inputs,
+        })
+    }
+
+    /// One run: `ids` new tokens over a past of `past_len` positions (`past[c]` = `[H, past_len,
+    /// D]` for cache c = 2l (K), 2l + 1 (V)). Returns the last row's logits and the presents.
+    pub(super) fn run(
+        &mut self,
+        ids: &[u32],
+        mask: &[i64],
+        positions: &[i64],
+        past: &[Vec<f32>],
+        past_len: usize,
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        let s = ids.len();
+        let mut feed: Vec<(String, DynValue)> = Vec::with_capacity(3 + past.len());
+        let ids64: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+        feed.push((
+            self.names.input_ids.clone(),
+            int_value(self.ids, &[1, s], &ids64)?,
+        ));
+        feed.push((
+            self.names.attention_mask.clone(),
+            int_value(self.positions, &[1, mask.len()], mask)?,
+        ));
+        feed.push((
+            self.names.position_ids.clone(),
+            int_value(self.positions, &[1, s], positions)?,
+        ));
+        let shape = [1usize, self.heads, past_len, self.hd];
+        for l in 0..self.layers {
+            for (t, c) in [
+                (&self.names.past_key, 2 * l),
+                (&self.names.past_value, 2 * l + 1),
+            ] {
+                let v = Tensor::from_array((shape, past[c].clone())).map_err(ort_err)?;
+                feed.push((IoNames::layer(t, l), v.into_dyn()));
+            }
+        }
+        let out = self.session.run(feed).map_err(ort_err)?;
+        let (lshape, logits) = out
+            .get(&self.names.logits)
+            .ok_or_else(|| device(format!("the graph has no output `{}`", self.names.logits)))?
+            .try_extract_tensor::<f32>()
+            .map_err(ort_err)?;
+        let vocab = *lshape.last().unwrap_or(&0) as usize;
+        if vocab == 0 || logits.len() < vocab {
+            return Err(device(format!("logits of shape {lshape:?}")));
+        }
+        let last = logits[logits.len() - vocab..].to_vec();
+        let mut presents = Vec::with_capacity(2 * self.layers);
+        for l in 0..self.layers {
+            for t in [&self.names.present_key, &self.names.present_value] {
+                let name = IoNames::layer(t, l);
+                let (_, v) = out
+                    .get(&name)
+                    .ok_or_else(|| device(format!("the graph has no output `{name}`")))?
+                    .try_extract_tensor::<f32>()
+                    .map_err(ort_err)?;
+                presents.push(v.to_vec());
+            }
+        }
+        Ok((last, presents))
+    }
+
+    pub(super) fn inputs(&self) -> &[String] {
+        &self.inputs
+    }
+}
+
+fn check_kv(v: &ValueType, name: &str, cfg: &GenaiConfig, model: &Path) -> Result<()> {
+    let bad = |what: String| Error::Io {
+        path: cfg.path.clone(),
+        detail: format!("{what}; genai_config.json and {} disagree", model.display()),
+    };
+    if v.tensor_type() != Some(TensorElementType::Float32) {
+        return Err(bad(format!(
+            "KV input `{name}` is {:?}, the default decoder's cache is float32",
+            v.tensor_type()
+        )));
+    }
+    let dims: Vec<i64> = v.tensor_shape().map(|s| s.to_vec()).unwrap_or_default();
+    if dims.len() != 4 {
+        return Err(bad(format!(
+            "KV input `{name}` has {} dims, GenAI's are [B, H, S, D]",
+            dims.len()
+        )));
+    }
+    let (h, d) = (dims[1], dims[3]);
+    if (h >= 0 && h as usize != cfg.n_kv_heads) || (d >= 0 && d as usize != cfg.head_size) {
+        return Err(bad(format!(
+            "KV input `{name}` is [B, {h}, S, {d}] but the config says num_key_value_heads {} and head_size {}",
+            cfg.n_kv_heads, cfg.head_size
+        )));
+    }
+    Ok(())
+}
+
+fn int_value(t: IdType, shape: &[usize], v: &[i64]) -> Result<DynValue> {
+    let shape = shape.to_vec();
+    Ok(match t {
+        IdType::I64 => Tensor::from_array((shape, v.to_vec()))
+            .map_err(ort_err)?
+            .into_dyn(),
+        IdType::I32 => Tensor::from_array((shape, v.iter().map(|&x| x as i32).collect::<Vec<_>>()))
+            .map_err(ort_err)?
+            .into_dyn(),
+    })
+}
+
+fn ort_err(e: ort::Error) -> Error {
+    device(format!("ONNX Runtime: {e}"))
+}

@@ -1,0 +1,173 @@
+//! The ONNX Runtime GenAI device (issue 22) on the random fixture exported by
+//! scripts/export-onnx.py, run by the real ONNX Runtime (scripts/fetch-onnxruntime.sh). Expected
+//! values come from the candle reference, never from the device.
+#![cfg(feature = "onnx")]
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use kvprobe_npu::onnx::{OnnxDevice, OnnxOptions};
+use kvprobe_npu::{argmax, Device, Driver, EmbeddingTable, MaskMode};
+use kvprobe_reference::{KeySet, Model};
+use kvprobe_schema::{GroupKind, InputRole};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `scripts/export-onnx.py HF_DIR OUT` (fails the test with the script's message, e.g. a missing
+/// `onnx` package or ONNX Runtime library).
+pub fn export(hf: &Path, out: &Path) {
+    let o = Command::new("python3")
+        .arg(root().join("scripts/export-onnx.py"))
+        .arg(hf)
+        .arg(out)
+        .output()
+        .expect("python3");
+    assert!(
+        o.status.success(),
+        "export-onnx.py failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn lib_present() {
+    let lib = kvprobe_npu::onnx::library_path();
+    assert!(
+        lib.is_file(),
+        "{}: run scripts/fetch-onnxruntime.sh first (these tests drive the real ONNX Runtime)",
+        lib.display()
+    );
+}
+
+fn open(model: &Arc<Model>, dir: &Path, max_ctx: Option<usize>) -> (OnnxDevice, Driver) {
+    lib_present();
+    let mut opts = OnnxOptions::new(dir);
+    opts.max_ctx = max_ctx;
+    let dev = OnnxDevice::open(model, &opts).expect("onnx device");
+    let emb = dev
+        .describe()
+        .group(GroupKind::Prefill)
+        .unwrap()
+        .inputs
+        .iter()
+        .find(|i| i.role == Some(InputRole::Embeddings))
+        .unwrap()
+        .clone();
+    let table = EmbeddingTable::from_tensor(model.embedding_table(), &emb).unwrap();
+    let drv = Driver::new(&dev, table).unwrap();
+    (dev, drv)
+}
+
+fn fixture(seed: u64) -> (tempfile::TempDir, Arc<Model>, tempfile::TempDir) {
+    let (hf, model) = tiny_llama(seed);
+    let out = tempfile::tempdir().unwrap();
+    let genai = out.path().join("genai");
+    export(hf.path(), &genai);
+    (hf, model, out)
+}
+
+/// Prefill then greedy steps (teacher-forced on the device's own tokens) against the reference's
+/// causal forward of the same sequence: per-step cosines.
+fn step_cosines(
+    model: &Model,
+    dev: &mut OnnxDevice,
+    drv: &mut Driver,
+    prompt: &[u32],
+    steps: usize,
+) -> Vec<f64> {
+    drv.reset(dev).unwrap();
+    let mut seq = prompt.to_vec();
+    let mut outs = vec![drv.prefill(dev, prompt).unwrap().logits];
+    for _ in 1..steps {
+        let t = argmax(outs.last().unwrap());
+        seq.push(t);
+        outs.push(drv.step(dev, t, &MaskMode::Ring).unwrap().logits);
+    }
+    let full = model.forward(&seq, &Default::default()).unwrap();
+    outs.iter()
+        .enumerate()
+        .map(|(i, o)| cosine(o, full.row(prompt.len() - 1 + i)))
+        .collect()
+}
+
+#[test]
+fn fp32_fixture_matches_the_reference_step_by_step() {
+    let (_hf, model, out) = fixture(7);
+    let (mut dev, mut drv) = open(&model, &out.path().join("genai"), None);
+    assert_eq!(dev.describe().cache_len, 128, "min(128, max_length 256)");
+    for (salt, n) in [(0, 9), (1, 20), (2, 1)] {
+        let prompt = ids(n, 300, salt);
+        let cos = step_cosines(&model, &mut dev, &mut drv, &prompt, 12);
+        let worst = cos.iter().cloned().fold(1.0, f64::min);
+        eprintln!("fixture prompt {n}: min per-step cosine {worst:.8}");
+        assert!(worst >= 0.99999, "prompt of {n}: {cos:?}");
+    }
+}
+
+#[test]
+fn masks_step_back_and_state_buffers_behave_as_the_reference() {
+    let (_hf, model, out) = fixture(11);
+    let (mut dev, mut drv) = open(&model, &out.path().join("genai"), Some(32));
+    let prompt = ids(10, 300, 3);
+    let n = prompt.len();
+    drv.prefill(&mut dev, &prompt).unwrap();
+    assert_eq!(dev.past_len(), n);
+    let state = model
+        .prefix_state(&prompt, &(0..n).collect::<Vec<_>>())
+        .unwrap();
+    // trials from one state: self only, a single key, the whole context; each equals the
+    // reference step under the same key set, and the device rewinds between them
+    let modes = [MaskMode::SelfOnly, MaskMode::SingleKey(4), MaskMode::Ring];
+    let outs = drv.trial_steps(&mut dev, 42, &modes).unwrap();
+    let sets = [KeySet::None, KeySet::Subset(vec![4]), KeySet::All];
+    for (o, k) in outs.iter().zip(sets.iter()) {
+        let r = model.step(&state, 42, n, k).unwrap();
+        assert!(
+            cosine(&o.logits, &r) >= 0.99999,
+            "{k:?}: {}",
+            cosine(&o.logits, &r)
+        );
+    }
+    assert_eq!(dev.past_len(), n + 1, "the last trial appended its token");
+    // the states through the contract: layer-0 K of the prompt, fp16, against the reference
+    let bufs = dev.cache_buffers().unwrap();
+    let (h, d) = (2, 16);
+    let k0: Vec<f32> = bufs[&0]
+        .chunks_exact(2)
+        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+        .collect();
+    let rk: Vec<f32> = state.layers[0].k.flatten_all().unwrap().to_vec1().unwrap();
+    for hh in 0..h {
+        for t in 0..n {
+            for c in 0..d {
+                let (a, b) = (k0[(hh * 32 + t) * d + c], rk[(hh * n + t) * d + c]);
+                assert!(
+                    (a - b).abs() <= 2e-3 * (1.0 + b.abs()),
+                    "K h{hh} t{t} c{c}: {a} vs {b}"
+                );
+            }
+        }
+    }
+    assert!(
+        k0[(32 - 1) * d..32 * d].iter().all(|&x| x == 0.0),
+        "unwritten slots are zero"
+    );
+    // a zeroed layer-0 V written through the contract moves the next step; a short buffer is refused
+    drv.reset(&mut dev).unwrap();
+    drv.prefill(&mut dev, &prompt).unwrap();
+    let good = drv.trial_step(&mut dev, 7, &MaskMode::Ring).unwrap().logits;
+    let saved = dev.cache_buffers().unwrap()[&1].clone();
+    dev.write_cache_buffer(1, &vec![0u8; saved.len()]).unwrap();
+    let bad = drv.trial_step(&mut dev, 7, &MaskMode::Ring).unwrap().logits;
+    assert!(cosine(&good, &bad) < 0.999, "zeroed V must move the step");
+    assert!(dev.write_cache_buffer(1, &saved[1..]).is_err());
+    // the context ends at max_ctx: no wrap
+    drv.reset(&mut dev).unwrap();
+    assert!(drv.prefill(&mut dev, &ids(32, 300, 0)).is_err());
+    assert!(dev.update_cache_offset(1).is_err() && dev.init_cache(3).is_err());
+}

@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Exports a float32 Llama-family Hugging Face folder as an ONNX Runtime GenAI model folder.
+
+Why a project script and not a real converter (issue 22): onnxruntime-genai's model builder
+(`onnxruntime_genai.models.builder`) and optimum both import torch and transformers (gigabytes,
+and the builder downloads a config from the hub for a GGUF); this needs only the `onnx` package
+and numpy, runs offline in seconds, and follows the builder's names and shapes
+(onnxruntime-genai `src/python/py/models/builders/base.py`, contract doc G:b):
+
+  inputs   input_ids int64 [batch_size, sequence_length]
+           attention_mask int64 [batch_size, total_sequence_length]
+           position_ids int64 [batch_size, sequence_length]
+           past_key_values.N.key / .value float32 [batch_size, H, past_sequence_length, D]
+  outputs  logits float32 [batch_size, sequence_length, vocab_size]
+           present.N.key / .value float32 [batch_size, H, total_sequence_length, D]
+
+Convention (a), the default decoder: dynamic past/present, fp32, no shared buffer
+(`search.past_present_share_buffer` false: present = concat(past, new)). One deviation from a
+builder export, on purpose: attention is plain ONNX ops (MatMul, Softmax) instead of the
+contrib GroupQueryAttention op, and the 2-D attention_mask is applied per key column (HF
+semantics) on top of the causal rule. GQA reads the mask only as a length (seqlens_k =
+sum(mask) - 1), so it cannot express the masks kvprobe's probes send (self only, single key);
+with the all-ones mask GenAI builds the two graphs compute the same function.
+
+Usage: export-onnx.py HF_DIR OUT_DIR [--max-length N]
+HF_DIR: config.json + model.safetensors (+ tokenizer.json), e.g. written by
+`cargo run -p kvprobe-npu --example onnx_weights -- MODEL HF_DIR` (the reference's f32 weights).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+
+import numpy as np
+
+try:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+except ImportError:
+    sys.exit("export-onnx.py: the `onnx` Python package is missing; pip install onnx")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from np_reference import load_hf_dir  # noqa: E402  (the project's independent safetensors reader)
+
+OPSET = 17
+
+
+class Graph:
+    def __init__(self):
+        self.nodes, self.inits, self.n = [], [], 0
+
+    def name(self, base):
+        self.n += 1
+        return f"/{base}_{self.n}"
+
+    def op(self, op_type, inputs, base=None, **attrs):
+        out = self.name(base or op_type)
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out + "/node", **attrs))
+        return out
+
+    def op_to(self, op_type, inputs, output, **attrs):
+        self.nodes.append(helper.make_node(op_type, inputs, [output], name=output + "/node", **attrs))
+        return output
+
+    def const(self, name, array):
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def i64(self, values, base="c"):
+        return self.const(self.name(base), np.asarray(values, dtype=np.int64))
+
+
+def rms_norm(g, x, w_name, eps):
+    sq = g.op("Mul", [x, x])
+    mean = g.op("ReduceMean", [sq], axes=[-1], keepdims=1)
+    den = g.op("Sqrt", [g.op("Add", [mean, g.const(g.name("eps"), np.array(eps, np.float32))])])
+    return g.op("Mul", [g.op("Div", [x, den]), w_name])
+
+
+def rope(g, x, cos, sin, half):
+    """HF rotate_half RoPE on x [B, h, S, D] with cos/sin [B, 1, S, D]."""
+    x1 = g.op("Slice", [x, g.i64([0]), g.i64([half]), g.i64([3])])
+    x2 = g.op("Slice", [x, g.i64([half]), g.i64([2 * half]), g.i64([3])])
+    rot = g.op("Concat", [g.op("Neg", [x2]), x1], axis=3)
+    return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rot, sin])])
+
+
+def heads(g, x, n, d):
+    """[B, S, n*d] -> [B, n, S, d]."""
+    r = g.op("Reshape", [x, g.i64([0, 0, n, d])])
+    return g.op("Transpose", [r], perm=[0, 2, 1, 3])
+
+
+def expand_kv(g, x, kv, rep, d):
+    """[B, kv, T, d] -> [B, kv*rep, T, d], each KV head repeated rep times in a row (HF repeat_kv)."""
+    if rep == 1:
+        return x
+    u = g.op("Unsqueeze", [x, g.i64([2])])
+    shp = g.op("Shape", [u])
+    reps = g.op("Concat", [g.op("Slice", [shp, g.i64([0]), g.i64([2]), g.i64([0])]), g.i64([rep]),
+                           g.op("Slice", [shp, g.i64([3]), g.i64([5]), g.i64([0])])], axis=0)
+    e = g.op("Expand", [u, reps])
+    return g.op("Reshape", [e, g.i64([0, kv * rep, -1, d])])
+
+
+def build(cfg, w, inv_freq, max_len):
+    H, NH = cfg["num_key_value_heads"], cfg["num_attention_heads"]
+    hidden = cfg["hidden_size"]
+    D = cfg.get("head_dim") or hidden // NH
+    L, V, eps = cfg["num_hidden_layers"], cfg["vocab_size"], float(cfg["rms_norm_eps"])
+    g = Graph()
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    # RoPE tables [max_len, D/2]: angle = f32(pos) * f32(inv_freq) in f32, as HF and the reference
+    pos = np.arange(max_len, dtype=np.float32)[:, None]
+    ang = (pos * f32(inv_freq)[None, :]).astype(np.float32)
+    g.const("cos_cache", np.cos(ang.astype(np.float64)).astype(np.float32))
+    g.const("sin_cache", np.sin(ang.astype(np.float64)).astype(np.float32))
+    g.const("model.embed_tokens.weight", f32(w["model.embed_tokens.weight"]))
+
+    x = g.op("Gather", ["model.embed_tokens.weight", "input_ids"], axis=0)
+    # cos/sin [B, 1, S, D] from position_ids
+    def table(name):
+        t = g.op("Gather", [name, "position_ids"], axis=0)  # [B, S, D/2]
+        full = g.op("Concat", [t, t], axis=2)
+        return g.op("Unsqueeze", [full, g.i64([1])])
+    cos, sin = table("cos_cache"), table("sin_cache")
+    # mask [B, 1, S, T]: key j allowed iff attention_mask[b, j] == 1 and j <= T - S + i
+    ids_shape = g.op("Shape", ["input_ids"])
+    S = g.op("Slice", [ids_shape, g.i64([1]), g.i64([2]), g.i64([0])])
+    T = g.op("Slice", [g.op("Shape", ["attention_mask"]), g.i64([1]), g.i64([2]), g.i64([0])])
+    s0, t0 = g.op("Squeeze", [S, g.i64([0])]), g.op("Squeeze", [T, g.i64([0])])
+    q_abs = g.op("Range", [g.op("Sub", [t0, s0]), t0, g.i64(1)])  # [S]
+    k_idx = g.op("Range", [g.i64(0), t0, g.i64(1)])  # [T]
+    causal = g.op("LessOrEqual", [g.op("Unsqueeze", [k_idx, g.i64([0])]),
+                                  g.op("Unsqueeze", [q_abs, g.i64([1])])])  # [S, T]
+    keys = g.op("Equal", ["attention_mask", g.i64(1)])  # [B, T]
+    keys = g.op("Unsqueeze", [keys, g.i64([1, 2])])  # [B, 1, 1, T]
+    allowed = g.op("And", [causal, keys])  # [B, 1, S, T]
+    allowed_f = g.op("Cast", [allowed], to=TensorProto.FLOAT)
+    neg = g.const("mask_min", np.array(np.finfo(np.float32).min, np.float32))
+    scale = g.const("attn_scale", np.array(1.0 / math.sqrt(D), np.float32))
+
+    for i in range(L):
+        p = f"model.layers.{i}."
+        for n in ["input_layernorm", "post_attention_layernorm"]:
+            g.const(p + n + ".weight", f32(w[p + n + ".weight"]))
+        def lin(name, inp):
+            wt = g.const(p + name + ".weight.T", f32(w[p + name + ".weight"]).T)
+            y = g.op("MatMul", [inp, wt])
+            if p + name + ".bias" in w:
+                y = g.op("Add", [y, g.const(p + name + ".bias", f32(w[p + name + ".bias"]))])
+            return y
+        h = rms_norm(g, x, p + "input_layernorm.weight", eps)
+        q = rope(g, heads(g, lin("self_attn.q_proj", h), NH, D), cos, sin, D // 2)
+        k = rope(g, heads(g, lin("self_attn.k_proj", h), H, D), cos, sin, D // 2)
+        v = heads(g, lin("self_attn.v_proj", h), H, D)
+        pk = g.op_to("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
+        pv = g.op_to("Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
+        ke, ve = expand_kv(g, pk, H, NH // H, D), expand_kv(g, pv, H, NH // H, D)
+        sc = g.op("Mul", [g.op("MatMul", [q, g.op("Transpose", [ke], perm=[0, 1, 3, 2])]), scale])
+        sc = g.op("Where", [allowed, sc, neg])
+        # a row that may attend nothing gets a zero output (as the reference), never uniform
+        pr = g.op("Mul", [g.op("Softmax", [sc], axis=-1), allowed_f])
+        o = g.op("Reshape", [g.op("Transpose", [g.op("MatMul", [pr, ve])], perm=[0, 2, 1, 3]),
+                             g.i64([0, 0, NH * D])])
+        x = g.op("Add", [x, lin("self_attn.o_proj", o)])
+        h = rms_norm(g, x, p + "post_attention_layernorm.weight", eps)
+        gate = lin("mlp.gate_proj", h)
+        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), lin("mlp.up_proj", h)])
+        x = g.op("Add", [x, lin("mlp.down_proj", act)])
+    g.const("model.norm.weight", f32(w["model.norm.weight"]))
+    x = rms_norm(g, x, "model.norm.weight", eps)
+    g.const("lm_head.weight.T", f32(w["lm_head.weight"]).T)
+    g.op_to("MatMul", [x, "lm_head.weight.T"], "logits")
+
+    kv = lambda n, t: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch_size", H, t, D])  # noqa: E731
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+              helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", V])]
+    for i in range(L):
+        inputs += [kv(f"past_key_values.{i}.key", "past_sequence_length"), kv(f"past_key_values.{i}.value", "past_sequence_length")]
+        outputs += [kv(f"present.{i}.key", "total_sequence_length"), kv(f"present.{i}.value", "total_sequence_length")]
+    graph = helper.make_graph(g.nodes, "kvprobe-genai-decoder", inputs, outputs, initializer=g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="kvprobe scripts/export-onnx.py")
+    model.ir_version = 8
+    return model, D
+
+
+def genai_config(cfg, D, max_len):
+    bos, eos = cfg.get("bos_token_id"), cfg.get("eos_token_id")
+    return {
+        "model": {
+            "bos_token_id": bos if bos is not None else 0,
+            "context_length": max_len,
+            "decoder": {
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "filename": "model.onnx",
+                "head_size": D,
+                "hidden_size": cfg["hidden_size"],
+                "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                           "position_ids": "position_ids",
+                           "past_key_names": "past_key_values.%d.key",
+                           "past_value_names": "past_key_values.%d.value"},
+                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                            "present_value_names": "present.%d.value"},
+                "num_attention_heads": cfg["num_attention_heads"],
+                "num_hidden_layers": cfg["num_hidden_layers"],
+                "num_key_value_heads": cfg["num_key_value_heads"],
+            },
+            "eos_token_id": eos if eos is not None else 0,
+            "pad_token_id": eos if eos is not None else 0,
+            "type": "llama",
+            "vocab_size": cfg["vocab_size"],
+        },
+        "search": {"diversity_penalty": 0.0, "do_sample": False, "early_stopping": True,
+                   "length_penalty": 1.0, "max_length": max_len, "min_length": 0,
+                   "no_repeat_ngram_size": 0, "num_beams": 1, "num_return_sequences": 1,
+                   "past_present_share_buffer": False, "repetition_penalty": 1.0,
+                   "temperature": 1.0, "top_k": 1, "top_p": 1.0},
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("hf_dir")
+    ap.add_argument("out_dir")
+    ap.add_argument("--max-length", type=int, default=None,
+                    help="context_length and search.max_length [default: max_position_embeddings]")
+    a = ap.parse_args()
+    cfg, w = load_hf_dir(a.hf_dir)
+    if cfg.get("model_type") not in ("llama", "mistral", "qwen2"):
+        sys.exit(f"export-onnx.py: {a.hf_dir}: model_type {cfg.get('model_type')!r} is not a Llama-family decoder")
+    max_len = a.max_length or int(cfg["max_position_embeddings"])
+    NH = cfg["num_attention_heads"]
+    D = cfg.get("head_dim") or cfg["hidden_size"] // NH
+    inv = cfg.get("kvprobe_inv_freq")
+    if inv is None:
+        inv = 1.0 / (float(cfg.get("rope_theta", 10000.0)) ** (np.arange(0, D, 2, dtype=np.float32) / D))
+    if "lm_head.weight" not in w:
+        w["lm_head.weight"] = w["model.embed_tokens.weight"]
+    model, D = build(cfg, w, inv, max_len)
+    tmp = a.out_dir.rstrip("/") + ".part"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    onnx.save_model(model, os.path.join(tmp, "model.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
+    with open(os.path.join(tmp, "genai_config.json"), "w") as f:
+        json.dump(genai_config(cfg, D, max_len), f, indent=4)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        src = os.path.join(a.hf_dir, name)
+        if os.path.exists(src):
+            shutil.copy(src, os.path.join(tmp, name))
+    shutil.rmtree(a.out_dir, ignore_errors=True)
+    os.rename(tmp, a.out_dir)
+    print(f"export-onnx.py: wrote {a.out_dir} ({L_desc(cfg)})")
+
+
+def L_desc(cfg):
+    return (f"{cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} heads on "
+            f"{cfg['num_key_value_heads']} KV heads, vocab {cfg['vocab_size']}")
+
+
+if __name__ == "__main__":
+    main()
