@@ -100,6 +100,7 @@ pub fn run_with(
     let (mean_cosine, min_cosine, _) = summarise(out_steps.iter().map(|x| &x.comparison));
     let top1_agreement = agreement(&out_steps);
     let near_tie_flips = out_steps.iter().filter(|x| x.near_tie).count();
+    let token_texts = token_texts(s, &out_steps);
     let tbt_mean_cosine =
         (steps > 1).then(|| summarise(out_steps[1..].iter().map(|x| &x.comparison)).0);
     Ok(GreedyFinding {
@@ -115,6 +116,7 @@ pub fn run_with(
         tbt_mean_cosine,
         near_tie_flips,
         matched,
+        token_texts,
     })
 }
 
@@ -164,6 +166,21 @@ fn reference_continuation(
         ids.push(top1(&logits));
     }
     Ok(ids)
+}
+
+/// The readable piece of every id the step table shows.
+fn token_texts(s: &Session, steps: &[GreedyStep]) -> std::collections::BTreeMap<u32, String> {
+    let tok = s.model.tokenizer();
+    steps
+        .iter()
+        .flat_map(|x| {
+            let c = &x.comparison;
+            [x.input_token, c.device_top1, c.reference_top1]
+                .into_iter()
+                .chain(x.matched.map(|m| m.matched_top1))
+        })
+        .map(|id| (id, tok.token_piece(id)))
+        .collect()
 }
 
 /// The compared logits, `[steps, vocab]` each, for the run's `.npy` files.

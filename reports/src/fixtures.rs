@@ -332,6 +332,7 @@ fn greedy(n: usize, faulty: bool) -> GreedyFinding {
         tbt_mean_cosine: Some(if faulty { 0.45 } else { 0.975 }),
         near_tie_flips: 0,
         matched: None,
+        token_texts: Default::default(),
         steps: greedy_steps,
     }
 }

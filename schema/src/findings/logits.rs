@@ -113,6 +113,10 @@ pub struct GreedyFinding {
     /// The precision-matched reference's summary, when one ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matched: Option<MatchedSummary>,
+    /// Readable text of every token id the step table shows (inputs and top-1s), for the
+    /// reports.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub token_texts: std::collections::BTreeMap<u32, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

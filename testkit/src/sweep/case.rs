@@ -98,28 +98,39 @@ pub struct Case {
     pub expect: &'static str,
     /// Fault family (the fault name without value and scope), "healthy" for none.
     pub family: String,
+    /// The emulated device family: `None` = the HailoRT emulator (`--sim`), `Some("ane-sim")`
+    /// = the stateful ANE emulator (`cache_len` = max_ctx, `prefill_len` = max_query).
+    pub device: Option<&'static str>,
 }
 
 impl Case {
     pub fn args(&self) -> Vec<String> {
         let ids: Vec<String> = self.ids.iter().map(u32::to_string).collect();
-        let mut a: Vec<String> = [
-            "diagnose",
-            "--sim",
-            "--model",
-            &self.model_path.to_string_lossy(),
-            "--cache-len",
-            &self.cache_len.to_string(),
-            "--prefill-len",
-            &self.prefill_len.to_string(),
-            "--ids",
-            &ids.join(","),
-            "--steps",
-            &self.steps.to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let (device, l_flag, p_flag) = match self.device {
+            Some(d) => (["--device", d].to_vec(), "--max-ctx", "--max-query"),
+            None => (["--sim"].to_vec(), "--cache-len", "--prefill-len"),
+        };
+        let mut a: Vec<String> = ["diagnose"]
+            .into_iter()
+            .chain(device)
+            .map(str::to_string)
+            .collect();
+        a.extend(
+            [
+                "--model",
+                &self.model_path.to_string_lossy(),
+                l_flag,
+                &self.cache_len.to_string(),
+                p_flag,
+                &self.prefill_len.to_string(),
+                "--ids",
+                &ids.join(","),
+                "--steps",
+                &self.steps.to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
         if let Some(f) = &self.fault {
             a.push("--fault".into());
             a.push(f.clone());

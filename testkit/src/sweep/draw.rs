@@ -326,5 +326,6 @@ fn make_case(rng: &mut Rng, m: &ModelSpec, fault: Option<String>, multi: bool, i
         fault,
         expect,
         family,
+        device: None,
     }
 }

@@ -6,12 +6,14 @@
 
 mod case;
 mod draw;
+mod healthy;
 mod rng;
 mod run;
 mod summary;
 
 pub use case::{Case, ModelSpec, TEXTS};
 pub use draw::{expected, families, generate, generate_families};
+pub use healthy::{healthy_cases, GeometryClass, PROMPTS};
 pub use rng::Rng;
 pub use run::{known_limit, run_all, run_case, Outcome};
 pub use summary::{report, Summary};

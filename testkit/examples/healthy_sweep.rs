@@ -1,0 +1,203 @@
+//! The healthy sweep (issue 18), driven by `scripts/sweep-healthy.sh`: fault-free diagnose runs on
+//! the HailoRT emulator and the ANE emulator, SmolLM2 on the everyday prompts of
+//! `sweep::PROMPTS` and the fixtures on random ids of 1 to 64 tokens, in every geometry class.
+//! Prints the false alarms (every verdict that is not `healthy`) with their commands and a table
+//! per model × device × geometry class.
+//!
+//! `cargo run --release -p kvprobe-testkit --example healthy_sweep -- [--seed N] [--smollm2 N]
+//!  [--fixture N] [--jobs N] [--bin PATH] [--list]` (N = cases per model and device family)
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use kvprobe_testkit::sweep::{self, GeometryClass, ModelSpec, Rng, PROMPTS};
+
+fn workspace_root() -> &'static Path {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent().unwrap_or(here)
+}
+
+struct Args {
+    seed: u64,
+    smollm2: usize,
+    fixture: usize,
+    jobs: usize,
+    bin: PathBuf,
+    list: bool,
+}
+
+fn parse() -> anyhow::Result<Args> {
+    let mut a = Args {
+        seed: 18,
+        smollm2: 60,
+        fixture: 45,
+        jobs: 2,
+        bin: workspace_root().join("target/release/kvprobe"),
+        list: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--list" {
+            a.list = true;
+            continue;
+        }
+        let val = it.next().with_context(|| format!("{flag} needs a value"))?;
+        let num = || -> anyhow::Result<usize> {
+            val.parse()
+                .with_context(|| format!("{flag} {val}: not a whole number"))
+        };
+        match flag.as_str() {
+            "--seed" => a.seed = num()? as u64,
+            "--smollm2" => a.smollm2 = num()?,
+            "--fixture" => a.fixture = num()?,
+            "--jobs" => a.jobs = num()?,
+            "--bin" => a.bin = PathBuf::from(&val),
+            _ => bail!("unknown flag {flag}; see the header of examples/healthy_sweep.rs"),
+        }
+    }
+    Ok(a)
+}
+
+/// Random-id prompts of 1 to 64 tokens for a fixture (its tiny tokenizer makes any id a token).
+fn random_prompts(seed: u64, vocab_hi: usize) -> Vec<Vec<u32>> {
+    let mut rng = Rng::new(seed);
+    (0..48)
+        .map(|i| {
+            let n = [1, 2, 3, 5, 8, 13, 21, 34, 55, 64][i % 10];
+            let repeated = i % 7 == 3;
+            let first = rng.range(3, vocab_hi) as u32;
+            (0..n)
+                .map(|_| {
+                    if repeated {
+                        first
+                    } else {
+                        rng.range(3, vocab_hi) as u32
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = parse()?;
+    let root = workspace_root();
+    let fx = root.join("target/sweep-fixtures");
+    let (llama, gpt2) = (fx.join("llama-7"), fx.join("gpt2-5"));
+    if !llama.join("tokenizer.json").is_file() {
+        kvprobe_reference::fixtures::write_tiny_llama(&llama, 7)?;
+    }
+    if !gpt2.join("tokenizer.json").is_file() {
+        kvprobe_reference::fixtures::write_tiny_gpt2(&gpt2, 5)?;
+    }
+    let mut models = Vec::new();
+    if a.fixture > 0 {
+        for (label, path, l) in [("llama-fixture", &llama, 128), ("gpt2-fixture", &gpt2, 64)] {
+            let spec = ModelSpec::load(label, path, None, l, 32)?;
+            let prompts = random_prompts(a.seed ^ l as u64, 250);
+            models.push((spec, prompts, a.fixture));
+        }
+    }
+    let smol = root.join(".cache/models/smollm2-135m-instruct-q4_1.gguf");
+    if a.smollm2 > 0 {
+        if !smol.is_file() {
+            bail!(
+                "{}: SmolLM2 missing; run scripts/fetch-model.sh",
+                smol.display()
+            );
+        }
+        let spec = ModelSpec::load("smollm2", &smol, Some(PROMPTS), 128, 32)?;
+        let prompts = spec.prompts.clone();
+        models.push((spec, prompts, a.smollm2));
+    }
+    let mut cases = Vec::new();
+    for (spec, prompts, n) in models {
+        for mut c in sweep::healthy_cases(a.seed, &[(spec, prompts)], n, true) {
+            c.id = cases.len();
+            cases.push(c);
+        }
+    }
+    if a.list {
+        for c in &cases {
+            println!(
+                "#{} [{}]: {}",
+                c.id,
+                GeometryClass::of(c).name(),
+                c.command()
+            );
+        }
+        return Ok(());
+    }
+    if !a.bin.is_file() {
+        bail!(
+            "{}: no kvprobe binary; run cargo build --release or pass --bin",
+            a.bin.display()
+        );
+    }
+    let total = cases.len();
+    eprintln!(
+        "{total} healthy cases, {} jobs, binary {}",
+        a.jobs,
+        a.bin.display()
+    );
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let outcomes = sweep::run_all(&a.bin, &cases, a.jobs, |o| {
+        let k = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        eprintln!(
+            "[{k}/{total}] #{} {} {} n={}: {} {:.1}s",
+            o.case.id,
+            o.case.model,
+            o.case.device.unwrap_or("hailo-sim"),
+            o.case.ids.len(),
+            o.verdict,
+            o.seconds
+        );
+    });
+    let mut table: BTreeMap<(String, &str, &str), (usize, usize)> = BTreeMap::new();
+    let mut alarms = Vec::new();
+    for o in &outcomes {
+        let key = (
+            o.case.model.clone(),
+            o.case.device.unwrap_or("hailo-sim"),
+            GeometryClass::of(&o.case).name(),
+        );
+        let e = table.entry(key).or_default();
+        e.0 += 1;
+        if o.verdict != "healthy" {
+            e.1 += 1;
+            alarms.push(format!(
+                "- #{} {} (confidence {:.2}){}: {}",
+                o.case.id,
+                o.verdict,
+                o.confidence,
+                o.error
+                    .as_deref()
+                    .map_or(String::new(), |e| format!(" [{e}]")),
+                o.case.command()
+            ));
+        }
+    }
+    println!(
+        "healthy sweep, seed {}: {} cases, {} false alarms\n",
+        a.seed,
+        total,
+        alarms.len()
+    );
+    println!(
+        "| model | device | prompt vs geometry | cases | false alarms |\n|---|---|---|---|---|"
+    );
+    for ((m, d, g), (n, f)) in &table {
+        println!("| {m} | {d} | {g} | {n} | {f} |");
+    }
+    let prompt_lens: Vec<usize> = cases.iter().map(|c| c.ids.len()).collect();
+    println!(
+        "\nprompt lengths {}-{} tokens",
+        prompt_lens.iter().min().unwrap_or(&0),
+        prompt_lens.iter().max().unwrap_or(&0)
+    );
+    for l in &alarms {
+        println!("{l}");
+    }
+    Ok(())
+}
