@@ -59,3 +59,42 @@ fn seeded_smollm2_sample_gets_the_table_verdicts() {
     let misses = run(&cases, 0);
     assert!(misses.is_empty(), "{misses:#?}");
 }
+
+/// Issue 18: a healthy device is called healthy on the prompts a user types — short everyday
+/// SmolLM2 prompts (at most 8 tokens: questions, chat template, other scripts) on the HailoRT
+/// and the ANE emulators, in every geometry class, and random 1-64 token fixture prompts.
+#[test]
+fn short_everyday_prompts_are_healthy_on_both_families() {
+    let llama = fixture("llama", 7);
+    let gpt2 = fixture("gpt2", 5);
+    let mut models = Vec::new();
+    for (label, path, l) in [("llama-fixture", &llama, 96), ("gpt2-fixture", &gpt2, 64)] {
+        let spec = ModelSpec::load(label, path, None, l, 24).expect("fixture");
+        let prompts: Vec<Vec<u32>> = spec
+            .prompts
+            .iter()
+            .zip([1usize, 2, 5, 13, 33, 64, 3, 8])
+            .map(|(p, n)| p[..n].to_vec())
+            .collect();
+        models.push((spec, prompts));
+    }
+    let mut cases = sweep::healthy_cases(18, &models, 8, true);
+    if let Some(model) = smollm2() {
+        let spec =
+            ModelSpec::load("smollm2", &model, Some(sweep::PROMPTS), 64, 8).expect("SmolLM2");
+        let short: Vec<Vec<u32>> = spec
+            .prompts
+            .iter()
+            .filter(|p| p.len() <= 8)
+            .cloned()
+            .collect();
+        assert!(short.len() >= 10, "{} short prompts", short.len());
+        let base = cases.len();
+        for mut c in sweep::healthy_cases(18, &[(spec, short)], 4, true) {
+            c.id += base;
+            cases.push(c);
+        }
+    }
+    let misses = run(&cases, 0);
+    assert!(misses.is_empty(), "{misses:#?}");
+}

@@ -107,7 +107,8 @@ fn main() -> anyhow::Result<()> {
                 smol.display()
             );
         }
-        let spec = ModelSpec::load("smollm2", &smol, Some(PROMPTS), 128, 32)?;
+        // SmolLM2 costs ~10 s a case at L = 128 and 32 steps: smaller caches and fewer steps
+        let spec = ModelSpec::load("smollm2", &smol, Some(PROMPTS), 96, 16)?;
         let prompts = spec.prompts.clone();
         models.push((spec, prompts, a.smollm2));
     }
