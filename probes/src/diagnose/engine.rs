@@ -66,6 +66,22 @@ pub enum Control {
 }
 
 impl Control {
+    /// The short name docs/diagnosis.md lists.
+    pub fn key(self) -> &'static str {
+        match self {
+            Control::Exempt => "none",
+            Control::Any => "any",
+            Control::PrefillSingle => "prefill-single",
+            Control::PrefillMulti => "prefill-multi",
+            Control::SelfOnly => "self-only",
+            Control::Greedy => "greedy",
+            Control::CacheReading => "cache-reading",
+            Control::Output => "output",
+            Control::Rerun => "rerun",
+            Control::StateWrites => "state-writes",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Control::Exempt => "none",

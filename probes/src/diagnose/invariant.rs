@@ -50,7 +50,8 @@ fn passing_controls_with_fits(r: &mut Rng) -> RingFacts {
     let blame = *r.pick(&["writer", "reader", "none", "swap"]);
     f.inject = Some(inject(0.95, 0.999, 0.4 + 0.6 * r.unit(), blame));
     let cut: &[usize] = r.pick::<&[usize]>(&[&[], &[2], &[0, 1]]);
-    f.ztap = Some(ztap(cut, *r.pick(&["none", "truncated"])));
+    let interpretation: &str = r.pick::<&str>(&["none", "truncated"]);
+    f.ztap = Some(ztap(cut, interpretation));
     f.colmap = Some(colmap(0.3 + 0.7 * r.unit(), Some(r.unit() < 0.5)));
     f.prefill_scale = Some(scale(0.9990, 0.9999, *r.pick(&[0.9, 1.15, 1.3])));
     f.theta = Some(theta(0.999, 0.9999));

@@ -54,8 +54,9 @@ mod tests {
 
     const DOC: &str = include_str!("../../../docs/diagnosis.md");
 
-    /// `(rule, verdict or stage)` rows of the doc's list between `<!-- rules:NAME -->` markers.
-    fn documented(name: &str) -> Vec<(String, String)> {
+    /// `(rule, verdict or stage, control)` rows of the doc's list between `<!-- rules:NAME -->`
+    /// markers (the stage list has no control column: its third cell is its condition).
+    fn documented(name: &str) -> Vec<(String, String, String)> {
         let start = format!("<!-- rules:{name} -->");
         let end = format!("<!-- /rules:{name} -->");
         let from = DOC.find(&start).expect("start marker") + start.len();
@@ -66,18 +67,22 @@ mod tests {
                 let cells: Vec<&str> = l.split('|').map(str::trim).collect();
                 let k = cells.iter().position(|c| c.starts_with('`'))?;
                 let id = cells[k].trim_matches('`').to_string();
-                Some((id, cells.get(k + 1)?.to_string()))
+                Some((
+                    id,
+                    cells.get(k + 1)?.to_string(),
+                    cells.get(k + 2)?.trim_matches('`').to_string(),
+                ))
             })
             .collect()
     }
 
-    fn rows<F>(table: &[&[Rule<F>]]) -> Vec<(String, String)> {
+    fn rows<F>(table: &[&[Rule<F>]]) -> Vec<(String, String, String)> {
         table
             .iter()
             .flat_map(|phase| phase.iter())
             .map(|r| {
                 let v = r.verdict.map_or("note", |v| v.name());
-                (r.id.to_string(), v.to_string())
+                (r.id.to_string(), v.to_string(), r.needs.key().to_string())
             })
             .collect()
     }
@@ -90,7 +95,11 @@ mod tests {
             .iter()
             .map(|r| (r.id.to_string(), r.stage.name().to_string()))
             .collect();
-        assert_eq!(documented("stage"), stage);
+        let doc: Vec<(String, String)> = documented("stage")
+            .into_iter()
+            .map(|(a, b, _)| (a, b))
+            .collect();
+        assert_eq!(doc, stage);
     }
 
     #[test]
