@@ -21,8 +21,8 @@ use candle_core::{Device as CDevice, Tensor};
 use kvprobe_npu::quant::fake_quantize_in_place;
 use kvprobe_reference::{GraphInput, GraphOptions, LayerKv, Model, PositionInput};
 use kvprobe_schema::{
-    CacheDirection, CacheKind, DType, DeviceDescription, GreedyStep, GroupKind, InputRole,
-    MatchedStep, MatchedSummary, QuantInfo, RuntimeKind,
+    CacheDirection, CacheKind, DType, DeviceDescription, GreedyStep, GroupDescription, GroupKind,
+    InputRole, MatchedStep, MatchedSummary, QuantInfo, RuntimeKind,
 };
 
 use crate::metrics::{cosine, top1};
@@ -62,13 +62,59 @@ impl Round {
     }
 }
 
+/// What one group's host edges round: the embeddings input, the logits output and the four
+/// RoPE tables (q cos, q sin, k cos, k sin).
+#[derive(Debug, Clone, Copy)]
+struct Edges {
+    emb: Round,
+    logits: Round,
+    pe: [Round; 4],
+}
+
+impl Edges {
+    const FP16: Edges = Edges {
+        emb: Round::F16,
+        logits: Round::F16,
+        pe: [Round::Exact; 4],
+    };
+
+    fn of(g: &GroupDescription) -> Edges {
+        let input = |role: InputRole| {
+            g.inputs
+                .iter()
+                .find(|i| i.role == Some(role))
+                .map_or(Round::Exact, |i| Round::of(i.device_dtype, i.quant))
+        };
+        Edges {
+            emb: input(InputRole::Embeddings),
+            logits: g
+                .outputs
+                .first()
+                .map_or(Round::Exact, |o| Round::of(o.device_dtype, o.quant)),
+            pe: [
+                input(InputRole::PeQCos),
+                input(InputRole::PeQSin),
+                input(InputRole::PeKCos),
+                input(InputRole::PeKSin),
+            ],
+        }
+    }
+
+    fn exact(&self) -> bool {
+        self.emb.exact() && self.logits.exact() && self.pe.iter().all(Round::exact)
+    }
+}
+
 /// The declared precision of every edge the reference crosses.
 #[derive(Debug, Clone)]
 pub struct Precision {
-    emb: Round,
-    logits: Round,
-    /// Per layer: K and V.
+    /// Prefill group, tbt group.
+    groups: [Edges; 2],
+    /// Per layer: K and V, as the ring stores them (the writer's declared quant info: a reader
+    /// that declares another one is a fault the matched reference must not copy).
     kv: Vec<[Round; 2]>,
+    /// The RoPE θ table (plain convention) when the device takes cos/sin tables as inputs.
+    theta: Option<Vec<f32>>,
     /// Ring: a tbt step reads the last `L − 1` positions, a prefill chunk the `prefill_in`
     /// before its first row; stateful: everything.
     ring: bool,
@@ -77,38 +123,35 @@ pub struct Precision {
     pub describe: String,
 }
 
+const PREFILL: usize = 0;
+const TBT: usize = 1;
+
 impl Precision {
     /// `None` when the device declares an fp32 path everywhere (the f32 reference is already
     /// precision-matched) or its caches cannot be mapped to layers.
-    pub fn of(desc: &DeviceDescription, n_layers: usize) -> Option<Precision> {
+    pub fn of(desc: &DeviceDescription, model: &Model) -> Option<Precision> {
+        let n_layers = model.config().n_layers;
         let prefill = desc.group(GroupKind::Prefill)?;
         match desc.runtime {
             RuntimeKind::HostCache => None,
             RuntimeKind::Stateful => Some(Precision {
-                emb: Round::F16,
-                logits: Round::F16,
+                groups: [Edges::FP16; 2],
                 kv: vec![[Round::F16; 2]; n_layers],
+                theta: None,
                 ring: false,
                 prefill_in: 0,
                 describe: "fp16 embeddings, fp16 K/V state and fp16 logits (the graph's inner fp16 arithmetic is not modelled)".into(),
             }),
             RuntimeKind::GenaiRing => {
-                let emb = prefill
-                    .inputs
-                    .iter()
-                    .find(|i| i.role == Some(InputRole::Embeddings))
-                    .map_or(Round::Exact, |i| Round::of(i.device_dtype, i.quant));
-                let logits = prefill
-                    .outputs
-                    .first()
-                    .map_or(Round::Exact, |o| Round::of(o.device_dtype, o.quant));
+                let pre = Edges::of(prefill);
+                let tbt = desc.group(GroupKind::Tbt).map_or(pre, Edges::of);
                 let mut kv = vec![[Round::Exact; 2]; n_layers];
                 let infos = cache_infos(desc).ok()?;
                 for info in &infos {
                     let slot = kv.get_mut(info.layer)?;
                     let bits = 8 * info.elem_bytes as u32;
                     slot[usize::from(info.kind == CacheKind::V)] =
-                        Round::Quant(info.reader_quant(), bits);
+                        Round::Quant(info.writer_quant(), bits);
                 }
                 let prefill_in = prefill
                     .cache_edges
@@ -116,23 +159,73 @@ impl Precision {
                     .find(|e| e.direction == CacheDirection::Input)
                     .map_or(desc.cache_len.saturating_sub(desc.prefill_len), |e| e.length);
                 let cache_bits = infos.first().map_or(0, |i| 8 * i.elem_bytes);
+                let has_pe = pre.pe.iter().any(|r| !r.exact());
                 let p = Precision {
-                    emb,
-                    logits,
+                    groups: [pre, tbt],
                     kv,
+                    theta: model
+                        .rope_inv_freq()
+                        .filter(|_| has_pe)
+                        .map(|f| kvprobe_npu::driver::theta_from_inv_freq(&f)),
                     ring: true,
                     prefill_in,
                     describe: format!(
-                        "embeddings {}, cache uint{cache_bits} through each ring's declared quant info, logits {}",
-                        name(&emb),
-                        name(&logits)
+                        "embeddings {}, RoPE tables {}, cache uint{cache_bits} through each ring's declared quant info, logits {}",
+                        name(&pre.emb),
+                        name(&pre.pe[0]),
+                        name(&pre.logits)
                     ),
                 };
-                let all_exact = p.emb.exact()
-                    && p.logits.exact()
+                let all_exact = p.groups.iter().all(Edges::exact)
                     && p.kv.iter().flatten().all(Round::exact);
                 (!all_exact).then_some(p)
             }
+        }
+    }
+
+    /// The rows' positions as the graph sees them: RoPE tables through the group's pe edges, or
+    /// plain position ids.
+    fn positions(
+        &self,
+        model: &Model,
+        group: usize,
+        rows: std::ops::Range<usize>,
+    ) -> PositionInput {
+        let Some(theta) = &self.theta else {
+            return PositionInput::Ids(rows.map(|x| x as f32).collect());
+        };
+        let c = model.config();
+        let d = theta.len();
+        let (mut qc, mut qs, mut kc, mut ks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for pos in rows {
+            // f64 angle, f32 value: as the genai host builds the tables
+            let cos: Vec<f32> = theta
+                .iter()
+                .map(|t| (*t as f64 * pos as f64).cos() as f32)
+                .collect();
+            let sin: Vec<f32> = theta
+                .iter()
+                .map(|t| (*t as f64 * pos as f64).sin() as f32)
+                .collect();
+            for _ in 0..c.n_heads {
+                qc.extend_from_slice(&cos);
+                qs.extend_from_slice(&sin);
+            }
+            for _ in 0..c.n_kv_heads {
+                kc.extend_from_slice(&cos);
+                ks.extend_from_slice(&sin);
+            }
+        }
+        let pe = self.groups[group].pe;
+        for (r, t) in pe.iter().zip([&mut qc, &mut qs, &mut kc, &mut ks]) {
+            r.apply(t);
+        }
+        debug_assert_eq!(qc.len() % d, 0);
+        PositionInput::Rope {
+            q_cos: qc,
+            q_sin: qs,
+            k_cos: kc,
+            k_sin: ks,
         }
     }
 }
@@ -235,7 +328,7 @@ pub fn greedy_logits(
         } else {
             0
         };
-        last = run_rows(model, p, &mut store, seq, a, b, from)?;
+        last = run_rows(model, p, &mut store, seq, a..b, from, PREFILL)?;
     }
     out.push(last);
     for t in 1..steps {
@@ -245,7 +338,15 @@ pub fn greedy_logits(
         } else {
             0
         };
-        out.push(run_rows(model, p, &mut store, seq, pos, pos + 1, from)?);
+        out.push(run_rows(
+            model,
+            p,
+            &mut store,
+            seq,
+            pos..pos + 1,
+            from,
+            TBT,
+        )?);
     }
     Ok(out)
 }
@@ -269,40 +370,41 @@ fn chunks(n: usize, pl: usize, ring: bool) -> Vec<(usize, usize, i64)> {
     out
 }
 
-/// Rows `a..b` of `seq` over the stored positions `from..a`; stores their K/V and returns the
-/// last row's logits through the logits edge.
+/// Rows `rows` of `seq` over the stored positions `from..rows.start` in `group`; stores their
+/// K/V and returns the last row's logits through the logits edge.
 fn run_rows(
     model: &Model,
     p: &Precision,
     store: &mut Store,
     seq: &[u32],
-    a: usize,
-    b: usize,
+    rows: std::ops::Range<usize>,
     from: usize,
+    group: usize,
 ) -> Result<Vec<f32>> {
-    let (mut logits, _) = run_graph_rows(model, p, store, seq, a, b, from, true)?;
-    p.logits.apply(&mut logits);
+    let (mut logits, _) = run_graph_rows(model, p, store, seq, rows, from, true, group)?;
+    p.groups[group].logits.apply(&mut logits);
     Ok(logits)
 }
 
-/// One graph run of rows `a..b` of `seq` over the stored positions `from..a` (causal inside the
-/// chunk); stores the rows' K/V. Returns the raw logits (`last_only`: the last row's) and their
-/// row count.
+/// One graph run of rows `rows` of `seq` over the stored positions `from..rows.start` (causal
+/// inside the chunk); stores the rows' K/V. Returns the raw logits (`last_only`: the last
+/// row's) and their row count.
 #[allow(clippy::too_many_arguments)]
 fn run_graph_rows(
     model: &Model,
     p: &Precision,
     store: &mut Store,
     seq: &[u32],
-    a: usize,
-    b: usize,
+    rows: std::ops::Range<usize>,
     from: usize,
     last_only: bool,
+    group: usize,
 ) -> Result<(Vec<f32>, usize)> {
+    let (a, b) = (rows.start, rows.end);
     let t = b - a;
     let nh = model.config().n_heads;
     let mut hidden: Vec<f32> = model.embed(&seq[a..b])?.flatten_all()?.to_vec1()?;
-    p.emb.apply(&mut hidden);
+    p.groups[group].emb.apply(&mut hidden);
     let w = a - from;
     let cols = w + t;
     let mut mask = vec![false; t * nh * cols];
@@ -315,7 +417,7 @@ fn run_graph_rows(
     let hidden_size = model.config().hidden_size;
     let out = model.run_graph(&GraphInput {
         hidden: Tensor::from_vec(hidden, (t, hidden_size), &CDevice::Cpu)?,
-        positions: PositionInput::Ids((a..b).map(|x| x as f32).collect()),
+        positions: p.positions(model, group, a..b),
         past: store.past(from, a)?,
         mask,
         graph: GraphOptions::default(),
@@ -323,13 +425,13 @@ fn run_graph_rows(
     })?;
     store.push(&out.new_kv, p)?;
     let vocab = model.config().vocab_size;
-    let rows = out.rows;
+    let n = out.rows;
     let logits = if last_only {
-        out.logits[(rows - 1) * vocab..rows * vocab].to_vec()
+        out.logits[(n - 1) * vocab..n * vocab].to_vec()
     } else {
         out.logits
     };
-    Ok((logits, rows))
+    Ok((logits, n))
 }
 
 /// Fills each step's three-way comparison and near-tie flag from the device's and the f32
@@ -344,7 +446,7 @@ pub fn three_way(
     reference: &[&[f32]],
     steps: &mut [GreedyStep],
 ) -> Result<Option<MatchedSummary>> {
-    let precision = Precision::of(desc, model.config().n_layers);
+    let precision = Precision::of(desc, model);
     let matched = match &precision {
         Some(p) => Some(greedy_logits(
             model,
@@ -400,12 +502,13 @@ pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f
         n_kv: c.n_kv_heads,
         hd: c.head_dim,
     };
-    let (logits, rows) = run_graph_rows(model, p, &mut store, ids, 0, ids.len(), 0, false)?;
+    let (logits, rows) =
+        run_graph_rows(model, p, &mut store, ids, 0..ids.len(), 0, false, PREFILL)?;
     let vocab = c.vocab_size;
     Ok((0..rows)
         .map(|r| {
             let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
-            p.logits.apply(&mut row);
+            p.groups[PREFILL].logits.apply(&mut row);
             row
         })
         .collect())
