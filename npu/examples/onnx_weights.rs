@@ -1,16 +1,11 @@
-//! Dumps the reference's float32 Llama-family weights as a Hugging Face folder (config.json,
-//! model.safetensors, tokenizer.json) for `scripts/export-onnx.py` (issue 22). The ONNX export
-//! then holds exactly the weights the candle reference computes with (a GGUF dequantised and its
-//! q/k rows un-permuted by the reference loader), so a device-against-reference comparison
-//! measures the runtime and the host side, not two dequantisers.
+//! Dumps the reference's float32 Llama-family weights as a Hugging Face folder for
+//! `scripts/export-onnx.py` (issue 22; `kvprobe_npu::onnx::export` says why).
 //!
 //! `cargo run --release -p kvprobe-npu --example onnx_weights -- MODEL OUT_DIR`
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use candle_core::Tensor;
 use kvprobe_reference::Model;
 
 fn main() -> ExitCode {
@@ -21,83 +16,14 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     };
-    match dump(&PathBuf::from(model), &PathBuf::from(out)) {
+    let r = Model::load(&PathBuf::from(model))
+        .map_err(kvprobe_npu::Error::from)
+        .and_then(|m| kvprobe_npu::onnx::export::write_hf_folder(&m, &PathBuf::from(out)));
+    match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("onnx_weights: {e}");
             ExitCode::from(2)
         }
     }
-}
-
-fn dump(path: &std::path::Path, out: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
-    let model = Model::load(path)?;
-    let c = model.config();
-    let ex = model.llama_export()?.ok_or_else(|| {
-        format!(
-            "{}: not a Llama-family model; the ONNX exporter writes Llama-family decoders only",
-            path.display()
-        )
-    })?;
-    std::fs::create_dir_all(out)?;
-    let mut w: HashMap<String, Tensor> = HashMap::new();
-    w.insert("model.embed_tokens.weight".into(), ex.embed.clone());
-    for (i, l) in ex.layers.iter().enumerate() {
-        let p = format!("model.layers.{i}");
-        w.insert(format!("{p}.input_layernorm.weight"), l.attn_norm.clone());
-        w.insert(
-            format!("{p}.post_attention_layernorm.weight"),
-            l.mlp_norm.clone(),
-        );
-        for (name, lin) in [
-            ("self_attn.q_proj", &l.q),
-            ("self_attn.k_proj", &l.k),
-            ("self_attn.v_proj", &l.v),
-            ("self_attn.o_proj", &l.o),
-            ("mlp.gate_proj", &l.gate),
-            ("mlp.up_proj", &l.up),
-            ("mlp.down_proj", &l.down),
-        ] {
-            w.insert(format!("{p}.{name}.weight"), lin.w.contiguous()?);
-            if let Some(b) = &lin.b {
-                w.insert(format!("{p}.{name}.bias"), b.clone());
-            }
-        }
-    }
-    w.insert("model.norm.weight".into(), ex.final_norm.clone());
-    // always written, tied or not: the exporter then needs no tie rule
-    w.insert("lm_head.weight".into(), ex.lm_head.w.contiguous()?);
-    candle_core::safetensors::save(&w, out.join("model.safetensors"))?;
-    let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.n_layers,
-        "num_attention_heads": c.n_heads,
-        "num_key_value_heads": c.n_kv_heads,
-        "head_dim": c.head_dim,
-        "rms_norm_eps": ex.norm_eps,
-        "rope_theta": c.rope_theta,
-        "max_position_embeddings": c.max_position,
-        "vocab_size": c.vocab_size,
-        "tie_word_embeddings": false,
-        "bos_token_id": c.bos_token_id,
-        "eos_token_id": c.eos_token_id,
-        "add_bos_token": c.add_bos,
-        "torch_dtype": "float32",
-        // the reference's own f32 inv_freq, so the export's RoPE tables use the same numbers
-        "kvprobe_inv_freq": ex.inv_freq,
-        "kvprobe_source": path.display().to_string(),
-    });
-    std::fs::write(
-        out.join("config.json"),
-        serde_json::to_string_pretty(&config)?,
-    )?;
-    model
-        .tokenizer()
-        .inner()
-        .save(out.join("tokenizer.json"), false)
-        .map_err(|e| format!("tokenizer.json: {e}"))?;
-    Ok(())
 }

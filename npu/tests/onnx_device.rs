@@ -171,3 +171,67 @@ fn masks_step_back_and_state_buffers_behave_as_the_reference() {
     assert!(drv.prefill(&mut dev, &ids(32, 300, 0)).is_err());
     assert!(dev.update_cache_offset(1).is_err() && dev.init_cache(3).is_err());
 }
+
+/// The same folder through the real ONNX Runtime GenAI runtime (the `onnxruntime-genai` wheel's
+/// Generator builds mask, positions and past/present itself): per-step logits agree to 1e-5.
+#[test]
+fn host_side_matches_the_genai_runtime_step_by_step() {
+    let (_hf, model, out) = fixture(13);
+    let dir = out.path().join("genai");
+    let (mut dev, mut drv) = open(&model, &dir, None);
+    for (salt, n) in [(4, 6), (5, 17)] {
+        let prompt = ids(n, 300, salt);
+        let npy = out.path().join(format!("genai-{n}.npy"));
+        let steps = 10;
+        let o = Command::new("python3")
+            .arg(root().join("scripts/onnx-genai-logits.py"))
+            .arg(&dir)
+            .arg("--ids")
+            .arg(
+                prompt
+                    .iter()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )
+            .arg("--steps")
+            .arg(steps.to_string())
+            .arg("--out")
+            .arg(&npy)
+            .output()
+            .expect("python3");
+        if o.status.code() == Some(3) {
+            eprintln!(
+                "onnxruntime-genai wheel absent: skipped ({})",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            return;
+        }
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let tokens: Vec<u32> = serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+            ["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        let genai: ndarray::Array2<f32> = ndarray_npy::read_npy(&npy).unwrap();
+        drv.reset(&mut dev).unwrap();
+        let mut worst = 0f32;
+        for k in 0..steps {
+            let ours = if k == 0 {
+                drv.prefill(&mut dev, &prompt).unwrap().logits
+            } else {
+                drv.step(&mut dev, tokens[k - 1], &MaskMode::Ring)
+                    .unwrap()
+                    .logits
+            };
+            let row = genai.row(k);
+            let d = max_abs_diff(&ours, row.as_slice().unwrap());
+            worst = worst.max(d);
+            assert!(d <= 1e-5, "prompt {n}, step {k}: max |Δ| {d}");
+            assert_eq!(argmax(&ours), tokens[k], "prompt {n}, step {k}");
+        }
+        eprintln!("GenAI runtime vs kvprobe host side, prompt {n}: max |Δlogit| {worst:e}");
+    }
+}

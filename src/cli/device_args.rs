@@ -258,7 +258,7 @@ impl DeviceArgs {
             match families::by_device(d) {
                 None => {
                     return Err(usage(format!(
-                        "--device {d}: unknown device; use {}, --sim (the Hailo emulator) or --hef FILE",
+                        "--device {d}: unknown device; use {}, --sim (the Hailo emulator), --hef FILE or --onnx DIR",
                         families::device_choices()
                     )))
                 }

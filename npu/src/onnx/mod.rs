@@ -15,6 +15,7 @@ use crate::{Error, Result};
 
 pub mod config;
 mod device;
+pub mod export;
 pub mod host;
 #[cfg(feature = "onnx")]
 mod runtime;

@@ -38,8 +38,23 @@ fn device(msg: String) -> Error {
     Error::Device(crate::error::one_line(&msg))
 }
 
-/// Loads the library (once per process: `ort` keeps the first) and builds an environment.
+/// The process's one environment (ONNX Runtime allows one per process): loads the library
+/// (`ort` keeps the first it loads) and builds it on first use; later devices share it.
 fn environment() -> Result<ort::environment::Environment> {
+    static ENV: std::sync::Mutex<Option<ort::environment::Environment>> =
+        std::sync::Mutex::new(None);
+    let mut env = ENV
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(e) = env.as_ref() {
+        return Ok(e.clone());
+    }
+    let e = new_environment()?;
+    *env = Some(e.clone());
+    Ok(e)
+}
+
+fn new_environment() -> Result<ort::environment::Environment> {
     let lib = library_path();
     if !lib.is_file() {
         return Err(device(format!(

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Per-step logits of a GenAI model folder from the real ONNX Runtime GenAI runtime (issue 22).
+
+The `onnxruntime-genai` wheel's Generator builds input_ids, attention_mask, position_ids and
+past/present itself from genai_config.json; this script only feeds tokens: the prompt with one
+append_tokens call, then each next token (GenAI's own greedy argmax) with another, reading the last
+row of `logits` after every call. kvprobe's host side must give the same logits
+(npu/tests/onnx_genai.rs).
+
+Usage: onnx-genai-logits.py DIR --ids 1,2,3 --steps N --out FILE.npy
+Writes FILE.npy (float32 [N, vocab]) and prints JSON {"tokens": [...]} (the N generated ids).
+Exit 3 with one line when onnxruntime_genai is not installed.
+"""
+import argparse
+import json
+import sys
+
+import numpy as np
+
+try:
+    import onnxruntime_genai as og
+except ImportError:
+    print("onnxruntime_genai is not installed (pip install onnxruntime-genai==0.18.0)", file=sys.stderr)
+    sys.exit(3)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--ids", required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    ids = [int(x) for x in a.ids.split(",")]
+    model = og.Model(a.dir)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + a.steps, do_sample=False)
+    gen = og.Generator(model, params)
+    rows, tokens = [], []
+    feed = ids
+    for _ in range(a.steps):
+        gen.append_tokens(np.array(feed, dtype=np.int32))
+        lg = np.array(gen.get_output("logits"), dtype=np.float32)
+        row = lg.reshape(-1, lg.shape[-1])[-1]
+        rows.append(row)
+        tokens.append(int(np.argmax(row)))
+        feed = [tokens[-1]]
+    np.save(a.out, np.stack(rows))
+    print(json.dumps({"tokens": tokens}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+//! `--onnx DIR` end to end through the binary on the real ONNX Runtime (issue 22): healthy
+//! diagnoses on the exported fixture and SmolLM2, and bad input as one line with exit 2 or 3.
+#![cfg(feature = "onnx")]
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `scripts/export-onnx.py HF OUT [extra]`; fails the test with the script's message.
+fn export(hf: &Path, out: &Path, extra: &[&str]) {
+    let o = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/export-onnx.py"))
+        .arg(hf)
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("python3");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The Llama fixture of `seed` exported as a GenAI folder (once per target dir).
+fn genai_fixture(seed: u64) -> (PathBuf, PathBuf) {
+    let hf = fixture("llama", seed);
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("onnx-genai-llama-{seed}"));
+    if !out.join("genai_config.json").is_file() {
+        export(&hf, &out, &[]);
+    }
+    (hf, out)
+}
+
+/// SmolLM2 as a GenAI folder under .cache/onnx (what scripts/export-onnx.sh writes; exported
+/// here the same way when absent: the reference's f32 weights, then export-onnx.py).
+fn smollm2_genai(gguf: &Path) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/onnx/smollm2-135m-genai");
+    if !dir.join("genai_config.json").is_file() {
+        let model = kvprobe_reference::Model::load(gguf).expect("SmolLM2");
+        let hf = tempfile::tempdir().unwrap();
+        kvprobe_npu::onnx::export::write_hf_folder(&model, hf.path()).expect("weights");
+        export(hf.path(), &dir, &["--max-length", "2048"]);
+    }
+    dir
+}
+
+/// A copy of the exported folder with genai_config.json edited by `edit` (or removed).
+fn variant(src: &Path, name: &str, edit: impl Fn(&mut serde_json::Value) -> bool) -> PathBuf {
+    let dst = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("onnx-variant-{name}"));
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in ["model.onnx", "model.onnx.data", "tokenizer.json"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+    let cfg = dst.join("genai_config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("genai_config.json")).unwrap())
+            .unwrap();
+    if edit(&mut v) {
+        std::fs::write(&cfg, v.to_string()).unwrap();
+    } else {
+        let _ = std::fs::remove_file(&cfg);
+    }
+    dst
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn run_env(args: &[&str], env: (&str, &str)) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kvprobe"))
+        .args(args)
+        .env(env.0, env.1)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run kvprobe")
+}
+
+fn one_line(out: &std::process::Output, code: i32, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains(needle), "`{needle}` not in {err}");
+}
+
+#[test]
+fn fixture_diagnoses_healthy_on_the_real_runtime() {
+    let (hf, dir) = genai_fixture(5);
+    let (hf, dir) = (hf.to_str().unwrap(), dir.to_str().unwrap());
+    for ids in [
+        IDS_REMAINDER,
+        "1,2,3",
+        "7,99,150,200,12,7,8,40,41,42,43,44,45,46,47,48,49,50",
+    ] {
+        let (code, v, err) = kvprobe_json(&[
+            "diagnose", "--onnx", dir, "--model", hf, "--ids", ids, "--steps", "8",
+        ]);
+        assert_eq!(
+            (code, verdict(&v).as_str()),
+            (0, "healthy"),
+            "{ids}: {err} {v}"
+        );
+    }
+    let (code, v, err) = kvprobe_json(&[
+        "greedy", "--onnx", dir, "--model", hf, "--ids", "1,2,3", "--steps", "6",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["provenance"]["backend"], "onnx-genai", "{v}");
+}
+
+#[test]
+fn bad_folders_and_libraries_are_one_line() {
+    let (hf, dir) = genai_fixture(5);
+    let hf = hf.to_str().unwrap();
+    let base = |d: &Path| {
+        vec![
+            "greedy".to_string(),
+            "--onnx".into(),
+            d.to_str().unwrap().to_string(),
+            "--model".into(),
+            hf.to_string(),
+            "--ids".into(),
+            "1,2,3".into(),
+        ]
+    };
+    // no genai_config.json
+    let d = variant(&dir, "noconfig", |_| false);
+    one_line_exit_2(&args(&base(&d)), "genai_config.json: cannot read it");
+    // a name the graph does not have
+    let d = variant(&dir, "names", |v| {
+        v["model"]["decoder"]["inputs"]["input_ids"] = "tokens".into();
+        true
+    });
+    one_line_exit_2(&args(&base(&d)), "names input `tokens`, which");
+    // KV heads the graph's past inputs disagree with
+    let d = variant(&dir, "kvheads", |v| {
+        v["model"]["decoder"]["num_key_value_heads"] = 4.into();
+        true
+    });
+    one_line_exit_2(&args(&base(&d)), "num_key_value_heads 4 and head_size 16");
+    // no library / not a library
+    let a = base(&dir);
+    let out = run_env(
+        &args(&a),
+        ("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so"),
+    );
+    one_line(
+        &out,
+        3,
+        "libonnxruntime not found; run scripts/fetch-onnxruntime.sh",
+    );
+    let not_lib = Path::new(hf).join("config.json");
+    let out = run_env(&args(&a), ("ORT_DYLIB_PATH", not_lib.to_str().unwrap()));
+    one_line(&out, 3, "cannot load ONNX Runtime");
+    // an execution provider the CPU-only library lacks
+    let mut a = base(&dir);
+    a.extend([
+        "--ep".into(),
+        "qnn".into(),
+        "--ep-option".into(),
+        "backend_path=libQnnHtp.so".into(),
+    ]);
+    let out = kvprobe(&args(&a));
+    one_line(&out, 3, "without the QNN execution provider");
+    let mut a = base(&dir);
+    a.extend(["--fault".into(), "kv-swap".into()]);
+    one_line_exit_2(&args(&a), "--onnx runs a real runtime");
+}
+
+#[test]
+fn smollm2_diagnoses_healthy_on_three_prompts() {
+    let Some(gguf) = smollm2() else { return };
+    let dir = smollm2_genai(&gguf);
+    let (m, d) = (gguf.to_str().unwrap(), dir.to_str().unwrap());
+    for prompt in [
+        "Once upon a time there was a little girl who lived in a small house near the woods.",
+        "The capital of France is Paris. The capital of Italy is",
+        "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    ] {
+        let (code, v, err) = kvprobe_json(&[
+            "diagnose", "--onnx", d, "--model", m, "--prompt", prompt, "--steps", "16",
+        ]);
+        assert_eq!(
+            (code, verdict(&v).as_str()),
+            (0, "healthy"),
+            "{prompt}: {err} {v}"
+        );
+    }
+}
