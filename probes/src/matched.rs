@@ -149,16 +149,21 @@ impl Precision {
                 let infos = cache_infos(desc).ok()?;
                 for info in &infos {
                     let slot = kv.get_mut(info.layer)?;
-                    let bits = 8 * info.elem_bytes as u32;
-                    slot[usize::from(info.kind == CacheKind::V)] =
-                        Round::Quant(info.writer_quant(), bits);
+                    // 1- and 2-byte entries are integer codes (contract §1.2); 4 bytes float
+                    slot[usize::from(info.kind == CacheKind::V)] = match info.elem_bytes {
+                        1 | 2 => Round::Quant(info.writer_quant(), 8 * info.elem_bytes as u32),
+                        _ => Round::Exact,
+                    };
                 }
                 let prefill_in = prefill
                     .cache_edges
                     .iter()
                     .find(|e| e.direction == CacheDirection::Input)
                     .map_or(desc.cache_len.saturating_sub(desc.prefill_len), |e| e.length);
-                let cache_bits = infos.first().map_or(0, |i| 8 * i.elem_bytes);
+                let cache = match infos.first().map(|i| i.elem_bytes) {
+                    Some(b @ (1 | 2)) => format!("uint{}", 8 * b),
+                    _ => "float32".to_string(),
+                };
                 let has_pe = pre.pe.iter().any(|r| !r.exact());
                 let p = Precision {
                     groups: [pre, tbt],
@@ -170,7 +175,7 @@ impl Precision {
                     ring: true,
                     prefill_in,
                     describe: format!(
-                        "embeddings {}, RoPE tables {}, cache uint{cache_bits} through each ring's declared quant info, logits {}",
+                        "embeddings {}, RoPE tables {}, cache {cache} through each ring's declared quant info, logits {}",
                         name(&pre.emb),
                         name(&pre.pe[0]),
                         name(&pre.logits)
