@@ -25,6 +25,9 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
+/// The largest tokenizer.json read: real ones are up to a few tens of megabytes.
+const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
 impl TextTokenizer {
     /// Load a `tokenizer.json`. The BOS default is guessed from the file's post-processor (does it add
     /// a leading special token?); HF loading overrides it with `tokenizer_config.json` when present.
@@ -34,13 +37,24 @@ impl TextTokenizer {
                 path: path.to_path_buf(),
             });
         }
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer {
+        let bad = |e: &dyn std::fmt::Display| Error::Tokenizer {
             path: path.to_path_buf(),
             detail: format!(
                 "{}; replace tokenizer.json with the model's original file",
                 one_line(&e.to_string())
             ),
-        })?;
+        };
+        let meta = std::fs::metadata(path).map_err(|e| bad(&e))?;
+        if !meta.is_file() || meta.len() > MAX_TOKENIZER_BYTES {
+            return Err(bad(&format!(
+                "not a regular file of at most {MAX_TOKENIZER_BYTES} bytes"
+            )));
+        }
+        let bytes = std::fs::read(path).map_err(|e| bad(&e))?;
+        // tokenizers 0.23 panics (`expect("Helper")`) on a decoder holding invalid UTF-8 or a
+        // number out of range (found by examples/fuzz): the whole file is checked as JSON first.
+        serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| bad(&e))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| bad(&*e))?;
         let (add_bos, bos_id) = detect_bos(&inner);
         let mut t = Self::from_tokenizer(inner, add_bos, bos_id);
         t.source = path.to_path_buf();
