@@ -3,6 +3,7 @@
 # results.json, GGUF header and metadata, config.json, tokenizer.json, safetensors header.
 #
 #   scripts/fuzz.sh [--iterations N] [--seed S] [--seconds T] [PARSER...]
+#   target/debug/examples/fuzz --parser P --replay fuzz-crashes/FILE   (one finding, with its panic)
 #
 # Defaults: 1,000,000 inputs per parser, seed 1, every parser. CI runs a 2-second smoke
 # (--seconds 2). Findings (a panic, or an input whose heap grows past 64 MiB + 64 × its size)

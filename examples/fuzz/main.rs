@@ -56,6 +56,8 @@ struct Args {
     iterations: u64,
     seconds: Option<f64>,
     crashes: PathBuf,
+    /// Run this one saved input (with the panic message shown) instead of fuzzing.
+    replay: Option<PathBuf>,
 }
 
 fn args() -> Result<Args, String> {
@@ -65,6 +67,7 @@ fn args() -> Result<Args, String> {
         iterations: 10_000,
         seconds: None,
         crashes: PathBuf::from("fuzz-crashes"),
+        replay: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -76,6 +79,7 @@ fn args() -> Result<Args, String> {
             "--iterations" => a.iterations = value()?.parse().map_err(bad)?,
             "--seconds" => a.seconds = Some(value()?.parse().map_err(|_| "--seconds: a number")?),
             "--crashes" => a.crashes = PathBuf::from(value()?),
+            "--replay" => a.replay = Some(PathBuf::from(value()?)),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -105,6 +109,17 @@ fn main() -> std::process::ExitCode {
     }
     .expect("scratch folder");
     let t = targets::target(&a.parser, scratch.path()).expect("checked");
+    if let Some(p) = &a.replay {
+        let bytes = std::fs::read(p).expect("the saved input");
+        let i = p
+            .to_string_lossy()
+            .rsplit('-')
+            .next()
+            .and_then(|x| x.trim_end_matches(".bin").parse().ok());
+        (t.run)(&bytes, i.unwrap_or(0));
+        println!("{}: replayed {} without a panic", t.name, p.display());
+        return std::process::ExitCode::SUCCESS;
+    }
     // the findings are counted and saved; FUZZ_VERBOSE=1 shows each panic's message and place
     if std::env::var_os("FUZZ_VERBOSE").is_none() {
         std::panic::set_hook(Box::new(|_| {}));

@@ -243,6 +243,19 @@ pub fn tokenizers(c: &mut Corpus) {
         &m,
         Some("tokenizer.json"),
     );
+    // inputs on which tokenizers 0.23 panicked, kept as the fuzzer saved them
+    for name in ["tokenizer-bpe-merge-panic", "tokenizer-template-panic"] {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/hostile_cases/inputs/{name}.json"));
+        let m = c.model_copy(name, |d| {
+            std::fs::copy(&src, d.join("tokenizer.json")).unwrap();
+        });
+        c.refused_model(
+            &format!("tokenizer fuzz finding {name}"),
+            &m,
+            Some("tokenizer.json"),
+        );
+    }
     let m = c.model_copy("tok-missing", |d| {
         std::fs::remove_file(d.join("tokenizer.json")).unwrap()
     });
