@@ -568,3 +568,22 @@ fn compare_keeps_the_report_order() {
         "order"
     );
 }
+
+/// A zero map without a single always-zero column draws as one sentence saying so, not a blank
+/// grid; a map with one still draws the grid.
+#[test]
+fn an_empty_chart_says_why_in_one_sentence() {
+    let mut r = faulty_results();
+    let z = r.probes.ztap.as_mut().unwrap();
+    for c in &mut z.caches {
+        c.zero_map.iter_mut().for_each(|x| *x = false);
+    }
+    let svg = |r: &kvprobe_schema::Results| read(&written(r, &[]).path().join("ztap_zero_map.svg"));
+    assert!(
+        svg(&r).contains("Nothing to draw: no cell is zero in every entry"),
+        "{}",
+        svg(&r)
+    );
+    r.probes.ztap.as_mut().unwrap().caches[0].zero_map[0] = true;
+    assert!(!svg(&r).contains("Nothing to draw"));
+}
