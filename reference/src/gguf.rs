@@ -209,10 +209,33 @@ fn load_weights(
         };
         let info = &content.tensor_infos[gguf_name];
         check_type(info.ggml_dtype, gguf_name, path)?;
-        let elems = info.shape.elem_count();
-        let bytes =
-            (elems / info.ggml_dtype.block_size()) as u64 * info.ggml_dtype.type_size() as u64;
-        if content.tensor_data_offset + info.offset + bytes > file_len {
+        // dimensions from the file multiply past 2^64 in a hostile header (found by
+        // examples/fuzz): a product that overflows is a tensor past the end of any file
+        let elems = info
+            .shape
+            .dims()
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
+        if elems == Some(0) {
+            // candle reads an empty tensor through a misaligned dangling pointer (undefined
+            // behaviour, found by examples/fuzz); no weight of a model is empty
+            return Err(Error::Format {
+                path: path.to_path_buf(),
+                detail: format!("tensor `{gguf_name}` has a zero dimension; the file is damaged, fetch it again"),
+            });
+        }
+        let end = elems
+            .and_then(|elems| {
+                ((elems / info.ggml_dtype.block_size()) as u64)
+                    .checked_mul(info.ggml_dtype.type_size() as u64)
+            })
+            .and_then(|bytes| {
+                content
+                    .tensor_data_offset
+                    .checked_add(info.offset)?
+                    .checked_add(bytes)
+            });
+        if end.is_none_or(|end| end > file_len) {
             return Err(Error::Format {
                 path: path.to_path_buf(),
                 detail: format!(

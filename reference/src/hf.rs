@@ -130,7 +130,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
                 n_heads,
                 n_kv_heads: n_heads,
                 head_dim: hidden / n_heads.max(1),
-                intermediate_size: f.opt_usize("n_inner")?.unwrap_or(4 * hidden),
+                intermediate_size: f.opt_usize("n_inner")?.unwrap_or(hidden.saturating_mul(4)),
                 norm_eps: f.f64_or("layer_norm_epsilon", 1e-5),
                 rope_theta: 0.0,
                 max_position,

@@ -25,6 +25,9 @@ impl std::fmt::Debug for TextTokenizer {
     }
 }
 
+/// The largest tokenizer.json read: real ones are up to a few tens of megabytes.
+const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
 impl TextTokenizer {
     /// Load a `tokenizer.json`. The BOS default is guessed from the file's post-processor (does it add
     /// a leading special token?); HF loading overrides it with `tokenizer_config.json` when present.
@@ -34,14 +37,44 @@ impl TextTokenizer {
                 path: path.to_path_buf(),
             });
         }
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer {
+        let bad = |e: &dyn std::fmt::Display| Error::Tokenizer {
             path: path.to_path_buf(),
             detail: format!(
                 "{}; replace tokenizer.json with the model's original file",
                 one_line(&e.to_string())
             ),
-        })?;
-        let (add_bos, bos_id) = detect_bos(&inner);
+        };
+        let meta = std::fs::metadata(path).map_err(|e| bad(&e))?;
+        if !meta.is_file() || meta.len() > MAX_TOKENIZER_BYTES {
+            return Err(bad(&format!(
+                "not a regular file of at most {MAX_TOKENIZER_BYTES} bytes"
+            )));
+        }
+        let bytes = std::fs::read(path).map_err(|e| bad(&e))?;
+        // tokenizers 0.23 panics (`expect("Helper")`) on a decoder holding invalid UTF-8 or a
+        // number out of range (found by examples/fuzz): the whole file is checked as JSON first.
+        let json = serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| bad(&e))?;
+        if let Some(merge) = json.get("model").and_then(short_merge) {
+            // tokenizers 0.23 subtracts the continuing-subword prefix from every merge's second
+            // part and underflows on a shorter one (found by examples/fuzz)
+            return Err(bad(&format!(
+                "the BPE merge {merge:?} is shorter than the model's continuing_subword_prefix"
+            )));
+        }
+        if let Some(missing) = json.get("post_processor").and_then(undefined_special_token) {
+            // tokenizers 0.23 indexes its special-token map with every name in the template and
+            // panics on a missing one (found by examples/fuzz)
+            return Err(bad(&format!(
+                "the post_processor's template uses the special token {missing:?}, which its special_tokens do not define"
+            )));
+        }
+        let (inner, (add_bos, bos_id)) = quietly(|| {
+            let inner = tokenizers::Tokenizer::from_bytes(&bytes)?;
+            let bos = detect_bos(&inner);
+            Ok((inner, bos))
+        })
+        .ok_or_else(|| bad(&"the tokenizers library could not read it"))?
+        .map_err(|e: tokenizers::Error| bad(&*e))?;
         let mut t = Self::from_tokenizer(inner, add_bos, bos_id);
         t.source = path.to_path_buf();
         Ok(t)
@@ -153,6 +186,51 @@ impl TextTokenizer {
 }
 
 /// Does the post-processor add a leading token? Compare an encoding with and without special tokens.
+/// `f`, with a panic inside it (the tokenizers library panics on some malformed files beyond
+/// the checks above: merges longer than any vocabulary entry, found by examples/fuzz) turned
+/// into `None` and kept off stderr, so the error stays one line. The hook is swapped only while
+/// a model loads, before any worker thread runs.
+fn quietly<T>(f: impl FnOnce() -> T) -> Option<T> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
+    std::panic::set_hook(hook);
+    out
+}
+
+/// The first BPE merge whose second part is shorter than `continuing_subword_prefix`.
+fn short_merge(model: &serde_json::Value) -> Option<String> {
+    let prefix = model.get("continuing_subword_prefix")?.as_str()?.len();
+    let merges = model.get("merges")?.as_array()?;
+    merges.iter().find_map(|m| {
+        let second = match m {
+            serde_json::Value::String(s) => s.split_once(' ').map(|(_, b)| b),
+            serde_json::Value::Array(a) => a.get(1).and_then(|b| b.as_str()),
+            _ => None,
+        };
+        second.filter(|b| b.len() < prefix).map(|_| m.to_string())
+    })
+}
+
+/// The first special token a `TemplateProcessing` post-processor (also inside a `Sequence`)
+/// names in its templates without defining it.
+fn undefined_special_token(pp: &serde_json::Value) -> Option<String> {
+    if let Some(list) = pp.get("processors").and_then(|p| p.as_array()) {
+        return list.iter().find_map(undefined_special_token);
+    }
+    if pp.get("type").and_then(|t| t.as_str()) != Some("TemplateProcessing") {
+        return None;
+    }
+    let defined = pp.get("special_tokens");
+    ["single", "pair"]
+        .iter()
+        .filter_map(|k| pp.get(*k).and_then(|t| t.as_array()))
+        .flatten()
+        .filter_map(|piece| piece.get("SpecialToken")?.get("id")?.as_str())
+        .find(|id| defined.and_then(|d| d.get(*id)).is_none())
+        .map(str::to_string)
+}
+
 fn detect_bos(t: &tokenizers::Tokenizer) -> (bool, Option<u32>) {
     let plain = t.encode("a", false).ok().map(|e| e.get_ids().to_vec());
     let special = t.encode("a", true).ok().map(|e| e.get_ids().to_vec());

@@ -15,6 +15,7 @@ mod fsio;
 pub mod html;
 mod index;
 pub mod interrupt;
+pub mod markdown;
 mod npy;
 pub mod render;
 pub mod run_folder;
@@ -27,8 +28,8 @@ mod validate;
 pub use arrays::{ArrayData, NamedArray};
 pub use error::{Error, Result};
 pub use render::{
-    load_results, render_compare, render_report, write_artifacts, COMPARE_HTML, REPORT_HTML,
-    RESULTS_JSON,
+    load_results, render_compare, render_markdown, render_report, write_artifacts, COMPARE_HTML,
+    REPORT_HTML, RESULTS_JSON, SUMMARY_MD,
 };
 pub use run_folder::{check_out_dir, write_run_folder};
 pub use section::{Chart, ProbeBlock, ProbeSection};

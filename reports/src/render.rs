@@ -118,6 +118,18 @@ pub fn render_report(dir: &Path) -> Result<()> {
     write_atomic(&dir.join(REPORT_HTML), html.as_bytes())
 }
 
+/// The Markdown bug-report summary `kvprobe report DIR --markdown` writes.
+pub const SUMMARY_MD: &str = "summary.md";
+
+/// Write `dir/summary.md` from its results.json (`crate::markdown`).
+pub fn render_markdown(dir: &Path) -> Result<()> {
+    let results = load_results(dir)?;
+    write_atomic(
+        &dir.join(SUMMARY_MD),
+        crate::markdown::summary(&results).as_bytes(),
+    )
+}
+
 /// Write `out_dir/compare.html`: both verdicts, probe tables side by side, charts paired.
 pub fn render_compare(before_dir: &Path, after_dir: &Path, out_dir: &Path) -> Result<()> {
     let before = load_results(before_dir)?;

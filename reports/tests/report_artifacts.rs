@@ -539,3 +539,51 @@ fn degenerate_findings_render_without_panicking() {
     let m: Array2<f32> = read_npy(dir.path().join("colmap.npy")).unwrap();
     assert_eq!(m.shape(), &[0, 0]);
 }
+
+/// compare.html keeps the report's section order: a section newer than the pinned list (stale)
+/// used to sort above prefill.
+#[test]
+fn compare_keeps_the_report_order() {
+    let mut r = faulty_results();
+    let step = kvprobe_schema::StaleStep {
+        step: 0,
+        position: 10,
+        cosine_to_clean: 1.0,
+        max_abs_diff: 0.0,
+        moved: false,
+    };
+    r.probes.stale = Some(kvprobe_schema::test_findings::stale(
+        vec![1],
+        vec![step],
+        &[],
+    ));
+    let before = written(&r, &[]);
+    let after = written(&healthy_results(), &[]);
+    let out = tempfile::tempdir().unwrap();
+    render_compare(before.path(), after.path(), out.path()).unwrap();
+    let html = read(&out.path().join("compare.html"));
+    let at = |id: &str| html.find(&format!("<section id=\"{id}\">")).unwrap();
+    assert!(
+        at("prefill") < at("greedy") && at("inject") < at("stale"),
+        "order"
+    );
+}
+
+/// A zero map without a single always-zero column draws as one sentence saying so, not a blank
+/// grid; a map with one still draws the grid.
+#[test]
+fn an_empty_chart_says_why_in_one_sentence() {
+    let mut r = faulty_results();
+    let z = r.probes.ztap.as_mut().unwrap();
+    for c in &mut z.caches {
+        c.zero_map.iter_mut().for_each(|x| *x = false);
+    }
+    let svg = |r: &kvprobe_schema::Results| read(&written(r, &[]).path().join("ztap_zero_map.svg"));
+    assert!(
+        svg(&r).contains("Nothing to draw: no cell is zero in every entry"),
+        "{}",
+        svg(&r)
+    );
+    r.probes.ztap.as_mut().unwrap().caches[0].zero_map[0] = true;
+    assert!(!svg(&r).contains("Nothing to draw"));
+}

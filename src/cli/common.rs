@@ -44,23 +44,47 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
     }
 }
 
-/// `--model` if given, else the fetched SmolLM2 (searched from the working directory upwards so
-/// that it is found from any folder inside the checkout).
+/// `--model` if given, else `$KVPROBE_MODEL`, else the fetched SmolLM2: in a checkout's
+/// `.cache/models` (searched from the working directory upwards, so any folder inside the checkout
+/// finds it), then in the user cache `scripts/fetch-model.sh` also fills
+/// (`$XDG_CACHE_HOME/kvprobe/models`, default `~/.cache/kvprobe/models`), which is what a
+/// `cargo install`ed binary outside the checkout finds.
 pub fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(p) = model {
         return Ok(p.to_path_buf());
     }
-    if let Ok(cwd) = std::env::current_dir() {
-        for dir in cwd.ancestors() {
-            let p = dir.join(DEFAULT_MODEL);
-            if p.is_file() {
-                return Ok(p);
-            }
+    if let Some(p) = std::env::var_os("KVPROBE_MODEL").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if !p.exists() {
+            return Err(usage(format!(
+                "$KVPROBE_MODEL={}: no such file or folder; point it at a model or unset it",
+                p.display()
+            )));
         }
+        return Ok(p);
+    }
+    let in_checkout = std::env::current_dir().ok().and_then(|cwd| {
+        cwd.ancestors()
+            .map(|d| d.join(DEFAULT_MODEL))
+            .find(|p| p.is_file())
+    });
+    if let Some(p) = in_checkout.or_else(|| user_cache_model().filter(|p| p.exists())) {
+        return Ok(p);
     }
     Err(usage(format!(
-        "no --model given and the default model {DEFAULT_MODEL} is not there; run scripts/fetch-model.sh (or pass --model PATH)"
+        "no --model given, $KVPROBE_MODEL unset, and the default model is neither in {DEFAULT_MODEL} nor in {}; run scripts/fetch-model.sh (or pass --model PATH)",
+        user_cache_model().map_or("the user cache".into(), |p| p.display().to_string())
     )))
+}
+
+/// Where `scripts/fetch-model.sh` puts a second copy of the default model for installed binaries.
+fn user_cache_model() -> Option<PathBuf> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let name = Path::new(DEFAULT_MODEL).file_name()?;
+    Some(cache.join("kvprobe/models").join(name))
 }
 
 /// Write `path` through a temporary file in the same folder, renamed into place only when `fill`

@@ -9,6 +9,7 @@ pub mod interrupt;
 pub mod probe_cmd;
 pub mod ref_cmd;
 pub mod report;
+pub mod shell;
 
 use std::process::ExitCode;
 
@@ -34,6 +35,10 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Re-render report.html from a run folder, or compare two runs (--compare BEFORE AFTER --out DIR).
     Report(report::ReportArgs),
+    /// Shell completions on stdout: bash, zsh, fish, elvish or powershell.
+    Completions(shell::CompletionsArgs),
+    /// The man page (roff) on stdout.
+    Man,
     #[command(flatten)]
     Probe(Box<probe_cmd::ProbeCommand>),
 }
@@ -76,6 +81,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ref(args) => ref_cmd::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Report(args) => report::run(args),
+        Command::Completions(args) => shell::completions(&args),
+        Command::Man => shell::man(),
         Command::Probe(cmd) => probe_cmd::run(*cmd),
     }
 }

@@ -23,6 +23,10 @@ pub struct ReportArgs {
     /// Folder for compare.html (created if missing).
     #[arg(long, value_name = "DIR", requires = "compare")]
     pub out: Option<PathBuf>,
+    /// Also write DIR/summary.md: verdict, evidence, command, device and versions, prompt tokens
+    /// and the key table as Markdown, to paste into a forum post or a GitHub issue.
+    #[arg(long, conflicts_with = "compare")]
+    pub markdown: bool,
 }
 
 pub fn run(args: ReportArgs) -> anyhow::Result<()> {
@@ -37,6 +41,10 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         (None, _, Some(dir)) => {
             kvprobe_reports::render_report(&dir).map_err(|e| usage(e.to_string()))?;
             println!("{}", dir.join(kvprobe_reports::REPORT_HTML).display());
+            if args.markdown {
+                kvprobe_reports::render_markdown(&dir).map_err(|e| usage(e.to_string()))?;
+                println!("{}", dir.join(kvprobe_reports::SUMMARY_MD).display());
+            }
         }
         _ => {
             return Err(usage(

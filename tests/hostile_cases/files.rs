@@ -92,11 +92,29 @@ pub fn gguf_files(c: &mut Corpus) {
         let p = c.file(&format!("{name}.gguf"), &bytes);
         c.refused_model(&format!("gguf {name}"), &p, None);
     }
+    // tensor dimensions that multiply past 2^64 or hold a zero (found by examples/fuzz: an
+    // overflow, and undefined behaviour reading an empty tensor)
+    let vocab = crate::gguf_support::vocab().0.len();
+    for (name, dims) in [
+        ("tensor-dims-overflow", vec![1u64 << 33, 1 << 33, 4]),
+        ("tensor-dim-zero", vec![0, 32]),
+    ] {
+        let mut tensors = crate::gguf_support::base_tensors(vocab, true);
+        tensors[1].dims = dims;
+        let bytes =
+            crate::gguf_support::encode(&crate::gguf_support::base_meta("llama", vocab), &tensors);
+        let p = c.file(&format!("{name}.gguf"), &bytes);
+        c.refused_model(&format!("gguf {name}"), &p, None);
+    }
     let dir = c.root().join("folder.gguf");
     std::fs::create_dir(&dir).unwrap();
     c.refused_model("gguf a folder named .gguf", &dir, None);
     let p = c.fifo("pipe.gguf");
     c.refused_model("gguf a pipe", &p, None);
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 fn write(dir: &std::path::Path, name: &str, bytes: &[u8]) {
@@ -211,6 +229,32 @@ pub fn tokenizers(c: &mut Corpus) {
             write(d, "tokenizer.json", &bytes)
         });
         c.refused_model(&format!("tokenizer {name}"), &m, None);
+    }
+    // tokenizers 0.23 panicked on it (found by the fuzzer)
+    let m = c.model_copy("tok-decoder-utf8", |d| {
+        let mut b = std::fs::read(d.join("tokenizer.json")).unwrap();
+        let at = find(&b, b"\"decoder\"").expect("a decoder");
+        let s = at + find(&b[at..], b"\"type\"").unwrap() + 2;
+        b[s] = 0xff;
+        write(d, "tokenizer.json", &b);
+    });
+    c.refused_model(
+        "tokenizer decoder with invalid UTF-8",
+        &m,
+        Some("tokenizer.json"),
+    );
+    // inputs on which tokenizers 0.23 panicked, kept as the fuzzer saved them
+    for name in ["tokenizer-bpe-merge-panic", "tokenizer-template-panic"] {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/hostile_cases/inputs/{name}.json"));
+        let m = c.model_copy(name, |d| {
+            std::fs::copy(&src, d.join("tokenizer.json")).unwrap();
+        });
+        c.refused_model(
+            &format!("tokenizer fuzz finding {name}"),
+            &m,
+            Some("tokenizer.json"),
+        );
     }
     let m = c.model_copy("tok-missing", |d| {
         std::fs::remove_file(d.join("tokenizer.json")).unwrap()

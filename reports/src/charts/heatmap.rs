@@ -175,6 +175,9 @@ fn text_style(px: f64) -> TextStyle<'static> {
 }
 
 pub fn render(h: &Heatmap) -> Result<String> {
+    if let Some(why) = empty_reason(h) {
+        return Ok(empty_chart(&h.title, &why));
+    }
     let p = pool(h);
     let rd = p.values.len();
     let cd = p.values.first().map(Vec::len).unwrap_or(0);
@@ -470,6 +473,49 @@ fn legend(
         }
     }
     Ok(())
+}
+
+/// Why `h` would draw as a blank grid, in one sentence, or `None` when some cell shows: every
+/// cell without data, or (a fraction map) every cell at 0 with none outlined, as a zero map
+/// without a single always-zero column is.
+fn empty_reason(h: &Heatmap) -> Option<String> {
+    let cells = h.values.iter().map(Vec::len).sum::<usize>();
+    let marked = h.marked.iter().flatten().any(|&m| m);
+    if marked {
+        return None;
+    }
+    let finite: Vec<f64> = h
+        .values
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|v| v.is_finite())
+        .collect();
+    if finite.is_empty() {
+        return Some(format!(
+            "Nothing to draw: none of the {cells} cells has a value ({}).",
+            h.nan_label
+        ));
+    }
+    if h.scale == Scale::Fraction && finite.iter().all(|&v| v == 0.0) {
+        return Some(format!(
+            "Nothing to draw: no cell is {} (all {} cells are 0), so the map would be blank.",
+            h.scale_label,
+            finite.len()
+        ));
+    }
+    None
+}
+
+/// A chart that is its title and one sentence.
+fn empty_chart(title: &str, why: &str) -> String {
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"720\" height=\"70\" viewBox=\"0 0 720 70\" role=\"img\" aria-label=\"{t}\">\
+<text x=\"10\" y=\"24\" font-family=\"sans-serif\" font-size=\"15\" font-weight=\"bold\">{t}</text>\
+<text x=\"10\" y=\"52\" font-family=\"sans-serif\" font-size=\"13\">{w}</text></svg>\n",
+        t = crate::text::html(title),
+        w = crate::text::html(why)
+    )
 }
 
 #[cfg(test)]

@@ -107,31 +107,17 @@ pub fn compare(
     s.push_str(&evidence(after));
     s.push_str("</div>\n</div>\n");
 
-    // Probe order follows the single-run page; a probe that ran on one side only still shows.
-    let mut ids: Vec<&str> = Vec::new();
-    for b in bb.iter().chain(ab.iter()) {
-        if !ids.contains(&b.id) {
-            ids.push(b.id);
-        }
-    }
-    // The sections compare.html was written with, pinned in page order; any other section
-    // (stale, causality, splits, the stateful ones, later probes) sorts before them in the
-    // order it ran. A quirk, kept so compare pages of old run folders re-render byte-identically.
-    const ORDER: [&str; 12] = [
-        "prefill",
-        "greedy",
-        "selfmask",
-        "colmap",
-        "ztap",
-        "quant",
-        "maskconv",
-        "positions",
-        "theta",
-        "layout",
-        "layout-infer",
-        "inject",
-    ];
-    ids.sort_by_key(|id| ORDER.iter().position(|o| o == id));
+    // The single-run page's order (both lists follow the section registry); a probe that ran on
+    // one side only still shows, in its place. Sorting by a pinned list of the older sections
+    // put every newer one (stale, causality, splits, ...) above prefill.
+    let ids: Vec<&str> = crate::sections::SECTIONS
+        .iter()
+        .filter_map(|sec| {
+            sec.block(before, before_charts)
+                .or_else(|| sec.block(after, after_charts))
+        })
+        .map(|b| b.id)
+        .collect();
     for id in ids {
         let find = |v: &[ProbeBlock]| v.iter().position(|b| b.id == id);
         let (bi, ai) = (find(&bb), find(&ab));

@@ -1,0 +1,235 @@
+//! `summary.md`: the run as a Markdown bug-report summary to paste into a forum post or a GitHub
+//! issue: verdict and evidence, the exact command, device, model and versions, the prompt's
+//! tokens and the key table (greedy steps, else the first table the run has), all from
+//! results.json. Text from the model or the user is escaped so it cannot break the table or
+//! inject HTML.
+
+use std::fmt::Write as _;
+
+use kvprobe_schema::Results;
+
+use crate::sections;
+use crate::text::shell_join;
+
+/// Rows of a table shown before the rest is left to the CSV file.
+const MAX_ROWS: usize = 24;
+
+pub fn summary(r: &Results) -> String {
+    let p = &r.provenance;
+    let mut s = String::new();
+    match r.verdict {
+        Some(v) => {
+            let _ = writeln!(
+                s,
+                "## kvprobe: `{}` (confidence {:.2})\n",
+                v.name(),
+                r.confidence.unwrap_or(0.0)
+            );
+        }
+        None => {
+            let _ = writeln!(s, "## kvprobe {}\n", cell(&r.command));
+        }
+    }
+    if !r.evidence.is_empty() {
+        s += "**Evidence**\n\n";
+        for e in &r.evidence {
+            let _ = writeln!(s, "- {}", cell(e));
+        }
+        s += "\n";
+    }
+    if !r.also.is_empty() {
+        let also: Vec<&str> = r.also.iter().map(|v| v.name()).collect();
+        let _ = writeln!(s, "Also: {}\n", also.join(", "));
+    }
+    for w in &r.warnings {
+        let _ = writeln!(s, "> warning: {}", cell(w));
+    }
+    let _ = writeln!(
+        s,
+        "**Command**\n\n```sh\n{}\n```\n",
+        shell_join(&p.command).replace("```", "'''")
+    );
+    let mut rows = vec![
+        (
+            "kvprobe",
+            format!(
+                "{}{}",
+                p.kvprobe_version,
+                p.git_hash
+                    .as_deref()
+                    .map(|h| format!(" ({h})"))
+                    .unwrap_or_default()
+            ),
+        ),
+        ("device", p.backend.clone()),
+        (
+            "model",
+            format!(
+                "{} ({}, sha256 {})",
+                p.model_path,
+                p.model_architecture,
+                short(&p.model_sha256)
+            ),
+        ),
+        (
+            "cache length L / prefill rows P",
+            format!("{} / {}", p.cache_len, p.prefill_len),
+        ),
+        ("host", p.host.clone()),
+    ];
+    if let (Some(h), Some(sha)) = (&p.hef_path, &p.hef_sha256) {
+        rows.push(("HEF", format!("{h} (sha256 {})", short(sha))));
+    }
+    if let Some(m) = &p.sim_manifest {
+        rows.push((
+            "emulator",
+            format!(
+                "{}, cache {}, faults: {}",
+                m.device,
+                m.cache_quant,
+                if m.faults.is_empty() {
+                    "none".into()
+                } else {
+                    m.faults.join(" ")
+                }
+            ),
+        ));
+    }
+    s += "| | |\n|---|---|\n";
+    for (k, v) in rows {
+        let _ = writeln!(s, "| {k} | {} |", cell(&v));
+    }
+    s += "\n";
+    prompt_table(&mut s, r);
+    key_table(&mut s, r);
+    s
+}
+
+fn short(sha: &str) -> String {
+    sha.get(..12)
+        .map_or_else(|| sha.to_string(), |h| format!("{h}…"))
+}
+
+fn prompt_table(s: &mut String, r: &Results) {
+    let p = &r.provenance;
+    if p.prompt_ids.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "**Prompt** ({} tokens): {}\n",
+        p.prompt_ids.len(),
+        cell(&p.prompt)
+    );
+    s.push_str("| position | id | token |\n|---|---|---|\n");
+    for (i, id) in p.prompt_ids.iter().enumerate().take(MAX_ROWS) {
+        let tok = p.prompt_tokens.get(i).map(String::as_str).unwrap_or("");
+        let _ = writeln!(s, "| {i} | {id} | `{}` |", cell(tok).replace('`', "ˋ"));
+    }
+    more(s, p.prompt_ids.len());
+}
+
+/// The greedy per-step table when the run has one, else the first table it wrote.
+fn key_table(s: &mut String, r: &Results) {
+    let tables = sections::tables(r);
+    let Some((name, csv)) = tables
+        .iter()
+        .find(|(n, _)| n == "greedy.csv")
+        .or_else(|| tables.first())
+    else {
+        return;
+    };
+    let mut lines = csv.lines().map(csv_cells);
+    let Some(header) = lines.next() else { return };
+    let _ = writeln!(s, "**{name}**\n");
+    let _ = writeln!(
+        s,
+        "| {} |",
+        header
+            .iter()
+            .map(|h| cell(h))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let _ = writeln!(s, "|{}", "---|".repeat(header.len()));
+    let rows: Vec<Vec<String>> = lines.collect();
+    for row in rows.iter().take(MAX_ROWS) {
+        let _ = writeln!(
+            s,
+            "| {} |",
+            row.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | ")
+        );
+    }
+    more(s, rows.len());
+}
+
+fn more(s: &mut String, n: usize) {
+    if n > MAX_ROWS {
+        let _ = writeln!(s, "\n({} more rows in the run folder)", n - MAX_ROWS);
+    }
+    s.push('\n');
+}
+
+/// The cells of one CSV line as `text::csv_text` writes them (RFC 4180 quotes).
+fn csv_cells(line: &str) -> Vec<String> {
+    let (mut cells, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => cells.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    cells.push(cur);
+    cells
+}
+
+/// Text safe inside a Markdown table cell: no line breaks, pipes, HTML or control characters.
+fn cell(t: &str) -> String {
+    let mut out = String::with_capacity(t.len());
+    for c in t.chars() {
+        match c {
+            '|' => out.push_str("\\|"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\n' | '\r' | '\t' => out.push(' '),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_has_verdict_command_versions_and_key_table() {
+        let mut r = crate::fixtures::faulty_results();
+        r.provenance.prompt_tokens[0] = "a|b<script>\n".into();
+        let md = summary(&r);
+        assert!(md.starts_with("## kvprobe: `"), "{md}");
+        assert!(md.contains("**Command**") && md.contains("| kvprobe |"));
+        assert!(md.contains("**greedy.csv**") || md.contains(".csv**"));
+        assert!(md.contains("a\\|b&lt;script&gt;"), "{md}");
+        // raw text only inside the command's code block, where Markdown renders no HTML
+        let (before, rest) = md.split_once("```sh").unwrap();
+        let after = rest.split_once("```").unwrap().1;
+        assert!(
+            !before.contains("<script>") && !after.contains("<script>"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn csv_cells_undo_the_quoting() {
+        assert_eq!(csv_cells("a,\"b,\"\"c\"\"\",d"), vec!["a", "b,\"c\"", "d"]);
+    }
+}
