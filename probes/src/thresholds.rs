@@ -91,3 +91,10 @@ pub fn fit_repairs(base: f64, fitted: f64) -> bool {
 pub const PRECISION_RATIO: f64 = 2.5;
 pub const MATCHED_GAP: f64 = 2e-4;
 pub const STEP_NOISE_FLOOR: f64 = 1e-4;
+/// One step alone fails the stage when the device leaves the matched reference there by
+/// ≥ `LONE_STEP_GAP` (1 − cosine) and ≥ `LONE_STEP_RATIO` × the step's precision cost: a left-valid
+/// mask at the wrap moves two steps by 0.0067 and 0.0028 where the matched reference sits 1e-5
+/// from f32 (ratio 60); the largest healthy SmolLM2 step ratio seen with a matched reference that
+/// did not round the RoPE tables (so it missed the emulator like it will miss hardware) was 11.5.
+pub const LONE_STEP_RATIO: f64 = 25.0;
+pub const LONE_STEP_GAP: f64 = 2e-3;
