@@ -252,6 +252,17 @@ struct Store {
 }
 
 impl Store {
+    /// An empty store for `model`'s layers and KV heads.
+    fn new(model: &Model) -> Store {
+        let c = model.config();
+        Store {
+            k: vec![Vec::new(); c.n_layers],
+            v: vec![Vec::new(); c.n_layers],
+            n_kv: c.n_kv_heads,
+            hd: c.head_dim,
+        }
+    }
+
     /// Past tensors `[n_kv, W, hd]` of positions `from..to`.
     fn past(&self, from: usize, to: usize) -> Result<Vec<LayerKv>> {
         let w = to - from;
@@ -318,13 +329,7 @@ pub fn greedy_logits(
     cache_len: usize,
     prefill_len: usize,
 ) -> Result<Vec<Vec<f32>>> {
-    let c = model.config();
-    let mut store = Store {
-        k: vec![Vec::new(); c.n_layers],
-        v: vec![Vec::new(); c.n_layers],
-        n_kv: c.n_kv_heads,
-        hd: c.head_dim,
-    };
+    let mut store = Store::new(model);
     let mut out = Vec::with_capacity(steps);
     let mut last = Vec::new();
     for (a, b, chunk_start) in chunks(n, prefill_len.max(1), p.ring) {
@@ -500,16 +505,10 @@ pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
 /// Every row's logits of one prefill chunk of `ids` from position 0 (no past), at the declared
 /// precision: row i is the last row of the single-chunk prefix `ids[..=i]`.
 pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
-    let c = model.config();
-    let mut store = Store {
-        k: vec![Vec::new(); c.n_layers],
-        v: vec![Vec::new(); c.n_layers],
-        n_kv: c.n_kv_heads,
-        hd: c.head_dim,
-    };
+    let mut store = Store::new(model);
     let (logits, rows) =
         run_graph_rows(model, p, &mut store, ids, 0..ids.len(), 0, false, PREFILL)?;
-    let vocab = c.vocab_size;
+    let vocab = model.config().vocab_size;
     Ok((0..rows)
         .map(|r| {
             let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
