@@ -103,6 +103,10 @@ pub(crate) fn verdict_meaning(v: Verdict) -> &'static str {
         Verdict::KvBinding => "the K and V caches are bound crosswise",
         Verdict::NumericOverflow => "fp16 values overflow to inf/NaN inside the graph",
         Verdict::StaleCache => "state from a previous request changes the next one",
+        Verdict::CapacityOverflow => {
+            "input past a declared limit came back as output instead of an error"
+        }
+        Verdict::Nondeterministic => "the same request gives different results run to run",
         Verdict::Unknown => "a fault was seen but no rule explains it",
     }
 }

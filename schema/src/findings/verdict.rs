@@ -21,11 +21,16 @@ pub enum Verdict {
     NumericOverflow,
     /// State left over from a previous request changes the next one (issue 9).
     StaleCache,
+    /// A prompt or a generation past a limit the device declares came back without the runtime
+    /// refusing it (issues 20, 22).
+    CapacityOverflow,
+    /// The same request on the same device gives different results run to run (issue 20).
+    Nondeterministic,
     Unknown,
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 13] = [
+    pub const ALL: [Verdict; 15] = [
         Verdict::Healthy,
         Verdict::PrefillGraph,
         Verdict::TbtGraph,
@@ -38,6 +43,8 @@ impl Verdict {
         Verdict::KvBinding,
         Verdict::NumericOverflow,
         Verdict::StaleCache,
+        Verdict::CapacityOverflow,
+        Verdict::Nondeterministic,
         Verdict::Unknown,
     ];
 
@@ -55,6 +62,8 @@ impl Verdict {
             Verdict::KvBinding => "kv-binding",
             Verdict::NumericOverflow => "numeric-overflow",
             Verdict::StaleCache => "stale-cache",
+            Verdict::CapacityOverflow => "capacity-overflow",
+            Verdict::Nondeterministic => "nondeterministic",
             Verdict::Unknown => "unknown",
         }
     }
