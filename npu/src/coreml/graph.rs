@@ -181,6 +181,15 @@ impl Graph {
         let mask = f16_tensor(spec.mask.to_vec(), (1, q_rows, ctx))?;
         let scale = 1.0 / (hd as f64).sqrt();
         let write_shift = usize::from(has(AneFault::WriteOffset));
+        // ane-state-wrap=N: slot s is stored at s mod N, so a write lands on every alias
+        let wrap = spec
+            .faults
+            .iter()
+            .find_map(|f| match f {
+                AneFault::StateWrap(n) => Some(*n),
+                _ => None,
+            })
+            .unwrap_or(ctx);
         for (layer, st) in self.layers.iter().zip(states.iter_mut()) {
             let h = rms_norm(&x, &layer.attn_norm, self.eps)?;
             let heads = |t: Tensor, n: usize| -> Result<Tensor> {
@@ -209,9 +218,11 @@ impl Graph {
                         continue;
                     }
                     let src = (g * q_rows + i) * hd;
-                    let dst = (g * ctx + slot) * hd;
-                    st.k[dst..dst + hd].copy_from_slice(&kn[src..src + hd]);
-                    st.v[dst..dst + hd].copy_from_slice(&vn[src..src + hd]);
+                    for alias in (slot % wrap..ctx).step_by(wrap) {
+                        let dst = (g * ctx + alias) * hd;
+                        st.k[dst..dst + hd].copy_from_slice(&kn[src..src + hd]);
+                        st.v[dst..dst + hd].copy_from_slice(&vn[src..src + hd]);
+                    }
                 }
             }
             let read = |s: &[half::f16]| -> Result<Tensor> {
