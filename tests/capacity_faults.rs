@@ -64,7 +64,10 @@ fn diagnose(
     )
 }
 
-fn check_matrix(model: &str, cases: &[(bool, &[&str], &[&str], Option<&str>)]) {
+/// One diagnose case: ane-sim or not, geometry flags, prompt flags, the fault (none: healthy).
+type Case<'a> = (bool, &'a [&'a str], &'a [&'a str], Option<&'a str>);
+
+fn check_matrix(model: &str, cases: &[Case]) {
     let mut misses = Vec::new();
     for &(ane, geo, prompt, fault) in cases {
         let want = if fault.is_some() {
