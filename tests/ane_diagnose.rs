@@ -20,7 +20,12 @@ fn the_matrix_is_the_coreml_fault_table() {
         let declared = table.expected(fault).map(|v| v.name());
         assert_eq!(declared.ok(), Some(*want), "{fault}");
     }
-    for d in table.faults {
+    // the capacity faults have their own end-to-end test (tests/capacity_faults.rs)
+    for d in table
+        .faults
+        .iter()
+        .filter(|d| !["ane-state-wrap", "ane-query-truncate"].contains(&d.name))
+    {
         assert!(
             FAULTS.iter().any(|(f, _)| *f == d.name),
             "{} is declared but not in the matrix",

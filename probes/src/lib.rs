@@ -5,6 +5,7 @@
 //! the emulator's fault list (issue 4).
 
 pub mod affected;
+pub mod capacity;
 pub mod causality;
 pub mod colmap;
 pub mod diagnose;
@@ -59,6 +60,7 @@ pub static PROBES: &[&dyn Probe] = &[
     &causality::CausalityProbe,
     &splits::SplitsProbe,
     &rerun::RerunProbe,
+    &capacity::CapacityProbe,
 ];
 
 #[cfg(test)]

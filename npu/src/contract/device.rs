@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use kvprobe_schema::{DeviceDescription, GroupKind};
+use kvprobe_schema::{DeviceDescription, DeviceLimit, GroupKind};
 
 use crate::{Buffer, Result};
 
@@ -60,6 +60,13 @@ pub trait Device {
     /// a value the device could not read says why. Nothing by default.
     fn versions(&self) -> Vec<(String, String)> {
         Vec::new()
+    }
+
+    /// The limits this device declares (prompt rows, cache, context, window, compiled prompt
+    /// length) and what its documented runtime does past each (issue 20). The default reads
+    /// `prefill_len` and `cache_len` by runtime (`contract::limits::declared`).
+    fn limits(&self) -> Vec<DeviceLimit> {
+        super::limits::declared(self.describe(), self.capabilities())
     }
 
     /// One run of a group with named host buffers (the server's formats, contract §2.1). Does not

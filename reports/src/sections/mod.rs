@@ -1,6 +1,7 @@
 //! The report sections, one module per probe, and the one list the report iterates: its order
 //! is the order of the page, the CSV tables, the text summary and the artefact list.
 
+mod capacity;
 mod causality;
 mod colmap;
 mod greedy;
@@ -44,6 +45,7 @@ pub static SECTIONS: &[&dyn ProbeSection] = &[
     &causality::Causality,
     &splits::Splits,
     &rerun::Rerun,
+    &capacity::Capacity,
     &stateful::Overflow,
     &stateful::State,
     &stateful::NotApplicable,

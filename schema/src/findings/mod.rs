@@ -4,12 +4,14 @@
 //! from it alone (plus nothing that depends on render time).
 
 mod cache;
+mod capacity;
 mod logits;
 mod stage;
 mod stateful;
 mod verdict;
 
 pub use cache::*;
+pub use capacity::*;
 pub use logits::*;
 pub use stage::*;
 pub use stateful::*;
