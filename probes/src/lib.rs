@@ -7,6 +7,7 @@
 pub mod affected;
 pub mod causality;
 pub mod colmap;
+pub mod determinism;
 pub mod diagnose;
 pub mod error;
 pub mod greedy;
@@ -37,7 +38,7 @@ pub mod ztap;
 pub use diagnose::stateful as diagnose_stateful;
 pub use diagnose::{diagnose, DiagnoseOptions, Diagnosis};
 pub use error::{Error, Result};
-pub use probe::{Probe, ProbeOptions};
+pub use probe::{Probe, ProbeOptions, SecondProcess};
 pub use progress::{NoProgress, Progress};
 pub use session::{ComparedLogits, Geometry, Session};
 
@@ -59,6 +60,7 @@ pub static PROBES: &[&dyn Probe] = &[
     &causality::CausalityProbe,
     &splits::SplitsProbe,
     &rerun::RerunProbe,
+    &determinism::DeterminismProbe,
 ];
 
 #[cfg(test)]

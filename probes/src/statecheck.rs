@@ -4,6 +4,8 @@
 //! `cache_buffers` / `write_cache_buffer` expose the states as `[kv_heads, max_ctx, head_dim]`
 //! little-endian fp16, cache ids `2l` (K) and `2l + 1` (V).
 
+use std::collections::BTreeMap;
+
 use kvprobe_npu::MaskMode;
 use kvprobe_reference::{KeySet, LayerKv};
 use kvprobe_schema::{OverflowFinding, StateFinding};
@@ -79,7 +81,46 @@ pub fn overflow(s: &mut Session, logits: &[f32]) -> Result<OverflowFinding> {
         position,
         logits_finite,
         longest_finite_prefix: None,
+        zero_rows: zero_rows(&bufs, &sh, s.ids.len())?,
+        logits_zero: !logits.is_empty() && logits.iter().all(|&x| x == 0.0),
     })
+}
+
+/// Whether the K and V rows of state layer `l` at `p` are exactly zero in every KV head.
+fn row_zero(bufs: &BTreeMap<u32, Vec<u8>>, sh: &Shape, l: usize, p: usize) -> Result<bool> {
+    for id in [2 * l as u32, 2 * l as u32 + 1] {
+        let b = bufs
+            .get(&id)
+            .ok_or_else(|| Error::Device(format!("the device exposes no state {id}")))?;
+        for h in 0..sh.kv {
+            let o = 2 * (h * sh.ctx + p) * sh.hd;
+            if b[o..o + 2 * sh.hd].chunks_exact(2).any(|c| {
+                let x = half::f16::from_le_bytes([c[0], c[1]]);
+                x.to_f32() != 0.0
+            }) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// The first layer `l ≥ 1` and prompt position whose K and V are exactly zero while layer 0
+/// holds that position: a written row that a later layer zeroed (its input norm collapsed). A
+/// slot nobody wrote is zero in layer 0 too and is the occupancy check's business.
+fn zero_rows(bufs: &BTreeMap<u32, Vec<u8>>, sh: &Shape, n: usize) -> Result<Option<[usize; 2]>> {
+    let n = n.min(sh.ctx);
+    let held: Vec<bool> = (0..n)
+        .map(|p| row_zero(bufs, sh, 0, p).map(|z| !z))
+        .collect::<Result<_>>()?;
+    for l in 1..sh.layers {
+        for p in (0..n).filter(|&p| held[p]) {
+            if row_zero(bufs, sh, l, p)? {
+                return Ok(Some([l, p]));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Two requests for the prompt after a reset, each following a different first request

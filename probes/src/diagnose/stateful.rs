@@ -2,6 +2,7 @@
 //! stateful device here. Ring-specific probes say why they do not apply; the rules of [`TABLE`]
 //! (docs/diagnosis.md "Stateful devices") run in order, the first that fires ends it:
 //!
+//! 0. the same request twice from fresh (all-zero) states differs → nondeterministic;
 //! 1. the prompt after a reset depends on the request before it (back-to-back) → stale-cache;
 //! 2. non-finite logits or states after the prompt's prefill → numeric-overflow;
 //! 3. the prefill wrote other slots than `0..n` → cache-offset;
@@ -13,13 +14,17 @@
 //! 7. otherwise unknown.
 
 use kvprobe_schema::{
-    NotApplicable, OverflowFinding, ProbeFindings, StateFinding, Timing, Verdict,
+    DeterminismFinding, NotApplicable, OverflowFinding, ProbeFindings, StateFinding, Timing,
+    Verdict,
 };
 
 use super::engine::{Cause, Control, Controls, Engine, Rule, Tier};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use crate::thresholds::*;
-use crate::{greedy, prefill, selfmask, statecheck, Result};
+use crate::{determinism, greedy, prefill, selfmask, statecheck, Result};
+
+/// Steps of the repeat `diagnose` runs (the prefill and 3 tbt steps, twice, in this process).
+pub const REPEAT_STEPS: usize = 4;
 
 /// Probes that need the genai ring, with the reason (reported, never skipped silently).
 pub const NOT_APPLICABLE: &[(&str, &str)] = &[
@@ -48,6 +53,8 @@ fn na() -> Vec<NotApplicable> {
 /// What the state checks and the controls measured; `None` = not run (an earlier rule ended it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatefulFacts {
+    /// The same request twice from fresh states, in this process.
+    pub repeat: Option<DeterminismFinding>,
     /// The prompt after a reset gave bit-identical logits whatever request came before.
     pub back_to_back_identical: bool,
     /// Cosine of the two back-to-back runs (NaN when refused).
@@ -63,6 +70,16 @@ pub struct StatefulFacts {
 
 type R = Rule<StatefulFacts>;
 const T: Tier = Tier::CachePath;
+
+/// After the repeat.
+pub const REPEAT: &[R] = &[R::new(
+    "nondeterministic",
+    T,
+    Some(Verdict::Nondeterministic),
+    nondeterministic,
+)
+.needs(Control::Rerun)
+.stop()];
 
 /// After the back-to-back check.
 pub const STALE: &[R] = &[
@@ -107,7 +124,7 @@ pub const STATE: &[R] = &[
 ];
 
 /// Every stateful rule, in evaluation order.
-pub const TABLE: &[&[R]] = &[STALE, OVERFLOW, STATE];
+pub const TABLE: &[&[R]] = &[REPEAT, STALE, OVERFLOW, STATE];
 
 /// Passes the stage floors of the ring rules, top-1 ignored near identical logits.
 fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
@@ -126,9 +143,16 @@ impl StatefulFacts {
     }
 
     pub fn overflowed(&self) -> bool {
-        self.overflow
+        self.overflow.as_ref().is_some_and(|ov| {
+            !ov.logits_finite || ov.layer.is_some() || ov.zero_rows.is_some() || ov.logits_zero
+        })
+    }
+
+    /// Two runs from all-zero states with identical inputs differed.
+    fn repeat_differs(&self) -> bool {
+        self.repeat
             .as_ref()
-            .is_some_and(|ov| !ov.logits_finite || ov.layer.is_some())
+            .is_some_and(|r| r.clean_reset == Some(true) && !r.identical())
     }
 
     /// The prefill wrote exactly positions `0..n`.
@@ -142,7 +166,7 @@ impl Controls for StatefulFacts {
     fn fails(&self, c: Control) -> bool {
         match c {
             Control::Exempt => false,
-            Control::Rerun => !self.back_to_back_identical,
+            Control::Rerun => !self.back_to_back_identical || self.repeat_differs(),
             Control::Output => self.overflowed(),
             Control::StateWrites => self.written_ok() == Some(false),
             // a control that did not run has not failed
@@ -171,6 +195,18 @@ impl Controls for StatefulFacts {
     }
 }
 
+/// Identical inputs down to the states, different outputs: nothing before the request explains it.
+fn nondeterministic(f: &StatefulFacts) -> Option<Cause> {
+    let r = f.repeat.as_ref().filter(|_| f.repeat_differs())?;
+    let mut c = Cause::new(0.9).line(format!(
+        "repeat: the same request ({} steps) twice in this process, each from all-zero states after a reset; {}",
+        r.steps,
+        r.comparisons.iter().map(determinism::describe).collect::<Vec<_>>().join("; ")
+    ));
+    c = c.line("→ the device gives different results for identical inputs (run `kvprobe determinism` for a second process and every step)");
+    Some(c)
+}
+
 fn stale_cache(f: &StatefulFacts) -> Option<Cause> {
     if f.back_to_back_identical {
         return None;
@@ -192,15 +228,22 @@ fn stale_cache(f: &StatefulFacts) -> Option<Cause> {
 /// A layer whose output at position p is non-finite shows as non-finite K/V of the next layer.
 fn numeric_overflow(f: &StatefulFacts) -> Option<Cause> {
     let ov = f.overflow.as_ref().filter(|_| f.overflowed())?;
-    let at = match (ov.layer, ov.position) {
-        (Some(l), Some(pos)) => format!("inside layer {l} at position {pos} (the first non-finite K/V is layer {} at position {pos})", l + 1),
-        (Some(l), None) => format!("in layer {l} or the head (every state finite, logits not)"),
-        _ => "in the graph".into(),
+    let n = ov.prompt_len;
+    let line = match (ov.layer, ov.position, ov.zero_rows) {
+        // a row past the prompt is one the host never sent: a pad row whose mask allows nothing
+        (Some(l), Some(pos), _) if pos >= n => format!(
+            "overflow: the {n}-token prefill produces inf/NaN at position {pos}, past the {n} positions the host sent (the first non-finite K/V is layer {} there): the mask — a padded row whose mask allows nothing gets 0/0 in its softmax when the mask's large negative is −inf in fp16 (the fp32 minimum), and every row reads its NaN K/V",
+            l + 1
+        ),
+        (Some(l), Some(pos), _) => format!("overflow: the {n}-token prefill produces inf/NaN inside layer {l} at position {pos} (the first non-finite K/V is layer {} at position {pos})", l + 1),
+        (Some(l), None, _) => format!("overflow: the {n}-token prefill produces inf/NaN in layer {l} or the head (every state finite, logits not)"),
+        (None, _, Some([l, pos])) => format!(
+            "overflow: layer {l}'s K and V at position {pos} are exactly zero where layer 0 wrote it: the input norm of layer {l} returned zeros (its sum of squares passed fp16's 65504, rsqrt(inf) = 0: an RMSNorm without its fp32 cast)"
+        ),
+        (None, _, None) if ov.logits_zero => format!("overflow: every logit of the {n}-token prefill is exactly zero: the final norm returned zeros (its sum of squares overflowed fp16)"),
+        _ => format!("overflow: the {n}-token prefill produces inf/NaN in the graph"),
     };
-    Some(Cause::new(0.95).line(format!(
-        "overflow: the {}-token prefill produces inf/NaN {at}",
-        ov.prompt_len
-    )))
+    Some(Cause::new(0.95).line(line))
 }
 
 fn state_offset(f: &StatefulFacts) -> Option<Cause> {
@@ -289,16 +332,27 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         },
         eng,
     };
-    let bb = run.timed("back-to-back", statecheck::back_to_back)?;
+    let rp = run.timed("repeat", |s| determinism::repeat(s, REPEAT_STEPS))?;
+    run.p.determinism = Some(rp.clone());
     let mut f = StatefulFacts {
-        back_to_back_identical: bb.identical,
-        back_to_back_cosine: bb.cosine,
-        back_to_back_refused: bb.refused.clone(),
+        repeat: Some(rp),
+        back_to_back_identical: true,
+        back_to_back_cosine: 1.0,
+        back_to_back_refused: None,
         overflow: None,
         prefill: None,
         greedy: None,
         state: None,
     };
+    run.eng.apply(REPEAT, &f);
+    if run.eng.stopped() {
+        return Ok(run.done());
+    }
+    run.eng.line(repeat_line(f.repeat.as_ref()));
+    let bb = run.timed("back-to-back", statecheck::back_to_back)?;
+    f.back_to_back_identical = bb.identical;
+    f.back_to_back_cosine = bb.cosine;
+    f.back_to_back_refused = bb.refused.clone();
     run.eng.apply(STALE, &f);
     if run.eng.stopped() {
         return Ok(run.done());
@@ -379,6 +433,19 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     Ok(())
 }
 
+/// What the repeat found when no rule fired on it.
+fn repeat_line(r: Option<&DeterminismFinding>) -> String {
+    match r {
+        Some(r) if r.clean_reset == Some(false) => "repeat: not compared as identical inputs: the states were not all zero after a reset (the back-to-back check follows)".into(),
+        Some(r) => format!(
+            "repeat: the same request ({} steps, prefill then tbt) twice in this process from all-zero states: {} (a second process: `kvprobe determinism`)",
+            r.steps,
+            r.comparisons.iter().map(determinism::describe).collect::<Vec<_>>().join("; ")
+        ),
+        None => "repeat: not run".into(),
+    }
+}
+
 /// `0..4, 7` style list.
 fn ranges(v: &[usize]) -> String {
     if v.is_empty() {
@@ -413,6 +480,7 @@ mod tests {
     /// A healthy stateful run: every check ran, nothing is off.
     fn healthy_facts() -> StatefulFacts {
         StatefulFacts {
+            repeat: None,
             back_to_back_identical: true,
             back_to_back_cosine: 1.0,
             back_to_back_refused: None,
@@ -422,6 +490,8 @@ mod tests {
                 position: None,
                 logits_finite: true,
                 longest_finite_prefix: None,
+                zero_rows: None,
+                logits_zero: false,
             }),
             prefill: Some([0.999, 0.998, 1.0]),
             greedy: Some([0.999, 0.998, 1.0]),

@@ -4,12 +4,14 @@
 //! from it alone (plus nothing that depends on render time).
 
 mod cache;
+mod determinism;
 mod logits;
 mod stage;
 mod stateful;
 mod verdict;
 
 pub use cache::*;
+pub use determinism::*;
 pub use logits::*;
 pub use stage::*;
 pub use stateful::*;
@@ -66,6 +68,9 @@ pub struct ProbeFindings {
     /// Stateful devices (issue 9): the state checks.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub state: Option<StateFinding>,
+    /// The same request again in-process and in a second process (issue 20).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub determinism: Option<DeterminismFinding>,
     /// Probes that cannot run on this device, each with the reason (never a silent skip).
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub not_applicable: Vec<NotApplicable>,
