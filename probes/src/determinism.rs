@@ -6,8 +6,9 @@
 //! names where it starts: the first step, then the first layer and slot (ring slot, or state
 //! row) whose bytes differ.
 //!
-//! Identical inputs: each run starts from a reset; a ring device's rings are zeroed first (a
-//! reset keeps ring bytes, contract §2.10), a stateful device's states must read all zero after
+//! Identical inputs: each run starts from a reset and the host window the first run started from
+//! (a fresh driver's, in the second process); a ring device's rings are zeroed first (a reset
+//! keeps ring bytes and the window, contract §2.10), a stateful device's states must read all zero after
 //! its reset (`clean_reset`; a device that keeps its state is the back-to-back check's case, not
 //! this one). The second run and the second process are fed the first run's tokens, so a
 //! difference is never the echo of an earlier one.
@@ -357,11 +358,26 @@ pub fn describe(c: &RunComparison) -> String {
     s
 }
 
+/// The evidence line of `diagnose`'s repeat.
+pub fn repeat_evidence(r: &DeterminismFinding) -> String {
+    if r.clean_reset == Some(false) {
+        return "repeat: not compared as identical inputs: the states were not all zero after a reset (the back-to-back check follows)".into();
+    }
+    let found: Vec<String> = r.comparisons.iter().map(describe).collect();
+    format!(
+        "repeat: the same request ({} steps: the prefill, then tbt) twice in this process from all-zero states; {}; no second process inside diagnose (`kvprobe determinism` runs one)",
+        r.steps,
+        found.join("; ")
+    )
+}
+
 /// The repeat `diagnose` runs (cheap: the prompt and `steps − 1` tbt steps twice in this
 /// process, no second process).
 pub fn repeat(s: &mut Session, steps: usize) -> Result<DeterminismFinding> {
     let steps = if s.has_tbt() { steps.max(1) } else { 1 };
+    let start = s.driver.host_state();
     let a = record(s, steps, &[])?;
+    s.driver.set_host_state(start);
     let b = record(s, steps, &a.tokens)?;
     let c = compare(s.describe(), &a, &b, "same process");
     Ok(finding(s, steps, &[&a, &b], vec![c]))
@@ -392,7 +408,9 @@ pub fn run(
 ) -> Result<DeterminismFinding> {
     let steps = steps.max(1);
     s.progress.phase("determinism", 2 * steps as u64);
+    let start = s.driver.host_state();
     let a = record(s, steps, &[])?;
+    s.driver.set_host_state(start);
     let b = record(s, steps, &a.tokens)?;
     let mut comparisons = vec![compare(s.describe(), &a, &b, "same process")];
     let Some(h) = second else {
@@ -433,3 +451,88 @@ impl crate::probe::Probe for DeterminismProbe {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kvprobe_npu::ane::{AneDevice, AneOptions};
+    use kvprobe_npu::sim::{SimDevice, SimOptions};
+    use kvprobe_reference::Model;
+
+    use super::*;
+    use crate::NoProgress;
+
+    fn tiny() -> Arc<Model> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        kvprobe_reference::fixtures::write_tiny_llama(dir.path(), 7).expect("fixture");
+        Arc::new(Model::load(dir.path()).expect("load"))
+    }
+
+    fn ane(model: &Arc<Model>, faults: &[&str]) -> AneDevice {
+        let opts = AneOptions {
+            max_ctx: 64,
+            max_query: 32,
+            faults: faults.iter().map(|f| f.to_string()).collect(),
+            ..AneOptions::default()
+        };
+        AneDevice::new(model.clone(), opts).expect("device")
+    }
+
+    /// 20 prompt tokens: one call writes rows 0..20, four of them past the 16th.
+    fn ids() -> Vec<u32> {
+        (0..20).map(|i| 3 + 11 * i).collect()
+    }
+
+    #[test]
+    fn a_healthy_stateful_device_repeats_bit_for_bit_and_the_recording_round_trips() {
+        let model = tiny();
+        let mut dev = ane(&model, &[]);
+        let mut s = Session::new(&model, &mut dev, ids(), &NoProgress).expect("session");
+        let a = record(&mut s, 4, &[]).expect("first");
+        let b = record(&mut s, 4, &a.tokens).expect("second");
+        assert_eq!(a.clean_reset, Some(true));
+        assert_eq!(a.logits.len(), 4);
+        assert_eq!(a.caches[0].len(), 2 * model.config().n_layers);
+        let c = compare(s.describe(), &a, &b, "same process");
+        assert!(c.identical, "{c:?}");
+        assert_eq!(c.step_max_abs_diff, vec![Some(0.0); 4]);
+        assert_eq!(Recording::decode(&a.encode()).expect("decode"), a);
+        assert!(Recording::decode(&a.encode()[..40]).is_err());
+        assert!(Recording::decode(b"not a recording").is_err());
+    }
+
+    #[test]
+    fn a_ring_device_repeats_bit_for_bit() {
+        let model = tiny();
+        let opts = SimOptions {
+            cache_len: 32,
+            prefill_len: 8,
+            ..SimOptions::default()
+        };
+        let mut dev = SimDevice::new(model.clone(), opts).expect("sim");
+        let mut s = Session::new(&model, &mut dev, ids(), &NoProgress).expect("session");
+        let f = run(&mut s, 3, None).expect("run");
+        assert!(f.identical(), "{f:?}");
+        assert!(f.caches_compared);
+        assert_eq!(f.clean_reset, None);
+        assert!(f.second_process_skipped.is_some());
+    }
+
+    #[test]
+    fn a_state_race_differs_first_at_the_seventeenth_row() {
+        let model = tiny();
+        let mut dev = ane(&model, &["ane-state-race"]);
+        let mut s = Session::new(&model, &mut dev, ids(), &NoProgress).expect("session");
+        let f = repeat(&mut s, 3).expect("repeat");
+        assert_eq!(f.clean_reset, Some(true));
+        let c = &f.comparisons[0];
+        assert!(!c.identical);
+        // rows 0..16 of a call are written exactly; the prompt's 17th row is slot 16
+        let d = c.first.as_ref().expect("a difference");
+        assert_eq!((d.step, d.layer, d.cache_id, d.slot), (0, Some(0), Some(0), Some(16)));
+        // the 4 rows past the 16th differ in layer 0; one-row tbt calls add none of their own
+        assert_eq!(c.slots_differing[0][0], 4);
+        assert!(repeat_evidence(&f).contains("differs first at step 0"));
+    }
+}

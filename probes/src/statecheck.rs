@@ -86,6 +86,27 @@ pub fn overflow(s: &mut Session, logits: &[f32]) -> Result<OverflowFinding> {
     })
 }
 
+/// The evidence line of an overflow finding: where the first inf/NaN (or zeroed row) sits, and
+/// what that points at — a position past the prompt is a row the host never sent (the mask of
+/// a padded row), one inside it a layer.
+pub fn overflow_evidence(ov: &OverflowFinding) -> String {
+    let n = ov.prompt_len;
+    match (ov.layer, ov.position, ov.zero_rows) {
+        // a row past the prompt is one the host never sent: a pad row whose mask allows nothing
+        (Some(l), Some(pos), _) if pos >= n => format!(
+            "overflow: the {n}-token prefill produces inf/NaN at position {pos}, past the {n} positions the host sent (the first non-finite K/V is layer {} there): the mask — a padded row whose mask allows nothing gets 0/0 in its softmax when the mask's large negative is −inf in fp16 (the fp32 minimum), and every row reads its NaN K/V",
+            l + 1
+        ),
+        (Some(l), Some(pos), _) => format!("overflow: the {n}-token prefill produces inf/NaN inside layer {l} at position {pos} (the first non-finite K/V is layer {} at position {pos})", l + 1),
+        (Some(l), None, _) => format!("overflow: the {n}-token prefill produces inf/NaN in layer {l} or the head (every state finite, logits not)"),
+        (None, _, Some([l, pos])) => format!(
+            "overflow: layer {l}'s K and V at position {pos} are exactly zero where layer 0 wrote it: the input norm of layer {l} returned zeros (its sum of squares passed fp16's 65504, rsqrt(inf) = 0: an RMSNorm without its fp32 cast)"
+        ),
+        (None, _, None) if ov.logits_zero => format!("overflow: every logit of the {n}-token prefill is exactly zero: the final norm returned zeros (its sum of squares overflowed fp16)"),
+        _ => format!("overflow: the {n}-token prefill produces inf/NaN in the graph"),
+    }
+}
+
 /// Whether the K and V rows of state layer `l` at `p` are exactly zero in every KV head.
 fn row_zero(bufs: &BTreeMap<u32, Vec<u8>>, sh: &Shape, l: usize, p: usize) -> Result<bool> {
     for id in [2 * l as u32, 2 * l as u32 + 1] {

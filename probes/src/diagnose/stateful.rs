@@ -198,13 +198,9 @@ impl Controls for StatefulFacts {
 /// Identical inputs down to the states, different outputs: nothing before the request explains it.
 fn nondeterministic(f: &StatefulFacts) -> Option<Cause> {
     let r = f.repeat.as_ref().filter(|_| f.repeat_differs())?;
-    let mut c = Cause::new(0.9).line(format!(
-        "repeat: the same request ({} steps) twice in this process, each from all-zero states after a reset; {}",
-        r.steps,
-        r.comparisons.iter().map(determinism::describe).collect::<Vec<_>>().join("; ")
-    ));
-    c = c.line("→ the device gives different results for identical inputs (run `kvprobe determinism` for a second process and every step)");
-    Some(c)
+    Some(Cause::new(0.9).line(determinism::repeat_evidence(r)).line(
+        "→ the device gives different results for identical inputs (`kvprobe determinism` adds a second process and every step)",
+    ))
 }
 
 fn stale_cache(f: &StatefulFacts) -> Option<Cause> {
@@ -228,22 +224,7 @@ fn stale_cache(f: &StatefulFacts) -> Option<Cause> {
 /// A layer whose output at position p is non-finite shows as non-finite K/V of the next layer.
 fn numeric_overflow(f: &StatefulFacts) -> Option<Cause> {
     let ov = f.overflow.as_ref().filter(|_| f.overflowed())?;
-    let n = ov.prompt_len;
-    let line = match (ov.layer, ov.position, ov.zero_rows) {
-        // a row past the prompt is one the host never sent: a pad row whose mask allows nothing
-        (Some(l), Some(pos), _) if pos >= n => format!(
-            "overflow: the {n}-token prefill produces inf/NaN at position {pos}, past the {n} positions the host sent (the first non-finite K/V is layer {} there): the mask — a padded row whose mask allows nothing gets 0/0 in its softmax when the mask's large negative is −inf in fp16 (the fp32 minimum), and every row reads its NaN K/V",
-            l + 1
-        ),
-        (Some(l), Some(pos), _) => format!("overflow: the {n}-token prefill produces inf/NaN inside layer {l} at position {pos} (the first non-finite K/V is layer {} at position {pos})", l + 1),
-        (Some(l), None, _) => format!("overflow: the {n}-token prefill produces inf/NaN in layer {l} or the head (every state finite, logits not)"),
-        (None, _, Some([l, pos])) => format!(
-            "overflow: layer {l}'s K and V at position {pos} are exactly zero where layer 0 wrote it: the input norm of layer {l} returned zeros (its sum of squares passed fp16's 65504, rsqrt(inf) = 0: an RMSNorm without its fp32 cast)"
-        ),
-        (None, _, None) if ov.logits_zero => format!("overflow: every logit of the {n}-token prefill is exactly zero: the final norm returned zeros (its sum of squares overflowed fp16)"),
-        _ => format!("overflow: the {n}-token prefill produces inf/NaN in the graph"),
-    };
-    Some(Cause::new(0.95).line(line))
+    Some(Cause::new(0.95).line(statecheck::overflow_evidence(ov)))
 }
 
 fn state_offset(f: &StatefulFacts) -> Option<Cause> {
@@ -348,7 +329,9 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     if run.eng.stopped() {
         return Ok(run.done());
     }
-    run.eng.line(repeat_line(f.repeat.as_ref()));
+    if let Some(r) = &f.repeat {
+        run.eng.line(determinism::repeat_evidence(r));
+    }
     let bb = run.timed("back-to-back", statecheck::back_to_back)?;
     f.back_to_back_identical = bb.identical;
     f.back_to_back_cosine = bb.cosine;
@@ -431,19 +414,6 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     run.p.state = Some(st.clone());
     f.state = Some(st);
     Ok(())
-}
-
-/// What the repeat found when no rule fired on it.
-fn repeat_line(r: Option<&DeterminismFinding>) -> String {
-    match r {
-        Some(r) if r.clean_reset == Some(false) => "repeat: not compared as identical inputs: the states were not all zero after a reset (the back-to-back check follows)".into(),
-        Some(r) => format!(
-            "repeat: the same request ({} steps, prefill then tbt) twice in this process from all-zero states: {} (a second process: `kvprobe determinism`)",
-            r.steps,
-            r.comparisons.iter().map(determinism::describe).collect::<Vec<_>>().join("; ")
-        ),
-        None => "repeat: not run".into(),
-    }
 }
 
 /// `0..4, 7` style list.
@@ -560,6 +530,62 @@ mod tests {
         );
         assert!(check("numeric-overflow", &healthy_facts()).is_none());
         assert_eq!(conclude(&f), (Verdict::NumericOverflow, 0.95));
+    }
+
+    #[test]
+    fn overflow_evidence_names_the_mask_or_the_layer() {
+        let mut f = healthy_facts();
+        let ov = f.overflow.as_mut().expect("overflow");
+        (ov.layer, ov.position) = (Some(0), Some(4)); // past the 4 positions the host sent
+        let c = check("numeric-overflow", &f).expect("fires");
+        assert!(c.evidence[0].contains("position 4, past the 4 positions the host sent"));
+        assert!(c.evidence[0].contains("the mask"), "{:?}", c.evidence);
+        let ov = f.overflow.as_mut().expect("overflow");
+        (ov.layer, ov.position, ov.zero_rows) = (None, None, Some([2, 0]));
+        let c = check("numeric-overflow", &f).expect("fires");
+        assert!(c.evidence[0].contains("the input norm of layer 2 returned zeros"));
+        assert_eq!(conclude(&f), (Verdict::NumericOverflow, 0.95));
+    }
+
+    fn repeat(clean: bool, identical: bool) -> Option<DeterminismFinding> {
+        let first = kvprobe_schema::Divergence {
+            step: 0,
+            logit: Some(3),
+            layer: Some(1),
+            cache_id: Some(2),
+            slot: Some(16),
+        };
+        let c = kvprobe_schema::RunComparison {
+            against: "same process".into(),
+            identical,
+            first: (!identical).then_some(first),
+            step_max_abs_diff: vec![Some(if identical { 0.0 } else { 0.5 })],
+            slots_differing: Vec::new(),
+        };
+        Some(DeterminismFinding {
+            steps: 4,
+            caches_compared: true,
+            clean_reset: Some(clean),
+            comparisons: vec![c],
+            second_process_skipped: None,
+        })
+    }
+
+    #[test]
+    fn nondeterministic_only_from_all_zero_states() {
+        let mut f = healthy_facts();
+        f.repeat = repeat(true, false);
+        let c = check("nondeterministic", &f).expect("fires");
+        assert!(c.evidence[0].contains("differs first at step 0 (logit 3), cache 2 of layer 1, slot 16"));
+        assert_eq!(conclude(&f), (Verdict::Nondeterministic, 0.9));
+        // a state kept across the reset: not identical inputs, the stale-cache rule's case
+        f.repeat = repeat(false, false);
+        f.back_to_back_identical = false;
+        assert!(check("nondeterministic", &f).is_none());
+        assert_eq!(conclude(&f), (Verdict::StaleCache, 0.9));
+        f.repeat = repeat(true, true);
+        f.back_to_back_identical = true;
+        assert_eq!(conclude(&f), (Verdict::Healthy, 0.9));
     }
 
     #[test]
