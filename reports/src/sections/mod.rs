@@ -3,6 +3,7 @@
 
 mod causality;
 mod colmap;
+mod determinism;
 mod greedy;
 mod inject;
 mod layout;
@@ -44,6 +45,7 @@ pub static SECTIONS: &[&dyn ProbeSection] = &[
     &causality::Causality,
     &splits::Splits,
     &rerun::Rerun,
+    &determinism::Determinism,
     &stateful::Overflow,
     &stateful::State,
     &stateful::NotApplicable,
