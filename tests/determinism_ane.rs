@@ -18,7 +18,9 @@ const IDS_20: &str = "5,17,99,3,250,41,7,8,120,64,33,2,90,11,13,19,23,29,31,37";
 const IDS_16: &str = "5,17,99,3,250,41,7,8,120,64,33,2,90,11,13,19";
 
 fn diagnose(model: &str, rest: &[&str]) -> (i32, serde_json::Value, String) {
-    let mut a = vec!["diagnose", "--device", "ane-sim", "--model", model, "--steps", "6"];
+    let mut a = vec![
+        "diagnose", "--device", "ane-sim", "--model", model, "--steps", "6",
+    ];
     a.extend_from_slice(rest);
     kvprobe_json(&a)
 }
@@ -36,7 +38,11 @@ const Q32: [&str; 4] = ["--max-ctx", "64", "--max-query", "32"];
 fn the_fault_table_declares_them_with_these_verdicts() {
     let table = &kvprobe_npu::coreml::FAMILY.faults;
     for (fault, want) in FAULTS {
-        assert_eq!(table.expected(fault).map(|v| v.name()).ok(), Some(want), "{fault}");
+        assert_eq!(
+            table.expected(fault).map(|v| v.name()).ok(),
+            Some(want),
+            "{fault}"
+        );
     }
 }
 
@@ -49,11 +55,18 @@ fn fp32_minimum_mask_is_numeric_overflow_naming_the_mask() {
     for (geometry, ids, pad) in [(Q8, IDS_REMAINDER, 13), (Q32, IDS_20, 20)] {
         let (code, v, err) = diagnose(m, &args(&geometry, ids, "ane-mask-fp32-min"));
         assert_eq!((code, verdict(&v)), (1, "numeric-overflow".into()), "{err}");
-        assert_eq!(v["probes"]["overflow"]["position"], pad, "{}", v["probes"]["overflow"]);
+        assert_eq!(
+            v["probes"]["overflow"]["position"], pad,
+            "{}",
+            v["probes"]["overflow"]
+        );
         // layer 0's own K/V come from the embeddings: the first NaN state is layer 1's
         assert_eq!(v["probes"]["overflow"]["layer"], 0);
         let e = evidence(&v).join("\n");
-        assert!(e.contains(&format!("past the {pad} positions the host sent")), "{e}");
+        assert!(
+            e.contains(&format!("past the {pad} positions the host sent")),
+            "{e}"
+        );
         assert!(e.contains("the mask"), "{e}");
     }
     let Some(s) = smollm2() else { return };
@@ -76,8 +89,14 @@ fn fp16_rmsnorm_is_numeric_overflow_naming_the_layer() {
     for (geometry, ids) in [(Q8, IDS_REMAINDER), (Q32, IDS_20)] {
         let (code, v, err) = diagnose(m, &args(&geometry, ids, "ane-norm-fp16=24"));
         assert_eq!((code, verdict(&v)), (1, "numeric-overflow".into()), "{err}");
-        assert_eq!(v["probes"]["overflow"]["zero_rows"][0], 1, "{}", v["probes"]["overflow"]);
-        assert!(evidence(&v).join("\n").contains("the input norm of layer 1"));
+        assert_eq!(
+            v["probes"]["overflow"]["zero_rows"][0], 1,
+            "{}",
+            v["probes"]["overflow"]
+        );
+        assert!(evidence(&v)
+            .join("\n")
+            .contains("the input norm of layer 1"));
     }
     let Some(s) = smollm2() else { return };
     // the literal fault: SmolLM2's own activations overflow
@@ -86,9 +105,13 @@ fn fp16_rmsnorm_is_numeric_overflow_naming_the_layer() {
         &["--max-ctx", "128", "--fault", "ane-norm-fp16"],
     );
     assert_eq!((code, verdict(&v)), (1, "numeric-overflow".into()), "{err}");
-    let l = v["probes"]["overflow"]["zero_rows"][0].as_u64().expect("a zeroed layer");
+    let l = v["probes"]["overflow"]["zero_rows"][0]
+        .as_u64()
+        .expect("a zeroed layer");
     assert!(l >= 1);
-    assert!(evidence(&v).join("\n").contains(&format!("the input norm of layer {l}")));
+    assert!(evidence(&v)
+        .join("\n")
+        .contains(&format!("the input norm of layer {l}")));
 }
 
 #[test]
@@ -130,6 +153,8 @@ fn faults_compose_and_healthy_stays_healthy() {
         a.extend(["--ids", ids]);
         let (code, v, err) = diagnose(m, &a);
         assert_eq!((code, verdict(&v)), (0, "healthy".into()), "{err}");
-        assert!(evidence(&v).join("\n").contains("same process: bit-identical"));
+        assert!(evidence(&v)
+            .join("\n")
+            .contains("same process: bit-identical"));
     }
 }

@@ -218,11 +218,9 @@ fn slot_map(desc: &DeviceDescription, id: u32) -> (Option<usize>, usize, usize) 
         .find(|e| e.cache_id == id);
     let layer = edge.and_then(|e| e.layer);
     match desc.runtime {
-        kvprobe_schema::RuntimeKind::Stateful => (
-            layer,
-            2 * desc.shape.head_dim.max(1),
-            desc.cache_len.max(1),
-        ),
+        kvprobe_schema::RuntimeKind::Stateful => {
+            (layer, 2 * desc.shape.head_dim.max(1), desc.cache_len.max(1))
+        }
         _ => (
             layer,
             edge.map_or(1, |e| e.padded_entry_size.max(1)),
@@ -261,15 +259,18 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> Option<f64> {
     Some(m)
 }
 
+/// The first differing cache of a step: (layer, cache id, slot).
+type FirstCache = (Option<usize>, u32, usize);
+
 /// One step's cache difference: per layer the slots differing, and the first (layer, id, slot).
 fn cache_step(
     desc: &DeviceDescription,
     a: &BTreeMap<u32, Vec<u8>>,
     b: &BTreeMap<u32, Vec<u8>>,
-) -> (Vec<usize>, Option<(Option<usize>, u32, usize)>) {
+) -> (Vec<usize>, Option<FirstCache>) {
     let layers = desc.shape.n_layers;
     let mut per_layer: Vec<Vec<usize>> = vec![Vec::new(); layers];
-    let mut first: Option<(Option<usize>, u32, usize)> = None;
+    let mut first: Option<FirstCache> = None;
     for (id, x) in a {
         let Some(y) = b.get(id) else { continue };
         let slots = differing_slots(desc, *id, x, y);
@@ -451,7 +452,6 @@ impl crate::probe::Probe for DeterminismProbe {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -530,7 +530,10 @@ mod tests {
         assert!(!c.identical);
         // rows 0..16 of a call are written exactly; the prompt's 17th row is slot 16
         let d = c.first.as_ref().expect("a difference");
-        assert_eq!((d.step, d.layer, d.cache_id, d.slot), (0, Some(0), Some(0), Some(16)));
+        assert_eq!(
+            (d.step, d.layer, d.cache_id, d.slot),
+            (0, Some(0), Some(0), Some(16))
+        );
         // the 4 rows past the 16th differ in layer 0; one-row tbt calls add none of their own
         assert_eq!(c.slots_differing[0][0], 4);
         assert!(repeat_evidence(&f).contains("differs first at step 0"));

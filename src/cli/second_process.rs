@@ -67,9 +67,12 @@ impl SecondProcess for Rerun {
         let at = argv
             .iter()
             .position(|a| a == "determinism")
-            .ok_or_else(|| Error::Input("the second process needs the `determinism` command line".into()))?;
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::Device(format!("cannot find the kvprobe binary to re-run ({e})")))?;
+            .ok_or_else(|| {
+                Error::Input("the second process needs the `determinism` command line".into())
+            })?;
+        let exe = std::env::current_exe().map_err(|e| {
+            Error::Device(format!("cannot find the kvprobe binary to re-run ({e})"))
+        })?;
         let dir = tempfile::tempdir()
             .map_err(|e| Error::Device(format!("no temp dir for the second process ({e})")))?;
         let file = dir.path().join("recording.bin");
@@ -95,8 +98,7 @@ impl SecondProcess for Rerun {
                 err.lines().last().unwrap_or("no message")
             )));
         }
-        std::fs::read(&file).map_err(|e| {
-            Error::Device(format!("the second process wrote no recording ({e})"))
-        })
+        std::fs::read(&file)
+            .map_err(|e| Error::Device(format!("the second process wrote no recording ({e})")))
     }
 }

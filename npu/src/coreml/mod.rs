@@ -352,8 +352,7 @@ impl Device for AneDevice {
         if self.faults.contains(&AneFault::MaskFp32Min) && group == GroupKind::Prefill {
             pad_call(&mut emb, &mut positions, &mut mask, rows_max, hidden, ctx);
         }
-        let race_seed = (self.faults.contains(&AneFault::StateRace)
-            && q > graph::RACE_FREE_ROWS)
+        let race_seed = (self.faults.contains(&AneFault::StateRace) && q > graph::RACE_FREE_ROWS)
             .then(|| graph::splitmix64(&mut self.race));
         let logits = self.graph.run(
             &mut self.states,

@@ -576,7 +576,8 @@ mod tests {
         let mut f = healthy_facts();
         f.repeat = repeat(true, false);
         let c = check("nondeterministic", &f).expect("fires");
-        assert!(c.evidence[0].contains("differs first at step 0 (logit 3), cache 2 of layer 1, slot 16"));
+        assert!(c.evidence[0]
+            .contains("differs first at step 0 (logit 3), cache 2 of layer 1, slot 16"));
         assert_eq!(conclude(&f), (Verdict::Nondeterministic, 0.9));
         // a state kept across the reset: not identical inputs, the stale-cache rule's case
         f.repeat = repeat(false, false);

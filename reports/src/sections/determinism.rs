@@ -157,7 +157,12 @@ impl ProbeSection for Determinism {
             detail: fold(
                 "per-step table",
                 &table(
-                    &["against", "step", "max |first − other| logit", "slots differing"],
+                    &[
+                        "against",
+                        "step",
+                        "max |first − other| logit",
+                        "slots differing",
+                    ],
                     &rows,
                 ),
                 rows.len(),
