@@ -186,3 +186,60 @@ impl ProbeSection for Determinism {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kvprobe_schema::{DeterminismFinding, Divergence, RunComparison};
+
+    use super::*;
+
+    fn finding() -> DeterminismFinding {
+        let same = RunComparison {
+            against: "same process".into(),
+            identical: true,
+            first: None,
+            step_max_abs_diff: vec![Some(0.0), Some(0.0)],
+            slots_differing: vec![vec![0, 0, 0], vec![0, 0, 0]],
+        };
+        let second = RunComparison {
+            against: "second process".into(),
+            identical: false,
+            first: Some(Divergence {
+                step: 1,
+                logit: Some(7),
+                layer: Some(2),
+                cache_id: Some(5),
+                slot: Some(16),
+            }),
+            step_max_abs_diff: vec![Some(0.0), None],
+            slots_differing: vec![vec![0, 0, 0], vec![0, 1, 3]],
+        };
+        DeterminismFinding {
+            steps: 2,
+            caches_compared: true,
+            clean_reset: Some(true),
+            comparisons: vec![same, second],
+            second_process_skipped: None,
+        }
+    }
+
+    #[test]
+    fn csv_array_and_summary_follow_the_finding() {
+        let f = finding();
+        assert_eq!(
+            csv(&f),
+            "against,step,max_abs_diff,slots_differing\nsame process,0,0.000000,0\nsame process,1,0.000000,0\nsecond process,0,0.000000,0\nsecond process,1,,4\n"
+        );
+        let a = slots(&f).expect("array").expect("caches compared");
+        assert_eq!(a.shape(), [2, 2, 3]);
+        assert_eq!(a[[1, 1, 2]], 3.0);
+        let mut r = crate::fixtures::healthy_results();
+        r.probes.determinism = Some(f);
+        assert_eq!(
+            Determinism.summary(&r),
+            "determinism: 2 steps; same process: bit-identical; second process: differs first at step 1, logit 7, cache 5 (layer 2) slot 16\n"
+        );
+        let block = Determinism.block(&r, &[]).expect("block");
+        assert!(block.detail.contains("non-finite"));
+    }
+}
