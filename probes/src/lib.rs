@@ -8,6 +8,7 @@ pub mod affected;
 pub mod capacity;
 pub mod causality;
 pub mod colmap;
+pub mod determinism;
 pub mod diagnose;
 pub mod error;
 pub mod greedy;
@@ -38,7 +39,7 @@ pub mod ztap;
 pub use diagnose::stateful as diagnose_stateful;
 pub use diagnose::{diagnose, DiagnoseOptions, Diagnosis};
 pub use error::{Error, Result};
-pub use probe::{Probe, ProbeOptions};
+pub use probe::{Probe, ProbeOptions, SecondProcess};
 pub use progress::{NoProgress, Progress};
 pub use session::{ComparedLogits, Geometry, Session};
 
@@ -61,6 +62,7 @@ pub static PROBES: &[&dyn Probe] = &[
     &splits::SplitsProbe,
     &rerun::RerunProbe,
     &capacity::CapacityProbe,
+    &determinism::DeterminismProbe,
 ];
 
 #[cfg(test)]

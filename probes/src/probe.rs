@@ -8,10 +8,29 @@ use crate::session::Session;
 use crate::Result;
 
 /// The options every probe command shares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub struct ProbeOptions {
     /// tbt steps (`--steps`, at least 1); probes that bound their work clip it further.
     pub steps: usize,
+    /// Runs a request in a second OS process (the CLI re-running itself); `None` in library use.
+    pub second_process: Option<&'static dyn SecondProcess>,
+}
+
+impl std::fmt::Debug for ProbeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeOptions")
+            .field("steps", &self.steps)
+            .field("second_process", &self.second_process.is_some())
+            .finish()
+    }
+}
+
+/// The hook a probe uses to repeat a request in a fresh OS process (`determinism`): the caller
+/// (the CLI) starts that process on the same device flags and returns the bytes it recorded
+/// (`determinism::Recording::encode`). A trait, so this crate never depends on the CLI.
+pub trait SecondProcess: Sync {
+    /// The prompt's prefill, then `steps − 1` tbt steps fed `tokens`, in a new process.
+    fn record(&self, steps: usize, tokens: &[u32]) -> Result<Vec<u8>>;
 }
 
 pub trait Probe: Sync {

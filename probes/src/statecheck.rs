@@ -4,6 +4,8 @@
 //! `cache_buffers` / `write_cache_buffer` expose the states as `[kv_heads, max_ctx, head_dim]`
 //! little-endian fp16, cache ids `2l` (K) and `2l + 1` (V).
 
+use std::collections::BTreeMap;
+
 use kvprobe_npu::MaskMode;
 use kvprobe_reference::{KeySet, LayerKv};
 use kvprobe_schema::{OverflowFinding, StateFinding};
@@ -79,7 +81,67 @@ pub fn overflow(s: &mut Session, logits: &[f32]) -> Result<OverflowFinding> {
         position,
         logits_finite,
         longest_finite_prefix: None,
+        zero_rows: zero_rows(&bufs, &sh, s.ids.len())?,
+        logits_zero: !logits.is_empty() && logits.iter().all(|&x| x == 0.0),
     })
+}
+
+/// The evidence line of an overflow finding: where the first inf/NaN (or zeroed row) sits, and
+/// what that points at — a position past the prompt is a row the host never sent (the mask of
+/// a padded row), one inside it a layer.
+pub fn overflow_evidence(ov: &OverflowFinding) -> String {
+    let n = ov.prompt_len;
+    match (ov.layer, ov.position, ov.zero_rows) {
+        // a row past the prompt is one the host never sent: a pad row whose mask allows nothing
+        (Some(l), Some(pos), _) if pos >= n => format!(
+            "overflow: the {n}-token prefill produces inf/NaN at position {pos}, past the {n} positions the host sent (the first non-finite K/V is layer {} there): the mask — a padded row whose mask allows nothing gets 0/0 in its softmax when the mask's large negative is −inf in fp16 (the fp32 minimum), and every row reads its NaN K/V",
+            l + 1
+        ),
+        (Some(l), Some(pos), _) => format!("overflow: the {n}-token prefill produces inf/NaN inside layer {l} at position {pos} (the first non-finite K/V is layer {} at position {pos})", l + 1),
+        (Some(l), None, _) => format!("overflow: the {n}-token prefill produces inf/NaN in layer {l} or the head (every state finite, logits not)"),
+        (None, _, Some([l, pos])) => format!(
+            "overflow: layer {l}'s K and V at position {pos} are exactly zero where layer 0 wrote it: the input norm of layer {l} returned zeros (its sum of squares passed fp16's 65504, rsqrt(inf) = 0: an RMSNorm without its fp32 cast)"
+        ),
+        (None, _, None) if ov.logits_zero => format!("overflow: every logit of the {n}-token prefill is exactly zero: the final norm returned zeros (its sum of squares overflowed fp16)"),
+        _ => format!("overflow: the {n}-token prefill produces inf/NaN in the graph"),
+    }
+}
+
+/// Whether the K and V rows of state layer `l` at `p` are exactly zero in every KV head.
+fn row_zero(bufs: &BTreeMap<u32, Vec<u8>>, sh: &Shape, l: usize, p: usize) -> Result<bool> {
+    for id in [2 * l as u32, 2 * l as u32 + 1] {
+        let b = bufs
+            .get(&id)
+            .ok_or_else(|| Error::Device(format!("the device exposes no state {id}")))?;
+        for h in 0..sh.kv {
+            let o = 2 * (h * sh.ctx + p) * sh.hd;
+            if b[o..o + 2 * sh.hd].chunks_exact(2).any(|c| {
+                let x = half::f16::from_le_bytes([c[0], c[1]]);
+                x.to_f32() != 0.0
+            }) {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// The first layer `l ≥ 1` and prompt position whose K and V are exactly zero while layer 0
+/// holds that position: a written row that a later layer zeroed (its input norm collapsed). A
+/// slot nobody wrote is zero in layer 0 too and is the occupancy check's business.
+fn zero_rows(bufs: &BTreeMap<u32, Vec<u8>>, sh: &Shape, n: usize) -> Result<Option<[usize; 2]>> {
+    let n = n.min(sh.ctx);
+    let held: Vec<bool> = (0..n)
+        .map(|p| row_zero(bufs, sh, 0, p).map(|z| !z))
+        .collect::<Result<_>>()?;
+    for l in 1..sh.layers {
+        for p in (0..n).filter(|&p| held[p]) {
+            if row_zero(bufs, sh, l, p)? {
+                return Ok(Some([l, p]));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Two requests for the prompt after a reset, each following a different first request

@@ -269,6 +269,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
         splits: None,
         overflow: None,
         state: None,
+        determinism: None,
         not_applicable: Vec::new(),
         extra: Default::default(),
     }

@@ -9,6 +9,7 @@ pub mod interrupt;
 pub mod probe_cmd;
 pub mod ref_cmd;
 pub mod report;
+pub mod second_process;
 pub mod shell;
 
 use std::process::ExitCode;
@@ -41,6 +42,9 @@ pub enum Command {
     Man,
     #[command(flatten)]
     Probe(Box<probe_cmd::ProbeCommand>),
+    /// `determinism`'s second process (hidden: the CLI starts it itself).
+    #[command(name = "determinism-record", hide = true)]
+    DeterminismRecord(Box<second_process::RecordArgs>),
 }
 
 /// Parse the process arguments, run, and map the outcome to an exit code (design.md: 2 input or
@@ -84,5 +88,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Completions(args) => shell::completions(&args),
         Command::Man => shell::man(),
         Command::Probe(cmd) => probe_cmd::run(*cmd),
+        Command::DeterminismRecord(args) => second_process::run(*args),
     }
 }

@@ -219,7 +219,11 @@ fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran>
         return Ok(Ran::Diagnosis(diagnose(s, &opts)?));
     };
     let mut p = ProbeFindings::default();
-    probe.run(s, &ProbeOptions { steps }, &mut p)?;
+    let opts = ProbeOptions {
+        steps,
+        second_process: Some(&super::second_process::Rerun),
+    };
+    probe.run(s, &opts, &mut p)?;
     let time = Timing {
         what: name.to_string(),
         seconds: t.elapsed().as_secs_f64(),

@@ -97,3 +97,21 @@ pub fn one_line_exit_2(args: &[&str], needle: &str) {
     assert!(err.contains(needle), "{args:?}: `{needle}` not in {err}");
     assert!(out.stdout.is_empty(), "{args:?}");
 }
+
+/// `dir/report.html` holds `<section id="ID">` and `kvprobe report DIR` re-renders it
+/// byte-identical.
+pub fn section_rerenders(dir: &Path, id: &str) {
+    let html = std::fs::read_to_string(dir.join("report.html")).expect("report.html");
+    assert!(
+        html.contains(&format!("<section id=\"{id}\">")),
+        "no {id} section"
+    );
+    let out = kvprobe(&["report", dir.to_str().expect("utf-8 path")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = std::fs::read_to_string(dir.join("report.html")).expect("report.html");
+    assert!(again == html, "report.html changed on re-render");
+}

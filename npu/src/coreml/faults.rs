@@ -1,6 +1,6 @@
 //! Faults of the Core ML / ANE stateful emulator (`--device ane-sim`), parsed with the same
 //! `NAME[=VALUE][@SCOPE]` syntax as the Hailo emulator's. None takes a scope; only
-//! `ane-scale-after-qk` takes a value.
+//! `ane-scale-after-qk`, `ane-norm-fp16`, `ane-state-wrap` and `ane-query-truncate` take a value.
 //!
 //! `ane-scale-after-qk=GAIN` (default 8192): the literal fault (`=1`) overflows fp16 only where
 //! the raw Q·Kᵀ passes 65504, which needs the activations of multi-billion-parameter models; the
@@ -19,6 +19,30 @@
 //! | `ane-stale-state` | a new request reuses the previous MLState and its length: it continues after the old context | stale-cache |
 //! | `ane-state-wrap=N` | the state holds N positions, fewer than the max_ctx declared: position p is written to slot p mod N and column j reads slot j mod N (no error) | capacity-overflow |
 //! | `ane-query-truncate=N` | the graph takes at most N query rows, fewer than the max_query declared: a longer chunk keeps its first N rows and returns the last of them (no error) | capacity-overflow |
+//! | `ane-mask-fp32-min` | prefill calls padded to the compiled query length with rows that attend to nothing, masked with the fp32 minimum (−inf in fp16): their softmax is 0/0 | numeric-overflow |
+//! | `ane-norm-fp16` | RMSNorm's fp32 cast stripped: the sum of squares overflows fp16 and the row normalises to zero | numeric-overflow |
+//! | `ane-state-race` | a call writing more than 16 rows writes the rows past the 16th with low bits that change run to run | nondeterministic |
+//!
+//! `ane-mask-fp32-min` (coremltools PR#2669): the ANE runs enumerated shapes, so the app pads a
+//! short prefill call to `max_query` rows (zero embeddings, positions after the call's last row,
+//! a mask row that allows nothing) and builds the mask from `finfo(float32).min`, which rounds to
+//! −inf in fp16. A pad row's scores are all −inf, `exp(s − max)` is `exp(NaN)`; its layer-0
+//! output is NaN, so from layer 1 on its K/V in the state are NaN and every row reads them
+//! (NaN · 0 = NaN). With the fp16-safe sentinel the pad rows stay finite and masked: the healthy
+//! graph (flexible query length) has no pad rows at all, so the fault brings the padding with it.
+//! One-row (tbt) calls are a shape of their own and are not padded.
+//!
+//! `ane-norm-fp16=GAIN` (default 1, the literal fault; executorch PR#19523): `x · rsqrt(mean(x²) + eps)`
+//! all in fp16, the mean a sum in fp16 divided by the width, so a row whose sum of squares passes
+//! 65504 gets `rsqrt(inf) = 0` and normalises to zero (its K and V are exactly zero; an
+//! activation past 65504 itself gives inf · 0 = NaN). GAIN multiplies x (and eps by GAIN²)
+//! before the norm, exact in real arithmetic, to stand in for a larger model's activations on
+//! the small fixtures, as `ane-scale-after-qk` does.
+//!
+//! `ane-state-race` (apple/coreai-models#84): only calls that write more than 16 rows; the rows
+//! past the 16th land with their two lowest mantissa bits drawn from a generator seeded per
+//! process (clock and process id) and advanced per call, so the same request differs run to
+//! run and process to process. Rows 0..16, and every one-row call, are exact.
 
 use kvprobe_schema::Verdict;
 
@@ -84,6 +108,33 @@ pub const TABLE: FaultTable = FaultTable {
                 Verdict::CapacityOverflow,
             )
         },
+        // the faulty sweep draws the Hailo table only: these are verified by their end-to-end
+        // tests (tests/determinism_ane.rs)
+        FaultDecl {
+            sweep: SweepValue::NotSampled,
+            ..decl(
+                "ane-mask-fp32-min",
+                "short prefill calls padded with rows that attend to nothing, masked with the fp32 minimum (−inf in fp16): 0/0 NaN in their softmax reaches every row through the state (evidence: the mask, a position past the prompt)",
+                Verdict::NumericOverflow,
+            )
+        },
+        FaultDecl {
+            values: Values::OptionalNumber("GAIN"),
+            sweep: SweepValue::NotSampled,
+            ..decl(
+                "ane-norm-fp16",
+                "RMSNorm without its fp32 cast: the sum of squares overflows fp16, the row normalises to zero (GAIN, default 1 = the literal fault, stands in for larger activations; evidence: the layer)",
+                Verdict::NumericOverflow,
+            )
+        },
+        FaultDecl {
+            sweep: SweepValue::NotSampled,
+            ..decl(
+                "ane-state-race",
+                "a call writing more than 16 rows writes the rows past the 16th with low bits that change run to run (seeded per process and call)",
+                Verdict::Nondeterministic,
+            )
+        },
     ],
 };
 
@@ -99,6 +150,10 @@ pub enum AneFault {
     StateWrap(usize),
     /// The graph's real largest query length.
     QueryTruncate(usize),
+    MaskFp32Min,
+    /// The stand-in magnitude gain (see the module doc).
+    NormFp16(f64),
+    StateRace,
 }
 
 /// Default gain of `ane-scale-after-qk`.
@@ -114,9 +169,14 @@ pub fn parse(text: &str) -> Result<AneFault> {
         "ane-write-offset" => AneFault::WriteOffset,
         "ane-state-layout" => AneFault::StateLayout,
         "ane-mask-01" => AneFault::Mask01,
-        "ane-scale-after-qk" => {
+        "ane-scale-after-qk" | "ane-norm-fp16" => {
+            let default = if name == "ane-norm-fp16" {
+                1.0
+            } else {
+                DEFAULT_OVERFLOW_GAIN
+            };
             let gain = match value {
-                None => DEFAULT_OVERFLOW_GAIN,
+                None => default,
                 Some(v) => match v.parse::<f64>() {
                     Ok(g) if g.is_finite() && g >= 1.0 => g,
                     _ => {
@@ -134,7 +194,11 @@ pub fn parse(text: &str) -> Result<AneFault> {
                     allowed: "no scope (the fault applies to every layer)".into(),
                 });
             }
-            return Ok(AneFault::ScaleAfterQk(gain));
+            return Ok(if name == "ane-norm-fp16" {
+                AneFault::NormFp16(gain)
+            } else {
+                AneFault::ScaleAfterQk(gain)
+            });
         }
         "ane-stale-state" => AneFault::StaleState,
         "ane-state-wrap" | "ane-query-truncate" => {
@@ -160,6 +224,8 @@ pub fn parse(text: &str) -> Result<AneFault> {
                 AneFault::QueryTruncate(n)
             });
         }
+        "ane-mask-fp32-min" => AneFault::MaskFp32Min,
+        "ane-state-race" => AneFault::StateRace,
         _ => {
             return Err(Error::UnknownFault {
                 name: name.to_string(),
@@ -200,6 +266,13 @@ mod tests {
             AneFault::ScaleAfterQk(4096.0)
         );
         assert!(parse("ane-scale-after-qk=0.5").is_err());
+        assert_eq!(parse("ane-norm-fp16").unwrap(), AneFault::NormFp16(1.0));
+        assert_eq!(parse("ane-norm-fp16=64").unwrap(), AneFault::NormFp16(64.0));
+        assert!(parse("ane-norm-fp16=0").is_err());
+        assert!(parse("ane-norm-fp16@1").is_err());
+        assert_eq!(parse("ane-mask-fp32-min").unwrap(), AneFault::MaskFp32Min);
+        assert_eq!(parse("ane-state-race").unwrap(), AneFault::StateRace);
+        assert!(parse("ane-state-race=2").is_err());
         assert!(matches!(
             parse("ane-mask-01=1"),
             Err(Error::BadFault { .. })

@@ -81,6 +81,60 @@ pub(crate) struct RunSpec<'a> {
     pub faults: &'a [AneFault],
     /// `ane-scale-after-qk=GAIN`: the scale comes after Q·Kᵀ.
     pub scale_after_qk: Option<f64>,
+    /// `ane-norm-fp16=GAIN`: every RMSNorm without its fp32 cast.
+    pub norm_fp16: Option<f64>,
+    /// Rows the host sent (the first ones); rows after them are pad rows whose logits nobody
+    /// reads. The logits returned are those of row `real_rows − 1`.
+    pub real_rows: usize,
+    /// `ane-state-race`: this call's seed for the low bits of the rows written past the 16th.
+    pub race_seed: Option<u64>,
+}
+
+/// Rows a call writes exactly under `ane-state-race`.
+pub(crate) const RACE_FREE_ROWS: usize = 16;
+
+/// splitmix64: the race's bit source (no dependency for a handful of bits).
+pub(crate) fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The ANE-port RMSNorm, or under `ane-norm-fp16=GAIN` the plain form in fp16 (module doc of
+/// `faults`): the sum of squares is an fp16 value, inf past 65504.
+fn norm(x: &Tensor, w: &Tensor, eps: f64, fp16: Option<f64>) -> Result<Tensor> {
+    let Some(gain) = fp16 else {
+        return rms_norm(x, w, eps);
+    };
+    let xg = (x * gain)?;
+    let n = x.dim(D::Minus1)? as f64;
+    // every square is fp16; their sum is exact in f32 and rounded once: with positive terms
+    // the total is the largest partial sum, so it overflows exactly when an fp16 sum would
+    let sum = xg
+        .sqr()?
+        .to_dtype(DType::F32)?
+        .sum_keepdim(D::Minus1)?
+        .to_dtype(DType::F16)?;
+    let ms = (sum / n)?;
+    let inv = (ms + eps * gain * gain)?.sqrt()?.recip()?;
+    Ok(xg.broadcast_mul(&inv)?.broadcast_mul(w)?)
+}
+
+/// `ane-state-race`: rows `16..` of a call get their two lowest mantissa bits from `seed`.
+fn race_bits(vals: &mut [half::f16], rows: usize, hd: usize, seed: u64) {
+    let mut st = seed;
+    let heads = vals.len() / (rows * hd);
+    for g in 0..heads {
+        for i in RACE_FREE_ROWS..rows {
+            let row = &mut vals[(g * rows + i) * hd..(g * rows + i + 1) * hd];
+            for v in row.iter_mut() {
+                let bits = (splitmix64(&mut st) & 3) as u16;
+                *v = half::f16::from_bits(v.to_bits() ^ bits);
+            }
+        }
+    }
 }
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
@@ -213,8 +267,10 @@ impl Graph {
                 _ => None,
             })
             .unwrap_or(ctx);
+        let nf = spec.norm_fp16;
+        let mut race = spec.race_seed;
         for (layer, st) in self.layers.iter().zip(states.iter_mut()) {
-            let h = rms_norm(&x, &layer.attn_norm, self.eps)?;
+            let h = norm(&x, &layer.attn_norm, self.eps, nf)?;
             let heads = |t: Tensor, n: usize| -> Result<Tensor> {
                 Ok(t.reshape((q_rows, n, hd))?.transpose(0, 1)?.contiguous()?)
             };
@@ -232,8 +288,12 @@ impl Graph {
             let v = heads(layer.v.forward(&h)?, nkv)?;
             // slice_update: row i of head g goes to slot positions[i] (+1 under the fault; a
             // slot past the end is dropped, as an out-of-range update writes nothing)
-            let kn: Vec<half::f16> = k.flatten_all()?.to_vec1()?;
-            let vn: Vec<half::f16> = v.flatten_all()?.to_vec1()?;
+            let mut kn: Vec<half::f16> = k.flatten_all()?.to_vec1()?;
+            let mut vn: Vec<half::f16> = v.flatten_all()?.to_vec1()?;
+            if let Some(seed) = race.as_mut() {
+                race_bits(&mut kn, q_rows, hd, splitmix64(seed));
+                race_bits(&mut vn, q_rows, hd, splitmix64(seed));
+            }
             for g in 0..nkv {
                 for (i, &p) in spec.positions.iter().enumerate() {
                     let slot = p + write_shift;
@@ -284,15 +344,15 @@ impl Graph {
                 .contiguous()?
                 .reshape((q_rows, nh * hd))?;
             x = (x + layer.o.forward(&o)?)?;
-            let h2 = rms_norm(&x, &layer.mlp_norm, self.eps)?;
+            let h2 = norm(&x, &layer.mlp_norm, self.eps, nf)?;
             let g = layer.gate.forward(&h2)?.silu()?;
             let u = layer.up.forward(&h2)?;
             x = (x + layer.down.forward(&(g * u)?)?)?;
         }
-        let last = x.narrow(0, q_rows - 1, 1)?;
+        let last = x.narrow(0, spec.real_rows.clamp(1, q_rows) - 1, 1)?;
         let y = self
             .lm_head
-            .forward(&rms_norm(&last, &self.final_norm, self.eps)?)?;
+            .forward(&norm(&last, &self.final_norm, self.eps, nf)?)?;
         Ok(y.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
     }
 }

@@ -92,6 +92,16 @@ pub struct AneDevice {
     /// Slots written since the states were made (the state's fill level).
     filled: usize,
     manifest: SimManifest,
+    /// `ane-state-race`: the generator, seeded per process, advanced per call.
+    race: u64,
+}
+
+/// A seed that differs process to process and device to device (`ane-state-race`).
+fn process_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
 }
 
 /// With `opts.manifest`: check it is an ane-sim manifest for these weights and take the
@@ -229,6 +239,7 @@ impl AneDevice {
             base: 0,
             filled: 0,
             manifest,
+            race: process_seed(),
         })
     }
 
@@ -375,10 +386,16 @@ impl Device for AneDevice {
                 }
             }
         }
+        let mut emb = emb.clone();
+        if self.faults.contains(&AneFault::MaskFp32Min) && group == GroupKind::Prefill {
+            pad_call(&mut emb, &mut positions, &mut mask, rows_max, hidden, ctx);
+        }
+        let race_seed = (self.faults.contains(&AneFault::StateRace) && q > graph::RACE_FREE_ROWS)
+            .then(|| graph::splitmix64(&mut self.race));
         let logits = self.graph.run(
             &mut self.states,
             &RunSpec {
-                embeddings: emb,
+                embeddings: &emb,
                 positions: &positions,
                 mask: &mask,
                 max_ctx: ctx,
@@ -387,8 +404,15 @@ impl Device for AneDevice {
                     AneFault::ScaleAfterQk(g) => Some(*g),
                     _ => None,
                 }),
+                norm_fp16: self.faults.iter().find_map(|f| match f {
+                    AneFault::NormFp16(g) => Some(*g),
+                    _ => None,
+                }),
+                real_rows: q,
+                race_seed,
             },
         )?;
+        positions.truncate(q);
         if let Some(&last) = positions.iter().max() {
             self.filled = self.filled.max(last + 1);
         }
@@ -450,6 +474,25 @@ impl Device for AneDevice {
             self.states[l].v = vals;
         }
         Ok(())
+    }
+}
+
+/// `ane-mask-fp32-min`: the call padded to the compiled `rows` with zero-embedding rows at the
+/// positions after its last row, whose mask row allows nothing: the fp32 minimum, −inf in fp16.
+fn pad_call(
+    emb: &mut Vec<f32>,
+    positions: &mut Vec<usize>,
+    mask: &mut Vec<f16>,
+    rows: usize,
+    hidden: usize,
+    ctx: usize,
+) {
+    let sentinel = f16::from_f32(f32::MIN);
+    let next = positions.iter().max().map_or(0, |&p| p + 1);
+    for k in 0..rows.saturating_sub(positions.len()) {
+        emb.extend(std::iter::repeat_n(0.0, hidden));
+        positions.push(next + k);
+        mask.extend(std::iter::repeat_n(sentinel, ctx));
     }
 }
 

@@ -2,6 +2,7 @@
 //! stateful device here. Ring-specific probes say why they do not apply; the rules of [`TABLE`]
 //! (docs/diagnosis.md "Stateful devices") run in order, the first that fires ends it:
 //!
+//! 0. the same request twice from fresh (all-zero) states differs → nondeterministic;
 //! 1. the prompt after a reset depends on the request before it (back-to-back) → stale-cache;
 //! 2. non-finite logits or states after the prompt's prefill → numeric-overflow;
 //! 3. the prefill wrote other slots than `0..n` → cache-offset;
@@ -13,13 +14,17 @@
 //! 7. otherwise unknown.
 
 use kvprobe_schema::{
-    NotApplicable, OverflowFinding, ProbeFindings, StateFinding, Timing, Verdict,
+    DeterminismFinding, NotApplicable, OverflowFinding, ProbeFindings, StateFinding, Timing,
+    Verdict,
 };
 
 use super::engine::{Cause, Control, Controls, Engine, Rule, Tier};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use crate::thresholds::*;
-use crate::{greedy, prefill, selfmask, statecheck, Result};
+use crate::{determinism, greedy, prefill, selfmask, statecheck, Result};
+
+/// Steps of the repeat `diagnose` runs (the prefill and 3 tbt steps, twice, in this process).
+pub const REPEAT_STEPS: usize = 4;
 
 /// Probes that need the genai ring, with the reason (reported, never skipped silently).
 pub const NOT_APPLICABLE: &[(&str, &str)] = &[
@@ -48,6 +53,8 @@ fn na() -> Vec<NotApplicable> {
 /// What the state checks and the controls measured; `None` = not run (an earlier rule ended it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatefulFacts {
+    /// The same request twice from fresh states, in this process.
+    pub repeat: Option<DeterminismFinding>,
     /// The prompt after a reset gave bit-identical logits whatever request came before.
     pub back_to_back_identical: bool,
     /// Cosine of the two back-to-back runs (NaN when refused).
@@ -63,6 +70,16 @@ pub struct StatefulFacts {
 
 type R = Rule<StatefulFacts>;
 const T: Tier = Tier::CachePath;
+
+/// After the repeat.
+pub const REPEAT: &[R] = &[R::new(
+    "nondeterministic",
+    T,
+    Some(Verdict::Nondeterministic),
+    nondeterministic,
+)
+.needs(Control::Rerun)
+.stop()];
 
 /// After the back-to-back check.
 pub const STALE: &[R] = &[
@@ -107,7 +124,7 @@ pub const STATE: &[R] = &[
 ];
 
 /// Every stateful rule, in evaluation order.
-pub const TABLE: &[&[R]] = &[STALE, OVERFLOW, STATE];
+pub const TABLE: &[&[R]] = &[REPEAT, STALE, OVERFLOW, STATE];
 
 /// Passes the stage floors of the ring rules, top-1 ignored near identical logits.
 fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
@@ -126,9 +143,16 @@ impl StatefulFacts {
     }
 
     pub fn overflowed(&self) -> bool {
-        self.overflow
+        self.overflow.as_ref().is_some_and(|ov| {
+            !ov.logits_finite || ov.layer.is_some() || ov.zero_rows.is_some() || ov.logits_zero
+        })
+    }
+
+    /// Two runs from all-zero states with identical inputs differed.
+    fn repeat_differs(&self) -> bool {
+        self.repeat
             .as_ref()
-            .is_some_and(|ov| !ov.logits_finite || ov.layer.is_some())
+            .is_some_and(|r| r.clean_reset == Some(true) && !r.identical())
     }
 
     /// The prefill wrote exactly positions `0..n`.
@@ -143,7 +167,7 @@ impl Controls for StatefulFacts {
         match c {
             // the capacity check has facts of its own (diagnose::capacity)
             Control::Exempt | Control::Capacity => false,
-            Control::Rerun => !self.back_to_back_identical,
+            Control::Rerun => !self.back_to_back_identical || self.repeat_differs(),
             Control::Output => self.overflowed(),
             Control::StateWrites => self.written_ok() == Some(false),
             // a control that did not run has not failed
@@ -172,6 +196,14 @@ impl Controls for StatefulFacts {
     }
 }
 
+/// Identical inputs down to the states, different outputs: nothing before the request explains it.
+fn nondeterministic(f: &StatefulFacts) -> Option<Cause> {
+    let r = f.repeat.as_ref().filter(|_| f.repeat_differs())?;
+    Some(Cause::new(0.9).line(determinism::repeat_evidence(r)).line(
+        "→ the device gives different results for identical inputs (`kvprobe determinism` adds a second process and every step)",
+    ))
+}
+
 fn stale_cache(f: &StatefulFacts) -> Option<Cause> {
     if f.back_to_back_identical {
         return None;
@@ -193,15 +225,7 @@ fn stale_cache(f: &StatefulFacts) -> Option<Cause> {
 /// A layer whose output at position p is non-finite shows as non-finite K/V of the next layer.
 fn numeric_overflow(f: &StatefulFacts) -> Option<Cause> {
     let ov = f.overflow.as_ref().filter(|_| f.overflowed())?;
-    let at = match (ov.layer, ov.position) {
-        (Some(l), Some(pos)) => format!("inside layer {l} at position {pos} (the first non-finite K/V is layer {} at position {pos})", l + 1),
-        (Some(l), None) => format!("in layer {l} or the head (every state finite, logits not)"),
-        _ => "in the graph".into(),
-    };
-    Some(Cause::new(0.95).line(format!(
-        "overflow: the {}-token prefill produces inf/NaN {at}",
-        ov.prompt_len
-    )))
+    Some(Cause::new(0.95).line(statecheck::overflow_evidence(ov)))
 }
 
 fn state_offset(f: &StatefulFacts) -> Option<Cause> {
@@ -290,16 +314,29 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         },
         eng,
     };
-    let bb = run.timed("back-to-back", statecheck::back_to_back)?;
+    let rp = run.timed("repeat", |s| determinism::repeat(s, REPEAT_STEPS))?;
+    run.p.determinism = Some(rp.clone());
     let mut f = StatefulFacts {
-        back_to_back_identical: bb.identical,
-        back_to_back_cosine: bb.cosine,
-        back_to_back_refused: bb.refused.clone(),
+        repeat: Some(rp),
+        back_to_back_identical: true,
+        back_to_back_cosine: 1.0,
+        back_to_back_refused: None,
         overflow: None,
         prefill: None,
         greedy: None,
         state: None,
     };
+    run.eng.apply(REPEAT, &f);
+    if run.eng.stopped() {
+        return Ok(run.done());
+    }
+    if let Some(r) = &f.repeat {
+        run.eng.line(determinism::repeat_evidence(r));
+    }
+    let bb = run.timed("back-to-back", statecheck::back_to_back)?;
+    f.back_to_back_identical = bb.identical;
+    f.back_to_back_cosine = bb.cosine;
+    f.back_to_back_refused = bb.refused.clone();
     run.eng.apply(STALE, &f);
     if run.eng.stopped() {
         return Ok(run.done());
@@ -420,6 +457,7 @@ mod tests {
     /// A healthy stateful run: every check ran, nothing is off.
     fn healthy_facts() -> StatefulFacts {
         StatefulFacts {
+            repeat: None,
             back_to_back_identical: true,
             back_to_back_cosine: 1.0,
             back_to_back_refused: None,
@@ -429,6 +467,8 @@ mod tests {
                 position: None,
                 logits_finite: true,
                 longest_finite_prefix: None,
+                zero_rows: None,
+                logits_zero: false,
             }),
             prefill: Some([0.999, 0.998, 1.0]),
             greedy: Some([0.999, 0.998, 1.0]),
@@ -497,6 +537,63 @@ mod tests {
         );
         assert!(check("numeric-overflow", &healthy_facts()).is_none());
         assert_eq!(conclude(&f), (Verdict::NumericOverflow, 0.95));
+    }
+
+    #[test]
+    fn overflow_evidence_names_the_mask_or_the_layer() {
+        let mut f = healthy_facts();
+        let ov = f.overflow.as_mut().expect("overflow");
+        (ov.layer, ov.position) = (Some(0), Some(4)); // past the 4 positions the host sent
+        let c = check("numeric-overflow", &f).expect("fires");
+        assert!(c.evidence[0].contains("position 4, past the 4 positions the host sent"));
+        assert!(c.evidence[0].contains("the mask"), "{:?}", c.evidence);
+        let ov = f.overflow.as_mut().expect("overflow");
+        (ov.layer, ov.position, ov.zero_rows) = (None, None, Some([2, 0]));
+        let c = check("numeric-overflow", &f).expect("fires");
+        assert!(c.evidence[0].contains("the input norm of layer 2 returned zeros"));
+        assert_eq!(conclude(&f), (Verdict::NumericOverflow, 0.95));
+    }
+
+    fn repeat(clean: bool, identical: bool) -> Option<DeterminismFinding> {
+        let first = kvprobe_schema::Divergence {
+            step: 0,
+            logit: Some(3),
+            layer: Some(1),
+            cache_id: Some(2),
+            slot: Some(16),
+        };
+        let c = kvprobe_schema::RunComparison {
+            against: "same process".into(),
+            identical,
+            first: (!identical).then_some(first),
+            step_max_abs_diff: vec![Some(if identical { 0.0 } else { 0.5 })],
+            slots_differing: Vec::new(),
+        };
+        Some(DeterminismFinding {
+            steps: 4,
+            caches_compared: true,
+            clean_reset: Some(clean),
+            comparisons: vec![c],
+            second_process_skipped: None,
+        })
+    }
+
+    #[test]
+    fn nondeterministic_only_from_all_zero_states() {
+        let mut f = healthy_facts();
+        f.repeat = repeat(true, false);
+        let c = check("nondeterministic", &f).expect("fires");
+        assert!(c.evidence[0]
+            .contains("differs first at step 0 (logit 3), cache 2 of layer 1, slot 16"));
+        assert_eq!(conclude(&f), (Verdict::Nondeterministic, 0.9));
+        // a state kept across the reset: not identical inputs, the stale-cache rule's case
+        f.repeat = repeat(false, false);
+        f.back_to_back_identical = false;
+        assert!(check("nondeterministic", &f).is_none());
+        assert_eq!(conclude(&f), (Verdict::StaleCache, 0.9));
+        f.repeat = repeat(true, true);
+        f.back_to_back_identical = true;
+        assert_eq!(conclude(&f), (Verdict::Healthy, 0.9));
     }
 
     #[test]

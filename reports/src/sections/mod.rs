@@ -4,6 +4,7 @@
 mod capacity;
 mod causality;
 mod colmap;
+mod determinism;
 mod greedy;
 mod inject;
 mod layout;
@@ -46,6 +47,7 @@ pub static SECTIONS: &[&dyn ProbeSection] = &[
     &splits::Splits,
     &rerun::Rerun,
     &capacity::Capacity,
+    &determinism::Determinism,
     &stateful::Overflow,
     &stateful::State,
     &stateful::NotApplicable,

@@ -5,6 +5,7 @@
 
 mod cache;
 mod capacity;
+mod determinism;
 mod logits;
 mod stage;
 mod stateful;
@@ -12,6 +13,7 @@ mod verdict;
 
 pub use cache::*;
 pub use capacity::*;
+pub use determinism::*;
 pub use logits::*;
 pub use stage::*;
 pub use stateful::*;
@@ -68,6 +70,9 @@ pub struct ProbeFindings {
     /// Stateful devices (issue 9): the state checks.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub state: Option<StateFinding>,
+    /// The same request again in-process and in a second process (issue 20).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub determinism: Option<DeterminismFinding>,
     /// Probes that cannot run on this device, each with the reason (never a silent skip).
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub not_applicable: Vec<NotApplicable>,

@@ -38,4 +38,12 @@ pub struct OverflowFinding {
     pub logits_finite: bool,
     /// Longest prompt prefix (tokens) whose prefill stayed finite, when a search ran.
     pub longest_finite_prefix: Option<usize>,
+    /// First layer (and position) whose K and V rows are exactly zero at a prompt position that
+    /// layer 0 wrote: the layer's input normalised to zero (an fp16 sum of squares past 65504
+    /// gives rsqrt(inf) = 0). Issue 20; older files have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_rows: Option<[usize; 2]>,
+    /// Every logit of the prefill is exactly zero (the final norm returned zeros).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logits_zero: bool,
 }
