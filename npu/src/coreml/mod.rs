@@ -386,7 +386,7 @@ impl Device for AneDevice {
                 }
             }
         }
-        let mut emb = emb.clone();
+        let mut emb = emb.to_vec();
         if self.faults.contains(&AneFault::MaskFp32Min) && group == GroupKind::Prefill {
             pad_call(&mut emb, &mut positions, &mut mask, rows_max, hidden, ctx);
         }
