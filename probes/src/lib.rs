@@ -11,6 +11,9 @@ pub mod diagnose;
 pub mod error;
 pub mod greedy;
 pub mod inject;
+pub mod kvdiff;
+pub mod kvdiff_cache;
+pub mod kvdiff_compare;
 pub mod layout;
 pub mod layout_infer;
 pub mod maskconv;
@@ -59,6 +62,7 @@ pub static PROBES: &[&dyn Probe] = &[
     &causality::CausalityProbe,
     &splits::SplitsProbe,
     &rerun::RerunProbe,
+    &kvdiff::KvdiffProbe,
 ];
 
 #[cfg(test)]

@@ -329,8 +329,53 @@ pub fn greedy_logits(
     cache_len: usize,
     prefill_len: usize,
 ) -> Result<Vec<Vec<f32>>> {
-    let mut store = Store::new(model);
     let mut out = Vec::with_capacity(steps);
+    let geometry = (n, steps, cache_len, prefill_len);
+    drive(model, p, seq, geometry, &mut |logits, _| {
+        out.push(logits);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// The K/V the precision-matched reference holds after the prefill and after each greedy step
+/// (as [`greedy_logits`] drives it): `each(step, k, v)` with `[layer][position]` rows
+/// `[n_kv · hd]`, rounded as the cache holds them (kvdiff).
+#[allow(clippy::too_many_arguments)]
+pub fn greedy_kv(
+    model: &Model,
+    p: &Precision,
+    seq: &[u32],
+    n: usize,
+    steps: usize,
+    cache_len: usize,
+    prefill_len: usize,
+    each: &mut dyn FnMut(usize, &[Vec<Vec<f32>>], &[Vec<Vec<f32>>]) -> Result<()>,
+) -> Result<()> {
+    let mut step = 0;
+    drive(
+        model,
+        p,
+        seq,
+        (n, steps, cache_len, prefill_len),
+        &mut |_, store| {
+            each(step, &store.k, &store.v)?;
+            step += 1;
+            Ok(())
+        },
+    )
+}
+
+/// Prefill chunks then tbt rows; `each(last row's logits, store)` after the prefill and after
+/// every step. `geometry` = (prompt length, steps, cache length, prefill length).
+fn drive(
+    model: &Model,
+    p: &Precision,
+    seq: &[u32],
+    (n, steps, cache_len, prefill_len): (usize, usize, usize, usize),
+    each: &mut dyn FnMut(Vec<f32>, &Store) -> Result<()>,
+) -> Result<()> {
+    let mut store = Store::new(model);
     let mut last = Vec::new();
     for (a, b, chunk_start) in chunks(n, prefill_len.max(1), p.ring) {
         let from = if p.ring {
@@ -340,7 +385,7 @@ pub fn greedy_logits(
         };
         last = run_rows(model, p, &mut store, seq, a..b, from, PREFILL)?;
     }
-    out.push(last);
+    each(last, &store)?;
     for t in 1..steps {
         let pos = n - 1 + t;
         let from = if p.ring {
@@ -348,17 +393,10 @@ pub fn greedy_logits(
         } else {
             0
         };
-        out.push(run_rows(
-            model,
-            p,
-            &mut store,
-            seq,
-            pos..pos + 1,
-            from,
-            TBT,
-        )?);
+        let logits = run_rows(model, p, &mut store, seq, pos..pos + 1, from, TBT)?;
+        each(logits, &store)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Prefill chunks as `(first real row, end, chunk start)`: a ring runs the remainder first, its

@@ -264,6 +264,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
         splits: None,
         overflow: None,
         state: None,
+        kvdiff: None,
         not_applicable: Vec::new(),
         extra: Default::default(),
     }

@@ -5,6 +5,7 @@ mod causality;
 mod colmap;
 mod greedy;
 mod inject;
+mod kvdiff;
 mod layout;
 mod layout_infer;
 mod maskconv;
@@ -44,6 +45,7 @@ pub static SECTIONS: &[&dyn ProbeSection] = &[
     &causality::Causality,
     &splits::Splits,
     &rerun::Rerun,
+    &kvdiff::Kvdiff,
     &stateful::Overflow,
     &stateful::State,
     &stateful::NotApplicable,

@@ -4,12 +4,14 @@
 //! from it alone (plus nothing that depends on render time).
 
 mod cache;
+mod kvdiff;
 mod logits;
 mod stage;
 mod stateful;
 mod verdict;
 
 pub use cache::*;
+pub use kvdiff::*;
 pub use logits::*;
 pub use stage::*;
 pub use stateful::*;
@@ -66,6 +68,10 @@ pub struct ProbeFindings {
     /// Stateful devices (issue 9): the state checks.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub state: Option<StateFinding>,
+    /// `kvdiff` (issue 20): the device's cache against the reference per layer × head ×
+    /// position (older results.json files have none).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kvdiff: Option<KvdiffFinding>,
     /// Probes that cannot run on this device, each with the reason (never a silent skip).
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub not_applicable: Vec<NotApplicable>,
