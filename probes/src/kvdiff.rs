@@ -30,6 +30,19 @@ use crate::{layout_infer, Error, Result};
 const FP16_ROUNDOFF: f64 = 4.8828125e-4;
 const F32_ROUNDOFF: f64 = 5.960464477539063e-8;
 
+/// Comparison points `diagnose` asks for on a cache-path verdict: the prefill and 7 greedy steps
+/// (bounded so diagnose stays within its time budget).
+pub const DIAGNOSE_STEPS: usize = 8;
+
+/// The evidence line `diagnose` adds to a cache-path verdict.
+pub fn verdict_line(k: &KvdiffFinding) -> String {
+    format!(
+        "kvdiff (run for cache-path verdicts only; the prefill and {} greedy steps): {}",
+        k.steps.len().saturating_sub(1),
+        k.evidence()
+    )
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct KvdiffOptions {
     /// Comparison points: the prefill plus `steps − 1` greedy steps (at least 1).
