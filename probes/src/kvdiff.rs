@@ -77,11 +77,10 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
     s.progress.inc(1);
     let rounding = rounding(&desc, c.n_layers)?;
     let (n_kv, hd) = (c.n_kv_heads, c.head_dim);
-    let cells_of = |dev: &(Rows, Rows), m: (&Rows, &Rows)| -> Cells {
-        let len = dev.0.first().map_or(0, Vec::len);
+    let cells_of = |dev: &(Rows, Rows), m: (&[Vec<Vec<f32>>], &[Vec<Vec<f32>>])| -> Cells {
         cmp::cells(&Point {
             device: (&dev.0, &dev.1),
-            reference: (&cut(&reference.0, len), &cut(&reference.1, len)),
+            reference: (&reference.0, &reference.1),
             matched: m,
             rounding: &rounding,
             n_kv,
@@ -89,9 +88,8 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
         })
     };
     let mut layout_note = None;
-    let prompt_ref = (cut(&reference.0, n), cut(&reference.1, n));
     if matches!(view, CacheView::Ring { .. })
-        && first_layer_v_outside(&cells_of(&dev.points[0], (&prompt_ref.0, &prompt_ref.1)))
+        && first_layer_v_outside(&cells_of(&dev.points[0], (&reference.0, &reference.1)))
     {
         // V of the first layer is a function of its token: out of its band under the named
         // layout, the bytes may sit in another order; ask the bytes.
@@ -117,7 +115,7 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
             rotation = cmp::first_layer_rotation(
                 &Point {
                     device: (&point.0, &point.1),
-                    reference: (&prompt_ref.0, &prompt_ref.1),
+                    reference: (&reference.0, &reference.1),
                     matched: (mk, mv),
                     rounding: &rounding,
                     n_kv,
@@ -153,13 +151,6 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
         outside_map,
         first_layer_rotation: rotation,
     })
-}
-
-/// The first `len` positions of every layer.
-fn cut(rows: &Rows, len: usize) -> Rows {
-    rows.iter()
-        .map(|l| l.iter().take(len).cloned().collect())
-        .collect()
 }
 
 fn first_layer_v_outside(c: &Cells) -> bool {
@@ -223,35 +214,16 @@ fn reference_rows(model: &Model, seq: &[u32], l: usize) -> Result<(Rows, Rows)> 
 }
 
 /// The precision-matched reference's K/V at every comparison point (the f32 reference where the
-/// device declares an f32 path everywhere), positions a ring no longer holds left empty:
-/// `each(point, k, v)`.
+/// device declares an f32 path everywhere): `each(point, k, v)`, rows of every position so far
+/// (the comparison reads those the device's cache still holds).
 fn each_matched(
     model: &Model,
     desc: &DeviceDescription,
     seq: &[u32],
     n: usize,
     steps: usize,
-    each: &mut dyn FnMut(usize, &Rows, &Rows) -> Result<()>,
+    each: &mut dyn FnMut(usize, &[Vec<Vec<f32>>], &[Vec<Vec<f32>>]) -> Result<()>,
 ) -> Result<()> {
-    let ring = desc.runtime == RuntimeKind::GenaiRing;
-    let l = desc.cache_len;
-    let keep = |rows: &[Vec<Vec<f32>>], last: usize| -> Rows {
-        let first = if ring {
-            (last + 1).saturating_sub(l)
-        } else {
-            0
-        };
-        rows.iter()
-            .map(|layer| {
-                layer
-                    .iter()
-                    .take(last + 1)
-                    .enumerate()
-                    .map(|(p, r)| if p >= first { r.clone() } else { Vec::new() })
-                    .collect()
-            })
-            .collect()
-    };
     match Precision::of(desc, model) {
         Some(p) => greedy_kv(
             model,
@@ -261,12 +233,11 @@ fn each_matched(
             steps,
             desc.cache_len,
             desc.prefill_len,
-            &mut |step, k, v| each(step, &keep(k, n - 1 + step), &keep(v, n - 1 + step)),
+            &mut |step, k, v| each(step, k, v),
         ),
         None => {
-            let (k, v) = reference_rows(model, seq, l)?;
-            (0..steps)
-                .try_for_each(|step| each(step, &keep(&k, n - 1 + step), &keep(&v, n - 1 + step)))
+            let (k, v) = reference_rows(model, seq, desc.cache_len)?;
+            (0..steps).try_for_each(|step| each(step, &k, &v))
         }
     }
 }

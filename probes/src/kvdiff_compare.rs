@@ -41,8 +41,8 @@ impl Rounding {
 /// The three references of one comparison point, `[layer][position]` rows.
 pub struct Point<'a> {
     pub device: (&'a Rows, &'a Rows),
-    pub reference: (&'a Rows, &'a Rows),
-    pub matched: (&'a Rows, &'a Rows),
+    pub reference: (&'a [Vec<Vec<f32>>], &'a [Vec<Vec<f32>>]),
+    pub matched: (&'a [Vec<Vec<f32>>], &'a [Vec<Vec<f32>>]),
     /// Per layer: K and V rounding.
     pub rounding: &'a [[Rounding; 2]],
     pub n_kv: usize,
@@ -91,7 +91,8 @@ pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     d.sqrt() / norm(b).max(1e-12)
 }
 
-pub fn cells(pt: &Point) -> Cells {
+/// Cells of the positions the device's rows hold (the references may hold more).
+pub fn cells<'a>(pt: &Point<'a>) -> Cells {
     let hd = pt.head_dim;
     let layers = pt.device.0.len();
     (0..layers)
@@ -107,19 +108,17 @@ pub fn cells(pt: &Point) -> Cells {
                     .map(|h| {
                         (0..dev.len())
                             .map(|p| {
-                                let head = |x: &Vec<Vec<f32>>| {
-                                    x.get(p)
-                                        .and_then(|row| row.get(h * hd..(h + 1) * hd))
-                                        .map(<[f32]>::to_vec)
+                                let head = |x: &'a Vec<Vec<f32>>| -> Option<&'a [f32]> {
+                                    x.get(p).and_then(|row| row.get(h * hd..(h + 1) * hd))
                                 };
                                 let (d, r, m) = (head(dev)?, head(r)?, head(m)?);
-                                let rn = norm(&r).max(1e-12);
-                                let floor = round.l2(&r) / rn;
+                                let rn = norm(r).max(1e-12);
+                                let floor = round.l2(r) / rn;
                                 Some(Cell {
-                                    rel_l2: rel_l2(&d, &r),
-                                    cosine: crate::metrics::cosine(&d, &r),
-                                    matched_rel_l2: rel_l2(&d, &m),
-                                    band: rel_l2(&m, &r).max(floor),
+                                    rel_l2: rel_l2(d, r),
+                                    cosine: crate::metrics::cosine(d, r),
+                                    matched_rel_l2: rel_l2(d, m),
+                                    band: rel_l2(m, r).max(floor),
                                 })
                             })
                             .collect()
