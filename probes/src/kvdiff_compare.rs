@@ -45,6 +45,10 @@ pub struct Point<'a> {
     pub matched: (&'a [Vec<Vec<f32>>], &'a [Vec<Vec<f32>>]),
     /// Per layer: K and V rounding.
     pub rounding: &'a [[Rounding; 2]],
+    /// `[layer][kind][head]`: the matched reference's mean absolute distance from the f32 one
+    /// over the prompt's positions ([`precision_noise`]): the band of positions the matched rows
+    /// do not hold (entries tbt steps wrote), whose miss is then taken against the f32 reference.
+    pub noise: &'a [[Vec<f64>; 2]],
     pub n_kv: usize,
     pub head_dim: usize,
 }
@@ -111,14 +115,21 @@ pub fn cells<'a>(pt: &Point<'a>) -> Cells {
                                 let head = |x: &'a Vec<Vec<f32>>| -> Option<&'a [f32]> {
                                     x.get(p).and_then(|row| row.get(h * hd..(h + 1) * hd))
                                 };
-                                let (d, r, m) = (head(dev)?, head(r)?, head(m)?);
+                                let (d, r) = (head(dev)?, head(r)?);
                                 let rn = norm(r).max(1e-12);
                                 let floor = round.l2(r) / rn;
+                                let (matched_rel_l2, band) = match head(m) {
+                                    Some(m) => (rel_l2(d, m), rel_l2(m, r)),
+                                    None => {
+                                        let noise = pt.noise.get(l).and_then(|x| x[kind].get(h));
+                                        (rel_l2(d, r), noise.copied().unwrap_or(0.0) / rn)
+                                    }
+                                };
                                 Some(Cell {
                                     rel_l2: rel_l2(d, r),
                                     cosine: crate::metrics::cosine(d, r),
-                                    matched_rel_l2: rel_l2(d, m),
-                                    band: rel_l2(m, r).max(floor),
+                                    matched_rel_l2,
+                                    band: band.max(floor),
                                 })
                             })
                             .collect()
@@ -126,6 +137,37 @@ pub fn cells<'a>(pt: &Point<'a>) -> Cells {
                     .collect();
             }
             out
+        })
+        .collect()
+}
+
+/// `[layer][kind][head]`: mean ‖matched − f32‖ over the positions both hold.
+pub fn precision_noise(
+    reference: (&[Vec<Vec<f32>>], &[Vec<Vec<f32>>]),
+    matched: (&[Vec<Vec<f32>>], &[Vec<Vec<f32>>]),
+    n_kv: usize,
+    hd: usize,
+) -> Vec<[Vec<f64>; 2]> {
+    let one = |r: &[Vec<f32>], m: &[Vec<f32>]| -> Vec<f64> {
+        (0..n_kv)
+            .map(|h| {
+                let seg = h * hd..(h + 1) * hd;
+                let d: Vec<f64> = r
+                    .iter()
+                    .zip(m)
+                    .filter_map(|(r, m)| Some((r.get(seg.clone())?, m.get(seg.clone())?)))
+                    .map(|(r, m)| rel_l2(m, r) * norm(r))
+                    .collect();
+                d.iter().sum::<f64>() / d.len().max(1) as f64
+            })
+            .collect()
+    };
+    (0..reference.0.len().min(matched.0.len()))
+        .map(|l| {
+            [
+                one(&reference.0[l], &matched.0[l]),
+                one(&reference.1[l], &matched.1[l]),
+            ]
         })
         .collect()
 }
@@ -392,6 +434,7 @@ mod tests {
                 reference: (&r, &v),
                 matched: (&r, &v),
                 rounding: &round,
+                noise: &[],
                 n_kv: 1,
                 head_dim: 4,
             };
