@@ -5,12 +5,9 @@
 //!
 //! Three references: the device's cache ([`crate::kvdiff_cache`]), the f32 reference on the
 //! device's own tokens (one windowed forward with K/V taps, as `greedy` compares logits), and
-//! the precision-matched reference's prefill ([`crate::matched::greedy_kv`]), driven as the
-//! runtime drives the device. The band comes from the matched one ([`crate::kvdiff_compare`]),
-//! so a healthy quantised cache stays inside it. The matched reference's tbt steps are not run
-//! (they would double the probe's time, issue 20's ≤ 3 s): the prompt's entries never change
-//! after the prefill, and an entry a tbt step wrote gets as its band the matched reference's mean
-//! distance from f32 over the prompt's entries of the same layer, head and K/V.
+//! the precision-matched reference ([`crate::matched::greedy_kv`]), driven as the runtime drives
+//! the device. The band comes from the matched one ([`crate::kvdiff_compare`]), so a healthy
+//! quantised cache stays inside it.
 //!
 //! Ring bytes are decoded through the writer layout the description names (token-major where it
 //! names none); when the first layer's V — a function of the token alone — leaves its band under
@@ -80,20 +77,19 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
     s.progress.inc(1);
     let rounding = rounding(&desc, c.n_layers)?;
     let (n_kv, hd) = (c.n_kv_heads, c.head_dim);
-    let cells_of = |dev: &(Rows, Rows), m: (&[Vec<Vec<f32>>], &[Vec<Vec<f32>>]), noise| {
+    let cells_of = |dev: &(Rows, Rows), m: (&[Vec<Vec<f32>>], &[Vec<Vec<f32>>])| -> Cells {
         cmp::cells(&Point {
             device: (&dev.0, &dev.1),
             reference: (&reference.0, &reference.1),
             matched: m,
             rounding: &rounding,
-            noise,
             n_kv,
             head_dim: hd,
         })
     };
     let mut layout_note = None;
     if matches!(view, CacheView::Ring { .. })
-        && first_layer_v_outside(&cells_of(&dev.points[0], (&reference.0, &reference.1), &[]))
+        && first_layer_v_outside(&cells_of(&dev.points[0], (&reference.0, &reference.1)))
     {
         // V of the first layer is a function of its token: out of its band under the named
         // layout, the bytes may sit in another order; ask the bytes.
@@ -109,24 +105,19 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
             dev = device_run(s, &view, steps)?;
         }
     }
-    // The matched reference after the prefill: the prompt's entries never change afterwards,
-    // and its distance from f32 there is the band of the entries tbt steps write.
-    let (mk, mv) = matched_prefill(s.model, &desc, &seq, n)?;
-    s.progress.inc(1);
-    let noise = cmp::precision_noise((&reference.0, &reference.1), (&mk, &mv), n_kv, hd);
     let mut out_steps: Vec<KvdiffStep> = Vec::with_capacity(steps);
     let mut last_cells = None;
     let mut rotation = None;
-    for (k, point) in dev.points.iter().enumerate() {
-        let cells = cells_of(point, (&mk, &mv), &noise);
+    each_matched(s.model, &desc, &seq, n, steps, &mut |k, mk, mv| {
+        let point = &dev.points[k];
+        let cells = cells_of(point, (mk, mv));
         if k == 0 {
             rotation = cmp::first_layer_rotation(
                 &Point {
                     device: (&point.0, &point.1),
                     reference: (&reference.0, &reference.1),
-                    matched: (&mk, &mv),
+                    matched: (mk, mv),
                     rounding: &rounding,
-                    noise: &noise,
                     n_kv,
                     head_dim: hd,
                 },
@@ -135,7 +126,9 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
         }
         out_steps.push(cmp::step(k, &cells));
         last_cells = Some(cells);
-    }
+        Ok(())
+    })?;
+    s.progress.inc(1);
     let (k_map, v_map, outside_map) = last_cells.as_ref().map(cmp::maps).unwrap_or_default();
     let layout = match layout_note {
         Some(note) => format!(
@@ -151,7 +144,7 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
         layers: c.n_layers,
         kv_heads: n_kv,
         prompt_len: n,
-        first_divergent: out_steps.iter().find_map(|x| x.first_divergent.clone()),
+        first_divergent: cmp::first_over_steps(&out_steps),
         steps: out_steps,
         k_map,
         v_map,
@@ -220,35 +213,33 @@ fn reference_rows(model: &Model, seq: &[u32], l: usize) -> Result<(Rows, Rows)> 
     Ok((k, v))
 }
 
-/// The precision-matched reference's K/V after the prefill (the f32 reference's prompt rows
-/// where the device declares an f32 path everywhere).
-fn matched_prefill(
+/// The precision-matched reference's K/V at every comparison point (the f32 reference where the
+/// device declares an f32 path everywhere): `each(point, k, v)`, rows of every position so far
+/// (the comparison reads those the device's cache still holds).
+fn each_matched(
     model: &Model,
     desc: &DeviceDescription,
     seq: &[u32],
     n: usize,
-) -> Result<(Rows, Rows)> {
-    let mut out = None;
+    steps: usize,
+    each: &mut dyn FnMut(usize, &[Vec<Vec<f32>>], &[Vec<Vec<f32>>]) -> Result<()>,
+) -> Result<()> {
     match Precision::of(desc, model) {
         Some(p) => greedy_kv(
             model,
             &p,
             seq,
             n,
-            1,
+            steps,
             desc.cache_len,
             desc.prefill_len,
-            &mut |_, k, v| {
-                out = Some((k.to_vec(), v.to_vec()));
-                Ok(())
-            },
-        )?,
+            &mut |step, k, v| each(step, k, v),
+        ),
         None => {
-            let (k, v) = reference_rows(model, &seq[..n], desc.cache_len)?;
-            out = Some((k, v));
+            let (k, v) = reference_rows(model, seq, desc.cache_len)?;
+            (0..steps).try_for_each(|step| each(step, &k, &v))
         }
     }
-    out.ok_or_else(|| Error::Candle("the matched reference ran no prefill".into()))
 }
 
 /// Per layer, the rounding of the cache's declared format: a ring's writer scale (integer
@@ -277,7 +268,7 @@ fn precision_line(model: &Model, desc: &DeviceDescription) -> String {
         |p| p.describe,
     );
     format!(
-        "band per head vector = max(precision-matched vs f32, the cache format's rounding); prompt entries against the matched reference's, entries the tbt steps wrote against f32 with the matched reference's mean distance over the prompt as their band — {matched}; outside = {}× the band on the mean, or at ≥ {:.0}% of the positions",
+        "band per head vector = max(precision-matched vs f32, the cache format's rounding) — {matched}; outside = {}× the band on the mean, or at ≥ {:.0}% of the positions",
         cmp::BAND_RATIO,
         100.0 * cmp::OUTSIDE_FRACTION
     )

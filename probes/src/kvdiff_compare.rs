@@ -45,10 +45,6 @@ pub struct Point<'a> {
     pub matched: (&'a [Vec<Vec<f32>>], &'a [Vec<Vec<f32>>]),
     /// Per layer: K and V rounding.
     pub rounding: &'a [[Rounding; 2]],
-    /// `[layer][kind][head]`: the matched reference's mean absolute distance from the f32 one
-    /// over the prompt's positions ([`precision_noise`]): the band of positions the matched rows
-    /// do not hold (entries tbt steps wrote), whose miss is then taken against the f32 reference.
-    pub noise: &'a [[Vec<f64>; 2]],
     pub n_kv: usize,
     pub head_dim: usize,
 }
@@ -115,21 +111,14 @@ pub fn cells<'a>(pt: &Point<'a>) -> Cells {
                                 let head = |x: &'a Vec<Vec<f32>>| -> Option<&'a [f32]> {
                                     x.get(p).and_then(|row| row.get(h * hd..(h + 1) * hd))
                                 };
-                                let (d, r) = (head(dev)?, head(r)?);
+                                let (d, r, m) = (head(dev)?, head(r)?, head(m)?);
                                 let rn = norm(r).max(1e-12);
                                 let floor = round.l2(r) / rn;
-                                let (matched_rel_l2, band) = match head(m) {
-                                    Some(m) => (rel_l2(d, m), rel_l2(m, r)),
-                                    None => {
-                                        let noise = pt.noise.get(l).and_then(|x| x[kind].get(h));
-                                        (rel_l2(d, r), noise.copied().unwrap_or(0.0) / rn)
-                                    }
-                                };
                                 Some(Cell {
                                     rel_l2: rel_l2(d, r),
                                     cosine: crate::metrics::cosine(d, r),
-                                    matched_rel_l2,
-                                    band: band.max(floor),
+                                    matched_rel_l2: rel_l2(d, m),
+                                    band: rel_l2(m, r).max(floor),
                                 })
                             })
                             .collect()
@@ -137,37 +126,6 @@ pub fn cells<'a>(pt: &Point<'a>) -> Cells {
                     .collect();
             }
             out
-        })
-        .collect()
-}
-
-/// `[layer][kind][head]`: mean ‖matched − f32‖ over the positions both hold.
-pub fn precision_noise(
-    reference: (&[Vec<Vec<f32>>], &[Vec<Vec<f32>>]),
-    matched: (&[Vec<Vec<f32>>], &[Vec<Vec<f32>>]),
-    n_kv: usize,
-    hd: usize,
-) -> Vec<[Vec<f64>; 2]> {
-    let one = |r: &[Vec<f32>], m: &[Vec<f32>]| -> Vec<f64> {
-        (0..n_kv)
-            .map(|h| {
-                let seg = h * hd..(h + 1) * hd;
-                let d: Vec<f64> = r
-                    .iter()
-                    .zip(m)
-                    .filter_map(|(r, m)| Some((r.get(seg.clone())?, m.get(seg.clone())?)))
-                    .map(|(r, m)| rel_l2(m, r) * norm(r))
-                    .collect();
-                d.iter().sum::<f64>() / d.len().max(1) as f64
-            })
-            .collect()
-    };
-    (0..reference.0.len().min(matched.0.len()))
-        .map(|l| {
-            [
-                one(&reference.0[l], &matched.0[l]),
-                one(&reference.1[l], &matched.1[l]),
-            ]
         })
         .collect()
 }
@@ -217,6 +175,18 @@ pub fn step(step: usize, c: &Cells) -> KvdiffStep {
         v_cosine: agg(1, |x| x.cosine, false),
         first_divergent: first_divergent(step, c),
     }
+}
+
+/// Over the comparison points: the lowest layer (then head, K before V) ever outside its band,
+/// at the first point it is (a fault in layer L shows first in the entries few tbt steps wrote,
+/// where a later layer's larger miss may cross its band earlier).
+pub fn first_over_steps(steps: &[KvdiffStep]) -> Option<KvdiffDivergence> {
+    let key = |d: &KvdiffDivergence| (d.layer, d.kv_head, d.kind == CacheKind::V, d.step);
+    steps
+        .iter()
+        .filter_map(|s| s.first_divergent.as_ref())
+        .min_by_key(|d| key(d))
+        .cloned()
 }
 
 fn first_divergent(step: usize, c: &Cells) -> Option<KvdiffDivergence> {
@@ -419,6 +389,35 @@ mod tests {
         ]));
     }
 
+    #[test]
+    fn the_lowest_layer_ever_outside_is_the_first_divergent() {
+        let d = |step, layer| KvdiffDivergence {
+            step,
+            layer,
+            kv_head: 0,
+            kind: CacheKind::V,
+            position: 0,
+            rel_l2: 1.0,
+            matched_rel_l2: 1.0,
+            band: 0.1,
+            positions_outside: 1,
+        };
+        let st = |step, first: Option<KvdiffDivergence>| KvdiffStep {
+            step,
+            positions: 1,
+            k_rel_l2: Vec::new(),
+            v_rel_l2: Vec::new(),
+            k_cosine: Vec::new(),
+            v_cosine: Vec::new(),
+            first_divergent: first,
+        };
+        // layer 5 crosses at step 1, layer 3 only at step 3: layer 3 (at step 3)
+        let steps = [st(0, None), st(1, Some(d(1, 5))), st(3, Some(d(3, 3)))];
+        let f = first_over_steps(&steps).expect("some");
+        assert_eq!((f.layer, f.step), (3, 3));
+        assert!(first_over_steps(&steps[..1]).is_none());
+    }
+
     /// One layer, one head of 4 dims (pairs (0, 2) and (1, 3)), two positions.
     #[test]
     fn a_rotated_first_layer_k_is_explained_and_a_scaled_one_is_not() {
@@ -434,7 +433,6 @@ mod tests {
                 reference: (&r, &v),
                 matched: (&r, &v),
                 rounding: &round,
-                noise: &[],
                 n_kv: 1,
                 head_dim: 4,
             };
