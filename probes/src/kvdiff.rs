@@ -18,7 +18,7 @@ use kvprobe_npu::MaskMode;
 use kvprobe_reference::{ForwardOptions, Model};
 use kvprobe_schema::{CacheKind, DeviceDescription, KvdiffFinding, KvdiffStep, RuntimeKind};
 
-use crate::kvdiff_cache::{CacheView, Rows};
+use crate::kvdiff_cache::{CacheView, KvRef, Rows};
 use crate::kvdiff_compare::{self as cmp, Cells, Point, Rounding};
 use crate::matched::{greedy_kv, Precision};
 use crate::metrics::top1;
@@ -77,7 +77,7 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
     s.progress.inc(1);
     let rounding = rounding(&desc, c.n_layers)?;
     let (n_kv, hd) = (c.n_kv_heads, c.head_dim);
-    let cells_of = |dev: &(Rows, Rows), m: (&[Vec<Vec<f32>>], &[Vec<Vec<f32>>])| -> Cells {
+    let cells_of = |dev: &(Rows, Rows), m: KvRef| -> Cells {
         cmp::cells(&Point {
             device: (&dev.0, &dev.1),
             reference: (&reference.0, &reference.1),
@@ -108,7 +108,7 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
     let mut out_steps: Vec<KvdiffStep> = Vec::with_capacity(steps);
     let mut last_cells = None;
     let mut rotation = None;
-    each_matched(s.model, &desc, &seq, n, steps, &mut |k, mk, mv| {
+    each_matched(s.model, &desc, &seq, n, steps, &mut |k, (mk, mv)| {
         let point = &dev.points[k];
         let cells = cells_of(point, (mk, mv));
         if k == 0 {
@@ -214,7 +214,7 @@ fn reference_rows(model: &Model, seq: &[u32], l: usize) -> Result<(Rows, Rows)> 
 }
 
 /// The precision-matched reference's K/V at every comparison point (the f32 reference where the
-/// device declares an f32 path everywhere): `each(point, k, v)`, rows of every position so far
+/// device declares an f32 path everywhere): `each(point, (k, v))`, rows of every position so far
 /// (the comparison reads those the device's cache still holds).
 fn each_matched(
     model: &Model,
@@ -222,7 +222,7 @@ fn each_matched(
     seq: &[u32],
     n: usize,
     steps: usize,
-    each: &mut dyn FnMut(usize, &[Vec<Vec<f32>>], &[Vec<Vec<f32>>]) -> Result<()>,
+    each: &mut dyn FnMut(usize, KvRef) -> Result<()>,
 ) -> Result<()> {
     match Precision::of(desc, model) {
         Some(p) => greedy_kv(
@@ -233,11 +233,11 @@ fn each_matched(
             steps,
             desc.cache_len,
             desc.prefill_len,
-            &mut |step, k, v| each(step, k, v),
+            &mut |step, k, v| each(step, (k, v)),
         ),
         None => {
             let (k, v) = reference_rows(model, seq, desc.cache_len)?;
-            (0..steps).try_for_each(|step| each(step, &k, &v))
+            (0..steps).try_for_each(|step| each(step, (&k, &v)))
         }
     }
 }

@@ -16,6 +16,8 @@ use crate::{Error, Result};
 
 /// `[layer][position]` rows `[n_kv · hd]`; an empty row = the position is not in the cache.
 pub type Rows = Vec<Vec<Vec<f32>>>;
+/// K and V rows borrowed: `(k, v)`, each `[layer][position]`.
+pub type KvRef<'a> = (&'a [Vec<Vec<f32>>], &'a [Vec<Vec<f32>>]);
 
 /// How the device's cache is read.
 #[derive(Debug, Clone)]
@@ -191,8 +193,8 @@ impl CacheView {
                     let Some(layer_rows) = dst.get_mut(info.layer) else {
                         continue;
                     };
-                    for p in first..=last {
-                        layer_rows[p] = ring_entry(info, *layout, &geom, bytes, p, n)?;
+                    for (p, row) in layer_rows.iter_mut().enumerate().skip(first) {
+                        *row = ring_entry(info, *layout, &geom, bytes, p, n)?;
                     }
                 }
             }

@@ -11,7 +11,7 @@
 
 use kvprobe_schema::{CacheKind, KvdiffDivergence, KvdiffRotation, KvdiffStep};
 
-use crate::kvdiff_cache::Rows;
+use crate::kvdiff_cache::{KvRef, Rows};
 
 /// How far past its precision a head vector may sit: the diagnosis's median-ratio criterion for
 /// a stage failing against the matched reference (docs/diagnosis.md), per cache entry.
@@ -41,8 +41,8 @@ impl Rounding {
 /// The three references of one comparison point, `[layer][position]` rows.
 pub struct Point<'a> {
     pub device: (&'a Rows, &'a Rows),
-    pub reference: (&'a [Vec<Vec<f32>>], &'a [Vec<Vec<f32>>]),
-    pub matched: (&'a [Vec<Vec<f32>>], &'a [Vec<Vec<f32>>]),
+    pub reference: KvRef<'a>,
+    pub matched: KvRef<'a>,
     /// Per layer: K and V rounding.
     pub rounding: &'a [[Rounding; 2]],
     pub n_kv: usize,
@@ -225,7 +225,10 @@ fn first_divergent(step: usize, c: &Cells) -> Option<KvdiffDivergence> {
 
 /// `[layer][position]`: the largest relative L2 over heads (−1 = not in the cache), K and V; and
 /// whether some head's cell is outside its band.
-pub fn maps(c: &Cells) -> (Vec<Vec<f64>>, Vec<Vec<f64>>, Vec<Vec<bool>>) {
+/// `(k_map, v_map, outside_map)`, each `[layer][position]`.
+pub type Maps = (Vec<Vec<f64>>, Vec<Vec<f64>>, Vec<Vec<bool>>);
+
+pub fn maps(c: &Cells) -> Maps {
     let map = |kind: usize| -> Vec<Vec<f64>> {
         c.iter()
             .map(|layer| {
@@ -281,7 +284,7 @@ pub fn first_layer_rotation(pt: &Point, c: &Cells) -> Option<KvdiffRotation> {
             continue;
         }
         let mut out = d.clone();
-        for i in 0..half {
+        for (i, sum) in angle_sum.iter_mut().enumerate() {
             let (mut dot, mut cross) = (0f64, 0f64);
             for h in 0..n_kv {
                 let (a, b) = (h * hd + i, h * hd + i + half);
@@ -292,7 +295,7 @@ pub fn first_layer_rotation(pt: &Point, c: &Cells) -> Option<KvdiffRotation> {
             }
             // the angle that turns the device's pairs onto the reference's
             let delta = cross.atan2(dot);
-            angle_sum[i] += delta.abs();
+            *sum += delta.abs();
             let (s, co) = delta.sin_cos();
             for h in 0..n_kv {
                 let (a, b) = (h * hd + i, h * hd + i + half);

@@ -338,6 +338,9 @@ pub fn greedy_logits(
     Ok(out)
 }
 
+/// `[layer][position]` rows `[n_kv · hd]`.
+pub type LayerRows<'a> = &'a [Vec<Vec<f32>>];
+
 /// The K/V the precision-matched reference holds after the prefill and after each greedy step
 /// (as [`greedy_logits`] drives it): `each(step, k, v)` with `[layer][position]` rows
 /// `[n_kv · hd]`, rounded as the cache holds them (kvdiff).
@@ -350,7 +353,7 @@ pub fn greedy_kv(
     steps: usize,
     cache_len: usize,
     prefill_len: usize,
-    each: &mut dyn FnMut(usize, &[Vec<Vec<f32>>], &[Vec<Vec<f32>>]) -> Result<()>,
+    each: &mut dyn FnMut(usize, LayerRows, LayerRows) -> Result<()>,
 ) -> Result<()> {
     let mut step = 0;
     drive(
