@@ -5,7 +5,7 @@
 //!
 //! Three references: the device's cache ([`crate::kvdiff_cache`]), the f32 reference on the
 //! device's own tokens (one windowed forward with K/V taps, as `greedy` compares logits), and
-//! the precision-matched reference ([`crate::matched::greedy_kv`]), driven as the runtime drives
+//! the precision-matched reference ([`crate::matched::drive`]), driven as the runtime drives
 //! the device. The band comes from the matched one ([`crate::kvdiff_compare`]), so a healthy
 //! quantised cache stays inside it.
 //!
@@ -20,7 +20,7 @@ use kvprobe_schema::{CacheKind, DeviceDescription, KvdiffFinding, KvdiffStep, Ru
 
 use crate::kvdiff_cache::{CacheView, KvRef, Rows};
 use crate::kvdiff_compare::{self as cmp, Cells, Point, Rounding};
-use crate::matched::{greedy_kv, Precision};
+use crate::matched::{drive, Precision};
 use crate::metrics::top1;
 use crate::rings::cache_infos;
 use crate::session::Session;
@@ -225,16 +225,15 @@ fn each_matched(
     each: &mut dyn FnMut(usize, KvRef) -> Result<()>,
 ) -> Result<()> {
     match Precision::of(desc, model) {
-        Some(p) => greedy_kv(
-            model,
-            &p,
-            seq,
-            n,
-            steps,
-            desc.cache_len,
-            desc.prefill_len,
-            &mut |step, k, v| each(step, (k, v)),
-        ),
+        Some(p) => {
+            let mut step = 0;
+            let geometry = (n, steps, desc.cache_len, desc.prefill_len);
+            drive(model, &p, seq, geometry, &mut |_, k, v| {
+                each(step, (k, v))?;
+                step += 1;
+                Ok(())
+            })
+        }
         None => {
             let (k, v) = reference_rows(model, seq, desc.cache_len)?;
             (0..steps).try_for_each(|step| each(step, (&k, &v)))

@@ -331,52 +331,25 @@ pub fn greedy_logits(
 ) -> Result<Vec<Vec<f32>>> {
     let mut out = Vec::with_capacity(steps);
     let geometry = (n, steps, cache_len, prefill_len);
-    drive(model, p, seq, geometry, &mut |logits, _| {
+    drive(model, p, seq, geometry, &mut |logits, _, _| {
         out.push(logits);
         Ok(())
     })?;
     Ok(out)
 }
 
-/// `[layer][position]` rows `[n_kv · hd]`.
+/// `[layer][position]` rows `[n_kv · hd]`, as the cache holds them.
 pub type LayerRows<'a> = &'a [Vec<Vec<f32>>];
 
-/// The K/V the precision-matched reference holds after the prefill and after each greedy step
-/// (as [`greedy_logits`] drives it): `each(step, k, v)` with `[layer][position]` rows
-/// `[n_kv · hd]`, rounded as the cache holds them (kvdiff).
-#[allow(clippy::too_many_arguments)]
-pub fn greedy_kv(
-    model: &Model,
-    p: &Precision,
-    seq: &[u32],
-    n: usize,
-    steps: usize,
-    cache_len: usize,
-    prefill_len: usize,
-    each: &mut dyn FnMut(usize, LayerRows, LayerRows) -> Result<()>,
-) -> Result<()> {
-    let mut step = 0;
-    drive(
-        model,
-        p,
-        seq,
-        (n, steps, cache_len, prefill_len),
-        &mut |_, store| {
-            each(step, &store.k, &store.v)?;
-            step += 1;
-            Ok(())
-        },
-    )
-}
-
-/// Prefill chunks then tbt rows; `each(last row's logits, store)` after the prefill and after
-/// every step. `geometry` = (prompt length, steps, cache length, prefill length).
-fn drive(
+/// Prefill chunks then tbt rows, as [`greedy_logits`]; `each(last row's logits, k, v)` after the
+/// prefill and after every step (kvdiff reads the K/V). `geometry` = (prompt length, steps, cache
+/// length, prefill length).
+pub fn drive(
     model: &Model,
     p: &Precision,
     seq: &[u32],
     (n, steps, cache_len, prefill_len): (usize, usize, usize, usize),
-    each: &mut dyn FnMut(Vec<f32>, &Store) -> Result<()>,
+    each: &mut dyn FnMut(Vec<f32>, LayerRows, LayerRows) -> Result<()>,
 ) -> Result<()> {
     let mut store = Store::new(model);
     let mut last = Vec::new();
@@ -388,7 +361,7 @@ fn drive(
         };
         last = run_rows(model, p, &mut store, seq, a..b, from, PREFILL)?;
     }
-    each(last, &store)?;
+    each(last, &store.k, &store.v)?;
     for t in 1..steps {
         let pos = n - 1 + t;
         let from = if p.ring {
@@ -397,7 +370,7 @@ fn drive(
             0
         };
         let logits = run_rows(model, p, &mut store, seq, pos..pos + 1, from, TBT)?;
-        each(logits, &store)?;
+        each(logits, &store.k, &store.v)?;
     }
     Ok(())
 }
