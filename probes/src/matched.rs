@@ -340,6 +340,8 @@ pub fn greedy_logits(
 
 /// `[layer][position]` rows `[n_kv · hd]`, as the cache holds them.
 pub type LayerRows<'a> = &'a [Vec<Vec<f32>>];
+/// What [`drive`] calls after the prefill and each step: (last row's logits, k, v).
+pub type OnStep<'a> = dyn FnMut(Vec<f32>, LayerRows, LayerRows) -> Result<()> + 'a;
 
 /// Prefill chunks then tbt rows, as [`greedy_logits`]; `each(last row's logits, k, v)` after the
 /// prefill and after every step (kvdiff reads the K/V). `geometry` = (prompt length, steps, cache
@@ -349,7 +351,7 @@ pub fn drive(
     p: &Precision,
     seq: &[u32],
     (n, steps, cache_len, prefill_len): (usize, usize, usize, usize),
-    each: &mut dyn FnMut(Vec<f32>, LayerRows, LayerRows) -> Result<()>,
+    each: &mut OnStep,
 ) -> Result<()> {
     let mut store = Store::new(model);
     let mut last = Vec::new();
