@@ -295,6 +295,21 @@ impl Run<'_, '_> {
     fn done(self) -> Diagnosis {
         Diagnosis::from_rules(self.eng.conclude(), self.p, self.t)
     }
+
+    /// A cache-path verdict (every named cause but healthy) carries `kvdiff`'s first divergent
+    /// layer (issue 20); run only then.
+    fn cache_kvdiff(&mut self) -> Result<()> {
+        if !self.eng.has_causes() || self.eng.fired().contains(&"healthy") {
+            return Ok(());
+        }
+        let opts = crate::kvdiff::KvdiffOptions {
+            steps: crate::kvdiff::DIAGNOSE_STEPS,
+        };
+        let k = self.timed("kvdiff", |s| crate::kvdiff::run(s, &opts))?;
+        self.eng.line(crate::kvdiff::verdict_line(&k));
+        self.p.kvdiff = Some(k);
+        Ok(())
+    }
 }
 
 pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
@@ -339,6 +354,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     f.back_to_back_refused = bb.refused.clone();
     run.eng.apply(STALE, &f);
     if run.eng.stopped() {
+        run.cache_kvdiff()?;
         return Ok(run.done());
     }
     run.eng.line("back-to-back: the prompt after a reset gives bit-identical logits whatever request came before");
@@ -369,6 +385,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         return Ok(run.done());
     }
     run.eng.apply(STATE, &f);
+    run.cache_kvdiff()?;
     Ok(run.done())
 }
 

@@ -21,6 +21,7 @@ pub mod faults;
 mod graph_faults;
 mod inputs;
 pub mod options;
+mod rope_faults;
 pub use crate::contract::manifest;
 
 use std::collections::BTreeMap;
