@@ -217,12 +217,14 @@ fn window(dec: &Value, context: usize, path: &Path) -> Result<Option<WindowCfg>>
     let pad_value = match uint(sw, "pad_value", path)? {
         None => 0,
         Some(v) if v <= 255 => v as u8,
-        Some(v) => return Err(bad(
-            path,
-            format!(
+        Some(v) => {
+            return Err(bad(
+                path,
+                format!(
                 "sliding_window.pad_value {v} is not a byte (GenAI fills the uint8 cache with it)"
             ),
-        )),
+            ))
+        }
     };
     let align = name(Some(sw), "alignment", "right");
     let slide_kv = sw

@@ -6,7 +6,7 @@
 //! | fault | what the runner does wrong | verdict |
 //! |---|---|---|
 //! | `win-mask-all-valid` | the window mask leaves every slot holding an entry (the prompt's pads included) visible to every row, whatever mask the request asked for | mask-convention |
-//! | `win-position-stall` | position ids are not advanced after a window slide: every later prompt chunk repeats the first chunk's | position-mismatch |
+//! | `win-position-stall` | position ids are not advanced after a window slide: every generated token (each slides the window by one) gets the last prompt position again | position-mismatch |
 //! | `win-write-left` | entries are written at the left end of the right-aligned cache (the mask still marks the right end) | cache-offset |
 //! | `win-k-layout` | K, stored `[H, 1, D, T]`, is copied as if `[H, 1, T, D]` | cache-layout-mismatch |
 //! | `win-u16-runner` | a uint16 runner over the uint8 cache: byte pairs are taken as one uint16, rescaled to uint8 and written back | cache-quantization |

@@ -133,9 +133,6 @@ impl WindowState {
                         }
                     })
                     .collect()
-            } else if self.has(WinFault::PositionStall) {
-                // the fault: the ids of the first window again, not advanced after the slide
-                plans[0].positions.clone()
             } else {
                 (1..=w as i64).map(|i| self.inputs.last_pos + i).collect()
             };
@@ -178,7 +175,11 @@ impl WindowState {
         }
         let first = self.seq.len();
         self.seq.push(id);
-        self.inputs.last_pos += 1;
+        // win-position-stall: the counter is not advanced when the window slides (every token
+        // run slides it by one), so every token gets the last prompt position again
+        if !self.has(WinFault::PositionStall) {
+            self.inputs.last_pos += 1;
+        }
         let off = self.inputs.off;
         self.inputs.mask[off] = 1;
         self.inputs.off = off.saturating_sub(1);
@@ -320,8 +321,9 @@ mod tests {
     #[test]
     fn faults_change_what_the_graph_gets() {
         let mut st = WindowState::new(geom(4, 12), vec![WinFault::PositionStall]);
-        let p = st.prompt(&[5, 6, 7, 8, 9, 10]).unwrap();
-        assert_eq!(p[1].positions, p[0].positions);
+        st.prompt(&[5, 6, 7, 8, 9, 10]).unwrap();
+        assert_eq!(st.token(1).unwrap().positions, vec![5]);
+        assert_eq!(st.token(2).unwrap().positions, vec![5]);
         let mut st = WindowState::new(geom(4, 12), vec![WinFault::MaskAllValid]);
         let p = st.prompt(&[5, 6, 7]).unwrap();
         assert_eq!(
