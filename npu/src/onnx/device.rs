@@ -61,6 +61,7 @@ fn description(
     cfg: &GenaiConfig,
     ctx: usize,
     win: Option<&WindowCache>,
+    u16_runner: bool,
 ) -> DeviceDescription {
     let entry = cfg.n_kv_heads * cfg.head_size * 2;
     let format = match (&cfg.window, win) {
@@ -82,7 +83,7 @@ fn description(
         },
         _ => QuantInfo::IDENTITY,
     };
-    let edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
+    let mut edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
         .flat_map(|l| {
             [
                 (2 * l as u32, CacheKind::K),
@@ -102,6 +103,24 @@ fn description(
             })
         })
         .collect();
+    if u16_runner {
+        // win-u16-runner: the runner declares the past inputs it fills as uint16 (zero point
+        // 32768) while the graph's presents are uint8 (zero point 128)
+        let outputs: Vec<CacheEdgeDescription> = edges
+            .iter()
+            .map(|e| CacheEdgeDescription {
+                direction: CacheDirection::Output,
+                data_bytes: 1,
+                format: Some("the graph's present: uint8, zero point 128".into()),
+                ..e.clone()
+            })
+            .collect();
+        for e in &mut edges {
+            e.quant.zero_point = 32768.0;
+            e.format = Some("the runner's past input: uint16, zero point 32768".into());
+        }
+        edges.extend(outputs);
+    }
     let group = |kind: GroupKind, rows: usize| GroupDescription {
         name: format!("{name}__q{rows}"),
         kind,
@@ -239,7 +258,13 @@ impl OnnxDevice {
             }
         };
         Ok(OnnxDevice {
-            desc: description(name, &cfg, ctx, win.as_ref().map(|w| &w.1)),
+            desc: description(
+                name,
+                &cfg,
+                ctx,
+                win.as_ref().map(|w| &w.1),
+                opts.faults.contains(&WinFault::U16Runner),
+            ),
             past: vec![Vec::new(); 2 * cfg.n_layers],
             past_len: 0,
             win,

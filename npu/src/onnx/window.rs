@@ -237,6 +237,10 @@ impl WindowState {
 /// token; pads and empty slots keep GenAI's value. The ring mask (all ones) leaves GenAI's mask
 /// unchanged.
 pub fn apply_logical_mask(st: &WindowState, plan: &mut RunPlan, logical: &[i64]) -> Result<()> {
+    if st.faults.contains(&WinFault::MaskAllValid) {
+        // the fault's mask ignores what the request asked for
+        return Ok(());
+    }
     let c = st.geom.context;
     let q = plan.ids.len();
     for slot in 0..c {
