@@ -12,9 +12,12 @@ use kvprobe_schema::{
 };
 
 use super::config::GenaiConfig;
+#[cfg(feature = "onnx")]
 use super::faults::WinFault;
 use super::wcache::{WindowCache, ZERO_POINT};
-use super::window::{self, WindowGeom, WindowState};
+#[cfg(feature = "onnx")]
+use super::window::WindowGeom;
+use super::window::{self, WindowState};
 use super::{host, OnnxOptions, CAPABILITIES, FAMILY};
 use crate::{Buffer, Capabilities, Device, Error, Result, RunOutput};
 
@@ -338,6 +341,7 @@ impl OnnxDevice {
                 .map(|&t| st.token(t))
                 .collect::<Result<Vec<_>>>()?
         };
+        #[cfg_attr(not(feature = "onnx"), allow(unused_mut))]
         let mut logits = Vec::new();
         for mut plan in plans {
             window::apply_logical_mask(st, &mut plan, logical)?;

@@ -3,6 +3,8 @@
 //! transposed), the presents appended back, and the stateful contract's fp16 view of it. The
 //! faults `win-write-left`, `win-k-layout` and `win-u16-runner` act here (faults.rs).
 
+#![cfg_attr(not(feature = "onnx"), allow(dead_code))]
+
 use super::faults::WinFault;
 use super::window::{Elems, WindowState};
 use crate::{Error, Result};
@@ -64,7 +66,7 @@ impl WindowCache {
     /// (K `[H, 1, D, P]`, V `[H, 1, P, D]`), unwritten slots `pad`.
     pub fn past(&self, st: &WindowState, c: usize, first: usize, p: usize, pad: u8) -> Elems {
         let (h, d) = (self.heads, self.hd);
-        let key = c % 2 == 0;
+        let key = c.is_multiple_of(2);
         let k_layout = key && st.faults.contains(&WinFault::KLayout);
         let index = |hh: usize, slot: usize, dd: usize| {
             if key && !k_layout {
@@ -108,7 +110,7 @@ impl WindowCache {
     /// Appends the `q` entries of a present (K `[H, 1, D, q]`, V `[H, 1, q, D]`) to cache `c`.
     pub fn append(&mut self, st: &WindowState, c: usize, present: Elems, q: usize) -> Result<()> {
         let (h, d) = (self.heads, self.hd);
-        let key = c % 2 == 0;
+        let key = c.is_multiple_of(2);
         let transposed = key && !st.faults.contains(&WinFault::KLayout);
         let src = |t: usize, hh: usize, dd: usize| {
             if transposed {
@@ -170,7 +172,7 @@ impl WindowCache {
             let slot = p - (first - s);
             for hh in 0..h {
                 for dd in 0..d {
-                    let i = if c % 2 == 0 {
+                    let i = if c.is_multiple_of(2) {
                         (hh * d + dd) * p + slot
                     } else {
                         (hh * p + slot) * d + dd
