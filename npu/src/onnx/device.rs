@@ -15,9 +15,9 @@ use super::config::GenaiConfig;
 #[cfg(feature = "onnx")]
 use super::faults::WinFault;
 use super::wcache::{WindowCache, ZERO_POINT};
+use super::window::WindowState;
 #[cfg(feature = "onnx")]
-use super::window::WindowGeom;
-use super::window::{self, WindowState};
+use super::window::{self, WindowGeom};
 use super::{host, OnnxOptions, CAPABILITIES, FAMILY};
 use crate::{Buffer, Capabilities, Device, Error, Result, RunOutput};
 
@@ -330,6 +330,7 @@ impl OnnxDevice {
     }
 
     /// The windowed runs of `ids` appended to the request; the last run's logits.
+    #[cfg(feature = "onnx")]
     fn window_runs(&mut self, ids: &[u32], logical: &[i64]) -> Result<Vec<f32>> {
         let Some((st, cache)) = &mut self.win else {
             return Err(Error::Device("not a windowed folder".into()));
@@ -341,7 +342,6 @@ impl OnnxDevice {
                 .map(|&t| st.token(t))
                 .collect::<Result<Vec<_>>>()?
         };
-        #[cfg_attr(not(feature = "onnx"), allow(unused_mut))]
         let mut logits = Vec::new();
         for mut plan in plans {
             window::apply_logical_mask(st, &mut plan, logical)?;
@@ -349,21 +349,18 @@ impl OnnxDevice {
             let past: Vec<window::Elems> = (0..cache.entries.len())
                 .map(|c| cache.past(st, c, plan.first, plan.past_len, pad))
                 .collect();
-            #[cfg(feature = "onnx")]
-            {
-                let (l, presents) = self.rt.run_window(&plan, &past)?;
-                for (c, p) in presents.into_iter().enumerate() {
-                    cache.append(st, c, p, plan.ids.len())?;
-                }
-                logits = l;
+            let (l, presents) = self.rt.run_window(&plan, &past)?;
+            for (c, p) in presents.into_iter().enumerate() {
+                cache.append(st, c, p, plan.ids.len())?;
             }
-            #[cfg(not(feature = "onnx"))]
-            {
-                let _ = past;
-                return Err(no_feature());
-            }
+            logits = l;
         }
         Ok(logits)
+    }
+
+    #[cfg(not(feature = "onnx"))]
+    fn window_runs(&mut self, _ids: &[u32], _logical: &[i64]) -> Result<Vec<f32>> {
+        Err(no_feature())
     }
 
     /// The graph's input names (as ONNX Runtime lists them).
