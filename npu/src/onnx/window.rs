@@ -305,10 +305,13 @@ mod tests {
         let t = st.token(99).unwrap();
         assert_eq!((t.positions.clone(), t.past_len), (vec![8], 11));
         assert_eq!(t.mask, [vec![0; 3], vec![1; 9]].concat());
-        // slots are right-aligned: the newest past entry (padded index 10) sits at slot 10
-        assert_eq!(st.slot(10, 10, 11), Some(10));
+        // slots are right-aligned: for the token (first new index 10, past 11) the newest past
+        // entry (padded index 9) sits at slot 10, the oldest (0) at slot 1; for chunk 2 (first 5,
+        // past 7) index 4 at slot 6; an entry not written yet has no slot
+        assert_eq!(st.slot(9, 10, 11), Some(10));
         assert_eq!(st.slot(0, 10, 11), Some(1));
-        assert_eq!(st.slot(10, 10, 7), Some(6));
+        assert_eq!(st.slot(4, 5, 7), Some(6));
+        assert_eq!(st.slot(10, 10, 11), None);
     }
 
     #[test]
@@ -350,7 +353,8 @@ mod tests {
         st.prompt(&[5, 6, 7]).unwrap();
         let a = st.token(1).unwrap();
         st.token(2).unwrap();
-        assert!(st.rewind(4).is_some());
+        // back to the 3 prompt tokens: the first token's run is built again, identically
+        assert!(st.rewind(3).is_some());
         assert_eq!(st.token(1).unwrap(), a);
         assert!(st.rewind(2).is_none(), "inside the prompt: replay");
     }
