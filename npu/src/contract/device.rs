@@ -56,6 +56,12 @@ pub trait Device {
         Capabilities::GENAI_RING
     }
 
+    /// Runtime, firmware and compiled-model versions for the run's provenance (name, value);
+    /// a value the device could not read says why. Nothing by default.
+    fn versions(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// One run of a group with named host buffers (the server's formats, contract §2.1). Does not
     /// move the read offset: the caller updates it before (contract §2.3).
     fn run(&mut self, group: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput>;

@@ -258,6 +258,16 @@ impl Device for AneDevice {
         &self.desc
     }
 
+    fn versions(&self) -> Vec<(String, String)> {
+        vec![(
+            "emulator".into(),
+            format!(
+                "kvprobe-npu {} (Core ML stateful fp16 emulator)",
+                env!("CARGO_PKG_VERSION")
+            ),
+        )]
+    }
+
     fn capabilities(&self) -> Capabilities {
         FAMILY.capabilities
     }

@@ -253,6 +253,16 @@ impl Device for SimDevice {
         &self.desc
     }
 
+    fn versions(&self) -> Vec<(String, String)> {
+        vec![(
+            "emulator".into(),
+            format!(
+                "kvprobe-npu {} (HailoRT genai emulator)",
+                env!("CARGO_PKG_VERSION")
+            ),
+        )]
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             taps: self.opts.taps,
