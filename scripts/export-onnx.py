@@ -22,7 +22,23 @@ semantics) on top of the causal rule. GQA reads the mask only as a length (seqle
 sum(mask) - 1), so it cannot express the masks kvprobe's probes send (self only, single key);
 with the all-ones mask GenAI builds the two graphs compute the same function.
 
-Usage: export-onnx.py HF_DIR OUT_DIR [--max-length N]
+Convention (b), `--window W` (context C = --max-length): the NPU style of GenAI's windowed cache
+(contract doc §3, onnxruntime-genai `src/models/windowed_kv_cache.cpp`, docs/onnx-genai.md W0-W6):
+static shapes around a fixed window and cache, the prompt padded and run in chunks of W:
+
+  inputs   input_ids int32 [1, sequence_length]      (W for a prompt chunk, 1 for a token)
+           attention_mask int32 [1, C]               (static)
+           position_ids int32 [1, sequence_length]
+           past_key_values.N.key [H, 1, D, past_sequence_length]   (C - W, then C - 1)
+           past_key_values.N.value [H, 1, past_sequence_length, D]
+  outputs  logits float32 [1, sequence_length, vocab_size]
+           present.N.key [H, 1, D, sequence_length], present.N.value [H, 1, sequence_length, D]
+
+with the KV I/O float32 or, `--kv-dtype uint8`, QDQ uint8 (zero point 128 = pad_value; one scale
+per layer and K/V, calibrated on the float32 graph, also written to kv_quant.json). GenAI itself
+runs only the uint8 variant (its windowed cache requires uint8).
+
+Usage: export-onnx.py HF_DIR OUT_DIR [--max-length N] [--window W [--kv-dtype float32|uint8]]
 HF_DIR: config.json + model.safetensors (+ tokenizer.json), e.g. written by
 `cargo run -p kvprobe-npu --example onnx_weights -- MODEL HF_DIR` (the reference's f32 weights).
 """

@@ -14,13 +14,15 @@
 //!    → position-mismatch;
 //! 8. a self-only step misses the reference token alone → mask-convention (the mask input is not
 //!    applied as 0 / −inf);
-//! 9. otherwise unknown.
+//! 9. by elimination: the step alone, the slots and the positions are right, yet reference K/V in
+//!    the documented order do not repair the step → cache-layout-mismatch (0.6);
+//! 10. otherwise unknown.
 
 use kvprobe_schema::{
     NotApplicable, OverflowFinding, ProbeFindings, StateFinding, Timing, Verdict,
 };
 
-use super::engine::{Cause, Control, Controls, Engine, Rule, Tier};
+use super::engine::{Cause, Control, Controls, Engine, Rule, Tier, When};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use crate::thresholds::*;
 use crate::{greedy, prefill, selfmask, statecheck, Result};
@@ -127,6 +129,15 @@ pub const STATE: &[R] = &[
         self_only_mask,
     )
     .needs(Control::SelfOnly)
+    .stop(),
+    R::new(
+        "state-reader",
+        T,
+        Some(Verdict::CacheLayoutMismatch),
+        state_reader,
+    )
+    .when(When::NothingYet)
+    .needs(Control::Greedy)
     .stop(),
 ];
 
@@ -307,6 +318,27 @@ fn self_only_mask(f: &StatefulFacts) -> Option<Cause> {
             "→ blocked columns still contribute: the additive mask is not applied as 0 / −inf",
         )
     })
+}
+
+/// By elimination: the graph alone is right (a self-only step matches the token alone), the
+/// positions are (no shift reproduces), the slots written are, yet the reference K/V written in
+/// the documented order do not repair the step: the graph reads the state in another arrangement
+/// than the host keeps it (the ONNX `win-k-layout` fault: K `[H, 1, D, T]` copied as
+/// `[H, 1, T, D]`, which no order the experiment writes undoes).
+fn state_reader(f: &StatefulFacts) -> Option<Cause> {
+    let st = f.state.as_ref()?;
+    let [doc, _] = st.layout_cosines?;
+    let own = st.selfonly_cosine?;
+    let ((_, shifted), _) = best_shift(f)?;
+    (f.written_ok() == Some(true)
+        && own >= REPRODUCES_COSINE
+        && doc < REPRODUCES_COSINE
+        && shifted < POSITION_REPRODUCES)
+        .then(|| {
+            Cause::new(0.6).line(format!(
+                "→ by elimination: the step alone is right (self-only {own:.4}), the slots and positions are, but reference K/V in the documented order do not repair it ({doc:.4}): the graph reads the state in another layout than the host writes it"
+            ))
+        })
 }
 
 struct Run<'s, 'a> {
@@ -638,6 +670,27 @@ mod tests {
             st.position_cosines = Some(vec![[-1.0, 0.95], [0.0, 0.8]]);
         }
         assert!(check("state-position", &f).is_none(), "below 0.97");
+    }
+
+    #[test]
+    fn state_reader_by_elimination_only() {
+        // graph right alone, golden state not repairing, no shift: the reader's layout
+        let mut f = failing([0.2, 0.2], 1.0);
+        if let Some(st) = &mut f.state {
+            st.position_cosines = Some(vec![[0.0, 0.3], [1.0, 0.5]]);
+        }
+        assert!(check("state-reader", &f).is_some());
+        assert_eq!(conclude(&f), (Verdict::CacheLayoutMismatch, 0.6));
+        // a golden state that repairs, or a failing self-only step, is not this rule's
+        let mut g = f.clone();
+        if let Some(st) = &mut g.state {
+            st.layout_cosines = Some([0.99, 0.2]);
+        }
+        assert!(check("state-reader", &g).is_none());
+        if let Some(st) = &mut f.state {
+            st.selfonly_cosine = Some(0.5);
+        }
+        assert!(check("state-reader", &f).is_none());
     }
 
     #[test]
