@@ -68,7 +68,11 @@ pub(crate) fn load_stored_with(path: &Path, dequantise_max: u64) -> Result<Store
         path: path.to_path_buf(),
         source,
     })?;
-    let weights = load_weights(&Arc::new(map), &content, &mut config, path, dequantise_max)?;
+    let file = Source {
+        map: Arc::new(map),
+        file: reader.get_ref(),
+    };
+    let weights = load_weights(&file, &content, &mut config, path, dequantise_max)?;
     let tokenizer = crate::gguf_tokenizer::from_metadata(&content.metadata, path)?;
     Ok(StoredParts {
         config,
@@ -214,15 +218,23 @@ pub fn unpermute_rows(t: &Tensor, n_heads: usize) -> candle_core::Result<Tensor>
 /// The GGUF name of llama.cpp's per-frequency RoPE divisors (Llama 3.1/3.2 `rope_scaling`).
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
+/// The model file, mapped (weights kept in it) and open (blocks dequantised at load are read,
+/// not mapped: their pages would otherwise stay in the process's resident memory beside the f32
+/// copy).
+struct Source<'a> {
+    map: Arc<memmap2::Mmap>,
+    file: &'a File,
+}
+
 fn load_weights(
-    map: &Arc<memmap2::Mmap>,
+    src: &Source<'_>,
     content: &Content,
     config: &mut ModelConfig,
     path: &Path,
     dequantise_max: u64,
 ) -> Result<StoredWeights> {
     let llama = config.architecture == "gguf:llama";
-    let file_len = map.len() as u64;
+    let file_len = src.map.len() as u64;
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     // File order keeps the reads sequential.
     names.sort_by_key(|n| content.tensor_infos[*n].offset);
@@ -284,7 +296,7 @@ fn load_weights(
             return Err(truncated(path, gguf_name));
         }
         let bytes = Bytes::Mapped {
-            map: map.clone(),
+            map: src.map.clone(),
             start: start as usize,
             len: len as usize,
         };
@@ -292,10 +304,21 @@ fn load_weights(
             GgmlDType::F32 => Weight::raw(bytes, Kind::F32, dims),
             GgmlDType::F16 => Weight::raw(bytes, Kind::F16, dims),
             GgmlDType::BF16 => Weight::raw(bytes, Kind::Bf16, dims),
-            q if dequantise_now => Weight::raw(bytes, Kind::Quant(q), dims)
-                .to_tensor()
-                .and_then(Weight::from_tensor)
-                .map_err(|e| bad_tensor_msg(path, gguf_name, format!("could not be read ({e})")))?,
+            q if dequantise_now => {
+                let mut raw = vec![0u8; len as usize];
+                std::os::unix::fs::FileExt::read_exact_at(src.file, &mut raw, start).map_err(
+                    |source| Error::Io {
+                        path: path.to_path_buf(),
+                        source,
+                    },
+                )?;
+                Weight::raw(Bytes::Owned(Arc::new(raw)), Kind::Quant(q), dims)
+                    .to_tensor()
+                    .and_then(Weight::from_tensor)
+                    .map_err(|e| {
+                        bad_tensor_msg(path, gguf_name, format!("could not be read ({e})"))
+                    })?
+            }
             q => Weight::raw(bytes, Kind::Quant(q), dims),
         };
         if hf == ROPE_FREQS {
