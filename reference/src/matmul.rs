@@ -176,6 +176,9 @@ fn gemv_split(
 /// in cache between its conversion and its product).
 const TILE_VALUES: usize = 1 << 18;
 
+/// `fill(r0, r1, buf)`: rows `r0..r1` of a stored weight as f32 into `buf`.
+pub(crate) type FillRows<'a> = dyn Fn(usize, usize, &mut Vec<f32>) -> Result<()> + Sync + 'a;
+
 /// `lhs (m×k) · Wᵀ` for a weight `W` of `n` rows of `k` values that is not f32 in memory
 /// (bf16, f16, quantised blocks): `fill(r0, r1, buf)` converts rows `r0..r1` of `W` into `buf`,
 /// a tile of rows at a time, and each tile is multiplied by the one gemm call of `batched`.
@@ -188,7 +191,7 @@ pub(crate) fn tiled_transposed(
     m: usize,
     k: usize,
     n: usize,
-    fill: &(dyn Fn(usize, usize, &mut Vec<f32>) -> Result<()> + Sync),
+    fill: &FillRows<'_>,
 ) -> Result<Vec<f32>> {
     if lhs.len() < m * k {
         return Err(Error::InvalidInput(format!(

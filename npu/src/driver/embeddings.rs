@@ -64,7 +64,7 @@ impl EmbeddingTable {
         let rows = model.embedding_source();
         let (n, features) = rows.dims();
         let quant = match input.host_dtype {
-            DType::U16 => Some(input.quant.clone()),
+            DType::U16 => Some(input.quant),
             DType::F32 => None,
             DType::U8 | DType::F16 => {
                 return Err(Error::Device(format!(
