@@ -210,8 +210,7 @@ impl OnnxDevice {
             Some(n) => n,
             None => cfg.max_length.min(128),
         };
-        let emb = model.embedding_table();
-        let (rows, hidden) = emb.dims2()?;
+        let (rows, hidden) = model.embedding_dims();
         if rows != cfg.vocab_size || hidden != cfg.hidden_size {
             return Err(Error::Io {
                 path: cfg.path.clone(),
@@ -223,7 +222,7 @@ impl OnnxDevice {
                 ),
             });
         }
-        let lookup = host::TokenLookup::new(emb.flatten_all()?.to_vec1()?, hidden)?;
+        let lookup = host::TokenLookup::new(model.embedding_rows(0, rows)?, hidden)?;
         let rt = super::runtime::Runtime::open(&opts.dir, &cfg, opts)?;
         let name = opts
             .dir
