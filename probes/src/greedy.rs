@@ -170,17 +170,12 @@ fn reference_continuation(
 
 /// The readable piece of every id the step table shows.
 fn token_texts(s: &Session, steps: &[GreedyStep]) -> std::collections::BTreeMap<u32, String> {
-    let tok = s.model.tokenizer();
-    steps
-        .iter()
-        .flat_map(|x| {
-            let c = &x.comparison;
-            [x.input_token, c.device_top1, c.reference_top1]
-                .into_iter()
-                .chain(x.matched.map(|m| m.matched_top1))
-        })
-        .map(|id| (id, tok.token_piece(id)))
-        .collect()
+    s.token_texts(steps.iter().flat_map(|x| {
+        let c = &x.comparison;
+        [x.input_token, c.device_top1, c.reference_top1]
+            .into_iter()
+            .chain(x.matched.map(|m| m.matched_top1))
+    }))
 }
 
 /// The compared logits, `[steps, vocab]` each, for the run's `.npy` files.

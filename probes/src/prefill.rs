@@ -80,7 +80,12 @@ pub fn run(s: &mut Session, opts: &PrefillOptions) -> Result<PrefillFinding> {
     let rerun_cosine = cosine(&first_logits, &again.logits);
     let rerun_identical = first_logits == again.logits || rerun_cosine >= IDENTICAL_COSINE;
     let (mean_cosine, min_cosine, top1_agreement) = summarise(rows.iter().map(|r| &r.comparison));
+    let token_texts = s.token_texts(
+        rows.iter()
+            .flat_map(|r| [r.comparison.device_top1, r.comparison.reference_top1]),
+    );
     Ok(PrefillFinding {
+        token_texts,
         rows,
         rerun_cosine,
         rerun_identical,

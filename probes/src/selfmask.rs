@@ -47,7 +47,15 @@ pub fn run(s: &mut Session, steps: usize) -> Result<SelfmaskFinding> {
         s.progress.inc(1);
     }
     let (mean_cosine, min_cosine, top1_agreement) = summarise(rows.iter().map(|r| &r.comparison));
+    let token_texts = s.token_texts(rows.iter().flat_map(|r| {
+        [
+            r.input_token,
+            r.comparison.device_top1,
+            r.comparison.reference_top1,
+        ]
+    }));
     Ok(SelfmaskFinding {
+        token_texts,
         steps: rows,
         mean_cosine,
         min_cosine,

@@ -62,6 +62,17 @@ pub struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
+    /// The readable piece of each id, for the tables a report shows beside ids.
+    pub fn token_texts(
+        &self,
+        ids: impl IntoIterator<Item = u32>,
+    ) -> std::collections::BTreeMap<u32, String> {
+        let tok = self.model.tokenizer();
+        ids.into_iter()
+            .map(|id| (id, tok.token_piece(id)))
+            .collect()
+    }
+
     pub fn new(
         model: &'a Model,
         dev: &'a mut dyn Device,

@@ -28,6 +28,25 @@ pub(crate) fn cmp_cells(c: &LogitComparison) -> Vec<String> {
     ]
 }
 
+/// An id with its readable piece, when the finding carries one.
+pub(crate) fn id_text(id: u32, texts: &std::collections::BTreeMap<u32, String>) -> String {
+    match texts.get(&id) {
+        Some(t) => format!("{id} <code class=\"tok\">{}</code>", html_visible(t)),
+        None => id.to_string(),
+    }
+}
+
+/// [`cmp_cells`] with the top-1 ids' text.
+pub(crate) fn cmp_cells_texts(
+    c: &LogitComparison,
+    texts: &std::collections::BTreeMap<u32, String>,
+) -> Vec<String> {
+    let mut cells = cmp_cells(c);
+    cells[2] = id_text(c.device_top1, texts);
+    cells[3] = id_text(c.reference_top1, texts);
+    cells
+}
+
 const CMP_HEAD: [&str; 5] = [
     "cosine",
     "KL (nats)",

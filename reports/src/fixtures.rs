@@ -215,6 +215,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
     ProbeFindings {
         prefill: Some(PrefillFinding {
             scale: None,
+            token_texts: [(40, "<the>".to_string())].into(),
             rows: (0..n)
                 .step_by(8)
                 .map(|p| PrefillRow {
@@ -239,6 +240,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
                     comparison: cmp(0.985 + 0.01 * noise(s, 2, 8), 500 + s as u32, true),
                 })
                 .collect(),
+            token_texts: Default::default(),
             mean_cosine: 0.985,
             min_cosine: 0.975,
             top1_agreement: 1.0,

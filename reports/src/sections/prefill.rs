@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use kvprobe_schema::{PrefillFinding, Results};
 
-use crate::cells::{chart, cmp_cells, cmp_csv, pct, tok, with_cmp, CMP_HEADER};
+use crate::cells::{chart, cmp_cells_texts, cmp_csv, pct, tok, with_cmp, CMP_HEADER};
 use crate::charts::metric::{self, MetricChart};
 use crate::error::Result;
 use crate::html::{fold, kv_table, table};
@@ -50,7 +50,7 @@ impl ProbeSection for Prefill {
             .iter()
             .map(|row| {
                 let mut cells = vec![row.position.to_string(), tok(tokens, row.position)];
-                cells.extend(cmp_cells(&row.comparison));
+                cells.extend(cmp_cells_texts(&row.comparison, &f.token_texts));
                 (cells, Some(row.comparison.top1_match))
             })
             .collect();
@@ -118,4 +118,24 @@ pub fn prefill_chart(f: &PrefillFinding) -> Result<String> {
         top1: f.rows.iter().map(|r| r.comparison.top1_match).collect(),
         marker: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The row table shows a top-1 id's text beside it, escaped; ids without text stay bare.
+    #[test]
+    fn top1_ids_carry_their_text() {
+        let r = crate::fixtures::faulty_results();
+        let block = Prefill.block(&r, &[]).expect("a prefill block");
+        assert!(
+            block
+                .detail
+                .contains("40 <code class=\"tok\">&lt;the&gt;</code>"),
+            "{}",
+            block.detail
+        );
+        assert!(!block.detail.contains("<the>"));
+    }
 }

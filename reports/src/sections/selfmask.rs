@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use kvprobe_schema::{Results, SelfmaskFinding};
 
-use crate::cells::{chart, cmp_cells, cmp_csv, pct, with_cmp, CMP_HEADER};
+use crate::cells::{chart, cmp_cells_texts, cmp_csv, id_text, pct, with_cmp, CMP_HEADER};
 use crate::charts::metric::{self, MetricChart};
 use crate::error::Result;
 use crate::html::{fold, kv_table, table};
@@ -50,9 +50,9 @@ impl ProbeSection for Selfmask {
                 let mut cells = vec![
                     s.step.to_string(),
                     s.position.to_string(),
-                    s.input_token.to_string(),
+                    id_text(s.input_token, &f.token_texts),
                 ];
-                cells.extend(cmp_cells(&s.comparison));
+                cells.extend(cmp_cells_texts(&s.comparison, &f.token_texts));
                 (cells, Some(s.comparison.top1_match))
             })
             .collect();

@@ -39,6 +39,9 @@ pub struct PrefillFinding {
     /// runs it when the prefill rows pass: a near-1 scale hides inside their tolerance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale: Option<ScaleFit>,
+    /// Readable text of every top-1 id the row table shows, for the reports.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub token_texts: std::collections::BTreeMap<u32, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,6 +136,9 @@ pub struct SelfmaskFinding {
     pub mean_cosine: f64,
     pub min_cosine: f64,
     pub top1_agreement: f64,
+    /// Readable text of every id the step table shows (inputs and top-1s), for the reports.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub token_texts: std::collections::BTreeMap<u32, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
