@@ -61,6 +61,7 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
         s.require_tbt("kvdiff")?;
     }
     let desc = s.describe().clone();
+    refuse_windowed(&desc)?;
     let c = s.model.config().clone();
     let n = s.ids.len();
     // a stateful device stops at its context (a ring wraps)
@@ -151,6 +152,22 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
         outside_map,
         first_layer_rotation: rotation,
     })
+}
+
+/// An ONNX GenAI windowed cache keeps only its window and may store uint8 codes: the references
+/// here model neither (positions out of the window would read as divergent), so it is refused.
+fn refuse_windowed(desc: &DeviceDescription) -> Result<()> {
+    let windowed = desc.runtime == RuntimeKind::HostCache
+        && desc.groups.iter().flat_map(|g| &g.cache_edges).any(|e| {
+            e.format.as_deref().is_some_and(|f| f.contains("windowed"))
+                || e.quant != kvprobe_schema::QuantInfo::IDENTITY
+        });
+    if windowed {
+        return Err(Error::Input(
+            "kvdiff does not compare an ONNX GenAI windowed cache (its window and uint8 codes are not modelled by the references); run it on the past/present convention".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn first_layer_v_outside(c: &Cells) -> bool {
