@@ -45,12 +45,20 @@ fn the_matrix_is_the_fault_table() {
         assert_eq!(declared.ok(), Some(*want), "{fault}");
     }
     // prefill-position has its own end-to-end test (tests/fault_table_cli.rs), the capacity
-    // faults theirs (tests/capacity_faults.rs: they need prompts past the limit)
+    // faults theirs (tests/capacity_faults.rs: they need prompts past the limit); the RoPE faults
+    // of issue 20 theirs (tests/kvdiff_faults.rs, SmolLM2 and the fixture)
     for d in table.faults {
         let covered = TABLE
             .iter()
             .any(|(f, _)| f.split(['=', '@']).next() == Some(d.name))
-            || ["prefill-position", "prefill-truncate", "ring-capacity"].contains(&d.name);
+            || [
+                "prefill-position",
+                "prefill-truncate",
+                "ring-capacity",
+                "rope-k-tile",
+                "rope-scaling",
+            ]
+            .contains(&d.name);
         assert!(covered, "{} is declared but not in the matrix", d.name);
     }
 }

@@ -61,6 +61,7 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
         s.require_tbt("kvdiff")?;
     }
     let desc = s.describe().clone();
+    refuse_windowed(&desc)?;
     let c = s.model.config().clone();
     let n = s.ids.len();
     // a stateful device stops at its context (a ring wraps)
@@ -151,6 +152,22 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
         outside_map,
         first_layer_rotation: rotation,
     })
+}
+
+/// An ONNX GenAI windowed cache keeps only its window and may store uint8 codes: the references
+/// here model neither (positions out of the window would read as divergent), so it is refused.
+fn refuse_windowed(desc: &DeviceDescription) -> Result<()> {
+    let windowed = desc.runtime == RuntimeKind::HostCache
+        && desc.groups.iter().flat_map(|g| &g.cache_edges).any(|e| {
+            e.format.as_deref().is_some_and(|f| f.contains("windowed"))
+                || e.quant != kvprobe_schema::QuantInfo::IDENTITY
+        });
+    if windowed {
+        return Err(Error::Input(
+            "kvdiff does not compare an ONNX GenAI windowed cache (its window and uint8 codes are not modelled by the references); run it on the past/present convention".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn first_layer_v_outside(c: &Cells) -> bool {
@@ -245,9 +262,19 @@ fn each_matched(
 /// codes) or float elements; fp16 for stateful states and for the host cache as
 /// `cache_buffers()` shows it.
 fn rounding(desc: &DeviceDescription, n_layers: usize) -> Result<Vec<[Rounding; 2]>> {
-    let fp16 = [Rounding::Relative(FP16_ROUNDOFF); 2];
-    if desc.runtime != RuntimeKind::GenaiRing {
-        return Ok(vec![fp16; n_layers]);
+    match desc.runtime {
+        RuntimeKind::Stateful => {
+            // every layer's fp16 arithmetic adds an independent error of that size to the
+            // residual stream the next layers' K/V are projected from
+            let r = fp16_graph(desc);
+            return Ok((0..n_layers)
+                .map(|l| [Rounding::Arithmetic(r * ((l + 1) as f64).sqrt()); 2])
+                .collect());
+        }
+        RuntimeKind::HostCache => {
+            return Ok(vec![[Rounding::Relative(FP16_ROUNDOFF); 2]; n_layers])
+        }
+        RuntimeKind::GenaiRing => {}
     }
     let mut out = vec![[Rounding::Relative(F32_ROUNDOFF); 2]; n_layers];
     for info in cache_infos(desc)? {
@@ -261,13 +288,29 @@ fn rounding(desc: &DeviceDescription, n_layers: usize) -> Result<Vec<[Rounding; 
     Ok(out)
 }
 
+/// A stateful device computes in fp16 (weights and activations; the matched reference rounds
+/// only what crosses its edges): a K or V element is a dot product of `hidden` fp16 terms, whose
+/// rounding moves it by about 2u·√(hidden/3) of the vector (u = 2⁻¹¹ on each factor, `hidden`
+/// terms adding in quadrature against a result √hidden smaller than the sum of their sizes).
+fn fp16_graph(desc: &DeviceDescription) -> f64 {
+    2.0 * FP16_ROUNDOFF * (desc.shape.hidden_size as f64 / 3.0).sqrt()
+}
+
 fn precision_line(model: &Model, desc: &DeviceDescription) -> String {
     let matched = Precision::of(desc, model).map_or_else(
         || "no lower precision declared: the f32 reference is the matched one".to_string(),
         |p| p.describe,
     );
+    let format = match desc.runtime {
+        RuntimeKind::Stateful => format!(
+            "the fp16 graph's K/V projections, {:.4} relative at layer 0, × √(layer + 1) after it",
+            fp16_graph(desc)
+        ),
+        RuntimeKind::HostCache => "fp16 as cache_buffers() shows the f32 host cache".into(),
+        RuntimeKind::GenaiRing => "the cache format's rounding".into(),
+    };
     format!(
-        "band per head vector = max(precision-matched vs f32, the cache format's rounding) — {matched}; outside = {}× the band on the mean, or at ≥ {:.0}% of the positions",
+        "band per head vector = max(precision-matched vs f32, {format}) — {matched}; outside = {}× the band on the mean, or at ≥ {:.0}% of the positions",
         cmp::BAND_RATIO,
         100.0 * cmp::OUTSIDE_FRACTION
     )

@@ -6,8 +6,8 @@
 //! reference's own distance from the f32 one, or the rounding of the declared format alone
 //! (uniform rounding at a step s over d elements: s·√(d/12) in L2), whichever is larger. A
 //! layer and head leave it when the device's mean distance from the matched reference exceeds
-//! [`BAND_RATIO`] × the mean band, or a quarter of its positions do (a fault that moves only the
-//! entries tbt steps wrote).
+//! [`BAND_RATIO`] × the mean band, or a quarter of its positions (at least two) do (a fault that
+//! moves only the entries tbt steps wrote).
 
 use kvprobe_schema::{CacheKind, KvdiffDivergence, KvdiffRotation, KvdiffStep};
 
@@ -26,6 +26,8 @@ pub enum Rounding {
     Step(f64),
     /// A float format with this unit roundoff (fp16: 2⁻¹¹; f32: 2⁻²⁴).
     Relative(f64),
+    /// A graph computing in a float format: this relative L2 for the whole vector.
+    Arithmetic(f64),
 }
 
 impl Rounding {
@@ -34,6 +36,7 @@ impl Rounding {
         match *self {
             Rounding::Step(s) => s * (v.len() as f64 / 12.0).sqrt(),
             Rounding::Relative(u) => u * norm(v) / 3f64.sqrt(),
+            Rounding::Arithmetic(r) => r * norm(v),
         }
     }
 }
@@ -140,7 +143,8 @@ pub fn head_outside(cells: &[Option<Cell>]) -> bool {
     let miss = held.iter().map(|c| c.matched_rel_l2).sum::<f64>() / n;
     let band = held.iter().map(|c| c.band).sum::<f64>() / n;
     let outside = held.iter().filter(|c| c.outside()).count() as f64;
-    miss > BAND_RATIO * band || outside >= OUTSIDE_FRACTION * n
+    // one position alone is no layer: a short prompt's quarter can be a single entry
+    miss > BAND_RATIO * band || (outside >= 2.0 && outside >= OUTSIDE_FRACTION * n)
 }
 
 /// The step's summary and its first divergent layer (then head, K before V).
@@ -382,6 +386,12 @@ mod tests {
             cell(0.01, 0.01),
             cell(0.01, 0.01)
         ]));
+        // two of eight slightly out (3×): the mean stays inside (0.015), a quarter is out
+        let mut eight = vec![cell(0.01, 0.01); 8];
+        eight[0] = cell(0.03, 0.01);
+        assert!(!head_outside(&eight), "one position alone is no layer");
+        eight[5] = cell(0.03, 0.01);
+        assert!(head_outside(&eight));
         // one of five slightly out (3×): the mean stays inside and 1/5 < 1/4
         assert!(!head_outside(&[
             cell(0.03, 0.01),
