@@ -5,7 +5,7 @@
 //! request that answers with logits far from that reference, and no refusal, is silent garbage
 //! (openvino.genai#3255: prompts past a compiled limit garbled, no error).
 //!
-//! Prompts are prefixes of one sequence (the session's prompt repeated), so one reference
+//! Prompts are prefixes of one sequence (the session's prompt, then prose), so one reference
 //! forward gives every prompt's last row. Generation is teacher-forced on the device's own
 //! tokens (as `greedy`), so one divergence does not cascade.
 
@@ -18,9 +18,7 @@ use kvprobe_schema::{
 
 use crate::metrics::compare;
 use crate::session::Session;
-use crate::thresholds::{
-    REL_NOISE_FLOOR, REL_PREFILL_GAP, REL_RATIO, STAGE_MEAN_COSINE, STAGE_MIN_COSINE,
-};
+use crate::thresholds::{REL_NOISE_FLOOR, REL_RATIO, STAGE_MEAN_COSINE, STAGE_MIN_COSINE};
 use crate::Result;
 
 /// Prompts evenly spread between the prefill rows and the cache in the full sweep: a device
@@ -30,45 +28,38 @@ const INSIDE_POINTS: usize = 4;
 const STEPS_BEFORE: [usize; 2] = [4, 1];
 const STEPS_PAST: [usize; 2] = [4, 2];
 
+/// Least miss (1 − cosine) the relative test calls garbage: healthy emulators stay below 0.004
+/// on the cheap check's rows (SmolLM2 L128/P32 INT8: 0.0037 at the step that fills the ring),
+/// the capacity faults on the random-weight fixture miss by 0.04-1 (docs/diagnosis.md).
+pub const CAPACITY_GAP: f64 = 0.02;
+
 /// A row the device answered that misses its reference: below the stage floor per row (a
 /// healthy INT8 device dips to 0.85 on an unlucky token, thresholds.rs), below the stage mean
-/// with another top-1, or, relative to the device's own miss on prompts of one prefill run
-/// (`noise`, 1 − cosine), `REL_RATIO` × further and by `REL_PREFILL_GAP`: a random-weight
-/// fixture's flat logits keep even garbage above the absolute floors (docs/diagnosis.md).
+/// with another top-1, or, relative to the device's own miss on its shortest prompt
+/// (`noise`, 1 − cosine), `REL_RATIO` × further and by at least [`CAPACITY_GAP`]: a
+/// random-weight fixture's flat logits keep even garbage above the absolute floors.
 pub fn garbled(c: &LogitComparison, noise: f64) -> bool {
     let miss = 1.0 - c.cosine;
     c.cosine < STAGE_MIN_COSINE
         || (c.cosine < STAGE_MEAN_COSINE && !c.top1_match)
-        || (miss >= REL_RATIO * noise.max(REL_NOISE_FLOOR) && miss >= REL_PREFILL_GAP)
+        || (miss >= REL_RATIO * noise.max(REL_NOISE_FLOOR) && miss >= CAPACITY_GAP)
 }
 
-/// The device's own miss on answered prompts of at most one prefill run (the shortest answered
-/// prompt when the device declares no prefill rows).
-fn own_noise(limits: &[DeviceLimit], points: &[CapacityPoint]) -> f64 {
-    let p = limits
+/// The device's own miss on its shortest answered prompt (the session's, or the shortest the
+/// sweep ran): one prefill run inside every limit, the cleanest control of the sweep. A longer
+/// one may already sit past a limit the device does not declare.
+fn own_noise(points: &[CapacityPoint]) -> f64 {
+    points
         .iter()
-        .filter(|l| l.kind == LimitKind::PrefillLen)
-        .map(|l| l.value)
-        .min();
-    let prompts = || {
-        points
-            .iter()
-            .filter(|x| x.phase == CapacityPhase::Prompt)
-            .filter_map(|x| x.comparison.as_ref().map(|c| (x.tokens, 1.0 - c.cosine)))
-    };
-    let short = prompts()
-        .filter(|&(t, _)| p.is_some_and(|p| t <= p))
-        .map(|(_, m)| m)
-        .fold(f64::NAN, f64::max);
-    if short.is_finite() {
-        return short;
-    }
-    prompts().min_by_key(|&(t, _)| t).map_or(0.0, |(_, m)| m)
+        .filter(|x| x.phase == CapacityPhase::Prompt)
+        .filter_map(|x| x.comparison.as_ref().map(|c| (x.tokens, 1.0 - c.cosine)))
+        .min_by_key(|&(t, _)| t)
+        .map_or(0.0, |(_, m)| m)
 }
 
 /// Marks the answered points that miss their reference (see [`garbled`]).
-fn classify(limits: &[DeviceLimit], points: &mut [CapacityPoint]) {
-    let noise = own_noise(limits, points);
+fn classify(points: &mut [CapacityPoint]) {
+    let noise = own_noise(points);
     for x in points.iter_mut() {
         if x.comparison.as_ref().is_some_and(|c| garbled(c, noise)) {
             x.outcome = CapacityOutcome::Garbled;
@@ -147,9 +138,34 @@ pub fn prompt_lengths(limits: &[DeviceLimit], session_len: usize) -> Vec<usize> 
     ks
 }
 
-/// The session's prompt repeated to `len` tokens.
-fn long_ids(ids: &[u32], len: usize) -> Vec<u32> {
-    ids.iter().copied().cycle().take(len).collect()
+/// Ordinary prose a long prompt continues the session's with (written for this probe): a
+/// capacity fault shows where earlier context matters, and text keeps the attention ordinary,
+/// unlike one token repeated (whose degenerate attention the healthy fp16 ane-sim misses by
+/// 0.05) or random ids (whose flat context hides a lost beginning).
+const FILLER: &str = "The old lighthouse keeper climbed the stairs every evening at dusk. \
+He counted the steps out loud, one hundred and twelve of them, and at the top he wiped the \
+glass, trimmed the wick and wrote the weather in a small green notebook. Ships passed far out \
+at sea, and sometimes one of them answered his light with a short blast of its horn. In the \
+winter the wind came from the north and the waves broke white against the rocks below the \
+tower. His daughter lived in the town across the bay, where she taught arithmetic and \
+geography to thirty children in a school with a red roof. On Sundays she rowed over with \
+bread, apples and the newspaper, and they ate lunch at the wooden table by the window while \
+gulls argued on the railing outside. She asked him once why he never left the island. He said \
+that somebody had to keep the light, and that the sea was never the same two days in a row. \
+When the new electric lamp arrived by boat, he read the manual twice, checked every wire and \
+still climbed the stairs each evening, because habits, like lighthouses, are built to last.";
+
+/// The session's prompt, then [`FILLER`] (repeated as needed), `len` tokens in all.
+fn long_ids(s: &Session, len: usize) -> Result<Vec<u32>> {
+    let filler = s.model.encode(FILLER, Some(false))?;
+    if filler.is_empty() {
+        return Err(crate::Error::Input(
+            "the model's tokenizer turns the capacity probe's prose into no tokens; use a model whose tokenizer encodes English text".into(),
+        ));
+    }
+    let mut out: Vec<u32> = s.ids.iter().copied().take(len).collect();
+    out.extend(filler.iter().copied().cycle().take(len - out.len()));
+    Ok(out)
 }
 
 /// Reference logits of every row of `seq`, each row seeing the newest `window` tokens (all when
@@ -304,8 +320,8 @@ fn generation(
     Ok(points)
 }
 
-/// The sweep (`quick`: `diagnose`'s cheap check: one prompt past the longest accepted, the
-/// longest accepted, and the steps around the end of the context from it).
+/// The sweep (`quick`: `diagnose`'s cheap check: the session's prompt, one prompt past the
+/// longest accepted, the longest accepted, and the steps around the end of the context from it).
 pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
     let limits = s.dev.limits();
     let n = s.ids.len();
@@ -322,21 +338,16 @@ pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
         .clamp(1, longest.max(1));
     let end = gen_limit + STEPS_PAST[q];
     // the generation starts from the state of the last prompt, g0
-    // quick: the session's prompt too, when one prefill run takes it (the device's own miss)
+    // quick: the session's prompt too (its controls passed: the device's own miss)
     let mut lengths = if quick {
-        let p = s.dev.describe().prefill_len;
-        if n <= p {
-            vec![n, longest + 1]
-        } else {
-            vec![longest + 1]
-        }
+        vec![n, longest + 1]
     } else {
         prompt_lengths(&limits, n)
     };
     lengths.retain(|&t| t != g0);
     lengths.push(g0);
     let top = lengths.iter().copied().max().unwrap_or(n);
-    let seq = long_ids(&s.ids, top.max(end));
+    let seq = long_ids(s, top.max(end))?;
     s.progress
         .phase("capacity", (lengths.len() + end.saturating_sub(g0)) as u64);
     let causal = reference_rows(s, &seq[..top], None)?;
@@ -350,7 +361,7 @@ pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
     if let Some(first) = start {
         points.extend(generation(s, &limits, &seq, &first, g0, end)?);
     }
-    classify(&limits, &mut points);
+    classify(&mut points);
     let first_garbled_prompt = first_garbled(&points, CapacityPhase::Prompt);
     let first_garbled_context = first_garbled(&points, CapacityPhase::Generation);
     Ok(CapacityFinding {
@@ -470,9 +481,9 @@ mod tests {
         assert!(!garbled(&c(0.9, true), 0.01));
         assert!(garbled(&c(0.9, false), 0.01));
         assert!(garbled(&c(0.5, true), 0.01));
-        // relative: 20× the device's own miss and at least 0.005
-        assert!(garbled(&c(0.99, true), 1e-5));
-        assert!(!garbled(&c(0.996, true), 1e-5));
-        assert!(!garbled(&c(0.99, true), 1e-3));
+        // relative: 20× the device's own miss and at least 0.02
+        assert!(garbled(&c(0.97, true), 1e-5));
+        assert!(!garbled(&c(0.99, true), 1e-5));
+        assert!(!garbled(&c(0.97, true), 2e-3));
     }
 }

@@ -109,6 +109,14 @@ pub const OVERFLOW: &[R] = &[R::new(
 
 /// After the controls and the state check.
 pub const STATE: &[R] = &[
+    R::new(
+        "state-holes",
+        T,
+        Some(Verdict::CapacityOverflow),
+        state_holes,
+    )
+    .needs(Control::StateWrites)
+    .stop(),
     R::new("state-offset", T, Some(Verdict::CacheOffset), state_offset)
         .needs(Control::StateWrites)
         .stop(),
@@ -261,6 +269,22 @@ fn stale_cache(f: &StatefulFacts) -> Option<Cause> {
 fn numeric_overflow(f: &StatefulFacts) -> Option<Cause> {
     let ov = f.overflow.as_ref().filter(|_| f.overflowed())?;
     Some(Cause::new(0.95).line(statecheck::overflow_evidence(ov)))
+}
+
+/// The prefill wrote only positions inside `0..n`, from 0, and left some unwritten: rows were
+/// dropped (a graph that takes fewer query rows, or a state shorter than declared, issue 20),
+/// not moved (an offset writes outside `0..n`).
+fn state_holes(f: &StatefulFacts) -> Option<Cause> {
+    let st = f.state.as_ref()?;
+    let n = st.prompt_len;
+    let inside = st.written.first() == Some(&0) && st.written.iter().all(|&p| p < n);
+    (inside && st.written.len() < n).then(|| {
+        Cause::new(0.85).line(format!(
+            "→ capacity-overflow: the prefill of {n} tokens wrote {} positions, all inside 0..{n}, and left {} unwritten: the device dropped rows it was given and said nothing",
+            st.written.len(),
+            n - st.written.len()
+        ))
+    })
 }
 
 fn state_offset(f: &StatefulFacts) -> Option<Cause> {
@@ -748,6 +772,25 @@ mod tests {
         assert!(check("healthy", &f).is_none());
         assert!(check("state-offset", &healthy_facts()).is_none());
         assert_eq!(conclude(&f), (Verdict::CacheOffset, 0.9));
+    }
+
+    #[test]
+    fn holes_inside_the_prompt_are_dropped_rows_not_an_offset() {
+        // query length 4 of 8: each chunk of the 13 tokens wrote its first 4 rows
+        let mut f = healthy_facts();
+        if let Some(st) = &mut f.state {
+            st.prompt_len = 13;
+            st.written = vec![0, 1, 2, 3, 8, 9, 10, 11];
+        }
+        assert!(check("state-holes", &f).is_some());
+        assert_eq!(conclude(&f), (Verdict::CapacityOverflow, 0.85));
+        // an offset writes outside 0..n: not holes
+        let mut g = healthy_facts();
+        if let Some(st) = &mut g.state {
+            st.written = (1..=st.prompt_len).collect();
+        }
+        assert!(check("state-holes", &g).is_none());
+        assert!(check("state-holes", &healthy_facts()).is_none());
     }
 
     #[test]
