@@ -44,12 +44,13 @@ fn the_matrix_is_the_fault_table() {
         let declared = table.expected(fault).map(|v| v.name());
         assert_eq!(declared.ok(), Some(*want), "{fault}");
     }
-    // prefill-position has its own end-to-end test (tests/fault_table_cli.rs)
+    // prefill-position has its own end-to-end test (tests/fault_table_cli.rs), the capacity
+    // faults theirs (tests/capacity_faults.rs: they need prompts past the limit)
     for d in table.faults {
         let covered = TABLE
             .iter()
             .any(|(f, _)| f.split(['=', '@']).next() == Some(d.name))
-            || d.name == "prefill-position";
+            || ["prefill-position", "prefill-truncate", "ring-capacity"].contains(&d.name);
         assert!(covered, "{} is declared but not in the matrix", d.name);
     }
 }

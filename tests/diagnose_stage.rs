@@ -200,7 +200,7 @@ fn csv(dir: &std::path::Path, name: &str) -> Vec<Vec<String>> {
 }
 
 fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-6 * (1.0 + b.abs())
+    approx::relative_eq!(a, b, epsilon = 1e-6, max_relative = 1e-6)
 }
 
 #[test]

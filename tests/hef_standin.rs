@@ -467,3 +467,33 @@ fn unknown_stream_and_wrong_buffer_size_are_device_errors() {
     assert_eq!(e.exit_code(), 3, "{e}");
     assert!(e.to_string().contains("HAILO_INVALID_ARGUMENT"), "{e}");
 }
+
+/// The run's provenance carries what a bug write-up needs of the runtime: HailoRT's version and
+/// the device's firmware (both the stand-in's `KVPROBE_STANDIN_VERSION`, its firmware being its
+/// library), the board it identifies as, and the HEF's architecture (the encoder writes 103).
+#[test]
+fn provenance_names_runtime_firmware_and_hef() {
+    let c = Case::new(32, 8);
+    let out = c.hef_run(
+        &c.manifest,
+        &[("KVPROBE_STANDIN_VERSION", "5.3.1")],
+        &["greedy", "--ids", IDS, "--steps", "2", "--json"],
+    );
+    let v = &json(&out)["provenance"]["versions"];
+    assert_eq!(v["hailort"], "5.3.1", "{v}");
+    assert_eq!(v["firmware"], "5.3.1", "{v}");
+    assert_eq!(v["board"], "kvprobe-standin", "{v}");
+    assert_eq!(
+        v["hef architecture"], "HAILO1XH (Hailo-15H / Hailo-10H)",
+        "{v}"
+    );
+    // the emulator names itself instead
+    let sim = json(&c.sim_run(
+        &c.manifest,
+        &["greedy", "--ids", IDS, "--steps", "2", "--json"],
+    ));
+    let e = sim["provenance"]["versions"]["emulator"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(e.contains("HailoRT genai emulator"), "{e}");
+}

@@ -87,6 +87,15 @@ impl From<candle_core::Error> for Error {
 }
 
 impl Error {
+    /// A typed refusal of a request past a declared limit (issue 20): the prompt or the context
+    /// does not fit. The `capacity` probe counts these as the runtime refusing, not garbling.
+    pub fn is_capacity_refusal(&self) -> bool {
+        matches!(
+            self,
+            Error::PromptTooLong { .. } | Error::ContextTooLong { .. } | Error::ContextFull { .. }
+        )
+    }
+
     /// CLI exit code: 2 for anything the user can fix on the command line, 3 for device failures.
     pub fn exit_code(&self) -> i32 {
         match self {

@@ -45,7 +45,7 @@ fn differs(a: &[f32], b: &[f32]) -> bool {
 }
 
 fn near(a: &[f32], b: &[f32]) -> bool {
-    max_abs_diff(a, b) < 1e-4
+    approx::abs_diff_eq!(a, b, epsilon = 1e-4)
 }
 
 struct Expect {

@@ -5,6 +5,7 @@
 //! the emulator's fault list (issue 4).
 
 pub mod affected;
+pub mod capacity;
 pub mod causality;
 pub mod colmap;
 pub mod determinism;
@@ -60,6 +61,7 @@ pub static PROBES: &[&dyn Probe] = &[
     &causality::CausalityProbe,
     &splits::SplitsProbe,
     &rerun::RerunProbe,
+    &capacity::CapacityProbe,
     &determinism::DeterminismProbe,
 ];
 

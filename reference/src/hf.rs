@@ -68,7 +68,24 @@ fn missing(dir: &Path, file: &str, fix: &str) -> Error {
     }
 }
 
+/// config.json and tokenizer_config.json are kilobytes (a chat template and the added tokens of a
+/// 150k vocabulary stay under a few megabytes); a larger one, or a device file, is refused before
+/// it is read, so a lying file cannot grow memory.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 fn read_json(path: &Path) -> Result<Value> {
+    let meta = std::fs::metadata(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if !meta.is_file() || meta.len() > MAX_CONFIG_BYTES {
+        return Err(Error::Format {
+            path: path.to_path_buf(),
+            detail: format!(
+                "not a regular file of at most {MAX_CONFIG_BYTES} bytes; restore the original file"
+            ),
+        });
+    }
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
@@ -107,7 +124,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
             llama_config(&f, &arch)
         }
         "GPT2LMHeadModel" => {
-            let act = f.str_or("activation_function", "gelu_new");
+            let act = f.str_or("activation_function", "gelu_new")?;
             if act != "gelu_new" && act != "gelu_pytorch_tanh" {
                 return Err(f.unsupported(format!(
                     "activation_function `{act}` (only the tanh GELU gelu_new is implemented)"
@@ -131,7 +148,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
                 n_kv_heads: n_heads,
                 head_dim: hidden / n_heads.max(1),
                 intermediate_size: f.opt_usize("n_inner")?.unwrap_or(hidden.saturating_mul(4)),
-                norm_eps: f.f64_or("layer_norm_epsilon", 1e-5),
+                norm_eps: f.f64_or("layer_norm_epsilon", 1e-5)?,
                 rope_theta: 0.0,
                 max_position,
                 tie_embeddings: true,
@@ -158,7 +175,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig> {
 /// Qwen2 (q/k/v biases), Qwen3 (QK-norm).
 fn llama_config(f: &Fields<'_>, arch: &str) -> Result<ModelConfig> {
     let (v, path) = (f.v, f.path);
-    let act = f.str_or("hidden_act", "silu");
+    let act = f.str_or("hidden_act", "silu")?;
     if act != "silu" {
         return Err(f.unsupported(format!(
             "config.json `hidden_act: {act}` is not implemented; supported: silu"
@@ -172,7 +189,7 @@ fn llama_config(f: &Fields<'_>, arch: &str) -> Result<ModelConfig> {
         None => hidden / n_heads.max(1),
     };
     let (rope_theta, rope_freq_factors) = support::hf_rope(v, path, head_dim)?;
-    let qkv_bias = arch == "Qwen2ForCausalLM" || f.bool_or("attention_bias", false);
+    let qkv_bias = arch == "Qwen2ForCausalLM" || f.bool_or("attention_bias", false)?;
     // Sliding-window attention is not modelled: cap the context at the window instead of
     // silently computing full attention beyond it (Mistral always, Qwen2/Qwen3 when enabled or
     // when `layer_types` names a sliding layer).
@@ -183,7 +200,7 @@ fn llama_config(f: &Fields<'_>, arch: &str) -> Result<ModelConfig> {
     let window = match arch {
         "MistralForCausalLM" => f.opt_usize("sliding_window")?,
         "Qwen2ForCausalLM" | "Qwen3ForCausalLM"
-            if f.bool_or("use_sliding_window", false) || sliding_layers =>
+            if f.bool_or("use_sliding_window", false)? || sliding_layers =>
         {
             f.opt_usize("sliding_window")?
         }
@@ -201,10 +218,10 @@ fn llama_config(f: &Fields<'_>, arch: &str) -> Result<ModelConfig> {
         n_kv_heads: f.opt_usize("num_key_value_heads")?.unwrap_or(n_heads),
         head_dim,
         intermediate_size: f.usize("intermediate_size")?,
-        norm_eps: f.f64_or("rms_norm_eps", 1e-6),
+        norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
         rope_theta,
         max_position,
-        tie_embeddings: f.bool_or("tie_word_embeddings", false),
+        tie_embeddings: f.bool_or("tie_word_embeddings", false)?,
         qkv_bias,
         bos_token_id: f.token_id("bos_token_id"),
         eos_token_id: f.token_id("eos_token_id"),
@@ -212,6 +229,24 @@ fn llama_config(f: &Fields<'_>, arch: &str) -> Result<ModelConfig> {
         qk_norm: arch == "Qwen3ForCausalLM",
         rope_freq_factors,
     })
+}
+
+/// `v[key]` read with `get`: `None` when absent or null, an error naming the field and the
+/// expected type when present with another type.
+pub(crate) fn typed<'v, T>(
+    v: &'v Value,
+    key: &str,
+    path: &Path,
+    get: impl Fn(&'v Value) -> Option<T>,
+    expected: &str,
+) -> Result<Option<T>> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => get(x).map(Some).ok_or_else(|| Error::Format {
+            path: path.to_path_buf(),
+            detail: format!("field `{key}` is {x}, expected {expected}; fix the config"),
+        }),
+    }
 }
 
 struct Fields<'a> {
@@ -249,20 +284,20 @@ impl Fields<'_> {
         })
     }
 
-    fn f64_or(&self, key: &str, d: f64) -> f64 {
-        self.v.get(key).and_then(Value::as_f64).unwrap_or(d)
+    // A field of the wrong type is refused: falling back to the default would compute another
+    // model than the file describes.
+    fn f64_or(&self, key: &str, d: f64) -> Result<f64> {
+        Ok(typed(self.v, key, self.path, Value::as_f64, "a number")?.unwrap_or(d))
     }
 
-    fn bool_or(&self, key: &str, d: bool) -> bool {
-        self.v.get(key).and_then(Value::as_bool).unwrap_or(d)
+    fn bool_or(&self, key: &str, d: bool) -> Result<bool> {
+        Ok(typed(self.v, key, self.path, Value::as_bool, "true or false")?.unwrap_or(d))
     }
 
-    fn str_or(&self, key: &str, d: &str) -> String {
-        self.v
-            .get(key)
-            .and_then(Value::as_str)
+    fn str_or(&self, key: &str, d: &str) -> Result<String> {
+        Ok(typed(self.v, key, self.path, Value::as_str, "a string")?
             .unwrap_or(d)
-            .to_string()
+            .to_string())
     }
 
     /// An id or a list of ids (some configs list several EOS ids): the first one.

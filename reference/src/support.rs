@@ -165,15 +165,20 @@ pub fn check_hf_fields(v: &Value, path: &Path, table: &[(&str, Neutral, &str)]) 
 pub fn hf_rope(v: &Value, path: &Path, head_dim: usize) -> Result<(f64, Option<Vec<f32>>)> {
     let params = v.get("rope_parameters").filter(|x| !x.is_null());
     let scaling = v.get("rope_scaling").filter(|x| !x.is_null()).or(params);
-    let theta = v
-        .get("rope_theta")
-        .and_then(Value::as_f64)
-        .or_else(|| {
-            params
-                .and_then(|p| p.get("rope_theta"))
-                .and_then(Value::as_f64)
-        })
-        .unwrap_or(10_000.0);
+    let number = |obj: &Value| crate::hf::typed(obj, "rope_theta", path, Value::as_f64, "a number");
+    let theta = match number(v)? {
+        Some(t) => Some(t),
+        None => params.map(number).transpose()?.flatten(),
+    }
+    .unwrap_or(10_000.0);
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(Error::Format {
+            path: path.to_path_buf(),
+            detail: format!(
+                "field `rope_theta` is {theta}, expected a positive number; fix the config"
+            ),
+        });
+    }
     let Some(s) = scaling else {
         return Ok((theta, None));
     };

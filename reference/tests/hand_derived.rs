@@ -99,9 +99,10 @@ fn llama_logits(x: [f64; 4]) -> Vec<f32> {
 }
 
 fn close(a: &[f32], b: &[f32], what: &str) {
-    for (x, y) in a.iter().zip(b) {
-        assert!((x - y).abs() < 1e-5, "{what}: got {a:?}, expected {b:?}");
-    }
+    assert!(
+        approx::abs_diff_eq!(a, b, epsilon = 1e-5),
+        "{what}: got {a:?}, expected {b:?}"
+    );
 }
 
 #[test]

@@ -76,6 +76,11 @@ fn provenance(n: usize, faults: Vec<String>) -> Provenance {
         max: 20.0,
     };
     Provenance {
+        versions: [(
+            "emulator".to_string(),
+            "kvprobe-npu hailo-sim 0.1.0".to_string(),
+        )]
+        .into(),
         command: vec![
             "kvprobe".into(),
             "diagnose".into(),

@@ -63,6 +63,10 @@ pub fn summary(r: &Results) -> String {
         ),
         ("device", p.backend.clone()),
         (
+            "runtime versions",
+            crate::html::provenance::versions_line(&p.versions),
+        ),
+        (
             "model",
             format!(
                 "{} ({}, sha256 {})",
@@ -217,6 +221,10 @@ mod tests {
         let md = summary(&r);
         assert!(md.starts_with("## kvprobe: `"), "{md}");
         assert!(md.contains("**Command**") && md.contains("| kvprobe |"));
+        assert!(
+            md.contains("| runtime versions | emulator kvprobe-npu hailo-sim 0.1.0 |"),
+            "{md}"
+        );
         assert!(md.contains("**greedy.csv**") || md.contains(".csv**"));
         assert!(md.contains("a\\|b&lt;script&gt;"), "{md}");
         // raw text only inside the command's code block, where Markdown renders no HTML

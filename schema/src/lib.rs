@@ -7,6 +7,7 @@
 pub mod device;
 pub mod findings;
 pub mod layout_infer;
+pub mod limits;
 pub mod manifest;
 pub mod outcome;
 pub mod test_findings;
@@ -14,6 +15,7 @@ pub mod test_findings;
 pub use device::*;
 pub use findings::*;
 pub use layout_infer::*;
+pub use limits::*;
 pub use manifest::*;
 pub use outcome::{RunOutcome, EXIT_DEVICE, EXIT_FAULT_FOUND, EXIT_OK, EXIT_USAGE};
 

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::Args;
 use kvprobe_npu::ane::{AneDevice, AneOptions};
 use kvprobe_npu::onnx::{parse_ep_option, Ep, OnnxDevice, OnnxOptions};
@@ -23,89 +24,131 @@ pub const DEFAULT_PROMPT: &str =
 pub struct DeviceArgs {
     /// Hugging Face model folder or .gguf file [default with --sim: the SmolLM2 fetched by
     /// scripts/fetch-model.sh; required with --hef]
-    #[arg(long, value_name = "PATH")]
+    #[arg(help_heading = "Model and prompt", long, value_name = "PATH")]
     pub model: Option<PathBuf>,
 
     /// Use the HailoRT KV-cache emulator as the device.
-    #[arg(long, conflicts_with = "hef")]
+    #[arg(help_heading = "Device", long, conflicts_with = "hef")]
     pub sim: bool,
     /// Another emulated device: `ane-sim` (a Core ML / Apple Neural Engine stateful KV cache, fp16).
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["sim", "hef"])]
+    #[arg(help_heading = "Device", long, value_name = "NAME", conflicts_with_all = ["sim", "hef"])]
     pub device: Option<String>,
     /// ane-sim, --onnx: context length (state positions) max_ctx [default: 128; --onnx:
     /// min(128, search.max_length)].
-    #[arg(long, value_name = "N")]
+    #[arg(
+        help_heading = "ANE emulator (--device ane-sim)",
+        long,
+        value_name = "N"
+    )]
     pub max_ctx: Option<usize>,
     /// ane-sim: largest query length of one run (prefill chunk) [default: min(64, max_ctx − 1)].
-    #[arg(long, value_name = "Q", requires = "device")]
+    #[arg(
+        help_heading = "ANE emulator (--device ane-sim)",
+        long,
+        value_name = "Q",
+        requires = "device"
+    )]
     pub max_query: Option<usize>,
     /// Compiled model for the Hailo-10H (needs a build with --features hailo, and --model: the
     /// model it was compiled from). L, P and the tokenizer come from the HEF.
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Device", long, value_name = "FILE")]
     pub hef: Option<PathBuf>,
     /// An ONNX Runtime GenAI model folder (model.onnx, genai_config.json, tokenizer.json) run by
     /// ONNX Runtime (a build with --features onnx; scripts/fetch-onnxruntime.sh fetches the
     /// library). --model is the model it was exported from.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["sim", "hef", "device"])]
+    #[arg(help_heading = "Device", long, value_name = "DIR", conflicts_with_all = ["sim", "hef", "device"])]
     pub onnx: Option<PathBuf>,
     /// --onnx: execution provider, cpu (default), qnn, openvino, vitisai or coreml.
-    #[arg(long, value_name = "EP", requires = "onnx")]
+    #[arg(help_heading = "ONNX Runtime (--onnx)", value_parser = ep_values(), ignore_case = true, long, requires = "onnx")]
     pub ep: Option<String>,
     /// --onnx: execution provider option KEY=VALUE, repeatable, passed as is (after the folder's
     /// genai_config.json provider_options).
-    #[arg(long = "ep-option", value_name = "KEY=VALUE", requires = "onnx")]
+    #[arg(
+        help_heading = "ONNX Runtime (--onnx)",
+        long = "ep-option",
+        value_name = "KEY=VALUE",
+        requires = "onnx"
+    )]
     pub ep_options: Vec<String>,
 
     /// Emulator: cache length L.
-    #[arg(long, value_name = "L", requires = "sim")]
+    #[arg(
+        help_heading = "Hailo emulator (--sim)",
+        long,
+        value_name = "L",
+        requires = "sim"
+    )]
     pub cache_len: Option<usize>,
     /// Emulator: prefill rows P.
-    #[arg(long, value_name = "P", requires = "sim")]
+    #[arg(
+        help_heading = "Hailo emulator (--sim)",
+        long,
+        value_name = "P",
+        requires = "sim"
+    )]
     pub prefill_len: Option<usize>,
     /// Emulator fault NAME[=VALUE][@SCOPE], repeatable; SCOPE: prefill, tbt, k, v, layer=N (the fault table is in the README).
-    #[arg(long = "fault", value_name = "FAULT")]
+    #[arg(
+        help_heading = "Emulators (--sim, --device ane-sim)",
+        long = "fault",
+        value_name = "FAULT"
+    )]
     pub faults: Vec<String>,
     /// Emulator: `none` makes every edge float; `edges` (default) quantises like a compiled HEF.
-    #[arg(long, value_name = "none|edges", requires = "sim")]
+    #[arg(help_heading = "Hailo emulator (--sim)", value_parser = quant_values(), long, requires = "sim")]
     pub sim_quant: Option<String>,
     /// Emulator: cache edge bits, 8 (default) or 16.
-    #[arg(long, value_name = "BITS", requires = "sim")]
+    #[arg(
+        help_heading = "Hailo emulator (--sim)",
+        long,
+        value_name = "BITS",
+        requires = "sim"
+    )]
     pub sim_cache_bits: Option<u32>,
     /// Emulator: cache entries `un-expanded` (default, KV heads) or `expanded` (all heads).
-    #[arg(long, value_name = "MODE", requires = "sim")]
+    #[arg(help_heading = "Hailo emulator (--sim)", value_parser = cache_values(), long, requires = "sim")]
     pub sim_cache: Option<String>,
     /// Emulator: `f32` (default) or `int8` per-channel weights.
-    #[arg(long, value_name = "W", requires = "sim")]
+    #[arg(help_heading = "Hailo emulator (--sim)", value_parser = weight_values(), long, requires = "sim")]
     pub sim_weights: Option<String>,
     /// Emulator: expose what the tbt graph read from the cache (debug taps).
-    #[arg(long, requires = "sim")]
+    #[arg(help_heading = "Hailo emulator (--sim)", long, requires = "sim")]
     pub sim_taps: bool,
     /// Emulator: RoPE sign convention of the graph and its theta table, `plain` (default, both
     /// halves positive) or `sign-folded` (first half negated, HailoRT's fallback).
-    #[arg(long, value_name = "CONVENTION", requires = "sim")]
+    #[arg(help_heading = "Hailo emulator (--sim)", value_parser = rope_theta_values(), long, requires = "sim")]
     pub sim_rope_theta: Option<String>,
     /// Emulator: reproduce a previous run from its manifest.
-    #[arg(long, value_name = "FILE")]
+    #[arg(
+        help_heading = "Emulators (--sim, --device ane-sim)",
+        long,
+        value_name = "FILE"
+    )]
     pub sim_manifest: Option<PathBuf>,
 
     /// Prompt text (tokenised with the model's tokenizer and its BOS default).
-    #[arg(long, conflicts_with = "ids")]
+    #[arg(help_heading = "Model and prompt", long, conflicts_with = "ids")]
     pub prompt: Option<String>,
     /// Token ids instead of a prompt, comma separated.
-    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    #[arg(help_heading = "Model and prompt", long, value_delimiter = ',', num_args = 1..)]
     pub ids: Option<Vec<u32>>,
     /// Generated tokens for greedy (the one from prefill included).
-    #[arg(long, value_name = "N", default_value_t = 16)]
+    #[arg(
+        help_heading = "Model and prompt",
+        long,
+        value_name = "N",
+        default_value_t = 16
+    )]
     pub steps: usize,
 
     /// Write artefacts (results.json, CSV, NPY, SVG, report.html) into DIR.
-    #[arg(long, value_name = "DIR")]
+    #[arg(help_heading = "Output", long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Allow --out to replace an existing non-empty folder.
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub force: bool,
     /// Print one JSON object (the results) on stdout instead of the summary.
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub json: bool,
 
     /// diagnose, test/research switch: hide every named-fault rule; only the stale, causality
@@ -116,8 +159,56 @@ pub struct DeviceArgs {
     /// diagnose: also run layout --infer, stale, causality and splits when a rule already
     /// settled the verdict (more evidence and heatmaps for a bug report, about 6 s more on
     /// SmolLM2; the verdict is unchanged).
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub all_probes: bool,
+}
+
+// The choice flags stay strings for the libraries (which parse and refuse them too, for
+// manifests and library callers); clap lists the choices in `--help` and refuses a typo early.
+// Aliases are the spellings the libraries also accept.
+
+fn quant_values() -> PossibleValuesParser {
+    PossibleValuesParser::new([
+        PossibleValue::new("edges")
+            .alias("int")
+            .help("quantise every edge like a compiled HEF (default)"),
+        PossibleValue::new("none").help("every edge float"),
+    ])
+}
+
+fn cache_values() -> PossibleValuesParser {
+    PossibleValuesParser::new([
+        PossibleValue::new("un-expanded")
+            .alias("unexpanded")
+            .help("one entry per KV head (default)"),
+        PossibleValue::new("expanded").help("one entry per attention head"),
+    ])
+}
+
+fn weight_values() -> PossibleValuesParser {
+    PossibleValuesParser::new([
+        PossibleValue::new("f32").help("the model's weights (default)"),
+        PossibleValue::new("int8").help("per-channel int8 weights"),
+    ])
+}
+
+fn rope_theta_values() -> PossibleValuesParser {
+    PossibleValuesParser::new([
+        PossibleValue::new("plain").help("both halves positive (default)"),
+        PossibleValue::new("sign-folded").help("first half negated, HailoRT's fallback"),
+    ])
+}
+
+fn ep_values() -> PossibleValuesParser {
+    PossibleValuesParser::new([
+        PossibleValue::new("cpu").help("default"),
+        PossibleValue::new("qnn").help("Qualcomm Snapdragon NPU"),
+        PossibleValue::new("openvino").help("Intel Core Ultra NPU"),
+        PossibleValue::new("vitisai")
+            .alias("vitis")
+            .help("AMD Ryzen AI NPU"),
+        PossibleValue::new("coreml").help("Apple Neural Engine"),
+    ])
 }
 
 /// What a run drives.

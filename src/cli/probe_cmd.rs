@@ -60,6 +60,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     };
     let manifest = backend.sim_manifest().cloned();
     let desc = backend.describe().clone();
+    let versions = backend.device().versions().into_iter().collect();
     let hef_path = backend.hef_path().map(Path::to_path_buf);
     let bar = Bar::new();
     let t2 = Instant::now();
@@ -119,6 +120,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
             prompt_ids: ids,
             timings,
             host: host(),
+            versions,
         },
     };
     if let Some(out) = &args.out {

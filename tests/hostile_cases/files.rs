@@ -162,6 +162,40 @@ pub fn hf_folders(c: &mut Corpus) {
         let m = c.model_copy(&format!("cfg-{key}"), |d| config_with(d, key, value));
         c.refused_model(&format!("hf config {key} hostile"), &m, None);
     }
+    // a field of the wrong type used to fall back to its default silently (another model)
+    for (i, (key, value)) in [
+        ("rope_theta", serde_json::json!("1e4")),
+        ("rope_theta", serde_json::json!(0)),
+        ("rms_norm_eps", serde_json::json!("tiny")),
+        ("tie_word_embeddings", serde_json::json!("yes")),
+        ("hidden_act", serde_json::json!(7)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = c.model_copy(&format!("cfg-typed-{i}"), |d| config_with(d, key, value));
+        c.refused_model(&format!("hf config {key} wrong type"), &m, Some(key));
+    }
+    // config files are kilobytes: a huge one, or a device, is refused before it is read
+    let big = {
+        let mut b = b"{\"a\": \"".to_vec();
+        b.resize(17 << 20, b'x');
+        b.extend(b"\"}");
+        b
+    };
+    let m = c.model_copy("config-huge", |d| write(d, "config.json", &big));
+    c.refused_model("hf config.json of 17 MiB", &m, Some("config.json"));
+    let m = c.model_copy("tokcfg-huge", |d| write(d, "tokenizer_config.json", &big));
+    c.refused_model(
+        "hf tokenizer_config.json of 17 MiB",
+        &m,
+        Some("tokenizer_config.json"),
+    );
+    let m = c.model_copy("config-dev-zero", |d| {
+        std::fs::remove_file(d.join("config.json")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", d.join("config.json")).unwrap();
+    });
+    c.refused_model("hf config.json -> /dev/zero", &m, Some("config.json"));
 }
 
 fn safetensors_bytes(header_len: u64, header: &[u8], data: &[u8]) -> Vec<u8> {

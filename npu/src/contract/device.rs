@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use kvprobe_schema::{DeviceDescription, GroupKind};
+use kvprobe_schema::{DeviceDescription, DeviceLimit, GroupKind};
 
 use crate::{Buffer, Result};
 
@@ -54,6 +54,19 @@ pub trait Device {
     /// What this device can do; the default is a genai ring device without taps.
     fn capabilities(&self) -> Capabilities {
         Capabilities::GENAI_RING
+    }
+
+    /// Runtime, firmware and compiled-model versions for the run's provenance (name, value);
+    /// a value the device could not read says why. Nothing by default.
+    fn versions(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    /// The limits this device declares (prompt rows, cache, context, window, compiled prompt
+    /// length) and what its documented runtime does past each (issue 20). The default reads
+    /// `prefill_len` and `cache_len` by runtime (`contract::limits::declared`).
+    fn limits(&self) -> Vec<DeviceLimit> {
+        super::limits::declared(self.describe(), self.capabilities())
     }
 
     /// One run of a group with named host buffers (the server's formats, contract §2.1). Does not

@@ -6,6 +6,7 @@
 pub mod device;
 pub mod family;
 pub mod faults;
+pub mod limits;
 pub mod manifest;
 
 pub use device::{Capabilities, Device, RunOutput};

@@ -1,6 +1,6 @@
 //! Faults of the Core ML / ANE stateful emulator (`--device ane-sim`), parsed with the same
 //! `NAME[=VALUE][@SCOPE]` syntax as the Hailo emulator's. None takes a scope; only
-//! `ane-scale-after-qk` and `ane-norm-fp16` take a value.
+//! `ane-scale-after-qk`, `ane-norm-fp16`, `ane-state-wrap` and `ane-query-truncate` take a value.
 //!
 //! `ane-scale-after-qk=GAIN` (default 8192): the literal fault (`=1`) overflows fp16 only where
 //! the raw Q·Kᵀ passes 65504, which needs the activations of multi-billion-parameter models; the
@@ -17,6 +17,8 @@
 //! | `ane-mask-01` | the graph turns the additive mask into 0 (allowed) / +1 (blocked) instead of 0 / −inf | mask-convention |
 //! | `ane-scale-after-qk` | the softmax scale is applied after Q·Kᵀ instead of to Q before it: fp16 scores overflow | numeric-overflow |
 //! | `ane-stale-state` | a new request reuses the previous MLState and its length: it continues after the old context | stale-cache |
+//! | `ane-state-wrap=N` | the state holds N positions, fewer than the max_ctx declared: position p is written to slot p mod N and column j reads slot j mod N (no error) | capacity-overflow |
+//! | `ane-query-truncate=N` | the graph takes at most N query rows, fewer than the max_query declared: a longer chunk keeps its first N rows and returns the last of them (no error) | capacity-overflow |
 //! | `ane-mask-fp32-min` | prefill calls padded to the compiled query length with rows that attend to nothing, masked with the fp32 minimum (−inf in fp16): their softmax is 0/0 | numeric-overflow |
 //! | `ane-norm-fp16` | RMSNorm's fp32 cast stripped: the sum of squares overflows fp16 and the row normalises to zero | numeric-overflow |
 //! | `ane-state-race` | a call writing more than 16 rows writes the rows past the 16th with low bits that change run to run | nondeterministic |
@@ -90,6 +92,22 @@ pub const TABLE: FaultTable = FaultTable {
             "a new request reuses the previous state and its length",
             Verdict::StaleCache,
         ),
+        FaultDecl {
+            values: Values::Number("N"),
+            ..decl(
+                "ane-state-wrap",
+                "the state holds N positions, fewer than the max_ctx declared: from N on each write silently lands on position − N",
+                Verdict::CapacityOverflow,
+            )
+        },
+        FaultDecl {
+            values: Values::Number("N"),
+            ..decl(
+                "ane-query-truncate",
+                "the graph takes N query rows, fewer than the max_query declared: the rest of a longer chunk is silently dropped",
+                Verdict::CapacityOverflow,
+            )
+        },
         // the faulty sweep draws the Hailo table only: these are verified by their end-to-end
         // tests (tests/determinism_ane.rs)
         FaultDecl {
@@ -128,6 +146,10 @@ pub enum AneFault {
     /// The stand-in magnitude gain (see the module doc).
     ScaleAfterQk(f64),
     StaleState,
+    /// The state's real length.
+    StateWrap(usize),
+    /// The graph's real largest query length.
+    QueryTruncate(usize),
     MaskFp32Min,
     /// The stand-in magnitude gain (see the module doc).
     NormFp16(f64),
@@ -179,6 +201,29 @@ pub fn parse(text: &str) -> Result<AneFault> {
             });
         }
         "ane-stale-state" => AneFault::StaleState,
+        "ane-state-wrap" | "ane-query-truncate" => {
+            let n = match value.map(str::parse::<usize>) {
+                Some(Ok(n)) if n > 0 => n,
+                _ => {
+                    return Err(Error::BadFault {
+                        fault: text.to_string(),
+                        detail: "needs a positive number of positions, e.g. =96".into(),
+                    })
+                }
+            };
+            if let Some(s) = scope {
+                return Err(Error::FaultScope {
+                    fault: name.to_string(),
+                    scope: s.to_string(),
+                    allowed: "no scope (the fault applies to every layer)".into(),
+                });
+            }
+            return Ok(if name == "ane-state-wrap" {
+                AneFault::StateWrap(n)
+            } else {
+                AneFault::QueryTruncate(n)
+            });
+        }
         "ane-mask-fp32-min" => AneFault::MaskFp32Min,
         "ane-state-race" => AneFault::StateRace,
         _ => {
@@ -237,5 +282,18 @@ mod tests {
             Err(Error::FaultScope { .. })
         ));
         assert!(matches!(parse("nope"), Err(Error::UnknownFault { .. })));
+        assert_eq!(parse("ane-state-wrap=96").unwrap(), AneFault::StateWrap(96));
+        assert_eq!(
+            parse("ane-query-truncate=16").unwrap(),
+            AneFault::QueryTruncate(16)
+        );
+        assert!(matches!(
+            parse("ane-state-wrap"),
+            Err(Error::BadFault { .. })
+        ));
+        assert!(matches!(
+            parse("ane-query-truncate=0"),
+            Err(Error::BadFault { .. })
+        ));
     }
 }

@@ -155,6 +155,28 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     Ok((x.broadcast_mul(cos)? + rot.broadcast_mul(sin)?)?)
 }
 
+/// The state as the attention reads it when it holds only `wrap` slots: column j is slot
+/// j mod wrap (the state itself when `wrap` = ctx).
+fn wrapped(
+    s: &[half::f16],
+    nkv: usize,
+    ctx: usize,
+    hd: usize,
+    wrap: usize,
+) -> std::borrow::Cow<'_, [half::f16]> {
+    if wrap >= ctx {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = Vec::with_capacity(s.len());
+    for g in 0..nkv {
+        for j in 0..ctx {
+            let o = (g * ctx + j % wrap) * hd;
+            out.extend_from_slice(&s[o..o + hd]);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 fn f16_tensor(v: Vec<half::f16>, shape: (usize, usize, usize)) -> Result<Tensor> {
     Ok(Tensor::from_vec(v, shape, &CDevice::Cpu)?)
 }
@@ -235,6 +257,16 @@ impl Graph {
         let mask = f16_tensor(spec.mask.to_vec(), (1, q_rows, ctx))?;
         let scale = 1.0 / (hd as f64).sqrt();
         let write_shift = usize::from(has(AneFault::WriteOffset));
+        // ane-state-wrap=N: the state holds N slots; position p lands in slot p mod N and column
+        // j of the attention reads slot j mod N
+        let wrap = spec
+            .faults
+            .iter()
+            .find_map(|f| match f {
+                AneFault::StateWrap(n) => Some(*n),
+                _ => None,
+            })
+            .unwrap_or(ctx);
         let nf = spec.norm_fp16;
         let mut race = spec.race_seed;
         for (layer, st) in self.layers.iter().zip(states.iter_mut()) {
@@ -269,12 +301,13 @@ impl Graph {
                         continue;
                     }
                     let src = (g * q_rows + i) * hd;
-                    let dst = (g * ctx + slot) * hd;
+                    let dst = (g * ctx + slot % wrap) * hd;
                     st.k[dst..dst + hd].copy_from_slice(&kn[src..src + hd]);
                     st.v[dst..dst + hd].copy_from_slice(&vn[src..src + hd]);
                 }
             }
             let read = |s: &[half::f16]| -> Result<Tensor> {
+                let s = wrapped(s, nkv, ctx, hd, wrap);
                 if has(AneFault::StateLayout) {
                     // the attention reads the bytes as [ctx, kv_heads, d]
                     Ok(f16_tensor(s.to_vec(), (ctx, nkv, hd))?

@@ -160,6 +160,25 @@ fn check_options(opts: &AneOptions, cfg: &ModelConfig) -> Result<()> {
     Ok(())
 }
 
+/// `ane-state-wrap=N` needs N < max_ctx, `ane-query-truncate=N` needs N < max_query: else the
+/// device holds what it declares and the fault changes nothing.
+fn check_capacity_faults(opts: &AneOptions, faults: &[AneFault]) -> Result<()> {
+    for (text, f) in opts.faults.iter().zip(faults) {
+        let (n, limit, flag) = match *f {
+            AneFault::StateWrap(n) => (n, opts.max_ctx, "--max-ctx"),
+            AneFault::QueryTruncate(n) => (n, opts.max_query, "--max-query"),
+            _ => continue,
+        };
+        if n >= limit {
+            return Err(Error::NoOpFault {
+                fault: text.clone(),
+                why: format!("the device declares {flag} {limit}; use N below it"),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl AneDevice {
     pub fn new(model: Arc<Model>, opts: AneOptions) -> Result<AneDevice> {
         let mut opts = opts;
@@ -186,6 +205,7 @@ impl AneDevice {
             .map(|(t, f)| (t.as_str(), f, None))
             .collect();
         crate::contract::faults::refuse_conflicts(&items)?;
+        check_capacity_faults(&opts, &faults)?;
         let graph = Graph::new(&export, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)?;
         let (ctx, qmax) = (opts.max_ctx, opts.max_query);
         let name = opts
@@ -269,6 +289,16 @@ impl Device for AneDevice {
         &self.desc
     }
 
+    fn versions(&self) -> Vec<(String, String)> {
+        vec![(
+            "emulator".into(),
+            format!(
+                "kvprobe-npu {} (Core ML stateful fp16 emulator)",
+                env!("CARGO_PKG_VERSION")
+            ),
+        )]
+    }
+
     fn capabilities(&self) -> Capabilities {
         FAMILY.capabilities
     }
@@ -286,7 +316,7 @@ impl Device for AneDevice {
                 "`{POSITION_IDS}` must be float32"
             )));
         };
-        let q = pos.len();
+        let mut q = pos.len();
         if q == 0 || q > rows_max {
             return Err(Error::InvalidArgument(format!(
                 "query length {q} is outside the graph's 1..={rows_max}"
@@ -311,6 +341,14 @@ impl Device for AneDevice {
                 mask_bits.len()
             )));
         }
+        // ane-query-truncate: a chunk longer than the graph keeps its first rows, silently
+        if let Some(n) = self.faults.iter().find_map(|f| match f {
+            AneFault::QueryTruncate(n) => Some(*n),
+            _ => None,
+        }) {
+            q = q.min(n);
+        }
+        let (pos, emb, mask_bits) = (&pos[..q], &emb[..q * hidden], &mask_bits[..q * ctx]);
         // the request's positions, moved by the state's base (0 unless ane-stale-state)
         let mut positions = Vec::with_capacity(q);
         for &p in pos {

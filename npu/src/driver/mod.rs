@@ -226,6 +226,11 @@ impl Driver {
     pub fn usage(&self) -> usize {
         self.state.usage
     }
+    /// The genai server's "context full" flag of each read reply: `U ≥ L` (contract §2.9); from
+    /// here on a ring slides over the newest `L` tokens.
+    pub fn context_full(&self) -> bool {
+        self.state.usage >= self.cache_len
+    }
     /// Absolute position the next token gets.
     pub fn position(&self) -> u64 {
         self.state.position

@@ -374,4 +374,41 @@ hailo_status hailo_scan_devices(hailo_scan_devices_params_t *params, hailo_devic
     return HAILO_SUCCESS;
 }
 
+// One static token stands for an opened device: the stand-in has one emulated device and no
+// per-handle state, so identify only checks that the handle came from create.
+struct _hailo_device {
+    int unused;
+};
+static _hailo_device g_device_handle;
+
+hailo_status hailo_create_device_by_id(const hailo_device_id_t *device_id, hailo_device *device) {
+    if (!device_id || !device) return HAILO_INVALID_ARGUMENT;
+    if (ksi_device_count() == 0) return logged(HAILO_NOT_FOUND, "hailo_create_device_by_id");
+    *device = &g_device_handle;
+    return HAILO_SUCCESS;
+}
+
+hailo_status hailo_identify(hailo_device device, hailo_device_identity_t *identity) {
+    if (device != &g_device_handle || !identity) return HAILO_INVALID_ARGUMENT;
+    std::memset(identity, 0, sizeof(*identity));
+    uint32_t major = 0, minor = 0, rev = 0;
+    // The stand-in's firmware is its library: the same version, marked by the board name.
+    int s = ksi_library_version(&major, &minor, &rev);
+    if (s != HAILO_SUCCESS) return logged(s, "hailo_identify");
+    identity->fw_version = {major, minor, rev};
+    identity->is_release = true;
+    identity->device_architecture = HAILO_ARCH_HAILO10H;
+    const char board[] = "kvprobe-standin";
+    identity->board_name_length = sizeof(board) - 1;
+    std::memcpy(identity->board_name, board, sizeof(board) - 1);
+    const char serial[] = "STANDIN0001";
+    identity->serial_number_length = sizeof(serial) - 1;
+    std::memcpy(identity->serial_number, serial, sizeof(serial) - 1);
+    return HAILO_SUCCESS;
+}
+
+hailo_status hailo_release_device(hailo_device device) {
+    return device == &g_device_handle ? HAILO_SUCCESS : HAILO_INVALID_ARGUMENT;
+}
+
 }  // extern "C"

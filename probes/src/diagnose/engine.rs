@@ -63,6 +63,9 @@ pub enum Control {
     Rerun,
     /// The prefill wrote the positions it was given (stateful devices).
     StateWrites,
+    /// The longest prompt the device declares it takes, and generation past the end of its
+    /// context, against the reference (the `capacity` check).
+    Capacity,
 }
 
 impl Control {
@@ -79,6 +82,7 @@ impl Control {
             Control::Output => "output",
             Control::Rerun => "rerun",
             Control::StateWrites => "state-writes",
+            Control::Capacity => "capacity",
         }
     }
 
@@ -94,6 +98,7 @@ impl Control {
             Control::Output => "finite logits",
             Control::Rerun => "re-run after reset",
             Control::StateWrites => "state writes",
+            Control::Capacity => "the longest declared prompt and generation past the end",
         }
     }
 }

@@ -81,6 +81,9 @@ fn every_fault_verdict_names_the_control_it_stands_on() {
             assert_ne!(rule.needs, Control::Exempt, "stateful rule {}", rule.id);
         }
     }
+    for rule in super::capacity::TABLE.iter().flat_map(|p| p.iter()) {
+        assert_ne!(rule.needs, Control::Exempt, "capacity rule {}", rule.id);
+    }
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! evidence and `also`: [`ring`] (genai ring devices), [`stateful`] (stateful devices) and
 //! [`stage`] (the issue-10 probes' pipeline stage, on `unknown` and under `stage_only`).
 
+pub mod capacity;
 pub mod engine;
 #[cfg(test)]
 mod invariant;
@@ -91,6 +92,7 @@ mod tests {
     fn docs_list_every_rule_in_table_order() {
         assert_eq!(documented("ring"), rows(super::ring::TABLE));
         assert_eq!(documented("stateful"), rows(super::stateful::TABLE));
+        assert_eq!(documented("capacity"), rows(super::capacity::TABLE));
         let stage: Vec<(String, String)> = super::stage::TABLE
             .iter()
             .map(|r| (r.id.to_string(), r.stage.name().to_string()))

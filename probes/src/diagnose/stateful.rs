@@ -165,7 +165,8 @@ impl StatefulFacts {
 impl Controls for StatefulFacts {
     fn fails(&self, c: Control) -> bool {
         match c {
-            Control::Exempt => false,
+            // the capacity check has facts of its own (diagnose::capacity)
+            Control::Exempt | Control::Capacity => false,
             Control::Rerun => !self.back_to_back_identical || self.repeat_differs(),
             Control::Output => self.overflowed(),
             Control::StateWrites => self.written_ok() == Some(false),
@@ -361,6 +362,12 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         "overflow: every state and the logits of the {prompt_len}-token prefill are finite"
     ));
     controls_and_state(&mut run, &mut f, opts)?;
+    // every control passes: the cheap capacity check before the healthy rule (issue 20)
+    if !f.fails(Control::Any)
+        && super::capacity::phase(run.s, &mut run.eng, &mut run.t, &mut run.p)?
+    {
+        return Ok(run.done());
+    }
     run.eng.apply(STATE, &f);
     Ok(run.done())
 }

@@ -16,6 +16,9 @@ fn opt_code(s: &Option<String>) -> String {
 fn device(r: &Results) -> String {
     let p = &r.provenance;
     let mut pairs = vec![("backend", html_visible(&p.backend))];
+    for (what, version) in &p.versions {
+        pairs.push((what.as_str(), html_visible(version)));
+    }
     if p.hef_path.is_some() || p.hef_sha256.is_some() {
         pairs.push(("HEF path", opt_code(&p.hef_path)));
         pairs.push(("HEF sha256", opt_code(&p.hef_sha256)));
@@ -110,6 +113,17 @@ pub fn section(r: &Results) -> String {
     s
 }
 
+/// `name value, …` of the runtime versions, `—` when the run recorded none.
+pub(crate) fn versions_line(v: &std::collections::BTreeMap<String, String>) -> String {
+    if v.is_empty() {
+        return "—".into();
+    }
+    v.iter()
+        .map(|(k, x)| format!("{k} {x}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Short provenance for the compare page's side-by-side columns.
 pub fn brief(r: &Results) -> String {
     let p = &r.provenance;
@@ -129,6 +143,7 @@ pub fn brief(r: &Results) -> String {
         ("model", code(&p.model_path)),
         ("model sha256", code(&p.model_sha256)),
         ("backend", html_visible(&p.backend)),
+        ("versions", html_visible(&versions_line(&p.versions))),
         (
             "geometry",
             format!("L = {}, P = {}", p.cache_len, p.prefill_len),

@@ -1,6 +1,7 @@
 //! The report sections, one module per probe, and the one list the report iterates: its order
 //! is the order of the page, the CSV tables, the text summary and the artefact list.
 
+mod capacity;
 mod causality;
 mod colmap;
 mod determinism;
@@ -45,6 +46,7 @@ pub static SECTIONS: &[&dyn ProbeSection] = &[
     &causality::Causality,
     &splits::Splits,
     &rerun::Rerun,
+    &capacity::Capacity,
     &determinism::Determinism,
     &stateful::Overflow,
     &stateful::State,

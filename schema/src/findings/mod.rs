@@ -4,6 +4,7 @@
 //! from it alone (plus nothing that depends on render time).
 
 mod cache;
+mod capacity;
 mod determinism;
 mod logits;
 mod stage;
@@ -11,6 +12,7 @@ mod stateful;
 mod verdict;
 
 pub use cache::*;
+pub use capacity::*;
 pub use determinism::*;
 pub use logits::*;
 pub use stage::*;
@@ -109,6 +111,11 @@ pub struct Provenance {
     pub timings: Vec<Timing>,
     /// e.g. "linux x86_64, 2 cpus".
     pub host: String,
+    /// What a bug write-up needs of the runtime: e.g. `hailort`, `firmware`, `board`,
+    /// `hef sdk`, `hef architecture` for a Hailo device; the emulator's name and version for an
+    /// emulator. A value the device could not read says why instead of a version.
+    #[serde(default)]
+    pub versions: BTreeMap<String, String>,
 }
 
 /// Everything a run produced: the object of `results.json` and of `--json`.

@@ -178,13 +178,14 @@ mod with_shim {
         tbt: Option<Model>,
         _vdevice: VDevice,
         desc: DeviceDescription,
+        versions: Vec<(String, String)>,
     }
 
     impl HailoDevice {
         /// Opens the first device, configures prefill then tbt (both before any run, so neither
         /// sits at offset 0 after the other is wired, contract §1.4).
         pub fn open(hef_path: &Path) -> Result<HailoDevice> {
-            let (_hef, desc) = describe_hef(hef_path)?;
+            let (hef, desc) = describe_hef(hef_path)?;
             let (major, minor, rev) = crate::hailo::hw::sys::library_version()?;
             if major != crate::hailo::hw::SUPPORTED_MAJOR {
                 return Err(HailoError::UnsupportedVersion {
@@ -192,6 +193,8 @@ mod with_shim {
                     supported: crate::hailo::hw::SUPPORTED_MAJOR,
                 });
             }
+            // Before the VDevice takes the device: identify opens it on its own.
+            let versions = provenance_versions(&hef, format!("{major}.{minor}.{rev}"));
             let hef_c = cstr(&hef_path.to_string_lossy())?;
             let mut vptr = std::ptr::null_mut();
             // SAFETY: `vptr` receives an owned handle on success.
@@ -223,6 +226,7 @@ mod with_shim {
                 tbt,
                 _vdevice: vdevice,
                 desc,
+                versions,
             })
         }
 
@@ -245,9 +249,35 @@ mod with_shim {
         }
     }
 
+    /// HailoRT's version, the first device's firmware and board (or why they could not be
+    /// read: a version is evidence, never a reason to stop the run), and the HEF's compiler.
+    fn provenance_versions(hef: &Hef, hailort: String) -> Vec<(String, String)> {
+        use crate::hailo::hw::sys;
+        let mut v = vec![("hailort".to_string(), hailort)];
+        let identity = sys::scan_devices().and_then(|ids| match ids.first() {
+            Some(id) => sys::identify(id),
+            None => Err(HailoError::InvalidArgument("no device found".into())),
+        });
+        match identity {
+            Ok(i) => {
+                v.push(("firmware".into(), i.firmware));
+                v.push(("board".into(), i.board));
+                v.push(("serial number".into(), i.serial));
+            }
+            Err(e) => v.push(("firmware".into(), format!("not read: {e}"))),
+        }
+        v.push(("hef sdk".into(), hef.sdk_version.clone()));
+        v.push(("hef architecture".into(), hef.hw_arch_name.clone()));
+        v
+    }
+
     impl Device for HailoDevice {
         fn describe(&self) -> &DeviceDescription {
             &self.desc
+        }
+
+        fn versions(&self) -> Vec<(String, String)> {
+            self.versions.clone()
         }
 
         fn run(

@@ -110,7 +110,11 @@ impl SimDevice {
                 entry[*n..].fill(0);
             }
         }
-        let res = self.rings.write_window(phys, n_in, &stream);
+        let start = self.rings.write_start(n_in);
+        let res = self
+            .rings
+            .write_window(phys, n_in, &stream)
+            .and_then(|()| self.alias_written(phys, start, &stream));
         self.block = block;
         self.stream = stream;
         res

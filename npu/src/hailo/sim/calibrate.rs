@@ -201,8 +201,8 @@ mod tests {
     }
 
     fn near(a: (f32, f32), b: (f32, f32)) -> bool {
-        let tol = |x: f32| 1e-5 * x.abs().max(1.0);
-        (a.0 - b.0).abs() <= tol(b.0) && (a.1 - b.1).abs() <= tol(b.1)
+        let near = |x: f32, y: f32| approx::relative_eq!(x, y, epsilon = 1e-5, max_relative = 1e-5);
+        near(a.0, b.0) && near(a.1, b.1)
     }
 
     #[test]

@@ -80,6 +80,7 @@ pub(super) fn checked_faults(
     };
     for f in &faults {
         faults::validate(f, &cx)?;
+        faults::check_capacity(f, l, p)?;
         if let FaultKind::TbtReadLayout(lay) | FaultKind::PrefillWriteLayout(lay) = f.kind {
             layout::check_supported(lay, shape.features)?;
         }

@@ -20,6 +20,8 @@
 //! | `softmax=shared-across-heads` | one softmax over all heads' scores of a row (F11); default both | prefill, tbt |
 //! | `rope-theta=sign-folded\|plain` | the shipped `rope_theta_data.bin` is written in that sign convention while the graph keeps the emulator's (`--sim-rope-theta`); must differ from it | — |
 //! | `truncate-entry=N` | cache writers keep only the first N bytes of every entry (rest zero); default all writers | prefill, tbt, k, v, layer |
+//! | `prefill-truncate=N` | the prefill graph takes only the newest N of the P window rows: the older rows are dropped, their keys unseen and their K/V never written (the slots keep their bytes) | — |
+//! | `ring-capacity=N` | the rings hold N entries (P < N < L) while the device declares L: slot `s` lives at `s mod N`, so from N tokens on every write overwrites the token N before it | — |
 
 use kvprobe_schema::{GroupKind, Layout, Verdict};
 
@@ -170,6 +172,26 @@ pub const TABLE: FaultTable = FaultTable {
             sweep: SweepValue::EntryFraction,
         },
         FaultDecl {
+            name: "prefill-truncate",
+            values: Values::Number("N"),
+            scopes: &[],
+            default_groups: &[],
+            bug_class: "the prefill graph was compiled for N rows, fewer than the P the device declares: the oldest rows of each window are silently dropped (their K/V never written)",
+            expected: Expected::Always(Verdict::CapacityOverflow),
+            // N is absolute while the sweep draws P per case; tests/capacity_faults.rs runs it
+            sweep: SweepValue::NotSampled,
+        },
+        FaultDecl {
+            name: "ring-capacity",
+            values: Values::Number("N"),
+            scopes: &[],
+            default_groups: &[],
+            bug_class: "the rings hold N entries, fewer than the L the device declares (contract §2.5: nothing checks KV = L): from N tokens on each write silently overwrites the token N before it",
+            expected: Expected::Always(Verdict::CapacityOverflow),
+            // N is absolute while the sweep draws L per case; tests/capacity_faults.rs runs it
+            sweep: SweepValue::NotSampled,
+        },
+        FaultDecl {
             name: "rope-theta",
             values: Values::OneOf(&["sign-folded", "plain"]),
             scopes: &[],
@@ -199,6 +221,10 @@ pub enum FaultKind {
     TruncateEntry(usize),
     /// The theta table's convention (the graph keeps `SimOptions::rope_theta`).
     RopeTheta(RopeTheta),
+    /// The prefill graph keeps the newest N window rows.
+    PrefillTruncate(usize),
+    /// The rings hold N entries.
+    RingCapacity(usize),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -248,6 +274,38 @@ fn parse_positions(f: &FaultText) -> Result<i64> {
         .map_err(|_| f.bad(format!("`{v}` is not a whole number of positions")))
 }
 
+fn parse_count(f: &FaultText) -> Result<usize> {
+    let v = f
+        .value
+        .ok_or_else(|| f.bad("needs a number of tokens, e.g. =24"))?;
+    match v.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(f.bad(format!("`{v}` is not a positive number of tokens"))),
+    }
+}
+
+/// The capacity faults against the geometry: `prefill-truncate=N` needs N < P, `ring-capacity=N`
+/// needs P < N < L (a prefill window must fit the ring it writes).
+pub fn check_capacity(f: &Fault, cache_len: usize, prefill_len: usize) -> Result<()> {
+    let (l, p) = (cache_len, prefill_len);
+    match f.kind {
+        FaultKind::PrefillTruncate(n) if n >= p => Err(Error::NoOpFault {
+            fault: f.text.clone(),
+            why: format!("the prefill graph takes P = {p} rows; use N below {p}"),
+        }),
+        FaultKind::RingCapacity(n) if n >= l => Err(Error::NoOpFault {
+            fault: f.text.clone(),
+            why: format!("the rings hold L = {l} entries; use N below {l}"),
+        }),
+        FaultKind::RingCapacity(n) if n <= p => Err(FaultText::split(&f.text).bad(format!(
+            "a ring of {n} entries cannot take a prefill window of P = {p} rows; use N between {} and {}",
+            p + 1,
+            l - 1
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The typed fault of a known name (its value checked).
 fn kind(f: &FaultText) -> Result<FaultKind> {
     Ok(match f.name {
@@ -279,6 +337,8 @@ fn kind(f: &FaultText) -> Result<FaultKind> {
                     .map_err(|_| f.bad(format!("`{v}` is not a byte count")))?,
             )
         }
+        "prefill-truncate" => FaultKind::PrefillTruncate(parse_count(f)?),
+        "ring-capacity" => FaultKind::RingCapacity(parse_count(f)?),
         "rope-theta" => FaultKind::RopeTheta(
             f.value
                 .and_then(RopeTheta::parse)

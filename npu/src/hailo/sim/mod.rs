@@ -13,6 +13,7 @@
 
 mod cache_io;
 pub mod calibrate;
+mod capacity_faults;
 mod compile;
 mod compile_quant;
 mod describe;
@@ -253,6 +254,16 @@ impl Device for SimDevice {
         &self.desc
     }
 
+    fn versions(&self) -> Vec<(String, String)> {
+        vec![(
+            "emulator".into(),
+            format!(
+                "kvprobe-npu {} (HailoRT genai emulator)",
+                env!("CARGO_PKG_VERSION")
+            ),
+        )]
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             taps: self.opts.taps,
@@ -262,7 +273,12 @@ impl Device for SimDevice {
 
     fn run(&mut self, g: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput> {
         let (gd, geom) = self.group_of(g)?;
-        let d = self.decode_inputs(g, &gd, inputs, geom)?;
+        let mut d = self.decode_inputs(g, &gd, inputs, geom)?;
+        let drop = self.dropped_rows(g, geom);
+        let before = (drop > 0).then(|| self.rings.buffers());
+        if drop > 0 {
+            self.block_dropped(&mut d.mask, geom, drop);
+        }
         let (past, taps) = self.read_past(g, geom)?;
         let out = self.model.run_graph(&GraphInput {
             hidden: Tensor::from_vec(
@@ -277,6 +293,9 @@ impl Device for SimDevice {
             last_only: true,
         })?;
         self.write_new(g, geom, &out.new_kv)?;
+        if let Some(before) = &before {
+            self.restore_dropped(before, geom, drop)?;
+        }
         let last = out.rows.saturating_sub(1);
         let logits = self.output_logits(&out.logits, last);
         for d in std::mem::take(&mut self.pending) {

@@ -6,6 +6,7 @@
 #define KVPROBE_STANDIN_HAILORT_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -13,6 +14,10 @@ extern "C" {
 #endif
 
 #define HAILO_MAX_DEVICE_ID_LENGTH (32)
+#define HAILO_MAX_BOARD_NAME_LENGTH (32)
+#define HAILO_MAX_SERIAL_NUMBER_LENGTH (16)
+#define HAILO_MAX_PART_NUMBER_LENGTH (16)
+#define HAILO_MAX_PRODUCT_NAME_LENGTH (42)
 
 typedef enum hailo_status {
     HAILO_SUCCESS = 0,
@@ -136,6 +141,49 @@ typedef struct {
 
 /* Opaque here: kvprobe passes NULL (the defaults). */
 typedef struct _hailo_scan_devices_params_t hailo_scan_devices_params_t;
+
+/* Device identification, the C API's layout (hailort-sys checks the same offsets). */
+typedef struct _hailo_device *hailo_device;
+
+typedef struct {
+    uint32_t major;
+    uint32_t minor;
+    uint32_t revision;
+} hailo_firmware_version_t;
+
+typedef enum hailo_device_architecture_e {
+    HAILO_ARCH_HAILO8_A0 = 0,
+    HAILO_ARCH_HAILO8,
+    HAILO_ARCH_HAILO8L,
+    HAILO_ARCH_HAILO15H,
+    HAILO_ARCH_HAILO15L,
+    HAILO_ARCH_HAILO15M,
+    HAILO_ARCH_HAILO10H,
+    HAILO_ARCH_HAILO12L,
+    HAILO_ARCH_MAX_ENUM = 0x7FFFFFFF
+} hailo_device_architecture_t;
+
+typedef struct {
+    uint32_t protocol_version;
+    hailo_firmware_version_t fw_version;
+    uint32_t logger_version;
+    uint8_t board_name_length;
+    char board_name[HAILO_MAX_BOARD_NAME_LENGTH];
+    bool is_release;
+    bool extended_context_switch_buffer;
+    bool extended_fw_check;
+    hailo_device_architecture_t device_architecture;
+    uint8_t serial_number_length;
+    char serial_number[HAILO_MAX_SERIAL_NUMBER_LENGTH];
+    uint8_t part_number_length;
+    char part_number[HAILO_MAX_PART_NUMBER_LENGTH];
+    uint8_t product_name_length;
+    char product_name[HAILO_MAX_PRODUCT_NAME_LENGTH];
+} hailo_device_identity_t;
+
+hailo_status hailo_create_device_by_id(const hailo_device_id_t *device_id, hailo_device *device);
+hailo_status hailo_identify(hailo_device device, hailo_device_identity_t *device_identity);
+hailo_status hailo_release_device(hailo_device device);
 
 hailo_status hailo_get_library_version(hailo_version_t *version);
 const char *hailo_get_status_message(hailo_status status);

@@ -491,6 +491,8 @@ impl Controls for RingFacts {
             Control::Output => self.non_finite_step.is_some(),
             // a ring device's re-run and state writes are not controls of their own here
             Control::Rerun | Control::StateWrites => false,
+            // the capacity check has facts of its own (diagnose::capacity)
+            Control::Capacity => false,
             Control::Any => [
                 Control::PrefillSingle,
                 Control::PrefillMulti,

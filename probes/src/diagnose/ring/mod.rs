@@ -19,7 +19,7 @@ pub use cache::{CACHE_LATE, CACHE_PATH, SOLVED};
 pub use facts::{GreedyStats, RingFacts, RowStats, SKIPPED, SKIPPED_BOTH};
 pub use graph::{GRAPH_END, HEADS, HEALTHY, MULTI_CHUNK, PREFILL_GRAPH, SELF_ONLY, THETA};
 
-use super::engine::{Engine, Rule};
+use super::engine::{Control, Controls, Engine, Rule};
 use super::outcome::{timed, DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use crate::session::Session;
 use crate::{
@@ -73,6 +73,12 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     };
     let mut f = controls(&mut run, opts)?;
     quiet_checks(&mut run, &mut f)?;
+    // every control passes: the cheap capacity check before the healthy rule (issue 20)
+    if !f.fails(Control::Any)
+        && super::capacity::phase(run.s, &mut run.eng, &mut run.timings, &mut run.p)?
+    {
+        return Ok(run.done(None));
+    }
     run.eng.apply(HEALTHY, &f);
     if run.eng.stopped() || graph_stage(&mut run, &mut f)? {
         return Ok(run.done(None));

@@ -1,0 +1,111 @@
+//! What a device declares about its limits (issue 20): [`Device::limits`](super::Device::limits)
+//! returns one [`DeviceLimit`] per limit, with what the documented runtime does past it. The
+//! default reads the description by runtime; a family whose runtime has more limits (an ONNX
+//! window, a compiled prompt length) overrides it.
+
+use kvprobe_schema::{DeviceDescription, DeviceLimit, LimitKind, PastLimit, RuntimeKind};
+
+use super::device::Capabilities;
+
+/// A limit with its documented behaviour; `source` says where that behaviour is written down.
+pub fn limit(
+    kind: LimitKind,
+    value: usize,
+    prompt: Option<PastLimit>,
+    generation: Option<PastLimit>,
+    source: &str,
+) -> DeviceLimit {
+    DeviceLimit {
+        kind,
+        value,
+        prompt,
+        generation,
+        source: source.to_string(),
+    }
+}
+
+/// The limits every device of a runtime has, read from its description: the prefill rows
+/// (`prefill_len`) and the cache (`cache_len`).
+pub fn declared(desc: &DeviceDescription, caps: Capabilities) -> Vec<DeviceLimit> {
+    let (l, p) = (desc.cache_len, desc.prefill_len);
+    let prefill = limit(
+        LimitKind::PrefillLen,
+        p,
+        Some(PastLimit::Split),
+        None,
+        "the host splits a longer prompt into runs of at most this many rows (contract §2.3; a Core ML host runs chunks of the graph's largest query)",
+    );
+    if caps.stateful || desc.runtime != RuntimeKind::GenaiRing {
+        return vec![
+            prefill,
+            limit(
+                LimitKind::MaxContext,
+                l,
+                Some(PastLimit::Refused),
+                Some(PastLimit::Refused),
+                "a state of this many positions does not wrap: a prompt that reaches it and a step past it are typed errors (docs/design.md, Stateful devices)",
+            ),
+        ];
+    }
+    vec![
+        prefill,
+        limit(
+            LimitKind::CacheLen,
+            l,
+            Some(PastLimit::Refused),
+            Some(PastLimit::Slides),
+            "a prompt of L tokens or more is refused by the host (the first tbt window must still see it); generation has no hard stop: the ring wraps, the mask saturates and each step sees the newest L tokens, with the server's context-full flag set (contract §2.5, §2.9)",
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_slides_and_a_state_refuses() {
+        use kvprobe_schema::ModelShape;
+        let mut desc = DeviceDescription {
+            backend: "t".into(),
+            runtime: RuntimeKind::GenaiRing,
+            model_name: "m".into(),
+            cache_len: 128,
+            prefill_len: 32,
+            shape: ModelShape {
+                vocab_size: 1,
+                hidden_size: 1,
+                n_layers: 1,
+                n_heads: 1,
+                n_kv_heads: 1,
+                head_dim: 1,
+                rope_theta: None,
+            },
+            groups: Vec::new(),
+        };
+        let ring = declared(&desc, Capabilities::GENAI_RING);
+        assert_eq!(
+            ring.iter()
+                .map(|l| (l.kind, l.value, l.prompt, l.generation))
+                .collect::<Vec<_>>(),
+            [
+                (LimitKind::PrefillLen, 32, Some(PastLimit::Split), None),
+                (
+                    LimitKind::CacheLen,
+                    128,
+                    Some(PastLimit::Refused),
+                    Some(PastLimit::Slides)
+                ),
+            ]
+        );
+        desc.runtime = RuntimeKind::Stateful;
+        let caps = Capabilities {
+            ring_offset: false,
+            stateful: true,
+            ..Capabilities::GENAI_RING
+        };
+        let state = declared(&desc, caps);
+        assert_eq!(state[1].kind, LimitKind::MaxContext);
+        assert_eq!(state[1].generation, Some(PastLimit::Refused));
+    }
+}

@@ -1,0 +1,478 @@
+//! `capacity` (issue 20): prompts swept up to and past every limit the device declares
+//! (`Device::limits`), and generation run past the end of the context, each against the
+//! reference the documented behaviour gives: the full causal forward inside the limits, the
+//! sliding window where the runtime documents one, a typed refusal where it documents one. A
+//! request that answers with logits far from that reference, and no refusal, is silent garbage
+//! (openvino.genai#3255: prompts past a compiled limit garbled, no error).
+//!
+//! Prompts are prefixes of one sequence (the session's prompt repeated), so one reference
+//! forward gives every prompt's last row. Generation is teacher-forced on the device's own
+//! tokens (as `greedy`), so one divergence does not cascade.
+
+use kvprobe_npu::{MaskMode, RunOutput};
+use kvprobe_reference::ForwardOptions;
+use kvprobe_schema::{
+    CapacityFinding, CapacityOutcome, CapacityPhase, CapacityPoint, DeviceLimit, LimitKind,
+    LogitComparison, PastLimit, ProbeFindings,
+};
+
+use crate::metrics::compare;
+use crate::session::Session;
+use crate::thresholds::{
+    REL_NOISE_FLOOR, REL_PREFILL_GAP, REL_RATIO, STAGE_MEAN_COSINE, STAGE_MIN_COSINE,
+};
+use crate::Result;
+
+/// Prompts evenly spread between the prefill rows and the cache in the full sweep: a device
+/// that holds less than it declares goes wrong somewhere inside, not only at the edge.
+const INSIDE_POINTS: usize = 4;
+/// Generation: steps before the end of the context and past it (full sweep, quick check).
+const STEPS_BEFORE: [usize; 2] = [4, 1];
+const STEPS_PAST: [usize; 2] = [4, 2];
+
+/// A row the device answered that misses its reference: below the stage floor per row (a
+/// healthy INT8 device dips to 0.85 on an unlucky token, thresholds.rs), below the stage mean
+/// with another top-1, or, relative to the device's own miss on prompts of one prefill run
+/// (`noise`, 1 − cosine), `REL_RATIO` × further and by `REL_PREFILL_GAP`: a random-weight
+/// fixture's flat logits keep even garbage above the absolute floors (docs/diagnosis.md).
+pub fn garbled(c: &LogitComparison, noise: f64) -> bool {
+    let miss = 1.0 - c.cosine;
+    c.cosine < STAGE_MIN_COSINE
+        || (c.cosine < STAGE_MEAN_COSINE && !c.top1_match)
+        || (miss >= REL_RATIO * noise.max(REL_NOISE_FLOOR) && miss >= REL_PREFILL_GAP)
+}
+
+/// The device's own miss on answered prompts of at most one prefill run (the shortest answered
+/// prompt when the device declares no prefill rows).
+fn own_noise(limits: &[DeviceLimit], points: &[CapacityPoint]) -> f64 {
+    let p = limits
+        .iter()
+        .filter(|l| l.kind == LimitKind::PrefillLen)
+        .map(|l| l.value)
+        .min();
+    let prompts = || {
+        points
+            .iter()
+            .filter(|x| x.phase == CapacityPhase::Prompt)
+            .filter_map(|x| x.comparison.as_ref().map(|c| (x.tokens, 1.0 - c.cosine)))
+    };
+    let short = prompts()
+        .filter(|&(t, _)| p.is_some_and(|p| t <= p))
+        .map(|(_, m)| m)
+        .fold(f64::NAN, f64::max);
+    if short.is_finite() {
+        return short;
+    }
+    prompts().min_by_key(|&(t, _)| t).map_or(0.0, |(_, m)| m)
+}
+
+/// Marks the answered points that miss their reference (see [`garbled`]).
+fn classify(limits: &[DeviceLimit], points: &mut [CapacityPoint]) {
+    let noise = own_noise(limits, points);
+    for x in points.iter_mut() {
+        if x.comparison.as_ref().is_some_and(|c| garbled(c, noise)) {
+            x.outcome = CapacityOutcome::Garbled;
+        }
+    }
+}
+
+/// The strongest documented behaviour among the limits a length reaches: a refusal decides,
+/// then a window, then a split (which changes nothing the reference sees).
+fn strongest(b: impl Iterator<Item = PastLimit>) -> Option<PastLimit> {
+    b.max_by_key(|x| match x {
+        PastLimit::Split => 0,
+        PastLimit::Slides => 1,
+        PastLimit::Refused => 2,
+    })
+}
+
+/// Limits a prompt of `t` tokens reaches, what the runtime documents there, and its window.
+fn prompt_rule(
+    limits: &[DeviceLimit],
+    t: usize,
+) -> (Vec<LimitKind>, Option<PastLimit>, Option<usize>) {
+    let hit: Vec<&DeviceLimit> = limits
+        .iter()
+        .filter(|l| l.prompt.is_some() && t >= l.value)
+        .collect();
+    let documented = strongest(hit.iter().filter_map(|l| l.prompt));
+    let window = hit
+        .iter()
+        .filter(|l| l.prompt == Some(PastLimit::Slides))
+        .map(|l| l.value)
+        .min();
+    (hit.iter().map(|l| l.kind).collect(), documented, window)
+}
+
+/// Limits a step whose query sees `c` tokens passes.
+fn step_rule(limits: &[DeviceLimit], c: usize) -> (Vec<LimitKind>, Option<PastLimit>) {
+    let hit: Vec<&DeviceLimit> = limits
+        .iter()
+        .filter(|l| l.generation.is_some() && c > l.value)
+        .collect();
+    (
+        hit.iter().map(|l| l.kind).collect(),
+        strongest(hit.iter().filter_map(|l| l.generation)),
+    )
+}
+
+/// The longest prompt the limits accept (one below the smallest refusing prompt limit).
+pub fn longest_prompt(limits: &[DeviceLimit]) -> Option<usize> {
+    limits
+        .iter()
+        .filter(|l| l.prompt == Some(PastLimit::Refused))
+        .map(|l| l.value.saturating_sub(1))
+        .min()
+}
+
+/// Prompt lengths of the full sweep: the session's prompt, each limit −1/0/+1, and
+/// [`INSIDE_POINTS`] between the prefill rows and the longest accepted prompt.
+pub fn prompt_lengths(limits: &[DeviceLimit], session_len: usize) -> Vec<usize> {
+    let mut ks = vec![session_len];
+    for l in limits {
+        ks.extend([l.value.saturating_sub(1), l.value, l.value + 1]);
+    }
+    let lo = limits
+        .iter()
+        .filter(|l| l.kind == LimitKind::PrefillLen)
+        .map(|l| l.value + 1)
+        .min()
+        .unwrap_or(1);
+    if let Some(hi) = longest_prompt(limits).filter(|&hi| hi > lo) {
+        ks.extend((1..=INSIDE_POINTS).map(|i| lo + i * (hi - lo) / (INSIDE_POINTS + 1)));
+    }
+    ks.retain(|&k| k >= 1);
+    ks.sort_unstable();
+    ks.dedup();
+    ks
+}
+
+/// The session's prompt repeated to `len` tokens.
+fn long_ids(ids: &[u32], len: usize) -> Vec<u32> {
+    ids.iter().copied().cycle().take(len).collect()
+}
+
+/// Reference logits of every row of `seq`, each row seeing the newest `window` tokens (all when
+/// `None`); rows past the model's context are left out.
+fn reference_rows(s: &Session, seq: &[u32], window: Option<usize>) -> Result<Vec<Vec<f32>>> {
+    let t = seq.len().min(s.model.config().max_position);
+    let mask = window.map(|w| {
+        (0..t * t)
+            .map(|k| (k % t) <= (k / t) && (k / t) - (k % t) < w)
+            .collect()
+    });
+    let out = s.model.forward(
+        &seq[..t],
+        &ForwardOptions {
+            mask,
+            ..Default::default()
+        },
+    )?;
+    Ok((0..t).map(|i| out.row(i).to_vec()).collect())
+}
+
+/// Refusal or output of one request.
+fn outcome(
+    r: kvprobe_npu::Result<RunOutput>,
+    reference: Option<&Vec<f32>>,
+    documented: Option<PastLimit>,
+) -> Result<(Option<String>, Option<LogitComparison>, CapacityOutcome)> {
+    match r {
+        // provisional: `classify` marks the garbled ones once the device's own miss is known
+        Ok(out) => Ok((
+            None,
+            reference.map(|r| compare(&out.logits, r)),
+            CapacityOutcome::Matches,
+        )),
+        Err(e) if e.is_capacity_refusal() => {
+            let o = if documented == Some(PastLimit::Refused) {
+                CapacityOutcome::Refused
+            } else {
+                CapacityOutcome::RefusedEarly
+            };
+            Ok((Some(e.to_string()), None, o))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One prompt after a reset.
+fn prompt_point(
+    s: &mut Session,
+    limits: &[DeviceLimit],
+    seq: &[u32],
+    causal: &[Vec<f32>],
+    t: usize,
+) -> Result<(CapacityPoint, Option<RunOutput>)> {
+    let (beyond, documented, window) = prompt_rule(limits, t);
+    s.driver.reset(s.dev)?;
+    let r = s.driver.prefill(s.dev, &seq[..t]);
+    let kept = r.as_ref().ok().cloned();
+    let windowed;
+    let reference = match window {
+        Some(w) => {
+            windowed = reference_rows(s, &seq[..t], Some(w))?;
+            windowed.get(t - 1)
+        }
+        None => causal.get(t - 1),
+    };
+    let (refusal, comparison, outcome) = outcome(r, reference, documented)?;
+    s.progress.inc(1);
+    let point = CapacityPoint {
+        phase: CapacityPhase::Prompt,
+        tokens: t,
+        beyond,
+        documented,
+        window,
+        refusal,
+        comparison,
+        outcome,
+    };
+    Ok((point, kept))
+}
+
+/// Greedy steps from the device's state right after the prefill of `seq[..g0]` (whose logits
+/// are `first`), until `past` steps beyond the smallest generation limit or a refusal.
+fn generation(
+    s: &mut Session,
+    limits: &[DeviceLimit],
+    seq: &[u32],
+    first: &RunOutput,
+    g0: usize,
+    end: usize,
+) -> Result<Vec<CapacityPoint>> {
+    let max_pos = s.model.config().max_position;
+    let mut toks = vec![kvprobe_npu::argmax(&first.logits)];
+    let mut answered: Vec<(usize, RunOutput)> = Vec::new();
+    let mut refused: Option<(usize, String)> = None;
+    for c in g0 + 1..=end.min(max_pos) {
+        let last = *toks.last().unwrap_or(&0);
+        match s.driver.step(s.dev, last, &MaskMode::Ring) {
+            Ok(out) => {
+                toks.push(kvprobe_npu::argmax(&out.logits));
+                answered.push((c, out));
+            }
+            Err(e) if e.is_capacity_refusal() => {
+                refused = Some((c, e.to_string()));
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        s.progress.inc(1);
+    }
+    let window = limits
+        .iter()
+        .filter(|l| l.generation == Some(PastLimit::Slides))
+        .map(|l| l.value)
+        .min();
+    let mut teacher = seq[..g0].to_vec();
+    teacher.extend_from_slice(&toks[..answered.len()]);
+    let reference = reference_rows(s, &teacher, window)?;
+    let mut points = Vec::new();
+    for (c, out) in answered {
+        let (beyond, documented) = step_rule(limits, c);
+        let (refusal, comparison, outcome) = outcome(Ok(out), reference.get(c - 1), documented)?;
+        points.push(CapacityPoint {
+            phase: CapacityPhase::Generation,
+            tokens: c,
+            beyond,
+            window: window.filter(|&w| c > w),
+            documented,
+            refusal,
+            comparison,
+            outcome,
+        });
+    }
+    if let Some((c, why)) = refused {
+        let (beyond, documented) = step_rule(limits, c);
+        let (refusal, comparison, outcome) = outcome(
+            Err(kvprobe_npu::Error::ContextFull { max_ctx: c - 1 }),
+            None,
+            documented,
+        )?;
+        points.push(CapacityPoint {
+            phase: CapacityPhase::Generation,
+            tokens: c,
+            beyond,
+            window: None,
+            documented,
+            refusal: refusal.map(|_| why),
+            comparison,
+            outcome,
+        });
+    }
+    Ok(points)
+}
+
+/// The sweep (`quick`: `diagnose`'s cheap check: one prompt past the longest accepted, the
+/// longest accepted, and the steps around the end of the context from it).
+pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
+    let limits = s.dev.limits();
+    let n = s.ids.len();
+    let longest = longest_prompt(&limits).unwrap_or(n);
+    let gen_limit = limits
+        .iter()
+        .filter(|l| l.generation.is_some())
+        .map(|l| l.value)
+        .min()
+        .unwrap_or(longest + 1);
+    let q = usize::from(quick);
+    let g0 = gen_limit
+        .saturating_sub(STEPS_BEFORE[q])
+        .clamp(1, longest.max(1));
+    let end = gen_limit + STEPS_PAST[q];
+    // the generation starts from the state of the last prompt, g0
+    // quick: the session's prompt too, when one prefill run takes it (the device's own miss)
+    let mut lengths = if quick {
+        let p = s.dev.describe().prefill_len;
+        if n <= p {
+            vec![n, longest + 1]
+        } else {
+            vec![longest + 1]
+        }
+    } else {
+        prompt_lengths(&limits, n)
+    };
+    lengths.retain(|&t| t != g0);
+    lengths.push(g0);
+    let top = lengths.iter().copied().max().unwrap_or(n);
+    let seq = long_ids(&s.ids, top.max(end));
+    s.progress
+        .phase("capacity", (lengths.len() + end.saturating_sub(g0)) as u64);
+    let causal = reference_rows(s, &seq[..top], None)?;
+    let mut points = Vec::new();
+    let mut start: Option<RunOutput> = None;
+    for &t in &lengths {
+        let (p, out) = prompt_point(s, &limits, &seq, &causal, t)?;
+        points.push(p);
+        start = out;
+    }
+    if let Some(first) = start {
+        points.extend(generation(s, &limits, &seq, &first, g0, end)?);
+    }
+    classify(&limits, &mut points);
+    let first_garbled_prompt = first_garbled(&points, CapacityPhase::Prompt);
+    let first_garbled_context = first_garbled(&points, CapacityPhase::Generation);
+    Ok(CapacityFinding {
+        silent_overflow: points.iter().any(|p| p.outcome == CapacityOutcome::Garbled),
+        limits,
+        points,
+        generation_prompt: g0,
+        first_garbled_prompt,
+        first_garbled_context,
+        quick,
+    })
+}
+
+fn first_garbled(points: &[CapacityPoint], phase: CapacityPhase) -> Option<usize> {
+    points
+        .iter()
+        .filter(|p| p.phase == phase && p.outcome == CapacityOutcome::Garbled)
+        .map(|p| p.tokens)
+        .min()
+}
+
+/// `kvprobe capacity`.
+pub struct CapacityProbe;
+
+impl crate::probe::Probe for CapacityProbe {
+    fn name(&self) -> &'static str {
+        "capacity"
+    }
+
+    fn about(&self) -> &'static str {
+        "Prompts up to and past every limit the device declares, and generation past the end: where the output goes wrong, and whether the runtime refused or garbled silently"
+    }
+
+    fn run(
+        &self,
+        s: &mut Session,
+        _opts: &crate::probe::ProbeOptions,
+        into: &mut ProbeFindings,
+    ) -> Result<()> {
+        let f = run(s, false)?;
+        let value = serde_json::to_value(&f)
+            .map_err(|e| crate::Error::Input(format!("capacity finding: {e}")))?;
+        into.extra.insert(self.name().to_string(), value);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lim(
+        kind: LimitKind,
+        value: usize,
+        p: Option<PastLimit>,
+        g: Option<PastLimit>,
+    ) -> DeviceLimit {
+        DeviceLimit {
+            kind,
+            value,
+            prompt: p,
+            generation: g,
+            source: String::new(),
+        }
+    }
+
+    fn ring() -> Vec<DeviceLimit> {
+        vec![
+            lim(LimitKind::PrefillLen, 32, Some(PastLimit::Split), None),
+            lim(
+                LimitKind::CacheLen,
+                128,
+                Some(PastLimit::Refused),
+                Some(PastLimit::Slides),
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_prompt_that_reaches_the_cache_is_refused_and_a_step_past_it_slides() {
+        let l = ring();
+        assert_eq!(prompt_rule(&l, 31), (vec![], None, None));
+        assert_eq!(
+            prompt_rule(&l, 33),
+            (vec![LimitKind::PrefillLen], Some(PastLimit::Split), None)
+        );
+        assert_eq!(prompt_rule(&l, 128).1, Some(PastLimit::Refused));
+        assert_eq!(step_rule(&l, 128), (vec![], None));
+        assert_eq!(
+            step_rule(&l, 129),
+            (vec![LimitKind::CacheLen], Some(PastLimit::Slides))
+        );
+        assert_eq!(longest_prompt(&l), Some(127));
+    }
+
+    #[test]
+    fn the_sweep_brackets_every_limit_and_looks_inside() {
+        let ks = prompt_lengths(&ring(), 20);
+        for k in [20, 31, 32, 33, 127, 128, 129] {
+            assert!(ks.contains(&k), "{k} in {ks:?}");
+        }
+        // 4 points strictly between 33 and 127
+        assert_eq!(ks.iter().filter(|&&k| k > 33 && k < 127).count(), 4);
+    }
+
+    #[test]
+    fn garbled_needs_a_real_miss() {
+        let c = |cosine, top1_match| LogitComparison {
+            cosine,
+            kl: 0.0,
+            device_top1: 0,
+            reference_top1: 0,
+            top1_match,
+        };
+        // absolute floors, whatever the device's own miss
+        assert!(!garbled(&c(0.99, false), 0.01));
+        assert!(!garbled(&c(0.9, true), 0.01));
+        assert!(garbled(&c(0.9, false), 0.01));
+        assert!(garbled(&c(0.5, true), 0.01));
+        // relative: 20× the device's own miss and at least 0.005
+        assert!(garbled(&c(0.99, true), 1e-5));
+        assert!(!garbled(&c(0.996, true), 1e-5));
+        assert!(!garbled(&c(0.99, true), 1e-3));
+    }
+}

@@ -1,0 +1,178 @@
+//! The capacity rule (issue 20): on a run whose every control passes, `diagnose` runs the
+//! `capacity` probe's cheap check (a prompt one past the longest the device accepts, the longest
+//! one, and the steps around the end of the context from it) and names `capacity-overflow` when
+//! a request the device answered misses its reference with no refusal. Its own facts and table
+//! (docs/diagnosis.md, `rules:capacity`): ring and stateful devices share it.
+
+use kvprobe_schema::{
+    CapacityFinding, CapacityOutcome, CapacityPhase, ProbeFindings, Timing, Verdict,
+};
+
+use super::engine::{Cause, Control, Controls, Engine, Rule, Tier};
+use super::outcome::timed;
+use crate::session::Session;
+use crate::{capacity, Result};
+
+pub struct CapacityFacts {
+    pub finding: CapacityFinding,
+}
+
+impl Controls for CapacityFacts {
+    fn fails(&self, c: Control) -> bool {
+        match c {
+            Control::Capacity | Control::Any => self.finding.silent_overflow,
+            _ => false,
+        }
+    }
+}
+
+type R = Rule<CapacityFacts>;
+
+/// After the controls passed, before the healthy rule.
+pub const CAPACITY: &[R] = &[R::new(
+    "capacity-overflow",
+    Tier::CachePath,
+    Some(Verdict::CapacityOverflow),
+    capacity_overflow,
+)
+.needs(Control::Capacity)
+.stop()];
+
+/// Every capacity rule, in evaluation order.
+pub const TABLE: &[&[R]] = &[CAPACITY];
+
+fn what(phase: CapacityPhase, tokens: usize) -> String {
+    match phase {
+        CapacityPhase::Prompt => format!("a prompt of {tokens} tokens"),
+        CapacityPhase::Generation => format!("the generation step that sees {tokens} tokens"),
+    }
+}
+
+fn capacity_overflow(f: &CapacityFacts) -> Option<Cause> {
+    let g = f.finding.garbled().next()?;
+    let cmp = g.comparison.as_ref()?;
+    let limits: Vec<String> = f
+        .finding
+        .limits
+        .iter()
+        .map(|l| format!("{} {}", l.kind.name(), l.value))
+        .collect();
+    Some(Cause::new(0.85).line(format!(
+        "→ capacity-overflow: the device declares {} and every control passes, yet {} comes back garbled (cosine {:.4}, top-1 {}) with no refusal: it holds less than it declares and says nothing",
+        limits.join(", "),
+        what(g.phase, g.tokens),
+        cmp.cosine,
+        if cmp.top1_match { "kept" } else { "lost" }
+    )))
+}
+
+/// One evidence line for the quick check.
+fn summary(f: &CapacityFinding) -> String {
+    let parts: Vec<String> = f
+        .points
+        .iter()
+        .map(|p| {
+            let cos = p
+                .comparison
+                .as_ref()
+                .map_or(String::new(), |c| format!(" {:.4}", c.cosine));
+            format!("{} {}{cos}", what(p.phase, p.tokens), p.outcome.name())
+        })
+        .collect();
+    let refused = f
+        .points
+        .iter()
+        .any(|p| p.outcome == CapacityOutcome::Refused);
+    format!(
+        "capacity (cheap check, not the whole sweep: `kvprobe capacity` runs it): {}{}",
+        parts.join("; "),
+        if refused {
+            "; past the limit the runtime refuses with a typed error"
+        } else {
+            ""
+        }
+    )
+}
+
+/// Runs the cheap check and the capacity rule; true when the rule ended the diagnosis.
+pub(crate) fn phase(
+    s: &mut Session,
+    eng: &mut Engine,
+    timings: &mut Vec<Timing>,
+    probes: &mut ProbeFindings,
+) -> Result<bool> {
+    let finding = timed(timings, "capacity", || capacity::run(s, true))?;
+    eng.line(summary(&finding));
+    if let Ok(v) = serde_json::to_value(&finding) {
+        probes.extra.insert("capacity".into(), v);
+    }
+    let facts = CapacityFacts { finding };
+    eng.apply(CAPACITY, &facts);
+    Ok(eng.stopped())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvprobe_schema::{CapacityPoint, LogitComparison, PastLimit};
+
+    fn point(tokens: usize, cosine: f64, outcome: CapacityOutcome) -> CapacityPoint {
+        CapacityPoint {
+            phase: CapacityPhase::Prompt,
+            tokens,
+            beyond: Vec::new(),
+            documented: None,
+            window: None,
+            refusal: None,
+            comparison: Some(LogitComparison {
+                cosine,
+                kl: 0.0,
+                device_top1: 1,
+                reference_top1: 2,
+                top1_match: false,
+            }),
+            outcome,
+        }
+    }
+
+    fn facts(points: Vec<CapacityPoint>) -> CapacityFacts {
+        let silent_overflow = points.iter().any(|p| p.outcome == CapacityOutcome::Garbled);
+        CapacityFacts {
+            finding: CapacityFinding {
+                limits: Vec::new(),
+                points,
+                generation_prompt: 127,
+                first_garbled_prompt: None,
+                first_garbled_context: None,
+                silent_overflow,
+                quick: true,
+            },
+        }
+    }
+
+    #[test]
+    fn a_garbled_answer_names_capacity_overflow_and_a_refusal_does_not() {
+        let mut refused = point(128, 0.0, CapacityOutcome::Refused);
+        refused.comparison = None;
+        refused.documented = Some(PastLimit::Refused);
+        let bad = facts(vec![
+            refused.clone(),
+            point(127, 0.42, CapacityOutcome::Garbled),
+        ]);
+        let mut e = Engine::new();
+        e.apply(CAPACITY, &bad);
+        assert!(e.stopped());
+        let c = e.conclude();
+        assert_eq!(c.verdict, Verdict::CapacityOverflow);
+        assert!(
+            c.evidence[0].contains("a prompt of 127 tokens"),
+            "{:?}",
+            c.evidence
+        );
+        let good = facts(vec![refused, point(127, 0.998, CapacityOutcome::Matches)]);
+        let mut e = Engine::new();
+        e.apply(CAPACITY, &good);
+        assert!(!e.stopped());
+        assert_eq!(e.conclude().verdict, Verdict::Unknown);
+    }
+}
