@@ -22,7 +22,23 @@ semantics) on top of the causal rule. GQA reads the mask only as a length (seqle
 sum(mask) - 1), so it cannot express the masks kvprobe's probes send (self only, single key);
 with the all-ones mask GenAI builds the two graphs compute the same function.
 
-Usage: export-onnx.py HF_DIR OUT_DIR [--max-length N]
+Convention (b), `--window W` (context C = --max-length): the NPU style of GenAI's windowed cache
+(contract doc §3, onnxruntime-genai `src/models/windowed_kv_cache.cpp`, docs/onnx-genai.md W0-W6):
+static shapes around a fixed window and cache, the prompt padded and run in chunks of W:
+
+  inputs   input_ids int32 [1, sequence_length]      (W for a prompt chunk, 1 for a token)
+           attention_mask int32 [1, C]               (static)
+           position_ids int32 [1, sequence_length]
+           past_key_values.N.key [H, 1, D, past_sequence_length]   (C - W, then C - 1)
+           past_key_values.N.value [H, 1, past_sequence_length, D]
+  outputs  logits float32 [1, sequence_length, vocab_size]
+           present.N.key [H, 1, D, sequence_length], present.N.value [H, 1, sequence_length, D]
+
+with the KV I/O float32 or, `--kv-dtype uint8`, QDQ uint8 (zero point 128 = pad_value; one scale
+per layer and K/V, calibrated on the float32 graph, also written to kv_quant.json). GenAI itself
+runs only the uint8 variant (its windowed cache requires uint8).
+
+Usage: export-onnx.py HF_DIR OUT_DIR [--max-length N] [--window W [--kv-dtype float32|uint8]]
 HF_DIR: config.json + model.safetensors (+ tokenizer.json), e.g. written by
 `cargo run -p kvprobe-npu --example onnx_weights -- MODEL HF_DIR` (the reference's f32 weights).
 """
@@ -65,7 +81,9 @@ class Graph:
         return output
 
     def const(self, name, array):
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        # (np.ascontiguousarray would turn a 0-d scalar into shape [1])
+        a = np.asarray(array)
+        self.inits.append(numpy_helper.from_array(a if a.ndim == 0 else np.ascontiguousarray(a), name))
         return name
 
     def i64(self, values, base="c"):
@@ -105,15 +123,46 @@ def expand_kv(g, x, kv, rep, d):
     return g.op("Reshape", [e, g.i64([0, kv * rep, -1, d])])
 
 
-def build(cfg, w, inv_freq, max_len):
+def windowed_kv(g, i, k, v, scales):
+    """Convention (b), one layer: the new K [1, H, S, D] leaves as present K [H, 1, D, S], V as
+    [H, 1, S, D]; the past (K [H, 1, D, C-S], V [H, 1, C-S, D]) and the new entries are joined
+    along the sequence into [1, H, C, D] for the attention. With scales (k, v) the cache I/O is
+    uint8 with zero point 128 (= pad_value, so an unwritten slot dequantises to 0): present =
+    QuantizeLinear(new), and the attention reads every entry, the new ones included, as
+    DequantizeLinear(uint8), i.e. exactly what a later run reads back from the cache."""
+    pk_in, pv_in = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+    k_out = g.op("Transpose", [k], perm=[1, 0, 3, 2])  # [H, 1, D, S]
+    v_out = g.op("Transpose", [v], perm=[1, 0, 2, 3])  # [H, 1, S, D]
+    if scales is not None:
+        zp = g.const(f"kv_zero_point", np.array(128, np.uint8)) if i == 0 else "kv_zero_point"
+        ks = g.const(f"{pk_in}_scale", np.array(scales[0], np.float32))
+        vs = g.const(f"{pv_in}_scale", np.array(scales[1], np.float32))
+        kq = g.op_to("QuantizeLinear", [k_out, ks, zp], f"present.{i}.key")
+        vq = g.op_to("QuantizeLinear", [v_out, vs, zp], f"present.{i}.value")
+        k_new, v_new = g.op("DequantizeLinear", [kq, ks, zp]), g.op("DequantizeLinear", [vq, vs, zp])
+        k_past, v_past = g.op("DequantizeLinear", [pk_in, ks, zp]), g.op("DequantizeLinear", [pv_in, vs, zp])
+    else:
+        g.op_to("Identity", [k_out], f"present.{i}.key")
+        g.op_to("Identity", [v_out], f"present.{i}.value")
+        k_new, v_new, k_past, v_past = k_out, v_out, pk_in, pv_in
+    kall = g.op("Concat", [k_past, k_new], axis=3)  # [H, 1, D, C]
+    vall = g.op("Concat", [v_past, v_new], axis=2)  # [H, 1, C, D]
+    return g.op("Transpose", [kall], perm=[1, 0, 3, 2]), g.op("Transpose", [vall], perm=[1, 0, 2, 3])
+
+
+def build(cfg, w, inv_freq, max_len, window=None, kv_scales=None):
+    """window None: convention (a). window W: convention (b), GenAI's windowed cache (see the
+    module doc); kv_scales [(k_scale, v_scale)] per layer makes its cache I/O uint8 (QDQ)."""
     H, NH = cfg["num_key_value_heads"], cfg["num_attention_heads"]
     hidden = cfg["hidden_size"]
     D = cfg.get("head_dim") or hidden // NH
     L, V, eps = cfg["num_hidden_layers"], cfg["vocab_size"], float(cfg["rms_norm_eps"])
     g = Graph()
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
-    # RoPE tables [max_len, D/2]: angle = f32(pos) * f32(inv_freq) in f32, as HF and the reference
-    pos = np.arange(max_len, dtype=np.float32)[:, None]
+    # RoPE tables [rows, D/2]: angle = f32(pos) * f32(inv_freq) in f32, as HF and the reference;
+    # the windowed graph's positions may pass C (generation past capacity, a fault to observe)
+    rows = max_len if window is None else max(max_len, int(cfg.get("max_position_embeddings", max_len)))
+    pos = np.arange(rows, dtype=np.float32)[:, None]
     ang = (pos * f32(inv_freq)[None, :]).astype(np.float32)
     g.const("cos_cache", np.cos(ang.astype(np.float64)).astype(np.float32))
     g.const("sin_cache", np.sin(ang.astype(np.float64)).astype(np.float32))
@@ -127,15 +176,15 @@ def build(cfg, w, inv_freq, max_len):
         return g.op("Unsqueeze", [full, g.i64([1])])
     cos, sin = table("cos_cache"), table("sin_cache")
     # mask [B, 1, S, T]: key j allowed iff attention_mask[b, j] == 1 and j <= T - S + i
-    ids_shape = g.op("Shape", ["input_ids"])
-    S = g.op("Slice", [ids_shape, g.i64([1]), g.i64([2]), g.i64([0])])
-    T = g.op("Slice", [g.op("Shape", ["attention_mask"]), g.i64([1]), g.i64([2]), g.i64([0])])
-    s0, t0 = g.op("Squeeze", [S, g.i64([0])]), g.op("Squeeze", [T, g.i64([0])])
+    # scalar S and T by Gather (a Squeeze of a Slice trips ORT's shape inference when T is static)
+    s0 = g.op("Gather", [g.op("Shape", ["input_ids"]), g.i64(1)], axis=0)
+    t0 = g.op("Gather", [g.op("Shape", ["attention_mask"]), g.i64(1)], axis=0)
     q_abs = g.op("Range", [g.op("Sub", [t0, s0]), t0, g.i64(1)])  # [S]
     k_idx = g.op("Range", [g.i64(0), t0, g.i64(1)])  # [T]
     causal = g.op("LessOrEqual", [g.op("Unsqueeze", [k_idx, g.i64([0])]),
                                   g.op("Unsqueeze", [q_abs, g.i64([1])])])  # [S, T]
-    keys = g.op("Equal", ["attention_mask", g.i64(1)])  # [B, T]
+    one = g.i64(1) if window is None else g.const(g.name("one32"), np.array(1, np.int32))
+    keys = g.op("Equal", ["attention_mask", one])  # [B, T]
     keys = g.op("Unsqueeze", [keys, g.i64([1, 2])])  # [B, 1, 1, T]
     allowed = g.op("And", [causal, keys])  # [B, 1, S, T]
     allowed_f = g.op("Cast", [allowed], to=TensorProto.FLOAT)
@@ -156,8 +205,11 @@ def build(cfg, w, inv_freq, max_len):
         q = rope(g, heads(g, lin("self_attn.q_proj", h), NH, D), cos, sin, D // 2)
         k = rope(g, heads(g, lin("self_attn.k_proj", h), H, D), cos, sin, D // 2)
         v = heads(g, lin("self_attn.v_proj", h), H, D)
-        pk = g.op_to("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
-        pv = g.op_to("Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
+        if window is None:
+            pk = g.op_to("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
+            pv = g.op_to("Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
+        else:
+            pk, pv = windowed_kv(g, i, k, v, None if kv_scales is None else kv_scales[i])
         ke, ve = expand_kv(g, pk, H, NH // H, D), expand_kv(g, pv, H, NH // H, D)
         sc = g.op("Mul", [g.op("MatMul", [q, g.op("Transpose", [ke], perm=[0, 1, 3, 2])]), scale])
         sc = g.op("Where", [allowed, sc, neg])
@@ -175,14 +227,31 @@ def build(cfg, w, inv_freq, max_len):
     g.const("lm_head.weight.T", f32(w["lm_head.weight"]).T)
     g.op_to("MatMul", [x, "lm_head.weight.T"], "logits")
 
-    kv = lambda n, t: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch_size", H, t, D])  # noqa: E731
-    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
-              helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
-              helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"])]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", V])]
-    for i in range(L):
-        inputs += [kv(f"past_key_values.{i}.key", "past_sequence_length"), kv(f"past_key_values.{i}.value", "past_sequence_length")]
-        outputs += [kv(f"present.{i}.key", "total_sequence_length"), kv(f"present.{i}.value", "total_sequence_length")]
+    if window is None:
+        kv = lambda n, t: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch_size", H, t, D])  # noqa: E731
+        inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+                  helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch_size", "total_sequence_length"]),
+                  helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"])]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", V])]
+        for i in range(L):
+            inputs += [kv(f"past_key_values.{i}.key", "past_sequence_length"), kv(f"past_key_values.{i}.value", "past_sequence_length")]
+            outputs += [kv(f"present.{i}.key", "total_sequence_length"), kv(f"present.{i}.value", "total_sequence_length")]
+    else:
+        # GenAI's windowed cache (G:wkv): head axis first, batch second, K transposed; the
+        # sequence axis is W (a prompt chunk) or 1 (a token), the past C - W or C - 1, so every
+        # run attends over exactly C = context_length slots (the static mask [1, C]).
+        C = max_len
+        et = TensorProto.FLOAT if kv_scales is None else TensorProto.UINT8
+        i32 = lambda n, shp: helper.make_tensor_value_info(n, TensorProto.INT32, shp)  # noqa: E731
+        kvi = lambda n, shp: helper.make_tensor_value_info(n, et, shp)  # noqa: E731
+        inputs = [i32("input_ids", [1, "sequence_length"]), i32("attention_mask", [1, C]),
+                  i32("position_ids", [1, "sequence_length"])]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "sequence_length", V])]
+        for i in range(L):
+            inputs += [kvi(f"past_key_values.{i}.key", [H, 1, D, "past_sequence_length"]),
+                       kvi(f"past_key_values.{i}.value", [H, 1, "past_sequence_length", D])]
+            outputs += [kvi(f"present.{i}.key", [H, 1, D, "sequence_length"]),
+                        kvi(f"present.{i}.value", [H, 1, "sequence_length", D])]
     graph = helper.make_graph(g.nodes, "kvprobe-genai-decoder", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="kvprobe scripts/export-onnx.py")
@@ -190,8 +259,22 @@ def build(cfg, w, inv_freq, max_len):
     return model, D
 
 
-def genai_config(cfg, D, max_len):
+def genai_config(cfg, D, max_len, window=None, uint8=False):
     bos, eos = cfg.get("bos_token_id"), cfg.get("eos_token_id")
+    out = genai_config_a(cfg, D, max_len, bos, eos)
+    if window is not None:
+        # G:cfg `decoder.sliding_window`; pad_value fills unwritten slots (GenAI fills uint8
+        # bytes: 128 is the zero point here, so they dequantise to 0; the float32 variant's
+        # unwritten slots are 0.0 too)
+        out["model"]["decoder"]["sliding_window"] = {
+            "window_size": window, "pad_value": 128 if uint8 else 0, "alignment": "right",
+            "slide_key_value_cache": True, "slide_inputs": True}
+        # the builder's QNN exports share no buffer; the windowed cache never does (G:kv)
+        out["search"]["past_present_share_buffer"] = False
+    return out
+
+
+def genai_config_a(cfg, D, max_len, bos, eos):
     return {
         "model": {
             "bos_token_id": bos if bos is not None else 0,
@@ -230,6 +313,10 @@ def main():
     ap.add_argument("out_dir")
     ap.add_argument("--max-length", type=int, default=None,
                     help="context_length and search.max_length [default: max_position_embeddings]")
+    ap.add_argument("--window", type=int, default=None,
+                    help="convention (b): GenAI's windowed cache with window (chunk) W; context C = --max-length")
+    ap.add_argument("--kv-dtype", choices=["float32", "uint8"], default="float32",
+                    help="convention (b): the cache I/O type (uint8 = QDQ, scales calibrated on the export's own float run)")
     a = ap.parse_args()
     cfg, w = load_hf_dir(a.hf_dir)
     if cfg.get("model_type") not in ("llama", "mistral", "qwen2"):
@@ -242,14 +329,26 @@ def main():
         inv = 1.0 / (float(cfg.get("rope_theta", 10000.0)) ** (np.arange(0, D, 2, dtype=np.float32) / D))
     if "lm_head.weight" not in w:
         w["lm_head.weight"] = w["model.embed_tokens.weight"]
-    model, D = build(cfg, w, inv, max_len)
+    scales = None
+    if a.window is not None:
+        if a.window <= 1 or max_len < 2 * a.window:
+            sys.exit(f"export-onnx.py: --window {a.window} with context {max_len}: GenAI needs W > 1 and C >= 2W")
+        if a.kv_dtype == "uint8":
+            scales = calibrate(build(cfg, w, inv, max_len, a.window)[0], cfg, max_len, a.window)
+    elif a.kv_dtype != "float32":
+        sys.exit("export-onnx.py: --kv-dtype uint8 is for convention (b) (--window)")
+    model, D = build(cfg, w, inv, max_len, a.window, scales)
     tmp = a.out_dir.rstrip("/") + ".part"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     onnx.save_model(model, os.path.join(tmp, "model.onnx"), save_as_external_data=True,
                     all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
+    if scales is not None:
+        # GenAI only moves the cache's bytes; kvprobe reads the scales to show the states as fp16
+        with open(os.path.join(tmp, "kv_quant.json"), "w") as f:
+            json.dump({"zero_point": 128, "scales": scales}, f, indent=1)
     with open(os.path.join(tmp, "genai_config.json"), "w") as f:
-        json.dump(genai_config(cfg, D, max_len), f, indent=4)
+        json.dump(genai_config(cfg, D, max_len, a.window, scales is not None), f, indent=4)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         src = os.path.join(a.hf_dir, name)
         if os.path.exists(src):
@@ -257,6 +356,36 @@ def main():
     shutil.rmtree(a.out_dir, ignore_errors=True)
     os.rename(tmp, a.out_dir)
     print(f"export-onnx.py: wrote {a.out_dir} ({L_desc(cfg)})")
+
+
+def calibrate(fp32_model, cfg, C, W):
+    """Per-layer K and V scales of the uint8 cache: the float32 windowed graph run by ONNX Runtime
+    on a fixed calibration prompt (C - W pseudo-random ids of the vocabulary, seed 0, as windows
+    of W over the growing cache), scale = 1.25 * max |x| / 127 per tensor (zero point 128)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        sys.exit("export-onnx.py: --kv-dtype uint8 calibrates with the `onnxruntime` package; pip install onnxruntime")
+    sess = ort.InferenceSession(fp32_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    L, H = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
+    D = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    ids = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=C - W)
+    past_k = [np.zeros((H, 1, D, C - W), np.float32) for _ in range(L)]
+    past_v = [np.zeros((H, 1, C - W, D), np.float32) for _ in range(L)]
+    peak = np.zeros((L, 2))
+    for c in range(len(ids) // W):
+        feed = {"input_ids": ids[c * W:(c + 1) * W][None].astype(np.int32),
+                "position_ids": np.arange(c * W, (c + 1) * W, dtype=np.int32)[None],
+                "attention_mask": (np.arange(C) >= C - (c + 1) * W).astype(np.int32)[None]}
+        for i in range(L):
+            feed[f"past_key_values.{i}.key"], feed[f"past_key_values.{i}.value"] = past_k[i], past_v[i]
+        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+        for i in range(L):
+            k, v = outs[f"present.{i}.key"], outs[f"present.{i}.value"]
+            peak[i] = np.maximum(peak[i], [np.abs(k).max(), np.abs(v).max()])
+            past_k[i] = np.concatenate([past_k[i][..., W:], k], axis=3)
+            past_v[i] = np.concatenate([past_v[i][:, :, W:], v], axis=2)
+    return [(float(1.25 * k / 127), float(1.25 * v / 127)) for k, v in np.maximum(peak, 1e-6)]
 
 
 def L_desc(cfg):

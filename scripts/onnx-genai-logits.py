@@ -30,11 +30,13 @@ def main():
     ap.add_argument("--ids", required=True)
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--max-length", type=int, default=None,
+                    help="search max_length [default: prompt + steps; a windowed model counts its pads too]")
     a = ap.parse_args()
     ids = [int(x) for x in a.ids.split(",")]
     model = og.Model(a.dir)
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + a.steps, do_sample=False)
+    params.set_search_options(max_length=a.max_length or len(ids) + a.steps, do_sample=False)
     gen = og.Generator(model, params)
     rows, tokens = [], []
     feed = ids

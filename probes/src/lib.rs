@@ -13,6 +13,9 @@ pub mod diagnose;
 pub mod error;
 pub mod greedy;
 pub mod inject;
+pub mod kvdiff;
+pub mod kvdiff_cache;
+pub mod kvdiff_compare;
 pub mod layout;
 pub mod layout_infer;
 pub mod maskconv;
@@ -63,6 +66,7 @@ pub static PROBES: &[&dyn Probe] = &[
     &rerun::RerunProbe,
     &capacity::CapacityProbe,
     &determinism::DeterminismProbe,
+    &kvdiff::KvdiffProbe,
 ];
 
 #[cfg(test)]

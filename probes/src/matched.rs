@@ -329,8 +329,31 @@ pub fn greedy_logits(
     cache_len: usize,
     prefill_len: usize,
 ) -> Result<Vec<Vec<f32>>> {
-    let mut store = Store::new(model);
     let mut out = Vec::with_capacity(steps);
+    let geometry = (n, steps, cache_len, prefill_len);
+    drive(model, p, seq, geometry, &mut |logits, _, _| {
+        out.push(logits);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// `[layer][position]` rows `[n_kv · hd]`, as the cache holds them.
+pub type LayerRows<'a> = &'a [Vec<Vec<f32>>];
+/// What [`drive`] calls after the prefill and each step: (last row's logits, k, v).
+pub type OnStep<'a> = dyn FnMut(Vec<f32>, LayerRows, LayerRows) -> Result<()> + 'a;
+
+/// Prefill chunks then tbt rows, as [`greedy_logits`]; `each(last row's logits, k, v)` after the
+/// prefill and after every step (kvdiff reads the K/V). `geometry` = (prompt length, steps, cache
+/// length, prefill length).
+pub fn drive(
+    model: &Model,
+    p: &Precision,
+    seq: &[u32],
+    (n, steps, cache_len, prefill_len): (usize, usize, usize, usize),
+    each: &mut OnStep,
+) -> Result<()> {
+    let mut store = Store::new(model);
     let mut last = Vec::new();
     for (a, b, chunk_start) in chunks(n, prefill_len.max(1), p.ring) {
         let from = if p.ring {
@@ -340,7 +363,7 @@ pub fn greedy_logits(
         };
         last = run_rows(model, p, &mut store, seq, a..b, from, PREFILL)?;
     }
-    out.push(last);
+    each(last, &store.k, &store.v)?;
     for t in 1..steps {
         let pos = n - 1 + t;
         let from = if p.ring {
@@ -348,17 +371,10 @@ pub fn greedy_logits(
         } else {
             0
         };
-        out.push(run_rows(
-            model,
-            p,
-            &mut store,
-            seq,
-            pos..pos + 1,
-            from,
-            TBT,
-        )?);
+        let logits = run_rows(model, p, &mut store, seq, pos..pos + 1, from, TBT)?;
+        each(logits, &store.k, &store.v)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Prefill chunks as `(first real row, end, chunk start)`: a ring runs the remainder first, its

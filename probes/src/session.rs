@@ -81,7 +81,7 @@ impl<'a> Session<'a> {
                 Error::Device("the prefill group has no embeddings input (contract §3.1)".into())
             })?
             .clone();
-        let table = EmbeddingTable::from_tensor(model.embedding_table(), &emb)?;
+        let table = EmbeddingTable::from_model(model, &emb)?;
         let driver = Driver::new(&*dev, table)?;
         if ids.is_empty() {
             return Err(kvprobe_npu::Error::EmptyPrompt.into());

@@ -243,6 +243,7 @@ pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<St
         layout_cosines: None,
         selfonly_cosine: None,
         full_cosine: None,
+        position_cosines: None,
     };
     if !experiments {
         return Ok(f);
@@ -275,5 +276,19 @@ pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<St
     )?;
     f.full_cosine = Some(cosine(&outs[0].logits, &first.reference));
     f.selfonly_cosine = Some(cosine(&outs[1].logits, &alone));
+    // the full-context step against the reference with its query moved by δ (the prompt's keys
+    // where they are): a runner that feeds a wrong position id is reproduced by its δ
+    let mut shifts = Vec::new();
+    for delta in -4i64..=4 {
+        let pos = first.position as i64 + delta;
+        if pos < 0 {
+            continue;
+        }
+        let r = s
+            .model
+            .step(&prompt.state, first.query, pos as usize, &KeySet::All)?;
+        shifts.push([delta as f64, cosine(&outs[0].logits, &r)]);
+    }
+    f.position_cosines = Some(shifts);
     Ok(f)
 }

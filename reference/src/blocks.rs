@@ -4,25 +4,39 @@
 use candle_core::{Device, Tensor};
 
 use crate::matmul::{self, Rhs};
+use crate::store::Weight;
 use crate::Result;
 
 /// A linear map. HF `nn.Linear` stores `[out, in]` (y = x Wᵀ + b), GPT-2 `Conv1D` stores `[in, out]`
-/// (y = x W + b). The weight is kept as loaded and multiplied through a transposed *view*, so no
-/// transposed copy doubles the memory (dependency notes: as fast as a copy).
+/// (y = x W + b). The weight is kept as the checkpoint stores it ([`Weight`]: f32, or f16/bf16/
+/// quantised blocks converted a tile at a time) and multiplied through a transposed *view*, so
+/// neither an f32 nor a transposed copy doubles the memory.
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
-    pub w: Tensor,
+    pub w: Weight,
     pub b: Option<Tensor>,
     /// true = `[in, out]` (Conv1D), false = `[out, in]` (nn.Linear).
     pub in_out: bool,
 }
 
 impl Linear {
+    /// An f32 in-memory weight.
+    #[cfg(test)]
+    pub fn from_tensor(w: Tensor, b: Option<Tensor>, in_out: bool) -> Result<Linear> {
+        Ok(Linear {
+            w: Weight::from_tensor(w)?,
+            b,
+            in_out,
+        })
+    }
+
+    /// The tensor form (a whole f32 weight per call when it is not f32 in memory: GPT-2's MLP).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let w = self.w.to_tensor()?;
         let y = if self.in_out {
-            x.matmul(&self.w)?
+            x.matmul(&w)?
         } else {
-            x.matmul(&self.w.t()?)?
+            x.matmul(&w.t()?)?
         };
         Ok(match &self.b {
             Some(b) => y.broadcast_add(b)?,
@@ -35,17 +49,28 @@ impl Linear {
     pub fn forward_rows(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
         let inp = x.len() / rows.max(1);
         let (kind, out) = if self.in_out {
-            (Rhs::Plain, self.w.dim(1)?)
+            (Rhs::Plain, self.w.cols())
         } else {
-            (Rhs::Transposed, self.w.dim(0)?)
+            (Rhs::Transposed, self.w.rows())
         };
-        let direct =
-            matmul::with_slice(&self.w, |w| matmul::batched(x, w, kind, 1, rows, inp, out));
-        let Some(y) = direct else {
-            let xt = Tensor::from_slice(x, (rows, inp), &Device::Cpu)?;
-            return Ok(self.forward(&xt)?.flatten_all()?.to_vec1()?);
+        let direct = self
+            .w
+            .with_f32(|w| matmul::batched(x, w, kind, 1, rows, inp, out));
+        let y = match direct {
+            Some(y) => y?,
+            None if !self.in_out => {
+                let w = &self.w;
+                let fill = |r0: usize, r1: usize, buf: &mut Vec<f32>| w.rows_into(r0, r1, buf);
+                matmul::tiled_transposed(x, rows, inp, out, &fill)?
+            }
+            None => {
+                // Conv1D rows are input features: a tile of them would split the sums over k
+                let mut w = Vec::new();
+                self.w.rows_into(0, self.w.rows(), &mut w)?;
+                matmul::batched(x, &w, kind, 1, rows, inp, out)?
+            }
         };
-        let mut y = y?;
+        let mut y = y;
         if let Some(b) = &self.b {
             let b: Vec<f32> = b.to_vec1()?;
             for r in y.chunks_exact_mut(out) {
@@ -257,6 +282,19 @@ impl Block {
         Ok(())
     }
 
+    pub fn linears(&self) -> Vec<&Linear> {
+        let mut v: Vec<&Linear> = match &self.qkv {
+            Qkv::Separate { q, k, v } => vec![q, k, v],
+            Qkv::Fused(l) => vec![l],
+        };
+        v.push(&self.o);
+        v.extend(match &self.mlp {
+            Mlp::SwiGlu { gate, up, down } => vec![gate, up, down],
+            Mlp::Gelu { fc, proj, .. } => vec![fc, proj],
+        });
+        v
+    }
+
     pub fn linears_mut(&mut self) -> Vec<&mut Linear> {
         let mut v: Vec<&mut Linear> = match &mut self.qkv {
             Qkv::Separate { q, k, v } => vec![q, k, v],
@@ -281,16 +319,8 @@ mod tests {
     fn gelu_mlp_is_tanh_gelu() {
         // Published values of GPT-2's gelu_new: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
         let mlp = Mlp::Gelu {
-            fc: Linear {
-                w: eye(4),
-                b: None,
-                in_out: true,
-            },
-            proj: Linear {
-                w: eye(4),
-                b: None,
-                in_out: true,
-            },
+            fc: Linear::from_tensor(eye(4), None, true).unwrap(),
+            proj: Linear::from_tensor(eye(4), None, true).unwrap(),
             act: Activation::GeluTanh,
         };
         let x = Tensor::new(&[[1.0f32, -1.0, 2.0, 0.5]], &Device::Cpu).unwrap();
@@ -341,22 +371,14 @@ mod tests {
         // nn.Linear [out, in] computes x Wᵀ; Conv1D [in, out] computes x W.
         let w = Tensor::new(&[[1.0f32, 2.0], [3.0, 4.0], [5.0, 6.0]], &Device::Cpu).unwrap();
         let x = Tensor::new(&[[1.0f32, 10.0]], &Device::Cpu).unwrap();
-        let lin = Linear {
-            w: w.clone(),
-            b: None,
-            in_out: false,
-        };
+        let lin = Linear::from_tensor(w.clone(), None, false).unwrap();
         assert_eq!(
             lin.forward(&x).unwrap().to_vec2::<f32>().unwrap(),
             vec![vec![21.0, 43.0, 65.0]]
         );
         let x3 = Tensor::new(&[[1.0f32, 10.0, 100.0]], &Device::Cpu).unwrap();
         let b = Tensor::new(&[0.5f32, -0.5], &Device::Cpu).unwrap();
-        let conv = Linear {
-            w,
-            b: Some(b),
-            in_out: true,
-        };
+        let conv = Linear::from_tensor(w, Some(b), true).unwrap();
         assert_eq!(
             conv.forward(&x3).unwrap().to_vec2::<f32>().unwrap(),
             vec![vec![531.5, 641.5]]

@@ -44,11 +44,8 @@ pub struct LlamaExport {
 }
 
 fn linear(l: &Linear) -> Result<LinearExport> {
-    let w = if l.in_out {
-        l.w.t()?.contiguous()?
-    } else {
-        l.w.clone()
-    };
+    let w = l.w.to_tensor()?;
+    let w = if l.in_out { w.t()?.contiguous()? } else { w };
     Ok(LinearExport { w, b: l.b.clone() })
 }
 
@@ -98,7 +95,7 @@ impl Model {
             return Ok(None);
         };
         Ok(Some(LlamaExport {
-            embed: self.embed.clone(),
+            embed: self.embed.to_tensor()?,
             layers,
             final_norm,
             lm_head: linear(&self.lm_head)?,

@@ -3,7 +3,11 @@
 //! `tokenizer.ggml.*` metadata. Every tensor must map to a weight the forward uses; the
 //! `rope_freqs` tensor (Llama 3.1/3.2 RoPE scaling) becomes the config's frequency divisors.
 //!
-//! Everything is dequantised once at load (issue 2: "Everything float32 on dequantised weights").
+//! Weights stay in the mapped file in their storage type (issue 21 "Memory"): f32/f16/bf16
+//! tensors always, quantised blocks when the model's f32 copy would exceed
+//! [`DEQUANTISE_AT_LOAD_MAX_BYTES`] (a smaller quantised model, SmolLM2 among them, is
+//! dequantised once at load, as before: the products then skip the per-tile dequantisation).
+//! Either way the products compute in f32 on the values candle's dequantisation gives.
 //! llama.cpp's HF→GGUF converter reorders the rows of `attn_q` / `attn_k` inside every head so that
 //! RoPE rotates adjacent pairs (x[2i], x[2i+1]); our forward uses HF's rotate_half, which pairs
 //! (x[i], x[i + hd/2]). [`unpermute_rows`] restores the HF order. Only the `llama` architecture
@@ -13,15 +17,34 @@ use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
+use std::sync::Arc;
+
 use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::GgmlDType;
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
 use crate::gguf_meta::Meta;
-use crate::{Error, LoadedParts, ModelConfig, Result, Weights};
+use crate::store::{Bytes, Kind, Weight};
+use crate::weights::StoredWeights;
+use crate::{Error, LoadedParts, ModelConfig, Result, StoredParts};
+
+/// A quantised model whose f32 copy fits in this many bytes is dequantised once at load; a
+/// larger one keeps its blocks and dequantises them a tile at a time in every product.
+pub const DEQUANTISE_AT_LOAD_MAX_BYTES: u64 = 1 << 30;
 
 /// Load a `.gguf` file (llama, qwen2, qwen3) into config, f32 weights (HF names) and tokenizer.
 pub fn load(path: &Path) -> Result<LoadedParts> {
+    load_stored(path)?.into_loaded()
+}
+
+/// [`load`] with the weights in the mapped file, in their storage type.
+pub(crate) fn load_stored(path: &Path) -> Result<StoredParts> {
+    load_stored_with(path, DEQUANTISE_AT_LOAD_MAX_BYTES)
+}
+
+/// [`load_stored`] dequantising quantised blocks at load only when the model's f32 copy takes at
+/// most `dequantise_max` bytes.
+pub(crate) fn load_stored_with(path: &Path, dequantise_max: u64) -> Result<StoredParts> {
     let file = File::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::NotFound {
             path: path.to_path_buf(),
@@ -39,9 +62,19 @@ pub fn load(path: &Path) -> Result<LoadedParts> {
     };
     let arch = crate::gguf_config::architecture(&meta)?;
     let mut config = crate::gguf_config::config_from_meta(&meta, &content, &arch)?;
-    let weights = load_weights(&mut reader, &content, &mut config, path)?;
+    // SAFETY: a read-only mapping; the tool does not support a model file rewritten while it
+    // runs (as candle's own mmap loaders)
+    let map = unsafe { memmap2::Mmap::map(reader.get_ref()) }.map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let file = Source {
+        map: Arc::new(map),
+        file: reader.get_ref(),
+    };
+    let weights = load_weights(&file, &content, &mut config, path, dequantise_max)?;
     let tokenizer = crate::gguf_tokenizer::from_metadata(&content.metadata, path)?;
-    Ok(LoadedParts {
+    Ok(StoredParts {
         config,
         weights,
         tokenizer,
@@ -185,21 +218,36 @@ pub fn unpermute_rows(t: &Tensor, n_heads: usize) -> candle_core::Result<Tensor>
 /// The GGUF name of llama.cpp's per-frequency RoPE divisors (Llama 3.1/3.2 `rope_scaling`).
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
+/// The model file, mapped (weights kept in it) and open (blocks dequantised at load are read,
+/// not mapped: their pages would otherwise stay in the process's resident memory beside the f32
+/// copy).
+struct Source<'a> {
+    map: Arc<memmap2::Mmap>,
+    file: &'a File,
+}
+
 fn load_weights(
-    reader: &mut BufReader<File>,
+    src: &Source<'_>,
     content: &Content,
     config: &mut ModelConfig,
     path: &Path,
-) -> Result<Weights> {
+    dequantise_max: u64,
+) -> Result<StoredWeights> {
     let llama = config.architecture == "gguf:llama";
-    let file_len = reader.seek(SeekFrom::End(0)).map_err(|e| Error::Io {
-        path: path.to_path_buf(),
-        source: e,
-    })?;
+    let file_len = src.map.len() as u64;
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     // File order keeps the reads sequential.
     names.sort_by_key(|n| content.tensor_infos[*n].offset);
-    let mut weights = Weights::new();
+    let f32_bytes = names.iter().try_fold(0u64, |sum, n| {
+        let elems = content.tensor_infos[*n]
+            .shape
+            .dims()
+            .iter()
+            .try_fold(4u64, |p, &d| p.checked_mul(d as u64))?;
+        sum.checked_add(elems)
+    });
+    let dequantise_now = f32_bytes.is_some_and(|b| b <= dequantise_max);
+    let mut weights = StoredWeights::new();
     for gguf_name in names {
         let hf = match hf_name(gguf_name) {
             Some(hf) => hf,
@@ -217,52 +265,136 @@ fn load_weights(
             .iter()
             .try_fold(1usize, |n, &d| n.checked_mul(d));
         if elems == Some(0) {
-            // candle reads an empty tensor through a misaligned dangling pointer (undefined
-            // behaviour, found by examples/fuzz); no weight of a model is empty
+            // no weight of a model is empty (and candle reads an empty tensor through a
+            // misaligned dangling pointer, found by examples/fuzz)
             return Err(Error::Format {
                 path: path.to_path_buf(),
                 detail: format!("tensor `{gguf_name}` has a zero dimension; the file is damaged, fetch it again"),
             });
         }
-        let end = elems
-            .and_then(|elems| {
-                ((elems / info.ggml_dtype.block_size()) as u64)
-                    .checked_mul(info.ggml_dtype.type_size() as u64)
-            })
-            .and_then(|bytes| {
-                content
-                    .tensor_data_offset
-                    .checked_add(info.offset)?
-                    .checked_add(bytes)
-            });
-        if end.is_none_or(|end| end > file_len) {
-            return Err(Error::Format {
-                path: path.to_path_buf(),
-                detail: format!(
-                    "truncated GGUF: tensor `{gguf_name}` ends past the end of the file; the download is incomplete, fetch the file again (scripts/fetch-model.sh for SmolLM2)"
+        let dtype = info.ggml_dtype;
+        let dims = info.shape.dims().to_vec();
+        let cols = dims.last().copied().unwrap_or(1);
+        if !cols.is_multiple_of(dtype.block_size()) {
+            return Err(bad_tensor_msg(
+                path,
+                gguf_name,
+                format!(
+                    "has rows of {cols} values, not a whole number of {dtype:?} blocks of {}",
+                    dtype.block_size()
                 ),
-            });
+            ));
         }
-        let q = info
-            .read(reader, content.tensor_data_offset, &Device::Cpu)
-            .map_err(|e| bad_tensor(path, gguf_name, &e))?;
-        let mut t = q
-            .dequantize(&Device::Cpu)
-            .map_err(|e| bad_tensor(path, gguf_name, &e))?;
+        let start = content.tensor_data_offset.checked_add(info.offset);
+        let len = elems.and_then(|elems| {
+            ((elems / dtype.block_size()) as u64).checked_mul(dtype.type_size() as u64)
+        });
+        let (Some(start), Some(len)) = (start, len) else {
+            return Err(truncated(path, gguf_name));
+        };
+        if start.checked_add(len).is_none_or(|end| end > file_len) {
+            return Err(truncated(path, gguf_name));
+        }
+        let bytes = Bytes::Mapped {
+            map: src.map.clone(),
+            start: start as usize,
+            len: len as usize,
+        };
+        let mut w = match dtype {
+            GgmlDType::F32 => Weight::raw(bytes, Kind::F32, dims),
+            GgmlDType::F16 => Weight::raw(bytes, Kind::F16, dims),
+            GgmlDType::BF16 => Weight::raw(bytes, Kind::Bf16, dims),
+            q if dequantise_now => {
+                let mut raw = vec![0u8; len as usize];
+                std::os::unix::fs::FileExt::read_exact_at(src.file, &mut raw, start).map_err(
+                    |source| Error::Io {
+                        path: path.to_path_buf(),
+                        source,
+                    },
+                )?;
+                Weight::raw(Bytes::Owned(Arc::new(raw)), Kind::Quant(q), dims)
+                    .to_tensor()
+                    .and_then(Weight::from_tensor)
+                    .map_err(|e| {
+                        bad_tensor_msg(path, gguf_name, format!("could not be read ({e})"))
+                    })?
+            }
+            q => Weight::raw(bytes, Kind::Quant(q), dims),
+        };
         if hf == ROPE_FREQS {
+            let t = w.to_tensor()?;
             config.rope_freq_factors = Some(rope_freqs(&t, config, path)?);
             continue;
         }
-        if llama && gguf_name.contains(".attn_q.") {
-            t = unpermute_rows(&t, config.n_heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
-        } else if llama && gguf_name.contains(".attn_k.") {
-            t = unpermute_rows(&t, config.n_kv_heads)
-                .map_err(|e| bad_tensor(path, gguf_name, &e))?;
+        let heads = if !llama {
+            None
+        } else if gguf_name.contains(".attn_q.") {
+            Some(config.n_heads)
+        } else if gguf_name.contains(".attn_k.") {
+            Some(config.n_kv_heads)
+        } else {
+            None
+        };
+        if let Some(heads) = heads {
+            w = unpermute(&w, heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
         }
-        weights.insert(hf, t);
+        weights.insert(hf, w);
     }
     check_complete(&weights, config, path)?;
     Ok(weights)
+}
+
+/// [`unpermute_rows`] on a stored weight: a matrix's rows are reordered as stored bytes (blocks
+/// never cross a row), anything else through an f32 tensor.
+fn unpermute(w: &Weight, n_heads: usize) -> candle_core::Result<Weight> {
+    let to_candle = |e: Error| candle_core::Error::Msg(e.to_string());
+    let (Some(kind), [rows, cols]) = (w.kind(), w.dims()) else {
+        let t = unpermute_rows(&w.to_tensor().map_err(to_candle)?, n_heads)?;
+        return Weight::from_tensor(t).map_err(to_candle);
+    };
+    let (rows, cols) = (*rows, *cols);
+    if n_heads == 0 || !rows.is_multiple_of(n_heads) || !(rows / n_heads).is_multiple_of(2) {
+        return Err(candle_core::Error::Msg(format!(
+            "has {rows} rows, not {n_heads} heads of an even size"
+        )));
+    }
+    let rb = kind.row_bytes(cols);
+    let mut raw = Vec::new();
+    w.raw_bytes(|src| {
+        let hd = rows / n_heads;
+        raw.resize(src.len(), 0);
+        for h in 0..n_heads {
+            for half in 0..2 {
+                for i in 0..hd / 2 {
+                    let to = h * hd + half * hd / 2 + i;
+                    let from = h * hd + 2 * i + half;
+                    raw[to * rb..(to + 1) * rb].copy_from_slice(&src[from * rb..(from + 1) * rb]);
+                }
+            }
+        }
+    });
+    Ok(Weight::raw(
+        Bytes::Owned(Arc::new(raw)),
+        kind,
+        vec![rows, cols],
+    ))
+}
+
+fn truncated(path: &Path, name: &str) -> Error {
+    Error::Format {
+        path: path.to_path_buf(),
+        detail: format!(
+            "truncated GGUF: tensor `{name}` ends past the end of the file; the download is incomplete, fetch the file again (scripts/fetch-model.sh for SmolLM2)"
+        ),
+    }
+}
+
+fn bad_tensor_msg(path: &Path, name: &str, detail: String) -> Error {
+    Error::BadTensor {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        detail,
+    }
 }
 
 fn unknown_tensor(path: &Path, name: &str, arch: &str) -> Error {
@@ -320,7 +452,7 @@ fn bad_tensor(path: &Path, name: &str, e: &candle_core::Error) -> Error {
 ///
 /// Checked one layer at a time: a header claiming millions of layers fails at its first missing
 /// one instead of listing them all first (gigabytes from a sub-kilobyte file).
-fn check_complete(w: &Weights, c: &ModelConfig, path: &Path) -> Result<()> {
+fn check_complete(w: &StoredWeights, c: &ModelConfig, path: &Path) -> Result<()> {
     let h = c.hidden_size;
     let check = |name: String, shape: Vec<usize>| -> Result<()> {
         match w.get(&name) {

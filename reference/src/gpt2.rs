@@ -3,11 +3,12 @@
 use candle_core::Tensor;
 
 use crate::blocks::{Activation, Block, Linear, Mlp, Norm, Qkv};
+use crate::store::Weight;
 use crate::weights::WeightGetter;
 use crate::{ModelConfig, Result};
 
 pub(crate) struct Gpt2Parts {
-    pub wte: Tensor,
+    pub wte: Weight,
     pub wpe: Tensor,
     pub blocks: Vec<Block>,
     pub final_norm: Norm,
@@ -19,13 +20,13 @@ pub(crate) fn build(cfg: &ModelConfig, g: &WeightGetter, act: Activation) -> Res
     let inter = cfg.intermediate_size;
     let ln = |p: &str| -> Result<Norm> {
         Ok(Norm::Layer {
-            w: g.get(&format!("{p}.weight"), &[h])?,
-            b: g.get(&format!("{p}.bias"), &[h])?,
+            w: g.get_f32(&format!("{p}.weight"), &[h])?,
+            b: g.get_f32(&format!("{p}.bias"), &[h])?,
             eps: cfg.norm_eps,
         })
     };
     let wte = g.get("wte.weight", &[cfg.vocab_size, h])?;
-    let wpe = g.get("wpe.weight", &[cfg.max_position, h])?;
+    let wpe = g.get_f32("wpe.weight", &[cfg.max_position, h])?;
     // no capacity from the config: a lying config.json must fail at its first missing layer,
     // not allocate for a billion of them
     let mut blocks = Vec::new();

@@ -3,19 +3,29 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use candle_core::{DType, Device};
+use candle_core::Device;
+use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
+use crate::store::{Bytes, Kind, Weight};
+use crate::weights::StoredWeights;
 use crate::{
-    gpt2, support, Error, Family, LoadedParts, ModelConfig, Result, TextTokenizer, Weights,
+    gpt2, support, Error, Family, LoadedParts, ModelConfig, Result, StoredParts, TextTokenizer,
+    Weights,
 };
 
 const FOLDER_FIX: &str =
     "pass a Hugging Face model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file";
 
-/// Load a whole HF folder into parts for [`crate::Model::from_parts`].
+/// Load a whole HF folder into parts for [`crate::Model::from_parts`] (every weight as f32).
 pub fn load(dir: &Path) -> Result<LoadedParts> {
+    load_stored(dir)?.into_loaded()
+}
+
+/// [`load`] with the weights left in the mapped safetensors files, in their storage type.
+pub(crate) fn load_stored(dir: &Path) -> Result<StoredParts> {
     let cfg_path = dir.join("config.json");
     if !cfg_path.is_file() {
         return Err(missing(dir, "config.json", FOLDER_FIX));
@@ -46,14 +56,14 @@ pub fn load(dir: &Path) -> Result<LoadedParts> {
     if config.bos_token_id.is_none() {
         config.bos_token_id = bos_id;
     }
-    let mut weights = load_weights(dir)?;
+    let mut weights = load_stored_weights(dir)?;
     if config.family == Family::Gpt2 {
         weights = weights
             .into_iter()
             .map(|(k, v)| (gpt2::canonical_name(&k).to_string(), v))
             .collect();
     }
-    Ok(LoadedParts {
+    Ok(StoredParts {
         config,
         weights,
         tokenizer,
@@ -311,6 +321,15 @@ impl Fields<'_> {
 
 /// Every tensor of the folder's safetensors, converted to f32 (bf16/f16 checkpoints included).
 pub fn load_weights(dir: &Path) -> Result<Weights> {
+    load_stored_weights(dir)?
+        .into_iter()
+        .map(|(k, w)| Ok((k, w.to_tensor()?)))
+        .collect()
+}
+
+/// Every float tensor of the folder's safetensors: f32/f16/bf16 left in the mapped file, other
+/// float types converted to f32.
+fn load_stored_weights(dir: &Path) -> Result<StoredWeights> {
     let single = dir.join("model.safetensors");
     let index = dir.join("model.safetensors.index.json");
     let files: Vec<PathBuf> = if single.is_file() {
@@ -370,31 +389,69 @@ pub fn load_weights(dir: &Path) -> Result<Weights> {
             "download the model's safetensors weights into the folder",
         ));
     };
-    let mut weights = Weights::new();
+    let mut weights = StoredWeights::new();
     for f in files {
-        let tensors = candle_core::safetensors::load(&f, &Device::Cpu).map_err(|e| Error::Format {
-            path: f.clone(),
-            detail: format!(
-                "not a readable safetensors file ({}); it is truncated or corrupt, download it again",
-                crate::error::one_line(&e.to_string())
-            ),
-        })?;
-        for (name, t) in tensors {
-            // Buffers are not weights: GPT-2's causal-mask `h.N.attn.bias` / `attn.masked_bias`
-            // (4 MB each in float checkpoints) and any integer/bool tensor.
-            if !t.dtype().is_float()
-                || name.ends_with(".attn.bias")
-                || name.ends_with(".attn.masked_bias")
-            {
-                continue;
-            }
-            let t = if t.dtype() == DType::F32 {
-                t
-            } else {
-                t.to_dtype(DType::F32)?
-            };
-            weights.insert(name, t);
-        }
+        map_safetensors(&f, &mut weights)?;
     }
     Ok(weights)
+}
+
+fn map_safetensors(f: &Path, weights: &mut StoredWeights) -> Result<()> {
+    let unreadable = |detail: String| Error::Format {
+        path: f.to_path_buf(),
+        detail: format!(
+            "not a readable safetensors file ({}); it is truncated or corrupt, download it again",
+            crate::error::one_line(&detail)
+        ),
+    };
+    let file = std::fs::File::open(f).map_err(|source| Error::Io {
+        path: f.to_path_buf(),
+        source,
+    })?;
+    // SAFETY: a read-only mapping; like candle's own mmap loader, the tool does not support a
+    // checkpoint rewritten while it runs.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
+        path: f.to_path_buf(),
+        source,
+    })?;
+    let map = Arc::new(map);
+    let st = SafeTensors::deserialize(&map[..]).map_err(|e| unreadable(e.to_string()))?;
+    for (name, view) in st.tensors() {
+        // Buffers are not weights: GPT-2's causal-mask `h.N.attn.bias` / `attn.masked_bias`
+        // (4 MB each in float checkpoints) and any integer/bool tensor.
+        if name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") {
+            continue;
+        }
+        let kind = match view.dtype() {
+            Dtype::F32 => Kind::F32,
+            Dtype::F16 => Kind::F16,
+            Dtype::BF16 => Kind::Bf16,
+            Dtype::BOOL
+            | Dtype::U8
+            | Dtype::I8
+            | Dtype::I16
+            | Dtype::U16
+            | Dtype::I32
+            | Dtype::U32
+            | Dtype::I64
+            | Dtype::U64 => continue,
+            _ => {
+                // rarer float types (f64, fp8): an f32 copy, as before
+                let t = candle_core::safetensors::Load::load(&view, &Device::Cpu)
+                    .map_err(|e| unreadable(e.to_string()))?;
+                weights.insert(name, Weight::from_tensor(t)?);
+                continue;
+            }
+        };
+        let data = view.data();
+        // the view borrows the mapping: its offset inside it is the tensor's byte range
+        let start = data.as_ptr() as usize - map.as_ptr() as usize;
+        let bytes = Bytes::Mapped {
+            map: map.clone(),
+            start,
+            len: data.len(),
+        };
+        weights.insert(name, Weight::raw(bytes, kind, view.shape().to_vec()));
+    }
+    Ok(())
 }

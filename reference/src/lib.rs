@@ -25,6 +25,7 @@ pub mod llama;
 pub mod mask;
 mod matmul;
 pub mod model;
+mod store;
 pub mod support;
 pub mod tokenizer;
 mod weights;
@@ -34,6 +35,7 @@ pub use error::{Error, Result};
 pub use graph::{GraphInput, GraphOptions, GraphOutput, HeadWiring, PositionInput};
 pub use kv::{KeySet, KvState, LayerKv};
 pub use model::{ForwardOptions, ForwardOutput, Model};
+pub use store::EmbeddingRows;
 pub use tokenizer::TextTokenizer;
 
 /// Weights by canonical Hugging Face tensor name, already f32 (GGUF dequantised, q/k un-permuted).
@@ -44,4 +46,27 @@ pub struct LoadedParts {
     pub config: ModelConfig,
     pub weights: Weights,
     pub tokenizer: TextTokenizer,
+}
+
+/// [`LoadedParts`] with the weights in their storage type (what [`Model::load`] builds from).
+pub(crate) struct StoredParts {
+    pub config: ModelConfig,
+    pub weights: weights::StoredWeights,
+    pub tokenizer: TextTokenizer,
+}
+
+impl StoredParts {
+    /// Every weight as an f32 tensor (the public loaders' [`LoadedParts`]).
+    pub(crate) fn into_loaded(self) -> Result<LoadedParts> {
+        let weights = self
+            .weights
+            .into_iter()
+            .map(|(k, w)| Ok((k, w.to_tensor()?)))
+            .collect::<Result<Weights>>()?;
+        Ok(LoadedParts {
+            config: self.config,
+            weights,
+            tokenizer: self.tokenizer,
+        })
+    }
 }

@@ -2,12 +2,12 @@
 //! layout and RoPE tables.
 
 use crate::blocks::{Block, Linear, Mlp, Norm, Qkv};
+use crate::store::Weight;
 use crate::weights::WeightGetter;
-use crate::{ModelConfig, Result};
-use candle_core::Tensor;
+use crate::{Error, ModelConfig, Result};
 
 pub(crate) struct LlamaParts {
-    pub embed: Tensor,
+    pub embed: Weight,
     pub blocks: Vec<Block>,
     pub final_norm: Norm,
     pub lm_head: Linear,
@@ -30,7 +30,7 @@ pub(crate) fn build(cfg: &ModelConfig, g: &WeightGetter) -> Result<LlamaParts> {
         let p = format!("model.layers.{i}");
         let rms = |name: &str| -> Result<Norm> {
             Ok(Norm::Rms {
-                w: g.get(&format!("{p}.{name}.weight"), &[h])?,
+                w: g.get_f32(&format!("{p}.{name}.weight"), &[h])?,
                 eps: cfg.norm_eps,
             })
         };
@@ -40,7 +40,7 @@ pub(crate) fn build(cfg: &ModelConfig, g: &WeightGetter) -> Result<LlamaParts> {
                 return Ok(None);
             }
             Ok(Some(Norm::Rms {
-                w: g.get(&format!("{p}.self_attn.{name}.weight"), &[hd])?,
+                w: g.get_f32(&format!("{p}.self_attn.{name}.weight"), &[hd])?,
                 eps: cfg.norm_eps,
             }))
         };
@@ -63,15 +63,22 @@ pub(crate) fn build(cfg: &ModelConfig, g: &WeightGetter) -> Result<LlamaParts> {
         });
     }
     let final_norm = Norm::Rms {
-        w: g.get("model.norm.weight", &[h])?,
+        w: g.get_f32("model.norm.weight", &[h])?,
         eps: cfg.norm_eps,
     };
-    // Tied when the config says so or the checkpoint simply has no lm_head (SmolLM2, GGUF without
-    // output.weight).
+    // Tied when the config says so (GGUF: when the file has no `output.weight`). An untied
+    // config without the projection used to fall back to the embedding without a word: HF would
+    // run it with a freshly initialised lm_head, so no fallback reproduces it.
     let head = if cfg.tie_embeddings {
         None
     } else {
-        g.opt("lm_head.weight", &[cfg.vocab_size, h])?
+        Some(
+            g.opt("lm_head.weight", &[cfg.vocab_size, h])?
+                .ok_or_else(|| Error::Format {
+                    path: g.path.clone(),
+                    detail: "config.json has `tie_word_embeddings: false` (or no such field: false for this architecture) but the checkpoint holds no `lm_head.weight`; set `\"tie_word_embeddings\": true` if the output projection is the embedding, or add the lm_head weights".into(),
+                })?,
+        )
     };
     let tied = head.is_none();
     let lm_head = Linear {

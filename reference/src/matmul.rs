@@ -172,6 +172,86 @@ fn gemv_split(
     });
 }
 
+/// f32 values a tile of a stored weight holds when it is converted (about 1 MiB: the tile stays
+/// in cache between its conversion and its product).
+const TILE_VALUES: usize = 1 << 18;
+
+/// `fill(r0, r1, buf)`: rows `r0..r1` of a stored weight as f32 into `buf`.
+pub(crate) type FillRows<'a> = dyn Fn(usize, usize, &mut Vec<f32>) -> Result<()> + Sync + 'a;
+
+/// `lhs (m×k) · Wᵀ` for a weight `W` of `n` rows of `k` values that is not f32 in memory
+/// (bf16, f16, quantised blocks): `fill(r0, r1, buf)` converts rows `r0..r1` of `W` into `buf`,
+/// a tile of rows at a time, and each tile is multiplied by the one gemm call of `batched`.
+/// gemm sums every output over `k` in an order that depends on `k` alone (its k-blocking), as
+/// long as a product is not small enough for its other kernels (≤ 16×16 outputs, see
+/// `SPLIT_MIN_COLUMNS`): every tile keeps at least that many rows, so each output has the bits
+/// of the same product on an f32 copy of `W`.
+pub(crate) fn tiled_transposed(
+    lhs: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    fill: &FillRows<'_>,
+) -> Result<Vec<f32>> {
+    if lhs.len() < m * k {
+        return Err(Error::InvalidInput(format!(
+            "matrix product of [{m}×{k}] got {} values",
+            lhs.len()
+        )));
+    }
+    let mut dst = vec![0f32; m * n];
+    if m == 0 || n == 0 {
+        return Ok(dst);
+    }
+    let bounds = tile_bounds(n, (TILE_VALUES / k.max(1)).max(SPLIT_MIN_COLUMNS));
+    let products: Vec<Result<Vec<f32>>> = {
+        use rayon::prelude::*;
+        bounds
+            .par_iter()
+            .map(|&(r0, r1)| {
+                let mut w = Vec::new();
+                fill(r0, r1, &mut w)?;
+                let cols = r1 - r0;
+                if w.len() != cols * k {
+                    return Err(Error::InvalidInput(format!(
+                        "weight tile of {cols} rows of {k} holds {} values",
+                        w.len()
+                    )));
+                }
+                let mut d = vec![0f32; m * cols];
+                gemm_into(
+                    m,
+                    cols,
+                    k,
+                    &mut d,
+                    lhs,
+                    &w,
+                    Rhs::Transposed.strides(k, cols),
+                    Parallelism::None,
+                );
+                Ok(d)
+            })
+            .collect()
+    };
+    for (&(r0, r1), d) in bounds.iter().zip(products) {
+        let d = d?;
+        let cols = r1 - r0;
+        for (row, part) in dst.chunks_exact_mut(n).zip(d.chunks_exact(cols)) {
+            row[r0..r1].copy_from_slice(part);
+        }
+    }
+    Ok(dst)
+}
+
+/// `[r0, r1)` ranges covering `0..n` of `tile` rows each, the last one taking the remainder
+/// (so no range is shorter than `tile` unless `n` itself is).
+fn tile_bounds(n: usize, tile: usize) -> Vec<(usize, usize)> {
+    let count = (n / tile.max(1)).max(1);
+    (0..count)
+        .map(|i| (i * tile, if i + 1 == count { n } else { (i + 1) * tile }))
+        .collect()
+}
+
 /// Runs `f` on a contiguous f32 CPU tensor's values without copying them; None otherwise.
 pub(crate) fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
     if t.dtype() != DType::F32 {
@@ -220,6 +300,41 @@ mod tests {
             .unwrap();
         assert_eq!(got, want);
         assert!(batched(&xs, &xs[..3], Rhs::Plain, 2, 5, 67, 13).is_err());
+    }
+
+    #[test]
+    fn tiled_products_equal_candle_bits() {
+        // Products on a weight handed over a tile at a time against candle's matmul on the whole
+        // f32 weight: one row (decode), a few rows, a prefill block; column counts that no tile
+        // divides, and k large enough to take several of gemm's k-blocks.
+        let dev = &Device::Cpu;
+        for (m, k, n) in [
+            (1, 77, 1043),
+            (3, 130, 700),
+            (64, 1100, 913),
+            (1, 2000, 301),
+        ] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), dev).unwrap();
+            let w = Tensor::randn(0f32, 1.0, (n, k), dev).unwrap();
+            let want: Vec<f32> = x
+                .matmul(&w.t().unwrap())
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let xs: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+            let ws: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+            let fill = |r0: usize, r1: usize, out: &mut Vec<f32>| -> Result<()> {
+                out.clear();
+                out.extend_from_slice(&ws[r0 * k..r1 * k]);
+                Ok(())
+            };
+            let got = tiled_transposed(&xs, m, k, n, &fill).unwrap();
+            assert_eq!(got, want, "m {m} k {k} n {n}");
+        }
+        assert_eq!(tile_bounds(10, 4), vec![(0, 4), (4, 10)]);
+        assert_eq!(tile_bounds(3, 4), vec![(0, 3)]);
     }
 
     #[test]

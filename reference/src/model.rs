@@ -9,9 +9,10 @@ use candle_core::{Device, Tensor};
 use crate::blocks::{Block, Linear, Norm};
 use crate::graph::{GraphInput, GraphOptions, PositionInput};
 use crate::kv::{KeySet, KvState, LayerKv};
-use crate::weights::WeightGetter;
+use crate::store::Weight;
+use crate::weights::{StoredWeights, WeightGetter};
 use crate::{gpt2, hf, int8, llama, mask};
-use crate::{Error, Family, LoadedParts, ModelConfig, Result, TextTokenizer, Weights};
+use crate::{Error, Family, LoadedParts, ModelConfig, Result, StoredParts, TextTokenizer, Weights};
 
 /// Options of a full forward.
 #[derive(Debug, Clone, Default)]
@@ -51,7 +52,9 @@ pub struct Model {
     pub(crate) config: ModelConfig,
     pub(crate) tokenizer: TextTokenizer,
     pub(crate) source: PathBuf,
-    pub(crate) embed: Tensor,
+    pub(crate) embed: Weight,
+    /// An f32 copy of the embedding made only when a caller asks for [`Model::embedding_table`].
+    embed_f32: std::sync::OnceLock<Tensor>,
     pub(crate) wpe: Option<Tensor>,
     pub(crate) inv_freq: Option<Vec<f32>>,
     pub(crate) blocks: Vec<Block>,
@@ -77,9 +80,9 @@ impl Model {
             });
         }
         let parts = if path.is_dir() {
-            hf::load(path)?
+            hf::load_stored(path)?
         } else if is_gguf(path)? {
-            crate::gguf::load(path)?
+            crate::gguf::load_stored(path)?
         } else {
             return Err(Error::Unsupported {
                 path: path.to_path_buf(),
@@ -89,7 +92,7 @@ impl Model {
         // a loaded file's tokenizer must fit its embedding (in-memory parts may pair a test
         // tokenizer with a tiny vocabulary on purpose)
         parts.tokenizer.check_fits(parts.config.vocab_size)?;
-        Self::from_parts_at(parts, path)
+        Self::from_stored(parts, path)
     }
 
     pub fn from_parts(
@@ -114,6 +117,26 @@ impl Model {
             weights,
             tokenizer,
         } = parts;
+        let weights = weights
+            .into_iter()
+            .map(|(k, v)| Ok((k, Weight::from_tensor(v)?)))
+            .collect::<Result<StoredWeights>>()?;
+        Self::from_stored(
+            StoredParts {
+                config,
+                weights,
+                tokenizer,
+            },
+            source,
+        )
+    }
+
+    pub(crate) fn from_stored(parts: StoredParts, source: &Path) -> Result<Model> {
+        let StoredParts {
+            config,
+            weights,
+            tokenizer,
+        } = parts;
         check_config(&config, source)?;
         match config.family {
             Family::Llama => {
@@ -131,6 +154,7 @@ impl Model {
                     tokenizer,
                     source: source.to_path_buf(),
                     embed: p.embed,
+                    embed_f32: Default::default(),
                     wpe: None,
                     blocks: p.blocks,
                     final_norm: p.final_norm,
@@ -139,7 +163,7 @@ impl Model {
                 })
             }
             Family::Gpt2 => {
-                let weights: Weights = weights
+                let weights: StoredWeights = weights
                     .into_iter()
                     .map(|(k, v)| (gpt2::canonical_name(&k).to_string(), v))
                     .collect();
@@ -151,6 +175,7 @@ impl Model {
                     tokenizer,
                     source: source.to_path_buf(),
                     embed: p.wte,
+                    embed_f32: Default::default(),
                     wpe: Some(p.wpe),
                     inv_freq: None,
                     blocks: p.blocks,
@@ -181,9 +206,59 @@ impl Model {
             .encode(text, bos.unwrap_or(self.config.add_bos))
     }
 
-    /// `[vocab, hidden]` f32.
+    /// `[vocab, hidden]` f32. A copy of the whole table unless the checkpoint's embedding is
+    /// already f32 in memory; the emulators read it through [`Model::embedding_rows`] instead.
     pub fn embedding_table(&self) -> &Tensor {
-        &self.embed
+        self.embed_f32.get_or_init(|| {
+            // the conversion of stored values cannot fail once the model is built (every
+            // tensor's byte length was checked at load); an empty table would fail loudly at use
+            self.embed.to_tensor().unwrap_or_else(|_| {
+                Tensor::zeros(
+                    (0, self.config.hidden_size),
+                    candle_core::DType::F32,
+                    &Device::Cpu,
+                )
+                .expect("an empty tensor")
+            })
+        })
+    }
+
+    /// `(vocab, hidden)` of the embedding table.
+    pub fn embedding_dims(&self) -> (usize, usize) {
+        (self.embed.rows(), self.embed.cols())
+    }
+
+    /// Rows `r0..r1` of the embedding table as f32, row-major (converted from the stored type).
+    pub fn embedding_rows(&self, r0: usize, r1: usize) -> Result<Vec<f32>> {
+        if r0 > r1 || r1 > self.embed.rows() {
+            return Err(Error::InvalidInput(format!(
+                "embedding rows {r0}..{r1} outside the table of {}",
+                self.embed.rows()
+            )));
+        }
+        let mut v = Vec::new();
+        self.embed.rows_into(r0, r1, &mut v)?;
+        Ok(v)
+    }
+
+    /// The embedding table as stored, shared with the model (a cheap handle, no copy).
+    pub fn embedding_source(&self) -> crate::EmbeddingRows {
+        crate::EmbeddingRows(self.embed.clone())
+    }
+
+    /// Bytes of all weights as stored (a tied lm_head counted once): what one decode step reads.
+    pub fn stored_weight_bytes(&self) -> usize {
+        let mut n = self.embed.stored_bytes();
+        if !self.lm_head_tied {
+            n += self.lm_head.w.stored_bytes();
+        }
+        let small = |t: &Tensor| 4 * t.elem_count();
+        for b in &self.blocks {
+            for l in b.linears() {
+                n += l.w.stored_bytes() + l.b.as_ref().map_or(0, small);
+            }
+        }
+        n
     }
 
     /// HF `theta^(-2i/hd)`, i < hd/2; None for GPT-2.
@@ -201,8 +276,7 @@ impl Model {
                 vocab,
             });
         }
-        let idx = Tensor::from_vec(ids.to_vec(), ids.len(), &Device::Cpu)?;
-        Ok(self.embed.index_select(&idx, 0)?)
+        self.embed.gather_rows(ids)
     }
 
     /// Full forward: `mask` None = causal, `positions` None = 0..T; logits `[T, vocab]`.
@@ -438,11 +512,17 @@ impl Model {
         let mut m = self.clone();
         for b in &mut m.blocks {
             for lin in b.linears_mut() {
-                lin.w = int8::fake_quant_per_output(&lin.w, lin.in_out)?;
+                lin.w = Weight::from_tensor(int8::fake_quant_per_output(
+                    &lin.w.to_tensor()?,
+                    lin.in_out,
+                )?)?;
             }
         }
         if !m.lm_head_tied {
-            m.lm_head.w = int8::fake_quant_per_output(&m.lm_head.w, m.lm_head.in_out)?;
+            m.lm_head.w = Weight::from_tensor(int8::fake_quant_per_output(
+                &m.lm_head.w.to_tensor()?,
+                m.lm_head.in_out,
+            )?)?;
         }
         Ok(m)
     }

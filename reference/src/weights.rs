@@ -1,16 +1,20 @@
-//! Taking tensors out of a [`Weights`] map by canonical name with shape checks.
+//! Taking weights out of a [`StoredWeights`] map by canonical name with shape checks.
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use crate::blocks::Linear;
-use crate::{Error, Result, Weights};
+use crate::store::Weight;
+use crate::{Error, Result};
+
+/// Weights by canonical Hugging Face name, in their storage type.
+pub(crate) type StoredWeights = std::collections::HashMap<String, Weight>;
 
 pub(crate) struct WeightGetter<'a> {
-    pub weights: &'a Weights,
+    pub weights: &'a StoredWeights,
     pub path: PathBuf,
     /// Every name a builder asked for, found or not: what is left over is a weight the forward
     /// does not compute with.
@@ -18,7 +22,7 @@ pub(crate) struct WeightGetter<'a> {
 }
 
 impl<'a> WeightGetter<'a> {
-    pub fn new(weights: &'a Weights, path: &Path) -> Self {
+    pub fn new(weights: &'a StoredWeights, path: &Path) -> Self {
         Self {
             weights,
             path: path.to_path_buf(),
@@ -54,14 +58,20 @@ impl<'a> WeightGetter<'a> {
         }
     }
 
-    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+    /// A weight as stored (matrices: products convert it a tile at a time).
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Weight> {
         self.opt(name, shape)?.ok_or_else(|| Error::MissingTensor {
             path: self.path.clone(),
             name: name.to_string(),
         })
     }
 
-    pub fn opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+    /// A small weight (norm gains, biases, positions) as an f32 tensor.
+    pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.get(name, shape)?.to_tensor()
+    }
+
+    pub fn opt(&self, name: &str, shape: &[usize]) -> Result<Option<Weight>> {
         self.asked.borrow_mut().insert(name.to_string());
         let Some(t) = self.weights.get(name) else {
             return Ok(None);
@@ -73,12 +83,7 @@ impl<'a> WeightGetter<'a> {
                 detail: format!("has shape {:?}, expected {:?}", t.dims(), shape),
             });
         }
-        let t = if t.dtype() == DType::F32 {
-            t.clone()
-        } else {
-            t.to_dtype(DType::F32)?
-        };
-        Ok(Some(t))
+        Ok(Some(t.clone()))
     }
 
     /// HF `nn.Linear` (`[out, in]`); the bias is required when `bias_required`, else taken if present.
@@ -92,9 +97,11 @@ impl<'a> WeightGetter<'a> {
         let w = self.get(&format!("{prefix}.weight"), &[out, inp])?;
         let bname = format!("{prefix}.bias");
         let b = if bias_required {
-            Some(self.get(&bname, &[out])?)
+            Some(self.get_f32(&bname, &[out])?)
         } else {
             self.opt(&bname, &[out])?
+                .map(|b| b.to_tensor())
+                .transpose()?
         };
         Ok(Linear {
             w,
@@ -106,7 +113,7 @@ impl<'a> WeightGetter<'a> {
     /// GPT-2 `Conv1D` (`[in, out]`, bias required).
     pub fn conv1d(&self, prefix: &str, inp: usize, out: usize) -> Result<Linear> {
         let w = self.get(&format!("{prefix}.weight"), &[inp, out])?;
-        let b = Some(self.get(&format!("{prefix}.bias"), &[out])?);
+        let b = Some(self.get_f32(&format!("{prefix}.bias"), &[out])?);
         Ok(Linear { w, b, in_out: true })
     }
 }

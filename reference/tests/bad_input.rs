@@ -271,3 +271,20 @@ fn a_tokenizer_larger_than_the_vocabulary_is_refused() {
     assert!(matches!(e, Error::Tokenizer { .. }), "{e}");
     one_line_naming(&e, "200 rows");
 }
+
+#[test]
+fn an_untied_config_without_lm_head_is_refused() {
+    // it used to run with the embedding as the output projection without a word; HF would run
+    // it with a freshly initialised lm_head, so neither is the model
+    let d = fixture();
+    let st = d.path().join("model.safetensors");
+    let mut w = candle_core::safetensors::load(&st, &candle_core::Device::Cpu).unwrap();
+    w.remove("lm_head.weight").unwrap();
+    candle_core::safetensors::save(&w, &st).unwrap();
+    let e = Model::load(d.path()).unwrap_err();
+    one_line_naming(&e, "lm_head.weight");
+    one_line_naming(&e, "tie_word_embeddings");
+    // declared tied, the embedding is the projection
+    set_config(d.path(), "tie_word_embeddings", serde_json::json!(true));
+    Model::load(d.path()).unwrap();
+}

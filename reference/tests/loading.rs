@@ -219,17 +219,24 @@ fn mistral_loads_like_llama_and_qwen2_needs_biases() {
 }
 
 #[test]
-fn tied_when_lm_head_missing() {
+fn tied_when_the_config_says_so() {
     let f = llama(8);
     let mut parts = hf::load(&f.path()).unwrap();
     let emb = parts.weights["model.embed_tokens.weight"].clone();
     parts.weights.remove("lm_head.weight");
-    let tied = Model::from_parts(
+    // an untied config without its projection is refused (issue 21: it used to fall back to
+    // the embedding without a word)
+    let e = Model::from_parts(
         parts.config.clone(),
         parts.weights.clone(),
         parts.tokenizer.clone(),
     )
-    .unwrap();
+    .unwrap_err();
+    assert!(e.to_string().contains("tie_word_embeddings"), "{e}");
+    let mut tied_config = parts.config.clone();
+    tied_config.tie_embeddings = true;
+    let tied =
+        Model::from_parts(tied_config, parts.weights.clone(), parts.tokenizer.clone()).unwrap();
     parts.weights.insert("lm_head.weight".into(), emb);
     let explicit = Model::from_parts(parts.config, parts.weights, parts.tokenizer).unwrap();
     let x = ids(5, 300, 8);

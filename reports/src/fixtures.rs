@@ -270,6 +270,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
         overflow: None,
         state: None,
         determinism: None,
+        kvdiff: None,
         not_applicable: Vec::new(),
         extra: Default::default(),
     }

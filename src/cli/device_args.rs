@@ -311,10 +311,14 @@ impl DeviceArgs {
             }
         }
         if self.onnx.is_some() {
-            if let Some(f) = self.faults.first() {
-                return Err(usage(format!(
-                    "--fault {f}: --onnx runs a real runtime, which takes no faults; use --sim or --device ane-sim"
-                )));
+            // the host-driver faults of the windowed cache (npu/src/onnx/faults.rs); the model
+            // and ONNX Runtime stay healthy
+            for f in &self.faults {
+                kvprobe_npu::onnx::faults::parse(f).map_err(|e| {
+                    usage(format!(
+                        "{e}; --onnx takes only the host-driver faults of the windowed cache (the runtime itself is real)"
+                    ))
+                })?;
             }
             return Ok(());
         }
@@ -439,6 +443,12 @@ impl DeviceArgs {
             ep,
             ep_options,
             max_ctx: self.max_ctx,
+            faults: self
+                .faults
+                .iter()
+                .map(|f| kvprobe_npu::onnx::faults::parse(f))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(npu_error)?,
         };
         let dev = OnnxDevice::open(model, &opts).map_err(npu_error)?;
         Ok(Backend::Onnx(Box::new(dev)))

@@ -259,6 +259,8 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     }
     let decode_s = t2.elapsed().as_secs_f64();
     println!("model {}", model.source().display());
+    // what one decode step reads (issue 21: its floor is these bytes / the copy bandwidth)
+    println!("weight_bytes {}", model.stored_weight_bytes());
     println!("load_s {load_s:.3}");
     println!("prefill_tokens {n}");
     println!("prefill_s {prefill_s:.3}");

@@ -148,6 +148,31 @@ pub fn hf_folders(c: &mut Corpus) {
         std::fs::create_dir(d.join("config.json")).unwrap();
     });
     c.refused_model("hf config.json a folder", &m, Some("config.json"));
+    // a tensor renamed inside the safetensors header (same length, so the file stays valid):
+    // the untied lm_head (it used to fall back to the embedding without a word) and a layer's
+    // weight (a checkpoint with a missing tensor)
+    for (name, tensor, needle) in [
+        ("no-lm-head", "lm_head.weight", "lm_head.weight"),
+        (
+            "missing-up-proj",
+            "model.layers.1.mlp.up_proj.weight",
+            "up_proj",
+        ),
+    ] {
+        let m = c.model_copy(name, |d| {
+            let p = d.join("model.safetensors");
+            let mut b = std::fs::read(&p).unwrap();
+            let from = format!("\"{tensor}\"");
+            let to = format!("\"{}x\"", &tensor[..tensor.len() - 1]);
+            let at = b
+                .windows(from.len())
+                .position(|w| w == from.as_bytes())
+                .expect("tensor in the header");
+            b[at..at + to.len()].copy_from_slice(to.as_bytes());
+            std::fs::write(p, b).unwrap();
+        });
+        c.refused_model(&format!("hf {name}"), &m, Some(needle));
+    }
     for (key, value) in [
         ("num_hidden_layers", serde_json::json!(1_000_000_000u64)),
         ("hidden_size", serde_json::json!(0)),

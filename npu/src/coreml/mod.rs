@@ -179,6 +179,42 @@ fn check_capacity_faults(opts: &AneOptions, faults: &[AneFault]) -> Result<()> {
     Ok(())
 }
 
+/// The first weight with a value fp16 cannot hold (it would become ±inf in the fp16 graph).
+fn beyond_fp16(e: &kvprobe_reference::export::LlamaExport) -> Result<Option<String>> {
+    let too_big = |t: &candle_core::Tensor| -> Result<bool> {
+        Ok(t.abs()?.max_all()?.to_scalar::<f32>()? > 65504.0)
+    };
+    let mut all: Vec<(String, &candle_core::Tensor)> = vec![
+        ("embed".into(), &e.embed),
+        ("final_norm".into(), &e.final_norm),
+        ("lm_head".into(), &e.lm_head.w),
+    ];
+    for (i, l) in e.layers.iter().enumerate() {
+        for (n, lin) in [
+            ("q", &l.q),
+            ("k", &l.k),
+            ("v", &l.v),
+            ("o", &l.o),
+            ("gate", &l.gate),
+            ("up", &l.up),
+            ("down", &l.down),
+        ] {
+            all.push((format!("layer {i} {n}"), &lin.w));
+            if let Some(b) = &lin.b {
+                all.push((format!("layer {i} {n} bias"), b));
+            }
+        }
+        all.push((format!("layer {i} attn_norm"), &l.attn_norm));
+        all.push((format!("layer {i} mlp_norm"), &l.mlp_norm));
+    }
+    for (name, t) in all {
+        if too_big(t)? {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}
+
 impl AneDevice {
     pub fn new(model: Arc<Model>, opts: AneOptions) -> Result<AneDevice> {
         let mut opts = opts;
@@ -194,6 +230,15 @@ impl AneDevice {
                 cfg.architecture
             ),
         })?;
+        if let Some(name) = beyond_fp16(&export)? {
+            return Err(Error::BadOption {
+                flag: "--device ane-sim".into(),
+                detail: format!(
+                    "{}: weight `{name}` holds values beyond fp16's range (|w| > 65504), which the ANE's fp16 weights cannot hold (a bf16 or f32 checkpoint); use --sim for it",
+                    model.source().display()
+                ),
+            });
+        }
         let mut faults = Vec::new();
         for f in &opts.faults {
             faults.push(faults::parse(f)?);
@@ -386,7 +431,7 @@ impl Device for AneDevice {
                 }
             }
         }
-        let mut emb = emb.clone();
+        let mut emb = emb.to_vec();
         if self.faults.contains(&AneFault::MaskFp32Min) && group == GroupKind::Prefill {
             pad_call(&mut emb, &mut positions, &mut mask, rows_max, hidden, ctx);
         }

@@ -10,7 +10,7 @@ mod ring;
 mod stateful;
 
 pub use embeddings::EmbeddingTable;
-use embeddings::{TableData, Window};
+use embeddings::Window;
 
 use crate::mask::MaskMode;
 use crate::quant::quantize_u8;
@@ -345,28 +345,27 @@ impl Driver {
 
     /// Drop the oldest `n` window rows, append the new ones, `U += n`, positions advance
     /// (contract §2.4).
-    fn push_tokens(&mut self, ids: &[u32]) {
+    fn push_tokens(&mut self, ids: &[u32]) -> Result<()> {
         let n = ids.len().min(self.prefill_len);
         let ids = &ids[ids.len() - n..];
         let f = self.features;
         let p = self.prefill_len;
-        match (&mut self.state.window, &self.table.data) {
-            (Window::U16(w), TableData::U16(t)) => {
+        // Driver::new checks that table and window have the same element type.
+        match &mut self.state.window {
+            Window::U16(w) => {
                 w.copy_within(n * f.., 0);
                 for (i, &id) in ids.iter().enumerate() {
                     let dst = (p - n + i) * f;
-                    w[dst..dst + f].copy_from_slice(&t[id as usize * f..(id as usize + 1) * f]);
+                    self.table.row_u16(id as usize, &mut w[dst..dst + f])?;
                 }
             }
-            (Window::F32(w), TableData::F32(t)) => {
+            Window::F32(w) => {
                 w.copy_within(n * f.., 0);
                 for (i, &id) in ids.iter().enumerate() {
                     let dst = (p - n + i) * f;
-                    w[dst..dst + f].copy_from_slice(&t[id as usize * f..(id as usize + 1) * f]);
+                    self.table.row_f32(id as usize, &mut w[dst..dst + f])?;
                 }
             }
-            // Driver::new checks that table and window have the same element type.
-            _ => {}
         }
         self.state.window_pos.copy_within(n.., 0);
         for i in 0..n {
@@ -374,6 +373,7 @@ impl Driver {
         }
         self.state.position += n as u64;
         self.state.usage += n;
+        Ok(())
     }
 
     fn embeddings_rows(&self, first_row: usize) -> Buffer {

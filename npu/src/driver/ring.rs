@@ -28,7 +28,7 @@ impl Driver {
         chunk: &[u32],
     ) -> Result<RunOutput> {
         let p = self.prefill_len;
-        self.push_tokens(chunk);
+        self.push_tokens(chunk)?;
         let g = self.prefill.clone();
         self.check_mask_frame(&g, p)?;
         let mut inputs = Vec::with_capacity(6);
@@ -66,7 +66,7 @@ impl Driver {
             .tbt
             .clone()
             .ok_or_else(|| Error::Device("no tbt group".into()))?;
-        self.push_tokens(&[token]);
+        self.push_tokens(&[token])?;
         self.check_mask_frame(&g, 1)?;
         let kv = self.cache_len;
         let mut inputs = Vec::with_capacity(6);

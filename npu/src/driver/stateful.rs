@@ -8,7 +8,7 @@
 
 use kvprobe_schema::GroupKind;
 
-use super::{Driver, TableData, Trial};
+use super::{Driver, Trial};
 use crate::mask::additive_fp16 as mask_value;
 use crate::mask::MaskMode;
 use crate::{Buffer, Device, Error, Result, RunOutput};
@@ -109,15 +109,15 @@ impl Driver {
                 .as_ref()
                 .ok_or_else(|| Error::Device("the stateful device has no 1-row group".into()))?,
         };
-        let TableData::F32(t) = &self.table.data else {
+        if !self.table.is_float() {
             return Err(Error::Device(
                 "a stateful device takes float input embeddings; its embeddings input is not float32".into(),
             ));
-        };
+        }
         let f = self.features;
-        let mut emb = Vec::with_capacity(ids.len() * f);
-        for &id in ids {
-            emb.extend_from_slice(&t[id as usize * f..(id as usize + 1) * f]);
+        let mut emb = vec![0f32; ids.len() * f];
+        for (&id, row) in ids.iter().zip(emb.chunks_exact_mut(f)) {
+            self.table.row_f32(id as usize, row)?;
         }
         let mask: Vec<u16> = rows
             .iter()

@@ -31,10 +31,19 @@ pub struct GenaiConfig {
     pub n_kv_heads: usize,
     pub n_layers: usize,
     pub names: IoNames,
-    /// `decoder.sliding_window` present (the windowed NPU cache, convention (b)).
-    pub sliding_window: bool,
+    /// `decoder.sliding_window` (the windowed NPU cache, convention (b)).
+    pub window: Option<WindowCfg>,
+    /// `model.pad_token_id` (the windowed cache pads the prompt with it).
+    pub pad_token_id: u32,
     /// `decoder.session_options.provider_options`: `[{ "<EP>": { key: "string" } }]`.
     pub provider_options: ProviderOptions,
+}
+
+/// `decoder.sliding_window` as GenAI reads it (G:cfg): the fields kvprobe's host uses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WindowCfg {
+    pub window_size: usize,
+    pub pad_value: u8,
 }
 
 /// Graph input/output names, GenAI's defaults filled in (G:cfg).
@@ -185,10 +194,57 @@ impl GenaiConfig {
             n_kv_heads: need(dec, "num_key_value_heads", "model.decoder", path)?,
             n_layers: need(dec, "num_hidden_layers", "model.decoder", path)?,
             names,
-            sliding_window: dec.get("sliding_window").is_some(),
+            window: window(dec, context_length, path)?,
+            pad_token_id: uint(model, "pad_token_id", path)?.unwrap_or(0) as u32,
             provider_options: provider_options(dec, path)?,
         })
     }
+}
+
+/// `decoder.sliding_window`: W > 1 and C ≥ 2W (G:wkv, PR #2181); right alignment and the sliding
+/// KV cache are what GenAI's windowed cache does (the defaults); the other modes are refused.
+fn window(dec: &Value, context: usize, path: &Path) -> Result<Option<WindowCfg>> {
+    let Some(sw) = dec.get("sliding_window") else {
+        return Ok(None);
+    };
+    let w = need(sw, "window_size", "model.decoder.sliding_window", path)?;
+    if w <= 1 || context < 2 * w {
+        return Err(bad(
+            path,
+            format!("sliding_window.window_size {w} with context_length {context}: GenAI needs W > 1 and C >= 2W"),
+        ));
+    }
+    let pad_value = match uint(sw, "pad_value", path)? {
+        None => 0,
+        Some(v) if v <= 255 => v as u8,
+        Some(v) => {
+            return Err(bad(
+                path,
+                format!(
+                "sliding_window.pad_value {v} is not a byte (GenAI fills the uint8 cache with it)"
+            ),
+            ))
+        }
+    };
+    let align = name(Some(sw), "alignment", "right");
+    let slide_kv = sw
+        .get("slide_key_value_cache")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    let slide_inputs = sw
+        .get("slide_inputs")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    if align != "right" || !slide_kv || !slide_inputs {
+        return Err(bad(
+            path,
+            format!("sliding_window with alignment `{align}`, slide_key_value_cache {slide_kv}, slide_inputs {slide_inputs}: kvprobe drives the right-aligned sliding KV cache with sliding inputs only (GenAI's QNN convention)"),
+        ));
+    }
+    Ok(Some(WindowCfg {
+        window_size: w,
+        pad_value,
+    }))
 }
 
 /// `(EP name, [(key, value)])` in file order.
@@ -241,7 +297,7 @@ mod tests {
         assert_eq!(c.max_length, 256, "max_length 0 becomes context_length");
         assert_eq!(c.names.past_key, "past_key_values.%d.key");
         assert_eq!(IoNames::layer(&c.names.present_value, 3), "present.3.value");
-        assert!(!c.share_buffer && !c.sliding_window);
+        assert!(!c.share_buffer && c.window.is_none());
         assert_eq!(
             c.provider_options,
             vec![(
@@ -249,6 +305,28 @@ mod tests {
                 vec![("backend_path".to_string(), "libQnnHtp.so".to_string())]
             )]
         );
+    }
+
+    #[test]
+    fn the_window_section_follows_genai() {
+        let mut v = cfg();
+        v["model"]["decoder"]["sliding_window"] =
+            serde_json::json!({"window_size": 16, "pad_value": 128, "alignment": "right"});
+        let c = GenaiConfig::parse(&v, Path::new("g.json")).unwrap();
+        assert_eq!(
+            c.window,
+            Some(WindowCfg {
+                window_size: 16,
+                pad_value: 128
+            })
+        );
+        v["model"]["decoder"]["sliding_window"]["window_size"] = 129.into();
+        let e = GenaiConfig::parse(&v, Path::new("g.json")).unwrap_err();
+        assert!(e.to_string().contains("C >= 2W"), "{e}");
+        v["model"]["decoder"]["sliding_window"] =
+            serde_json::json!({"window_size": 16, "alignment": "left"});
+        let e = GenaiConfig::parse(&v, Path::new("g.json")).unwrap_err();
+        assert!(e.to_string().contains("alignment `left`"), "{e}");
     }
 
     #[test]

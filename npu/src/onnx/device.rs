@@ -12,6 +12,12 @@ use kvprobe_schema::{
 };
 
 use super::config::GenaiConfig;
+#[cfg(feature = "onnx")]
+use super::faults::WinFault;
+use super::wcache::{WindowCache, ZERO_POINT};
+use super::window::WindowState;
+#[cfg(feature = "onnx")]
+use super::window::{self, WindowGeom};
 use super::{host, OnnxOptions, CAPABILITIES, FAMILY};
 use crate::{Buffer, Capabilities, Device, Error, Result, RunOutput};
 
@@ -31,6 +37,8 @@ pub struct OnnxDevice {
     /// Per cache id (2l K, 2l+1 V): `[H, past_len, D]` f32, GenAI's past.
     past: Vec<Vec<f32>>,
     past_len: usize,
+    /// Convention (b): GenAI's windowed bookkeeping and the entries (None for (a)).
+    win: Option<(WindowState, WindowCache)>,
 }
 
 fn io(
@@ -51,28 +59,71 @@ fn io(
 }
 
 #[cfg_attr(not(feature = "onnx"), allow(dead_code))]
-fn description(name: String, cfg: &GenaiConfig, ctx: usize) -> DeviceDescription {
+fn description(
+    name: String,
+    cfg: &GenaiConfig,
+    ctx: usize,
+    win: Option<&WindowCache>,
+    u16_runner: bool,
+) -> DeviceDescription {
     let entry = cfg.n_kv_heads * cfg.head_size * 2;
-    let edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
+    let format = match (&cfg.window, win) {
+        (Some(w), Some(c)) => format!(
+            "GenAI windowed cache (W {}, C {}): K [H, 1, D, T], V [H, 1, T, D] {}, right-aligned, shown as [kv_heads, max_ctx, head_dim] fp16",
+            w.window_size,
+            cfg.context_length,
+            if c.u8 { "uint8 (zero point 128)" } else { "f32" }
+        ),
+        // the past is f32 [1, H, S, D]; cache_buffers shows it as the stateful contract's fp16
+        _ => "past/present [1, H, S, D] f32, shown as [kv_heads, max_ctx, head_dim] fp16".into(),
+    };
+    let quant = |id: u32| match win {
+        Some(c) if c.u8 => QuantInfo {
+            scale: c.scales[id as usize],
+            zero_point: ZERO_POINT,
+            min: -ZERO_POINT * c.scales[id as usize],
+            max: (255.0 - ZERO_POINT) * c.scales[id as usize],
+        },
+        _ => QuantInfo::IDENTITY,
+    };
+    let mut edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
         .flat_map(|l| {
-            [(2 * l as u32, CacheKind::K), (2 * l as u32 + 1, CacheKind::V)].map(|(id, kind)| {
-                CacheEdgeDescription {
-                    cache_id: id,
-                    direction: CacheDirection::Input,
-                    entry_size: entry,
-                    padded_entry_size: entry,
-                    length: ctx,
-                    data_bytes: 2,
-                    quant: QuantInfo::IDENTITY,
-                    // the past is f32 [1, H, S, D]; cache_buffers shows it as the stateful
-                    // contract's fp16 [kv_heads, max_ctx, head_dim]
-                    format: Some("past/present [1, H, S, D] f32, shown as [kv_heads, max_ctx, head_dim] fp16".into()),
-                    layer: Some(l),
-                    kind: Some(kind),
-                }
+            [
+                (2 * l as u32, CacheKind::K),
+                (2 * l as u32 + 1, CacheKind::V),
+            ]
+            .map(|(id, kind)| CacheEdgeDescription {
+                cache_id: id,
+                direction: CacheDirection::Input,
+                entry_size: entry,
+                padded_entry_size: entry,
+                length: ctx,
+                data_bytes: 2,
+                quant: quant(id),
+                format: Some(format.clone()),
+                layer: Some(l),
+                kind: Some(kind),
             })
         })
         .collect();
+    if u16_runner {
+        // win-u16-runner: the runner declares the past inputs it fills as uint16 (zero point
+        // 32768) while the graph's presents are uint8 (zero point 128)
+        let outputs: Vec<CacheEdgeDescription> = edges
+            .iter()
+            .map(|e| CacheEdgeDescription {
+                direction: CacheDirection::Output,
+                data_bytes: 1,
+                format: Some("the graph's present: uint8, zero point 128".into()),
+                ..e.clone()
+            })
+            .collect();
+        for e in &mut edges {
+            e.quant.zero_point = 32768.0;
+            e.format = Some("the runner's past input: uint16, zero point 32768".into());
+        }
+        edges.extend(outputs);
+    }
     let group = |kind: GroupKind, rows: usize| GroupDescription {
         name: format!("{name}__q{rows}"),
         kind,
@@ -136,10 +187,13 @@ impl OnnxDevice {
     #[cfg(feature = "onnx")]
     pub fn open(model: &Model, opts: &OnnxOptions) -> Result<OnnxDevice> {
         let cfg = GenaiConfig::load(&opts.dir)?;
-        if cfg.sliding_window {
-            return Err(Error::Io {
-                path: cfg.path.clone(),
-                detail: "decoder.sliding_window (the windowed NPU cache) is not driven yet; kvprobe runs GenAI's default decoder".into(),
+        if cfg.window.is_none() && !opts.faults.is_empty() {
+            return Err(Error::BadOption {
+                flag: "--fault".into(),
+                detail: format!(
+                    "{} is GenAI's default decoder; the faults of this family act on the windowed cache (a folder exported with --window)",
+                    opts.dir.display()
+                ),
             });
         }
         let ctx = match opts.max_ctx {
@@ -156,8 +210,7 @@ impl OnnxDevice {
             Some(n) => n,
             None => cfg.max_length.min(128),
         };
-        let emb = model.embedding_table();
-        let (rows, hidden) = emb.dims2()?;
+        let (rows, hidden) = model.embedding_dims();
         if rows != cfg.vocab_size || hidden != cfg.hidden_size {
             return Err(Error::Io {
                 path: cfg.path.clone(),
@@ -169,17 +222,54 @@ impl OnnxDevice {
                 ),
             });
         }
-        let lookup = host::TokenLookup::new(emb.flatten_all()?.to_vec1()?, hidden)?;
+        let lookup = host::TokenLookup::new(model.embedding_rows(0, rows)?, hidden)?;
         let rt = super::runtime::Runtime::open(&opts.dir, &cfg, opts)?;
         let name = opts
             .dir
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
+        let win = match &cfg.window {
+            None => None,
+            Some(w) => {
+                let u8 = rt.kv == super::runtime::KvType::U8;
+                if !u8 && opts.faults.contains(&WinFault::U16Runner) {
+                    return Err(Error::BadOption {
+                        flag: "--fault win-u16-runner".into(),
+                        detail: format!("{} has a float32 cache; the fault needs the uint8 variant (--kv-dtype uint8)", opts.dir.display()),
+                    });
+                }
+                let scales = if u8 {
+                    kv_scales(&opts.dir, cfg.n_layers)?
+                } else {
+                    vec![1.0; 2 * cfg.n_layers]
+                };
+                let geom = WindowGeom {
+                    window: w.window_size,
+                    context: cfg.context_length,
+                    max_length: cfg.max_length,
+                    pad_value: w.pad_value,
+                    pad_token: cfg.pad_token_id,
+                    heads: cfg.n_kv_heads,
+                    head_dim: cfg.head_size,
+                };
+                Some((
+                    WindowState::new(geom, opts.faults.clone()),
+                    WindowCache::new(2 * cfg.n_layers, cfg.n_kv_heads, cfg.head_size, u8, scales),
+                ))
+            }
+        };
         Ok(OnnxDevice {
-            desc: description(name, &cfg, ctx),
+            desc: description(
+                name,
+                &cfg,
+                ctx,
+                win.as_ref().map(|w| &w.1),
+                opts.faults.contains(&WinFault::U16Runner),
+            ),
             past: vec![Vec::new(); 2 * cfg.n_layers],
             past_len: 0,
+            win,
             cfg,
             lookup,
             rt,
@@ -196,9 +286,80 @@ impl OnnxDevice {
         &self.cfg
     }
 
-    /// Positions the device holds K/V for (GenAI's current sequence length).
+    /// Positions the device holds K/V for (GenAI's current sequence length, pads not counted).
     pub fn past_len(&self) -> usize {
-        self.past_len
+        match &self.win {
+            Some((st, _)) => st.real_len(),
+            None => self.past_len,
+        }
+    }
+
+    /// Convention (b): the driver's run as GenAI's windowed runs (window.rs), the past tensors cut
+    /// from the entries (wcache.rs). A step back inside the generated tokens restores GenAI's
+    /// bookkeeping; inside the prompt the shorter prompt is replayed (GenAI refuses RewindTo on
+    /// this cache; the replay builds the cache it would have built for the shorter request).
+    fn run_window(&mut self, inputs: &[(String, Buffer)]) -> Result<RunOutput> {
+        let real = self.past_len();
+        let (ids, logical, first) = self.genai_inputs_at(inputs, real)?;
+        let Some((st, cache)) = &mut self.win else {
+            return Err(Error::Device("not a windowed folder".into()));
+        };
+        if first < real {
+            if first > 0 && st.rewind(first).is_some() {
+                cache.truncate(st.seq.len());
+            } else {
+                let prompt = st.seq[st.npad..st.npad + first.min(st.prompt_len)].to_vec();
+                let rest = st.seq[st.npad + prompt.len()..st.npad + first].to_vec();
+                *st = WindowState::new(st.geom, st.faults.clone());
+                cache.truncate(0);
+                if !prompt.is_empty() {
+                    let all: Vec<i64> = vec![1; first];
+                    self.window_runs(&prompt, &all)?;
+                    for t in rest {
+                        self.window_runs(&[t], &all)?;
+                    }
+                }
+            }
+        }
+        let logits = self.window_runs(&ids, &logical)?;
+        Ok(RunOutput {
+            logits,
+            taps: BTreeMap::new(),
+        })
+    }
+
+    /// The windowed runs of `ids` appended to the request; the last run's logits.
+    #[cfg(feature = "onnx")]
+    fn window_runs(&mut self, ids: &[u32], logical: &[i64]) -> Result<Vec<f32>> {
+        let Some((st, cache)) = &mut self.win else {
+            return Err(Error::Device("not a windowed folder".into()));
+        };
+        let plans = if st.seq.is_empty() {
+            st.prompt(ids)?
+        } else {
+            ids.iter()
+                .map(|&t| st.token(t))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let mut logits = Vec::new();
+        for mut plan in plans {
+            window::apply_logical_mask(st, &mut plan, logical)?;
+            let pad = st.geom.pad_value;
+            let past: Vec<window::Elems> = (0..cache.entries.len())
+                .map(|c| cache.past(st, c, plan.first, plan.past_len, pad))
+                .collect();
+            let (l, presents) = self.rt.run_window(&plan, &past)?;
+            for (c, p) in presents.into_iter().enumerate() {
+                cache.append(st, c, p, plan.ids.len())?;
+            }
+            logits = l;
+        }
+        Ok(logits)
+    }
+
+    #[cfg(not(feature = "onnx"))]
+    fn window_runs(&mut self, _ids: &[u32], _logical: &[i64]) -> Result<Vec<f32>> {
+        Err(no_feature())
     }
 
     /// The graph's input names (as ONNX Runtime lists them).
@@ -217,6 +378,15 @@ impl OnnxDevice {
 
     /// GenAI's inputs for one run from the driver's buffers: (ids, attention_mask, first position).
     fn genai_inputs(&mut self, inputs: &[(String, Buffer)]) -> Result<(Vec<u32>, Vec<i64>, usize)> {
+        self.genai_inputs_at(inputs, self.past_len)
+    }
+
+    /// (ids, attention_mask over positions 0..first + q, first position) over a past of `past_len`.
+    fn genai_inputs_at(
+        &self,
+        inputs: &[(String, Buffer)],
+        past_len: usize,
+    ) -> Result<(Vec<u32>, Vec<i64>, usize)> {
         let (Buffer::F32(rows), Buffer::F32(pos), Buffer::U16(mask)) = (
             Self::take(inputs, ROWS)?,
             Self::take(inputs, POSITIONS)?,
@@ -237,10 +407,9 @@ impl OnnxDevice {
             )));
         }
         let first = first as usize;
-        if first > self.past_len {
+        if first > past_len {
             return Err(Error::InvalidArgument(format!(
-                "a run at position {first} over a past of {} positions; GenAI can only append or rewind",
-                self.past_len
+                "a run at position {first} over a past of {past_len} positions; GenAI can only append or rewind"
             )));
         }
         let rows = host::rows_from_additive(mask, q)?;
@@ -251,6 +420,46 @@ impl OnnxDevice {
     fn shape(&self) -> (usize, usize, usize) {
         (self.cfg.n_kv_heads, self.desc.cache_len, self.cfg.head_size)
     }
+}
+
+/// The uint8 cache's per-layer scales from `kv_quant.json` (scripts/export-onnx.py writes it
+/// next to the graph, whose QuantizeLinear / DequantizeLinear nodes hold the same numbers). GenAI
+/// itself only moves bytes; kvprobe needs the scales to show the states as fp16.
+#[cfg_attr(not(feature = "onnx"), allow(dead_code))]
+fn kv_scales(dir: &std::path::Path, layers: usize) -> Result<Vec<f32>> {
+    let path = dir.join("kv_quant.json");
+    let bad = |detail: String| Error::Io {
+        path: path.clone(),
+        detail,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        bad(format!("cannot read it ({e}); a uint8 windowed folder needs the cache scales (scripts/export-onnx.py --kv-dtype uint8 writes them)"))
+    })?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+    let scales: Vec<f32> = v["scales"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .flat_map(|kv| {
+                    kv.as_array()
+                        .map(|p| {
+                            p.iter()
+                                .filter_map(|x| x.as_f64())
+                                .map(|x| x as f32)
+                                .collect::<Vec<_>>()
+                        })
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if scales.len() != 2 * layers || scales.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+        return Err(bad(format!(
+            "`scales` must be {layers} pairs [k, v] of positive numbers; re-export the folder"
+        )));
+    }
+    Ok(scales)
 }
 
 #[cfg(not(feature = "onnx"))]
@@ -268,6 +477,9 @@ impl Device for OnnxDevice {
     }
 
     fn run(&mut self, _group: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput> {
+        if self.win.is_some() {
+            return self.run_window(inputs);
+        }
         let (ids, mask, first) = self.genai_inputs(inputs)?;
         let (h, _, d) = self.shape();
         if first < self.past_len {
@@ -311,6 +523,10 @@ impl Device for OnnxDevice {
         }
         self.past.iter_mut().for_each(Vec::clear);
         self.past_len = 0;
+        if let Some((st, cache)) = &mut self.win {
+            *st = WindowState::new(st.geom, st.faults.clone());
+            cache.truncate(0);
+        }
         Ok(())
     }
 
@@ -322,6 +538,12 @@ impl Device for OnnxDevice {
 
     fn cache_buffers(&mut self) -> Result<BTreeMap<u32, Vec<u8>>> {
         let (h, ctx, d) = self.shape();
+        if let Some((st, cache)) = &self.win {
+            let pad = st.geom.pad_value;
+            return Ok((0..2 * self.cfg.n_layers)
+                .map(|c| (c as u32, cache.view(st, c, ctx, pad)))
+                .collect());
+        }
         let n = self.past_len;
         Ok(self
             .past
@@ -353,10 +575,14 @@ impl Device for OnnxDevice {
                 h * ctx * d * 2
             )));
         }
-        let past = self
-            .past
-            .get_mut(cache_id as usize)
-            .ok_or_else(|| Error::InvalidArgument(format!("no cache {cache_id}")))?;
+        if cache_id as usize >= self.past.len() {
+            return Err(Error::InvalidArgument(format!("no cache {cache_id}")));
+        }
+        if let Some((st, cache)) = &mut self.win {
+            cache.write(st, cache_id as usize, ctx, bytes);
+            return Ok(());
+        }
+        let past = &mut self.past[cache_id as usize];
         // the first past_len positions are the request's past; the rest is not part of it
         for hh in 0..h {
             for t in 0..n {

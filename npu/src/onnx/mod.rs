@@ -10,15 +10,18 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::contract::{Capabilities, Family, FaultTable};
+use crate::contract::{Capabilities, Family};
 use crate::{Error, Result};
 
 pub mod config;
 mod device;
 pub mod export;
+pub mod faults;
 pub mod host;
 #[cfg(feature = "onnx")]
 mod runtime;
+mod wcache;
+pub mod window;
 
 pub use config::GenaiConfig;
 pub use device::OnnxDevice;
@@ -31,7 +34,7 @@ pub const FAMILY: Family = Family {
     flag: "--onnx DIR",
     about: "an ONNX Runtime GenAI model folder run by ONNX Runtime (host-owned past/present KV tensors; build with --features onnx)",
     capabilities: CAPABILITIES,
-    faults: FaultTable::NONE,
+    faults: faults::TABLE,
     implemented: true,
 };
 
@@ -126,6 +129,8 @@ pub struct OnnxOptions {
     pub ep_options: Vec<(String, String)>,
     /// Context kvprobe drives (`--max-ctx`); default min(128, search.max_length).
     pub max_ctx: Option<usize>,
+    /// `--fault`: host-driver faults of the windowed cache (faults.rs).
+    pub faults: Vec<faults::WinFault>,
 }
 
 impl OnnxOptions {

@@ -128,8 +128,16 @@ pub(super) enum IdType {
     I64,
 }
 
+/// Element type of the KV inputs: float32 (convention (a) and (b)), uint8 (the QDQ variant of (b)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum KvType {
+    F32,
+    U8,
+}
+
 pub(super) struct Runtime {
     session: Session,
+    pub(super) kv: KvType,
     names: IoNames,
     layers: usize,
     heads: usize,
@@ -215,7 +223,7 @@ impl Runtime {
             for t in [&n.past_key, &n.past_value] {
                 let name = IoNames::layer(t, l);
                 let o = find(&name).ok_or_else(|| missing(&name))?;
-                check_kv(o.dtype(), &name, cfg, model)?;
+                check_kv(o.dtype(), &name, cfg, model, t == &n.past_key)?;
             }
         }
         let extra = IoNames::layer(&n.past_key, cfg.n_layers);
@@ -229,8 +237,14 @@ impl Runtime {
                 ),
             });
         }
+        let first = IoNames::layer(&n.past_key, 0);
+        let kv = match find(&first).and_then(|o| o.dtype().tensor_type()) {
+            Some(TensorElementType::Uint8) => KvType::U8,
+            _ => KvType::F32,
+        };
         Ok(Runtime {
             session,
+            kv,
             names: cfg.names.clone(),
             layers: cfg.n_layers,
             heads: cfg.n_kv_heads,
@@ -302,16 +316,87 @@ impl Runtime {
         Ok((last, presents))
     }
 
+    /// One run of convention (b): `past[c]` is cache c's past input as the graph takes it (K
+    /// `[H, 1, D, P]`, V `[H, 1, P, D]`). Returns the last row's logits and the presents (K
+    /// `[H, 1, D, q]`, V `[H, 1, q, D]`) in the cache's type.
+    pub(super) fn run_window(
+        &mut self,
+        plan: &super::window::RunPlan,
+        past: &[super::window::Elems],
+    ) -> Result<(Vec<f32>, Vec<super::window::Elems>)> {
+        let q = plan.ids.len();
+        let p = plan.past_len;
+        let ids: Vec<i64> = plan.ids.iter().map(|&i| i64::from(i)).collect();
+        let mask: Vec<i64> = plan.mask.iter().map(|&m| i64::from(m)).collect();
+        let mut feed: Vec<(String, DynValue)> = vec![
+            (
+                self.names.input_ids.clone(),
+                int_value(self.ids, &[1, q], &ids)?,
+            ),
+            (
+                self.names.attention_mask.clone(),
+                int_value(self.positions, &[1, mask.len()], &mask)?,
+            ),
+            (
+                self.names.position_ids.clone(),
+                int_value(self.positions, &[1, q], &plan.positions)?,
+            ),
+        ];
+        for l in 0..self.layers {
+            let (k, v) = (&past[2 * l], &past[2 * l + 1]);
+            feed.push((
+                IoNames::layer(&self.names.past_key, l),
+                kv_value([self.heads, 1, self.hd, p], k)?,
+            ));
+            feed.push((
+                IoNames::layer(&self.names.past_value, l),
+                kv_value([self.heads, 1, p, self.hd], v)?,
+            ));
+        }
+        let out = self.session.run(feed).map_err(ort_err)?;
+        let (lshape, logits) = out
+            .get(&self.names.logits)
+            .ok_or_else(|| device(format!("the graph has no output `{}`", self.names.logits)))?
+            .try_extract_tensor::<f32>()
+            .map_err(ort_err)?;
+        let vocab = *lshape.last().unwrap_or(&0) as usize;
+        if vocab == 0 || logits.len() < vocab {
+            return Err(device(format!("logits of shape {lshape:?}")));
+        }
+        let last = logits[logits.len() - vocab..].to_vec();
+        let mut presents = Vec::with_capacity(2 * self.layers);
+        for l in 0..self.layers {
+            for t in [&self.names.present_key, &self.names.present_value] {
+                let name = IoNames::layer(t, l);
+                let o = out
+                    .get(&name)
+                    .ok_or_else(|| device(format!("the graph has no output `{name}`")))?;
+                presents.push(match self.kv {
+                    KvType::F32 => super::window::Elems::F32(
+                        o.try_extract_tensor::<f32>().map_err(ort_err)?.1.to_vec(),
+                    ),
+                    KvType::U8 => super::window::Elems::U8(
+                        o.try_extract_tensor::<u8>().map_err(ort_err)?.1.to_vec(),
+                    ),
+                });
+            }
+        }
+        Ok((last, presents))
+    }
+
     pub(super) fn inputs(&self) -> &[String] {
         &self.inputs
     }
 }
 
-fn check_kv(v: &ValueType, name: &str, cfg: &GenaiConfig, model: &Path) -> Result<()> {
+fn check_kv(v: &ValueType, name: &str, cfg: &GenaiConfig, model: &Path, key: bool) -> Result<()> {
     let bad = |what: String| Error::Io {
         path: cfg.path.clone(),
         detail: format!("{what}; genai_config.json and {} disagree", model.display()),
     };
+    if let Some(w) = &cfg.window {
+        return check_window_kv(v, name, cfg, w.pad_value, key).map_err(bad);
+    }
     if v.tensor_type() != Some(TensorElementType::Float32) {
         return Err(bad(format!(
             "KV input `{name}` is {:?}, the default decoder's cache is float32",
@@ -333,6 +418,53 @@ fn check_kv(v: &ValueType, name: &str, cfg: &GenaiConfig, model: &Path) -> Resul
         )));
     }
     Ok(())
+}
+
+/// Convention (b): uint8 (GenAI's windowed cache needs it, G:wkv) or float32 (kvprobe's fp32
+/// variant, which GenAI itself refuses), `[H, 1, D, S]` for K and `[H, 1, S, D]` for V.
+fn check_window_kv(
+    v: &ValueType,
+    name: &str,
+    cfg: &GenaiConfig,
+    pad_value: u8,
+    key: bool,
+) -> std::result::Result<(), String> {
+    match v.tensor_type() {
+        Some(TensorElementType::Uint8) => {}
+        Some(TensorElementType::Float32) if pad_value == 0 => {}
+        t => {
+            return Err(format!(
+                "windowed KV input `{name}` is {t:?}; the windowed cache is uint8 (or float32 with pad_value 0)"
+            ))
+        }
+    }
+    let dims: Vec<i64> = v.tensor_shape().map(|s| s.to_vec()).unwrap_or_default();
+    let want_d = if key { 2 } else { 3 };
+    let ok = dims.len() == 4
+        && (dims[0] < 0 || dims[0] as usize == cfg.n_kv_heads)
+        && (dims[1] < 0 || dims[1] == 1)
+        && (dims[want_d] < 0 || dims[want_d] as usize == cfg.head_size);
+    if !ok {
+        return Err(format!(
+            "windowed KV input `{name}` is {dims:?}, GenAI's windowed cache is {} with num_key_value_heads {} and head_size {}",
+            if key { "[H, 1, D, S]" } else { "[H, 1, S, D]" },
+            cfg.n_kv_heads,
+            cfg.head_size
+        ));
+    }
+    Ok(())
+}
+
+/// One windowed run's past input of one cache.
+fn kv_value(shape: [usize; 4], e: &super::window::Elems) -> Result<DynValue> {
+    Ok(match e {
+        super::window::Elems::F32(v) => Tensor::from_array((shape, v.clone()))
+            .map_err(ort_err)?
+            .into_dyn(),
+        super::window::Elems::U8(v) => Tensor::from_array((shape, v.clone()))
+            .map_err(ort_err)?
+            .into_dyn(),
+    })
 }
 
 fn int_value(t: IdType, shape: &[usize], v: &[i64]) -> Result<DynValue> {

@@ -9,16 +9,22 @@
 //! 4. prefill and greedy agree with the reference → healthy;
 //! 5. reference K/V written in `[ctx, kv_heads, d]` reproduce the reference and the documented
 //!    order does not → cache-layout-mismatch;
-//! 6. a self-only step misses the reference token alone → mask-convention (the mask input is not
+//! 6. the device's cache edges declare other quantisations for the same cache (a runner over a
+//!    cache of another element type) and generation fails → cache-quantization;
+//! 7. the first decode step is reproduced by the reference with its query at another position
+//!    → position-mismatch;
+//! 8. a self-only step misses the reference token alone → mask-convention (the mask input is not
 //!    applied as 0 / −inf);
-//! 7. otherwise unknown.
+//! 9. by elimination: the step alone, the slots and the positions are right, yet reference K/V in
+//!    the documented order do not repair the step → cache-layout-mismatch (0.6);
+//! 10. otherwise unknown.
 
 use kvprobe_schema::{
     DeterminismFinding, NotApplicable, OverflowFinding, ProbeFindings, StateFinding, Timing,
     Verdict,
 };
 
-use super::engine::{Cause, Control, Controls, Engine, Rule, Tier};
+use super::engine::{Cause, Control, Controls, Engine, Rule, Tier, When};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use crate::thresholds::*;
 use crate::{determinism, greedy, prefill, selfmask, statecheck, Result};
@@ -66,6 +72,9 @@ pub struct StatefulFacts {
     pub prefill: Option<[f64; 3]>,
     pub greedy: Option<[f64; 3]>,
     pub state: Option<StateFinding>,
+    /// Cache edges that declare different element types or quantisations for one cache
+    /// (the description's, e.g. a uint16 runner input over a uint8 graph output).
+    pub declared_quant_mismatch: Option<String>,
 }
 
 type R = Rule<StatefulFacts>;
@@ -112,6 +121,23 @@ pub const STATE: &[R] = &[
         state_layout,
     )
     .stop(),
+    R::new(
+        "declared-quant",
+        T,
+        Some(Verdict::CacheQuantization),
+        declared_quant,
+    )
+    .needs(Control::Greedy)
+    .stop(),
+    R::new("position-cosines", T, None, position_cosines),
+    R::new(
+        "state-position",
+        T,
+        Some(Verdict::PositionMismatch),
+        state_position,
+    )
+    .needs(Control::Greedy)
+    .stop(),
     R::new("mask-cosines", T, None, mask_cosines),
     R::new(
         "self-only-mask",
@@ -120,6 +146,15 @@ pub const STATE: &[R] = &[
         self_only_mask,
     )
     .needs(Control::SelfOnly)
+    .stop(),
+    R::new(
+        "state-reader",
+        T,
+        Some(Verdict::CacheLayoutMismatch),
+        state_reader,
+    )
+    .when(When::NothingYet)
+    .needs(Control::Greedy)
     .stop(),
 ];
 
@@ -256,6 +291,41 @@ fn state_layout(f: &StatefulFacts) -> Option<Cause> {
         .then(|| Cause::new(0.9).line("→ the attention reads the states as [ctx, kv_heads, d]"))
 }
 
+fn declared_quant(f: &StatefulFacts) -> Option<Cause> {
+    let what = f.declared_quant_mismatch.as_ref()?;
+    Some(Cause::new(0.9).line(format!(
+        "→ the cache's edges declare different element types or quantisations ({what}): the runner reads the cache in another format than the graph writes it"
+    )))
+}
+
+/// `(δ, cosine)` of the best shift δ ≠ 0 and the cosine at δ = 0.
+fn best_shift(f: &StatefulFacts) -> Option<((i64, f64), f64)> {
+    let shifts = f.state.as_ref()?.position_cosines.as_ref()?;
+    let zero = shifts.iter().find(|s| s[0] == 0.0)?[1];
+    let best = shifts
+        .iter()
+        .filter(|s| s[0] != 0.0)
+        .max_by(|a, b| a[1].total_cmp(&b[1]))?;
+    Some(((best[0] as i64, best[1]), zero))
+}
+
+fn position_cosines(f: &StatefulFacts) -> Option<Cause> {
+    let ((d, c), zero) = best_shift(f)?;
+    Some(Cause::note(format!(
+        "positions: the first decode step against the reference with its query at n + δ: best δ = {d:+} → cosine {c:.4}; δ = 0 → {zero:.4}"
+    )))
+}
+
+/// A shifted query reproduces the step at the position level and beats the documented position.
+fn state_position(f: &StatefulFacts) -> Option<Cause> {
+    let ((d, c), zero) = best_shift(f)?;
+    (c >= POSITION_REPRODUCES && c >= zero + POSITION_MARGIN).then(|| {
+        Cause::new(0.85).line(format!(
+            "→ the decode step runs at position n {d:+}: the position ids fed to the graph are off"
+        ))
+    })
+}
+
 fn mask_cosines(f: &StatefulFacts) -> Option<Cause> {
     let st = f.state.as_ref()?;
     let (own, full) = (st.selfonly_cosine?, st.full_cosine?);
@@ -273,6 +343,27 @@ fn self_only_mask(f: &StatefulFacts) -> Option<Cause> {
             "→ blocked columns still contribute: the additive mask is not applied as 0 / −inf",
         )
     })
+}
+
+/// By elimination: the graph alone is right (a self-only step matches the token alone), the
+/// positions are (no shift reproduces), the slots written are, yet the reference K/V written in
+/// the documented order do not repair the step: the graph reads the state in another arrangement
+/// than the host keeps it (the ONNX `win-k-layout` fault: K `[H, 1, D, T]` copied as
+/// `[H, 1, T, D]`, which no order the experiment writes undoes).
+fn state_reader(f: &StatefulFacts) -> Option<Cause> {
+    let st = f.state.as_ref()?;
+    let [doc, _] = st.layout_cosines?;
+    let own = st.selfonly_cosine?;
+    let ((_, shifted), _) = best_shift(f)?;
+    (f.written_ok() == Some(true)
+        && own >= REPRODUCES_COSINE
+        && doc < REPRODUCES_COSINE
+        && shifted < POSITION_REPRODUCES)
+        .then(|| {
+            Cause::new(0.6).line(format!(
+                "→ by elimination: the step alone is right (self-only {own:.4}), the slots and positions are, but reference K/V in the documented order do not repair it ({doc:.4}): the graph reads the state in another layout than the host writes it"
+            ))
+        })
 }
 
 struct Run<'s, 'a> {
@@ -294,6 +385,21 @@ impl Run<'_, '_> {
 
     fn done(self) -> Diagnosis {
         Diagnosis::from_rules(self.eng.conclude(), self.p, self.t)
+    }
+
+    /// A cache-path verdict (every named cause but healthy) carries `kvdiff`'s first divergent
+    /// layer (issue 20); run only then.
+    fn cache_kvdiff(&mut self) -> Result<()> {
+        if !self.eng.has_causes() || self.eng.fired().contains(&"healthy") {
+            return Ok(());
+        }
+        let opts = crate::kvdiff::KvdiffOptions {
+            steps: crate::kvdiff::DIAGNOSE_STEPS,
+        };
+        let k = self.timed("kvdiff", |s| crate::kvdiff::run(s, &opts))?;
+        self.eng.line(crate::kvdiff::verdict_line(&k));
+        self.p.kvdiff = Some(k);
+        Ok(())
     }
 }
 
@@ -325,6 +431,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         prefill: None,
         greedy: None,
         state: None,
+        declared_quant_mismatch: declared_quant_mismatch(run.s.describe()),
     };
     run.eng.apply(REPEAT, &f);
     if run.eng.stopped() {
@@ -339,6 +446,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     f.back_to_back_refused = bb.refused.clone();
     run.eng.apply(STALE, &f);
     if run.eng.stopped() {
+        run.cache_kvdiff()?;
         return Ok(run.done());
     }
     run.eng.line("back-to-back: the prompt after a reset gives bit-identical logits whatever request came before");
@@ -369,6 +477,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         return Ok(run.done());
     }
     run.eng.apply(STATE, &f);
+    run.cache_kvdiff()?;
     Ok(run.done())
 }
 
@@ -421,6 +530,31 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     run.p.state = Some(st.clone());
     f.state = Some(st);
     Ok(())
+}
+
+/// The first cache whose edges disagree on element size or quantisation, as evidence text.
+fn declared_quant_mismatch(d: &kvprobe_schema::DeviceDescription) -> Option<String> {
+    let edges: Vec<_> = d.groups.iter().flat_map(|g| g.cache_edges.iter()).collect();
+    edges.iter().find_map(|a| {
+        let b = edges.iter().find(|b| {
+            b.cache_id == a.cache_id
+                && (b.data_bytes != a.data_bytes
+                    || b.quant.scale != a.quant.scale
+                    || b.quant.zero_point != a.quant.zero_point)
+        })?;
+        Some(format!(
+            "cache {}: {:?} edge {} byte(s), scale {}, zero point {} vs {:?} edge {} byte(s), scale {}, zero point {}",
+            a.cache_id,
+            a.direction,
+            a.data_bytes,
+            a.quant.scale,
+            a.quant.zero_point,
+            b.direction,
+            b.data_bytes,
+            b.quant.scale,
+            b.quant.zero_point
+        ))
+    })
 }
 
 /// `0..4, 7` style list.
@@ -478,7 +612,9 @@ mod tests {
                 layout_cosines: None,
                 selfonly_cosine: None,
                 full_cosine: None,
+                position_cosines: None,
             }),
+            declared_quant_mismatch: None,
         }
     }
 
@@ -626,6 +762,56 @@ mod tests {
         let near = failing([0.98, 0.99], 0.99);
         assert!(check("state-layout", &near).is_none());
         assert!(check("state-layout-cosines", &healthy_facts()).is_none());
+    }
+
+    #[test]
+    fn declared_quant_when_edges_disagree_and_generation_fails() {
+        let mut f = failing([0.3, 0.3], 0.99);
+        f.declared_quant_mismatch = Some("cache 0: u16 vs u8".into());
+        assert!(check("declared-quant", &f).is_some());
+        assert_eq!(conclude(&f), (Verdict::CacheQuantization, 0.9));
+        let mut ok = healthy_facts();
+        ok.declared_quant_mismatch = Some("cache 0: u16 vs u8".into());
+        assert_eq!(
+            conclude(&ok),
+            (Verdict::Healthy, 0.9),
+            "a passing run stays healthy"
+        );
+    }
+
+    #[test]
+    fn state_position_when_a_shifted_query_reproduces() {
+        let mut f = failing([0.3, 0.3], 0.99);
+        if let Some(st) = &mut f.state {
+            st.position_cosines = Some(vec![[-1.0, 0.999], [0.0, 0.8], [1.0, 0.7]]);
+        }
+        assert!(check("position-cosines", &f).is_some());
+        assert_eq!(conclude(&f), (Verdict::PositionMismatch, 0.85));
+        if let Some(st) = &mut f.state {
+            st.position_cosines = Some(vec![[-1.0, 0.95], [0.0, 0.8]]);
+        }
+        assert!(check("state-position", &f).is_none(), "below 0.97");
+    }
+
+    #[test]
+    fn state_reader_by_elimination_only() {
+        // graph right alone, golden state not repairing, no shift: the reader's layout
+        let mut f = failing([0.2, 0.2], 1.0);
+        if let Some(st) = &mut f.state {
+            st.position_cosines = Some(vec![[0.0, 0.3], [1.0, 0.5]]);
+        }
+        assert!(check("state-reader", &f).is_some());
+        assert_eq!(conclude(&f), (Verdict::CacheLayoutMismatch, 0.6));
+        // a golden state that repairs, or a failing self-only step, is not this rule's
+        let mut g = f.clone();
+        if let Some(st) = &mut g.state {
+            st.layout_cosines = Some([0.99, 0.2]);
+        }
+        assert!(check("state-reader", &g).is_none());
+        if let Some(st) = &mut f.state {
+            st.selfonly_cosine = Some(0.5);
+        }
+        assert!(check("state-reader", &f).is_none());
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod colmap;
 mod determinism;
 mod greedy;
 mod inject;
+mod kvdiff;
 mod layout;
 mod layout_infer;
 mod maskconv;
@@ -48,6 +49,7 @@ pub static SECTIONS: &[&dyn ProbeSection] = &[
     &rerun::Rerun,
     &capacity::Capacity,
     &determinism::Determinism,
+    &kvdiff::Kvdiff,
     &stateful::Overflow,
     &stateful::State,
     &stateful::NotApplicable,

@@ -6,6 +6,7 @@
 mod cache;
 mod capacity;
 mod determinism;
+mod kvdiff;
 mod logits;
 mod stage;
 mod stateful;
@@ -14,6 +15,7 @@ mod verdict;
 pub use cache::*;
 pub use capacity::*;
 pub use determinism::*;
+pub use kvdiff::*;
 pub use logits::*;
 pub use stage::*;
 pub use stateful::*;
@@ -73,6 +75,10 @@ pub struct ProbeFindings {
     /// The same request again in-process and in a second process (issue 20).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub determinism: Option<DeterminismFinding>,
+    /// `kvdiff` (issue 20): the device's cache against the reference per layer × head ×
+    /// position (older results.json files have none).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kvdiff: Option<KvdiffFinding>,
     /// Probes that cannot run on this device, each with the reason (never a silent skip).
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub not_applicable: Vec<NotApplicable>,

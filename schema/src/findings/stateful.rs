@@ -23,6 +23,11 @@ pub struct StateFinding {
     pub selfonly_cosine: Option<f64>,
     /// The same step under the full-context mask, against its reference.
     pub full_cosine: Option<f64>,
+    /// That full-context step against the reference step with the query at position n + δ
+    /// (the keys at theirs): `[δ, cosine]` for δ in −4..=4 (issue 22: position ids that a runner
+    /// does not advance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position_cosines: Option<Vec<[f64; 2]>>,
 }
 
 /// Where inf/NaN first appears on a stateful fp16 device: the state scan after a prefill.

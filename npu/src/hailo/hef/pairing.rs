@@ -227,10 +227,7 @@ fn embedding_checks(hef: &Hef, facts: &Facts, model: &Model, out: &mut Vec<Lint>
         return;
     };
     let f = input.shape[2] as usize;
-    let table = model.embedding_table();
-    let Ok((rows, hidden)) = table.dims2() else {
-        return;
-    };
+    let (rows, hidden) = model.embedding_dims();
     if f == 0 || f != hidden || bytes.len() < 2 * f {
         return; // pair-hidden / embeddings-table already say why
     }
@@ -248,7 +245,7 @@ fn embedding_checks(hef: &Hef, facts: &Facts, model: &Model, out: &mut Vec<Lint>
         } else {
             0
         };
-        let Ok(model_row) = table.get(r).and_then(|t| t.to_vec1::<f32>()) else {
+        let Ok(model_row) = model.embedding_rows(r, r + 1) else {
             return;
         };
         let off = r * 2 * f;

@@ -120,8 +120,14 @@ fn measure_prompts(model: &Model, prompts: &[Vec<u32>]) -> Result<Ranges> {
     if !group.is_empty() {
         run_group(model, &group, &mut r)?;
     }
-    let table: Vec<f32> = model.embedding_table().flatten_all()?.to_vec1()?;
-    extend(&mut r.embeddings, &table);
+    // a block of rows at a time: no f32 copy of the whole table beside the model's own
+    let vocab = model.embedding_dims().0;
+    for r0 in (0..vocab).step_by(1024) {
+        extend(
+            &mut r.embeddings,
+            &model.embedding_rows(r0, (r0 + 1024).min(vocab))?,
+        );
+    }
     Ok(r)
 }
 

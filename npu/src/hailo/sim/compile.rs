@@ -72,6 +72,7 @@ pub(super) fn checked_faults(
         n_kv_heads: cfg.n_kv_heads,
         entry_size: shape.features * shape.elem_bytes,
         rope_theta: model.rope_inv_freq().map(|_| opts.rope_theta),
+        head_dim: cfg.head_dim,
         layout_noop: Box::new(move |f: &Fault| match f.kind {
             FaultKind::TbtReadLayout(lay) => layout::equals_token_major(lay, shape_for(l - 1)),
             FaultKind::PrefillWriteLayout(lay) => layout::equals_token_major(lay, shape_for(p)),
@@ -123,9 +124,14 @@ pub(super) fn shipped_theta(
             _ => None,
         })
         .unwrap_or(opts.rope_theta);
-    model
+    let table = model
         .rope_inv_freq()
-        .map(|f| table_convention.table(&theta_from_inv_freq(&f)))
+        .map(|f| table_convention.table(&theta_from_inv_freq(&f)));
+    let scaling = faults.iter().find_map(|f| match f.kind {
+        FaultKind::RopeScaling(x) => Some(x),
+        _ => None,
+    });
+    table.map(|t| super::rope_faults::scaled(t, scaling))
 }
 
 /// The manifest before the device describes itself (layouts, quant infos and calibration

@@ -19,6 +19,8 @@
 //! | `tbt-attn-scale=F` / `prefill-attn-scale=F` | attention scores × F in that group | — |
 //! | `softmax=shared-across-heads` | one softmax over all heads' scores of a row (F11); default both | prefill, tbt |
 //! | `rope-theta=sign-folded\|plain` | the shipped `rope_theta_data.bin` is written in that sign convention while the graph keeps the emulator's (`--sim-rope-theta`); must differ from it | — |
+//! | `rope-k-tile=W` | the graph's K-side cos/sin tables repeat the first W elements of each head's table instead of the whole head_dim-wide one (seed 000: Q and K tables tiled at different widths); default both groups | prefill, tbt |
+//! | `rope-scaling=F` | the shipped `rope_theta_data.bin` holds the config's frequencies divided by F (a rope-scaling factor the config does not say, ai-hub-models#337) | — |
 //! | `truncate-entry=N` | cache writers keep only the first N bytes of every entry (rest zero); default all writers | prefill, tbt, k, v, layer |
 //! | `prefill-truncate=N` | the prefill graph takes only the newest N of the P window rows: the older rows are dropped, their keys unseen and their K/V never written (the slots keep their bytes) | — |
 //! | `ring-capacity=N` | the rings hold N entries (P < N < L) while the device declares L: slot `s` lives at `s mod N`, so from N tokens on every write overwrites the token N before it | — |
@@ -200,6 +202,28 @@ pub const TABLE: FaultTable = FaultTable {
             expected: Expected::Always(Verdict::PositionMismatch),
             sweep: SweepValue::OtherRopeConvention,
         },
+        FaultDecl {
+            name: "rope-k-tile",
+            values: Values::Number("W"),
+            scopes: GROUP,
+            default_groups: &[],
+            bug_class: "seed 000: the RoPE cos/sin inputs of K are tiled at another width than Q's (each K head repeats the first W elements of its table)",
+            expected: Expected::Always(Verdict::PositionMismatch),
+            // RoPE models only, and W must be below head_dim and not head_dim/2: verified by
+            // tests/kvdiff_faults.rs on SmolLM2 and the Llama fixture, not drawn by the sweep
+            sweep: SweepValue::NotSampled,
+        },
+        FaultDecl {
+            name: "rope-scaling",
+            values: Values::Number("F"),
+            scopes: &[],
+            default_groups: &[],
+            bug_class: "ai-hub-models#337: the compiled theta table uses another rope-scaling factor than the config (frequencies divided by F)",
+            expected: Expected::Always(Verdict::PositionMismatch),
+            // RoPE models only: verified by tests/kvdiff_faults.rs on SmolLM2 and the Llama
+            // fixture, not drawn by the sweep
+            sweep: SweepValue::NotSampled,
+        },
     ],
 };
 
@@ -225,6 +249,10 @@ pub enum FaultKind {
     PrefillTruncate(usize),
     /// The rings hold N entries.
     RingCapacity(usize),
+    /// K's cos/sin tables repeat the first W elements of each head's table.
+    RopeKTile(usize),
+    /// The shipped theta table divided by this factor.
+    RopeScaling(f32),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -344,6 +372,16 @@ fn kind(f: &FaultText) -> Result<FaultKind> {
                 .and_then(RopeTheta::parse)
                 .ok_or_else(|| f.bad("use rope-theta=sign-folded or rope-theta=plain"))?,
         ),
+        "rope-k-tile" => {
+            let v = f
+                .value
+                .ok_or_else(|| f.bad("needs a width in elements, e.g. =16"))?;
+            match v.parse() {
+                Ok(w) if w > 0 => FaultKind::RopeKTile(w),
+                _ => return Err(f.bad(format!("`{v}` is not a positive width"))),
+            }
+        }
+        "rope-scaling" => FaultKind::RopeScaling(parse_factor(f)?),
         _ => {
             return Err(Error::UnknownFault {
                 name: f.name.to_string(),
@@ -378,6 +416,7 @@ pub struct FaultContext {
     pub layout_noop: Box<dyn Fn(&Fault) -> bool>,
     /// The graph's RoPE convention, `None` for a model with learned positions.
     pub rope_theta: Option<RopeTheta>,
+    pub head_dim: usize,
 }
 
 /// Refuse faults that change nothing here or name a layer that does not exist.
@@ -408,12 +447,22 @@ pub fn validate(f: &Fault, cx: &FaultContext) -> Result<()> {
         FaultKind::TbtCacheScale(s)
         | FaultKind::TbtAttnScale(s)
         | FaultKind::PrefillAttnScale(s)
+        | FaultKind::RopeScaling(s)
             if *s == 1.0 =>
         {
             return noop("a factor of 1.0");
         }
         FaultKind::TbtPosition(0) | FaultKind::PrefillPosition(0) => {
             return noop("an offset of 0 positions")
+        }
+        FaultKind::RopeKTile(_) | FaultKind::RopeScaling(_) if cx.rope_theta.is_none() => {
+            return noop("the model has learned positions and no RoPE tables");
+        }
+        FaultKind::RopeKTile(w) if *w >= cx.head_dim || 2 * *w == cx.head_dim => {
+            return noop(&format!(
+                "a head's table is {} elements with equal halves: a width of {w} repeats it unchanged",
+                cx.head_dim
+            ));
         }
         FaultKind::RopeTheta(_) if cx.rope_theta.is_none() => {
             return noop("the model has learned positions and ships no theta table");

@@ -114,6 +114,12 @@ impl SimDevice {
                     }
                 }
             }
+            if let Some(f) = self.find_fault(g, |k| matches!(k, FaultKind::RopeKTile(_))) {
+                if let FaultKind::RopeKTile(w) = f.kind {
+                    super::rope_faults::tile_heads(&mut kc, theta.len(), w);
+                    super::rope_faults::tile_heads(&mut ks, theta.len(), w);
+                }
+            }
             Ok(PositionInput::Rope {
                 q_cos: qc,
                 q_sin: qs,

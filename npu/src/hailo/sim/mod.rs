@@ -21,6 +21,7 @@ pub mod faults;
 mod graph_faults;
 mod inputs;
 pub mod options;
+mod rope_faults;
 pub use crate::contract::manifest;
 
 use std::collections::BTreeMap;
@@ -184,7 +185,7 @@ impl SimDevice {
                     .find(|i| i.role == Some(InputRole::Embeddings))
             })
             .ok_or_else(|| Error::Device("prefill group has no embeddings input".into()))?;
-        let table = crate::EmbeddingTable::from_tensor(self.model.embedding_table(), input)?;
+        let table = crate::EmbeddingTable::from_model(&self.model, input)?;
         crate::Driver::new(self, table)
     }
 

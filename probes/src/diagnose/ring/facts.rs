@@ -103,6 +103,8 @@ pub struct RingFacts {
     pub colmap: Option<ColmapFinding>,
     pub theta: Option<ThetaCheck>,
     pub layout_infer: Option<LayoutInferFinding>,
+    /// `kvdiff` after the prefill only (runs where single-chunk rows fail on a RoPE model).
+    pub kvdiff: Option<kvprobe_schema::KvdiffFinding>,
 }
 
 /// Nothing measured yet: no probe ran (the start of hand-made facts and of `from_controls`).
@@ -149,6 +151,7 @@ impl Default for RingFacts {
             colmap: None,
             theta: None,
             layout_infer: None,
+            kvdiff: None,
         }
     }
 }

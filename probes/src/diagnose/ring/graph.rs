@@ -91,6 +91,14 @@ pub const THETA: &[R] = &[
     .needs(Control::PrefillSingle)
     .stop(),
     R::new("theta-no-repair", PREFILL, None, theta_no_repair),
+    R::new(
+        "first-layer-k-rotated",
+        PREFILL,
+        Some(Verdict::PositionMismatch),
+        first_layer_k_rotated,
+    )
+    .needs(Control::PrefillSingle)
+    .stop(),
 ];
 
 /// The prefill graph's control.
@@ -269,6 +277,20 @@ fn theta_no_repair(f: &RingFacts) -> Option<Cause> {
     Some(Cause::note(format!(
         "positions: the theta table in the other sign convention does not repair the single-chunk rows ({:.4} vs {:.4} with the shipped {} table)",
         t.other_cosine, t.declared_cosine, t.declared
+    )))
+}
+
+/// Seed 000's "sharp break inside layer 0": the first layer's K is a function of its token and
+/// position alone. When it leaves its precision band while V of the same layer stays inside, and
+/// turning each RoPE pair by one angle per position repairs it, K was rotated for other
+/// positions or frequencies: Q and K tables tiled differently, or another theta scaling
+/// (ai-hub-models#337). The failing single-chunk rows are its control.
+fn first_layer_k_rotated(f: &RingFacts) -> Option<Cause> {
+    let k = f.kvdiff.as_ref().filter(|_| f.wants_theta())?;
+    let r = k.first_layer_rotation.as_ref().filter(|r| r.explained)?;
+    Some(Cause::new(0.9).line(format!(
+        "→ position-mismatch: layer 0's K leaves its precision band (relative L2 {:.4}, band {:.4}) while its V stays inside ({:.4}), and one angle per RoPE pair and position brings K back ({:.4}): the graph rotates K for other positions or frequencies than the model's (Q/K cos-sin tables of different widths, or another rope scaling)",
+        r.k_rel_l2, r.band, r.v_rel_l2, r.rotated_rel_l2
     )))
 }
 
@@ -769,5 +791,57 @@ mod tests {
         };
         assert!(fires_in("no-tbt", &no_tbt).is_some());
         assert!(fires_in("no-tbt", &healthy_facts()).is_none());
+    }
+
+    fn kvdiff_rotation(explained: bool) -> kvprobe_schema::KvdiffFinding {
+        kvprobe_schema::KvdiffFinding {
+            source: "ring".into(),
+            layout: "token-major".into(),
+            precision: "uint8".into(),
+            layers: 2,
+            kv_heads: 1,
+            prompt_len: 4,
+            steps: Vec::new(),
+            first_divergent: None,
+            k_map: Vec::new(),
+            v_map: Vec::new(),
+            outside_map: Vec::new(),
+            first_layer_rotation: Some(kvprobe_schema::KvdiffRotation {
+                layer: 0,
+                k_rel_l2: 0.6,
+                rotated_rel_l2: 0.03,
+                v_rel_l2: 0.05,
+                band: 0.04,
+                mean_angle_per_frequency: vec![0.5],
+                explained,
+            }),
+        }
+    }
+
+    #[test]
+    fn first_layer_k_rotated_needs_failing_rows_and_an_explaining_rotation() {
+        let f = RingFacts {
+            kvdiff: Some(kvdiff_rotation(true)),
+            ..prefill_broken()
+        };
+        let c = fires_in("first-layer-k-rotated", &f).expect("fires");
+        assert!(c.evidence[0].starts_with("→ position-mismatch: layer 0's K"));
+        let unexplained = RingFacts {
+            kvdiff: Some(kvdiff_rotation(false)),
+            ..prefill_broken()
+        };
+        assert!(fires_in("first-layer-k-rotated", &unexplained).is_none());
+        // the rows pass: the rotation alone names nothing
+        let passing = RingFacts {
+            kvdiff: Some(kvdiff_rotation(true)),
+            ..healthy_facts()
+        };
+        assert!(fires_in("first-layer-k-rotated", &passing).is_none());
+        // learned positions ship no theta table: the check does not apply
+        let learned = RingFacts {
+            rope_table: false,
+            ..f
+        };
+        assert!(fires_in("first-layer-k-rotated", &learned).is_none());
     }
 }

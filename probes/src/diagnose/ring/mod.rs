@@ -23,7 +23,7 @@ use super::engine::{Control, Controls, Engine, Rule};
 use super::outcome::{timed, DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use crate::session::Session;
 use crate::{
-    affected, colmap, greedy, inject, layout, layout_infer, maskconv, positions, precision,
+    affected, colmap, greedy, inject, kvdiff, layout, layout_infer, maskconv, positions, precision,
     prefill, quant, scalefit, selfmask, ztap, Result,
 };
 use facts::{mean, pct, prefill_split};
@@ -313,6 +313,15 @@ fn graph_stage(run: &mut Run, f: &mut RingFacts) -> Result<bool> {
         let t = run.timed("theta", positions::theta_check)?;
         f.theta = t.clone();
         run.p.theta = t;
+        let k = run.timed("kvdiff", |s| {
+            kvdiff::run(s, &kvdiff::KvdiffOptions { steps: 1 })
+        })?;
+        run.eng.line(format!(
+            "kvdiff after the prefill only (single-chunk rows fail on a RoPE model): {}",
+            k.evidence()
+        ));
+        f.kvdiff = Some(k.clone());
+        run.p.kvdiff = Some(k);
     }
     run.eng.apply(THETA, f);
     if run.eng.stopped() {
@@ -357,17 +366,20 @@ fn cache_path(mut run: Run, mut f: RingFacts, opts: &DiagnoseOptions) -> Result<
     }
     run.eng.apply(CACHE_LATE, &f);
     if run.eng.stopped() {
+        cache_kvdiff(&mut run)?;
         return Ok(run.done(None));
     }
     if run.eng.has_causes() {
         run.eng.line(format!(
             "{SKIPPED}: a named rule already settled the verdict"
         ));
+        cache_kvdiff(&mut run)?;
         return Ok(run.done(None));
     }
     solve_layout(&mut run, &mut f)?;
     run.eng.apply(SOLVED, &f);
     if run.eng.has_causes() {
+        cache_kvdiff(&mut run)?;
         return Ok(run.done(None));
     }
     run.eng
@@ -377,6 +389,18 @@ fn cache_path(mut run: Run, mut f: RingFacts, opts: &DiagnoseOptions) -> Result<
     let stage = super::stage::run_new_probes(run.s, &mut run.timings, &mut run.p, &mut lines)?;
     lines.into_iter().for_each(|l| run.eng.line(l));
     Ok(run.done(stage))
+}
+
+/// A cache-path verdict carries `kvdiff`'s first divergent layer and head (issue 20): run only
+/// here, bounded, so the graph verdicts and healthy runs pay nothing for it.
+fn cache_kvdiff(run: &mut Run) -> Result<()> {
+    let opts = kvdiff::KvdiffOptions {
+        steps: kvdiff::DIAGNOSE_STEPS,
+    };
+    let k = run.timed("kvdiff", |s| kvdiff::run(s, &opts))?;
+    run.eng.line(kvdiff::verdict_line(&k));
+    run.p.kvdiff = Some(k);
+    Ok(())
 }
 
 /// Runs `layout --infer` once (kept in the findings).

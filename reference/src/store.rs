@@ -1,0 +1,385 @@
+//! Weights in the checkpoint's own storage type (issue 21 "Memory"): f32, f16, bf16 or quantised
+//! GGUF blocks, inside the memory-mapped file where the file allows, turned into f32 a few rows
+//! at a time when a product or a lookup needs them. A 1.5B bf16 model then costs its file size
+//! instead of a 6 GB f32 copy; the compute stays f32 (`matmul::tiled_transposed`).
+
+use std::fmt;
+use std::sync::Arc;
+
+use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
+use candle_core::{DType, Device, Tensor};
+use half::{bf16, f16};
+use memmap2::Mmap;
+
+use crate::{matmul, Result};
+
+/// The bytes of one tensor: a range of a memory-mapped checkpoint, or an owned buffer (rows the
+/// loader had to reorder, e.g. llama GGUF q/k).
+#[derive(Clone)]
+pub(crate) enum Bytes {
+    Mapped {
+        map: Arc<Mmap>,
+        start: usize,
+        len: usize,
+    },
+    Owned(Arc<Vec<u8>>),
+}
+
+impl Bytes {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped { map, start, len } => &map[*start..*start + *len],
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// How a raw tensor's values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    F32,
+    F16,
+    Bf16,
+    /// ggml blocks (Q4_0, Q8_0, K-quants, ...), dequantised by candle's own code.
+    Quant(GgmlDType),
+}
+
+impl Kind {
+    /// Bytes of one row of `cols` values (`cols` a whole number of blocks for `Quant`).
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            Kind::F32 => 4 * cols,
+            Kind::F16 | Kind::Bf16 => 2 * cols,
+            Kind::Quant(t) => cols / t.block_size() * t.type_size(),
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Repr {
+    /// f32 values already in memory (in-memory weights, small GGUF models dequantised at load).
+    Tensor(Tensor),
+    Raw {
+        bytes: Bytes,
+        kind: Kind,
+    },
+}
+
+/// A weight as stored: `dims` as the forward sees it (`[rows, cols]` for matrices, rows being
+/// the leading dimensions).
+#[derive(Clone)]
+pub(crate) struct Weight {
+    repr: Repr,
+    dims: Vec<usize>,
+}
+
+impl fmt::Debug for Weight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.repr {
+            Repr::Tensor(_) => "f32 tensor".to_string(),
+            Repr::Raw { kind, bytes } => format!(
+                "{kind:?} {}",
+                if matches!(bytes, Bytes::Mapped { .. }) {
+                    "mapped"
+                } else {
+                    "owned"
+                }
+            ),
+        };
+        write!(f, "Weight({:?}, {kind})", self.dims)
+    }
+}
+
+impl Weight {
+    /// An in-memory tensor of any float type, kept as f32 (contiguous).
+    pub fn from_tensor(t: Tensor) -> Result<Weight> {
+        let dims = t.dims().to_vec();
+        let t = if t.dtype() == DType::F32 {
+            t.contiguous()?
+        } else {
+            t.to_dtype(DType::F32)?.contiguous()?
+        };
+        Ok(Weight {
+            repr: Repr::Tensor(t),
+            dims,
+        })
+    }
+
+    /// Raw stored values; the caller has checked that `bytes` holds exactly `dims` values of
+    /// `kind` (the row length a whole number of blocks for quantised kinds).
+    pub fn raw(bytes: Bytes, kind: Kind, dims: Vec<usize>) -> Weight {
+        Weight {
+            repr: Repr::Raw { bytes, kind },
+            dims,
+        }
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// Values per row (the last dimension; 1 for a scalar).
+    pub fn cols(&self) -> usize {
+        self.dims.last().copied().unwrap_or(1)
+    }
+
+    /// Rows (the product of the leading dimensions).
+    pub fn rows(&self) -> usize {
+        self.dims[..self.dims.len().saturating_sub(1)]
+            .iter()
+            .product()
+    }
+
+    /// The storage type, None for values already held as f32.
+    pub fn kind(&self) -> Option<Kind> {
+        match &self.repr {
+            Repr::Tensor(_) => None,
+            Repr::Raw { kind, .. } => Some(*kind),
+        }
+    }
+
+    /// Runs `f` on the stored bytes; None for values held as an f32 tensor.
+    pub fn raw_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        match &self.repr {
+            Repr::Tensor(_) => None,
+            Repr::Raw { bytes, .. } => Some(f(bytes.as_slice())),
+        }
+    }
+
+    /// Bytes the values occupy as stored.
+    pub fn stored_bytes(&self) -> usize {
+        match &self.repr {
+            Repr::Tensor(t) => 4 * t.elem_count(),
+            Repr::Raw { bytes, .. } => bytes.as_slice().len(),
+        }
+    }
+
+    /// Runs `f` on the values when they are f32 in memory (no conversion needed); None otherwise.
+    pub fn with_f32<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Option<R> {
+        match &self.repr {
+            Repr::Tensor(t) => matmul::with_slice(t, f),
+            Repr::Raw {
+                bytes,
+                kind: Kind::F32,
+            } => {
+                // SAFETY: every bit pattern is a valid f32; `align_to` only yields the aligned
+                // middle, and a prefix or suffix means the mapping is misaligned (then None).
+                let (pre, vals, post) = unsafe { bytes.as_slice().align_to::<f32>() };
+                (pre.is_empty() && post.is_empty() && cfg!(target_endian = "little"))
+                    .then(|| f(vals))
+            }
+            Repr::Raw { .. } => None,
+        }
+    }
+
+    /// Rows `r0..r1` as f32 into `out` (resized to `(r1 - r0) * cols`). Every conversion is exact
+    /// (f16/bf16 widen; quantised blocks go through candle's dequantisation, as at load).
+    pub fn rows_into(&self, r0: usize, r1: usize, out: &mut Vec<f32>) -> Result<()> {
+        let cols = self.cols();
+        out.resize((r1 - r0) * cols, 0.0);
+        if self
+            .with_f32(|v| out.copy_from_slice(&v[r0 * cols..r1 * cols]))
+            .is_some()
+        {
+            return Ok(());
+        }
+        let Repr::Raw { bytes, kind } = &self.repr else {
+            // a tensor without a contiguous f32 slice (not produced by `from_tensor`)
+            let t = self.to_tensor()?.flatten_all()?;
+            out.copy_from_slice(&t.narrow(0, r0 * cols, (r1 - r0) * cols)?.to_vec1::<f32>()?);
+            return Ok(());
+        };
+        let rb = kind.row_bytes(cols);
+        let src = &bytes.as_slice()[r0 * rb..r1 * rb];
+        match kind {
+            Kind::F32 => {
+                for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            Kind::F16 => {
+                for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            Kind::Bf16 => {
+                for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            Kind::Quant(t) => {
+                // candle casts the byte pointer to its block type: hand it an 8-byte aligned copy
+                let mut aligned = vec![0u64; src.len().div_ceil(8)];
+                // SAFETY: a u64 buffer viewed as bytes (u8 has no alignment or validity needs)
+                let buf = unsafe {
+                    std::slice::from_raw_parts_mut(aligned.as_mut_ptr().cast::<u8>(), src.len())
+                };
+                buf.copy_from_slice(src);
+                let q = qtensor_from_ggml(*t, buf, vec![r1 - r0, cols], &Device::Cpu)?;
+                let d = q.dequantize(&Device::Cpu)?;
+                matmul::with_slice(&d, |v| out.copy_from_slice(v)).ok_or_else(|| {
+                    crate::Error::InvalidInput("dequantised block is not f32".into())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// All values as an f32 tensor of shape `dims` (a copy unless already f32 in memory). For
+    /// small tensors (norms, biases) and for paths that need a whole matrix (int8, fp16 export).
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        if let Repr::Tensor(t) = &self.repr {
+            return Ok(t.clone());
+        }
+        let mut v = Vec::new();
+        self.rows_into(0, self.rows(), &mut v)?;
+        Ok(Tensor::from_vec(v, self.dims.clone(), &Device::Cpu)?)
+    }
+
+    /// Rows `idx` gathered into a `[idx.len(), cols]` tensor (an embedding lookup).
+    pub fn gather_rows(&self, idx: &[u32]) -> Result<Tensor> {
+        let cols = self.cols();
+        let mut all = Vec::with_capacity(idx.len() * cols);
+        let mut row = Vec::new();
+        for &i in idx {
+            let i = i as usize;
+            self.rows_into(i, i + 1, &mut row)?;
+            all.extend_from_slice(&row);
+        }
+        Ok(Tensor::from_vec(all, (idx.len(), cols), &Device::Cpu)?)
+    }
+}
+
+/// A model's embedding table as stored, shared (no copy): rows are converted to f32 when asked
+/// for. What an emulator's host side reads its embedding rows from.
+#[derive(Debug, Clone)]
+pub struct EmbeddingRows(pub(crate) Weight);
+
+impl EmbeddingRows {
+    /// `(rows, features)`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.0.rows(), self.0.cols())
+    }
+
+    /// Row `id` as f32 into `out` (`features` values).
+    pub fn row_into(&self, id: usize, out: &mut [f32]) -> Result<()> {
+        let (rows, f) = self.dims();
+        if id >= rows || out.len() != f {
+            return Err(crate::Error::InvalidInput(format!(
+                "embedding row {id} of a {rows} × {f} table into {} values",
+                out.len()
+            )));
+        }
+        if self
+            .0
+            .with_f32(|v| out.copy_from_slice(&v[id * f..(id + 1) * f]))
+            .is_some()
+        {
+            return Ok(());
+        }
+        let mut v = Vec::with_capacity(f);
+        self.0.rows_into(id, id + 1, &mut v)?;
+        out.copy_from_slice(&v);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned(bytes: Vec<u8>, kind: Kind, dims: Vec<usize>) -> Weight {
+        Weight::raw(Bytes::Owned(Arc::new(bytes)), kind, dims)
+    }
+
+    #[test]
+    fn half_rows_by_hand() {
+        // bf16 0x3F80 = 1.0, 0xC000 = -2.0, 0x3EC0 = 0.375; f16 0x3C00 = 1.0, 0xB800 = -0.5.
+        let w = owned(
+            [0x3F80u16, 0xC000, 0x3EC0, 0x0000]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            Kind::Bf16,
+            vec![2, 2],
+        );
+        let mut out = Vec::new();
+        w.rows_into(0, 2, &mut out).unwrap();
+        assert_eq!(out, vec![1.0, -2.0, 0.375, 0.0]);
+        w.rows_into(1, 2, &mut out).unwrap();
+        assert_eq!(out, vec![0.375, 0.0]);
+        let w = owned(
+            [0x3C00u16, 0xB800]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            Kind::F16,
+            vec![1, 2],
+        );
+        assert_eq!(
+            w.to_tensor().unwrap().to_vec2::<f32>().unwrap(),
+            vec![vec![1.0, -0.5]]
+        );
+        let t = w.gather_rows(&[0, 0]).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(t, vec![vec![1.0, -0.5], vec![1.0, -0.5]]);
+    }
+
+    #[test]
+    fn quantised_rows_equal_candle_dequantisation() {
+        // A Q8_0 and a Q4_K matrix: any row range equals the same rows of candle's whole-tensor
+        // dequantisation (what the loader did at load before).
+        let dev = &Device::Cpu;
+        for t in [GgmlDType::Q8_0, GgmlDType::Q4K] {
+            let x = Tensor::randn(0f32, 1.0, (5, 512), dev).unwrap();
+            let q = candle_core::quantized::QTensor::quantize(&x, t).unwrap();
+            let want: Vec<Vec<f32>> = q.dequantize(dev).unwrap().to_vec2().unwrap();
+            let w = owned(q.data().unwrap().to_vec(), Kind::Quant(t), vec![5, 512]);
+            let mut out = Vec::new();
+            w.rows_into(1, 4, &mut out).unwrap();
+            assert_eq!(out, want[1..4].concat(), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn quantised_gguf_blocks_kept_equal_dequantised_at_load() {
+        // A Q8_0 / Q4_K model whose blocks stay in the mapped file (dequantised a tile at a time
+        // in every product, as for a model too large to dequantise) against the same file
+        // dequantised at load (the path small models such as SmolLM2 take): the same logits.
+        use crate::arch_fixtures::{FixtureArch, Geometry};
+        use crate::{ForwardOptions, Model};
+        let g = Geometry {
+            hidden: 256,
+            intermediate: 2560,
+            vocab: 3000,
+            head_dim: 64,
+            ..Geometry::TINY_QWEN2
+        };
+        let d = tempfile::tempdir().unwrap();
+        for (arch, t) in [
+            (FixtureArch::Qwen2, GgmlDType::Q8_0),
+            (FixtureArch::Llama3, GgmlDType::Q4K),
+        ] {
+            let p = d.path().join(format!("{}.gguf", arch.name()));
+            crate::fixtures_gguf::write_gguf(&p, arch, &g, 4, t).unwrap();
+            let kept = crate::gguf::load_stored_with(&p, 0).unwrap();
+            assert_eq!(
+                kept.weights["model.layers.0.mlp.up_proj.weight"].kind(),
+                Some(Kind::Quant(t))
+            );
+            let kept = Model::from_stored(kept, &p).unwrap();
+            let now = crate::gguf::load_stored_with(&p, u64::MAX).unwrap();
+            assert_eq!(
+                now.weights["model.layers.0.mlp.up_proj.weight"].kind(),
+                None
+            );
+            let now = Model::from_stored(now, &p).unwrap();
+            let x: Vec<u32> = (0..12).map(|i| (i * 211 % 3000) as u32).collect();
+            let o = ForwardOptions::default();
+            assert_eq!(
+                kept.forward(&x, &o).unwrap().logits,
+                now.forward(&x, &o).unwrap().logits,
+                "{t:?}"
+            );
+        }
+    }
+}

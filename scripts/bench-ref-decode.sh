@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Decode speed of the float32 reference against the memory-bandwidth floor, and SmolLM2 against
+# llama.cpp (issue 21 "Numbers"). Release build, 2 cores.
+#   1. copy bandwidth: a STREAM-like 540 MiB copy on 2 threads (reference/examples/copy_bandwidth.rs,
+#      best of 7), bytes copied / seconds;
+#   2. per model: median over RUNS of `kvprobe ref bench --prefill 16 --decode 32`: seconds per
+#      decode step against the floor = the weights' bytes as one step reads them (its
+#      `weight_bytes`: f32 for SmolLM2, dequantised at load; bf16 for a bf16 folder) / bandwidth.
+#      Target: within 1.5x of the floor;
+#   3. SmolLM2 only: whole-process time of `ref generate --max-new 20` against llama.cpp
+#      (llama-cpp-python) generating the same 20 tokens from the same weights dequantised to F32,
+#      runs alternating, median of RUNS each. Target: <= 1.5x. Skipped with a line when
+#      llama-cpp-python or gguf is not installed.
+# Usage: scripts/bench-ref-decode.sh [RUNS] [MODEL...]   (default model: the SmolLM2 GGUF)
+#        KVPROBE_BIN=path  time that binary instead of building target/release/kvprobe
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+RUNS="${1:-3}"
+shift || true
+SMOL=.cache/models/smollm2-135m-instruct-q4_1.gguf
+F32=.cache/models/smollm2-135m-instruct-f32.gguf
+if [[ $# -gt 0 ]]; then MODELS=("$@"); else MODELS=("$SMOL"); fi
+PROMPT="Once upon a time, in a small village by the sea, there lived an old fisherman who"
+scripts/ensure-gnu-time.sh bench-ref-decode
+if [[ -n "${KVPROBE_BIN:-}" ]]; then BIN="$KVPROBE_BIN"; else
+    cargo build --release -q -p kvprobe
+    BIN=target/release/kvprobe
+fi
+cargo build --release -q -p kvprobe-reference --example copy_bandwidth
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+median() { sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+echo "machine: $(nproc) cpus, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+target/release/examples/copy_bandwidth 540 2 >"$TMP/copy"
+BW="$(awk '/copy_gb_per_s/ {print $2}' "$TMP/copy")"
+echo "copy bandwidth (540 MiB, 2 threads, best of 7): $BW GB/s"
+
+for m in "${MODELS[@]}"; do
+    : >"$TMP/steps"
+    for _ in $(seq "$RUNS"); do
+        "$BIN" ref bench --model "$m" --prefill 16 --decode 32 >"$TMP/bench"
+        awk '/^decode_s/ {s = $2} /^decode_steps/ {n = $2} END {print s / n}' "$TMP/bench" >>"$TMP/steps"
+    done
+    step="$(median <"$TMP/steps")"
+    bytes="$(awk '/^weight_bytes/ {print $2}' "$TMP/bench")"
+    python3 - "$m" "$step" "$bytes" "$BW" "$RUNS" <<'PY'
+import sys
+m, step, b, bw, runs = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+floor = b / (bw * 1e9)
+r = step / floor
+print(f"{m}: decode {step * 1e3:.1f} ms/step (median of {runs}), weights {b / 2**20:.0f} MiB, "
+      f"floor {floor * 1e3:.1f} ms, ratio {r:.2f} (target <= 1.5: {'ok' if r <= 1.5 else 'MISSED'})")
+PY
+done
+
+if [[ " ${MODELS[*]} " == *" $SMOL "* ]]; then
+    if python3 -c 'import llama_cpp, gguf' 2>/dev/null; then
+        [[ -f "$F32" ]] || python3 scripts/make_f32_gguf.py "$SMOL" "$F32" >/dev/null
+        IDS="$("$BIN" ref generate --model "$SMOL" --prompt "$PROMPT" --max-new 0 --json \
+            | python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["prompt_ids"])))')"
+        : >"$TMP/ours"
+        : >"$TMP/lc"
+        for _ in $(seq "$RUNS"); do
+            /usr/bin/time -f '%e' -o "$TMP/t" "$BIN" ref generate --model "$SMOL" --prompt "$PROMPT" --max-new 20 --json >"$TMP/ours.json"
+            cat "$TMP/t" >>"$TMP/ours"
+            /usr/bin/time -f '%e' -o "$TMP/t" python3 scripts/llamacpp_reference.py generate --model "$F32" --ids "$IDS" --max-new 20 >"$TMP/lc.json"
+            cat "$TMP/t" >>"$TMP/lc"
+        done
+        same="$(python3 -c 'import json,sys; a, b = (json.load(open(p))["generated_ids"] for p in sys.argv[1:]); print("yes" if a == b else "NO")' "$TMP/ours.json" "$TMP/lc.json")"
+        ours="$(median <"$TMP/ours")"
+        lc="$(median <"$TMP/lc")"
+        echo "SmolLM2 ref generate --max-new 20: ${ours} s whole process; llama.cpp (F32 weights) ${lc} s; medians of $RUNS alternating runs; same tokens: $same; ratio $(awk "BEGIN {printf \"%.2f\", $ours / $lc}") (target <= 1.5)"
+    else
+        echo "SKIP llama.cpp comparison: llama-cpp-python and gguf not installed"
+    fi
+fi
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
