@@ -3,7 +3,7 @@
 # llama.cpp (issue 21 "Numbers"). Release build, 2 cores.
 #   1. copy bandwidth: a STREAM-like 540 MiB copy on 2 threads (reference/examples/copy_bandwidth.rs,
 #      best of 7), bytes copied / seconds;
-#   2. per model: median over RUNS of `kvprobe ref bench --prefill 16 --decode 32`: seconds per
+#   2. per model: median over RUNS of `kvprobe ref bench --prefill 16 --decode $DECODE`: seconds per
 #      decode step against the floor = the weights' bytes as one step reads them (its
 #      `weight_bytes`: f32 for SmolLM2, dequantised at load; bf16 for a bf16 folder) / bandwidth.
 #      Target: within 1.5x of the floor;
@@ -13,6 +13,7 @@
 #      llama-cpp-python or gguf is not installed.
 # Usage: scripts/bench-ref-decode.sh [RUNS] [MODEL...]   (default model: the SmolLM2 GGUF)
 #        KVPROBE_BIN=path  time that binary instead of building target/release/kvprobe
+#        DECODE=N          decode steps per `ref bench` run (default 32; fewer for a 1.5B model)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -40,7 +41,7 @@ echo "copy bandwidth (540 MiB, 2 threads, best of 7): $BW GB/s"
 for m in "${MODELS[@]}"; do
     : >"$TMP/steps"
     for _ in $(seq "$RUNS"); do
-        "$BIN" ref bench --model "$m" --prefill 16 --decode 32 >"$TMP/bench"
+        "$BIN" ref bench --model "$m" --prefill 16 --decode "${DECODE:-32}" >"$TMP/bench"
         awk '/^decode_s/ {s = $2} /^decode_steps/ {n = $2} END {print s / n}' "$TMP/bench" >>"$TMP/steps"
     done
     step="$(median <"$TMP/steps")"

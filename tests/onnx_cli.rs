@@ -163,7 +163,7 @@ fn bad_folders_and_libraries_are_one_line() {
     one_line(&out, 3, "without the QNN execution provider");
     let mut a = base(&dir);
     a.extend(["--fault".into(), "kv-swap".into()]);
-    one_line_exit_2(&args(&a), "--onnx runs a real runtime");
+    one_line_exit_2(&args(&a), "belongs to --sim");
 }
 
 #[test]

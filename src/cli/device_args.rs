@@ -315,6 +315,7 @@ impl DeviceArgs {
             // and ONNX Runtime stay healthy
             for f in &self.faults {
                 kvprobe_npu::onnx::faults::parse(f).map_err(|e| {
+                    let e = kvprobe_npu::families::place_fault(&kvprobe_npu::onnx::FAMILY, e);
                     usage(format!(
                         "{e}; --onnx takes only the host-driver faults of the windowed cache (the runtime itself is real)"
                     ))

@@ -66,7 +66,7 @@ pub trait Device {
     /// length) and what its documented runtime does past each (issue 20). The default reads
     /// `prefill_len` and `cache_len` by runtime (`contract::limits::declared`).
     fn limits(&self) -> Vec<DeviceLimit> {
-        super::limits::declared(self.describe(), self.capabilities())
+        super::limits::declared(self.describe(), self.capabilities().stateful)
     }
 
     /// One run of a group with named host buffers (the server's formats, contract §2.1). Does not

@@ -5,8 +5,6 @@
 
 use kvprobe_schema::{DeviceDescription, DeviceLimit, LimitKind, PastLimit, RuntimeKind};
 
-use super::device::Capabilities;
-
 /// A limit with its documented behaviour; `source` says where that behaviour is written down.
 pub fn limit(
     kind: LimitKind,
@@ -25,8 +23,9 @@ pub fn limit(
 }
 
 /// The limits every device of a runtime has, read from its description: the prefill rows
-/// (`prefill_len`) and the cache (`cache_len`).
-pub fn declared(desc: &DeviceDescription, caps: Capabilities) -> Vec<DeviceLimit> {
+/// (`prefill_len`) and the cache (`cache_len`); `stateful` is the device's
+/// `Capabilities::stateful` (a state does not wrap).
+pub fn declared(desc: &DeviceDescription, stateful: bool) -> Vec<DeviceLimit> {
     let (l, p) = (desc.cache_len, desc.prefill_len);
     let prefill = limit(
         LimitKind::PrefillLen,
@@ -35,7 +34,7 @@ pub fn declared(desc: &DeviceDescription, caps: Capabilities) -> Vec<DeviceLimit
         None,
         "the host splits a longer prompt into runs of at most this many rows (contract §2.3; a Core ML host runs chunks of the graph's largest query)",
     );
-    if caps.stateful || desc.runtime != RuntimeKind::GenaiRing {
+    if stateful || desc.runtime != RuntimeKind::GenaiRing {
         return vec![
             prefill,
             limit(

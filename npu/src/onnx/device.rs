@@ -6,27 +6,20 @@
 use std::collections::BTreeMap;
 
 use kvprobe_reference::Model;
-use kvprobe_schema::{
-    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupDescription,
-    GroupKind, InputRole, IoDescription, ModelShape, QuantInfo, RuntimeKind,
-};
+use kvprobe_schema::{DeviceDescription, DeviceLimit, GroupKind, LimitKind, PastLimit};
 
 use super::config::GenaiConfig;
 #[cfg(feature = "onnx")]
+use super::describe::description;
+use super::describe::{MASK, POSITIONS, ROWS};
+#[cfg(feature = "onnx")]
 use super::faults::WinFault;
-use super::wcache::{WindowCache, ZERO_POINT};
+use super::wcache::WindowCache;
 use super::window::WindowState;
 #[cfg(feature = "onnx")]
 use super::window::{self, WindowGeom};
-use super::{host, OnnxOptions, CAPABILITIES, FAMILY};
+use super::{host, OnnxOptions, CAPABILITIES};
 use crate::{Buffer, Capabilities, Device, Error, Result, RunOutput};
-
-/// Names of the driver-side inputs in the description. The embeddings row input carries the
-/// rows the generic driver reads from the reference's table; the device turns them back into
-/// `input_ids` (host::TokenLookup).
-pub const ROWS: &str = "input_ids (as embedding rows)";
-pub const POSITIONS: &str = "position_ids";
-pub const MASK: &str = "attention_mask (as fp16 rows)";
 
 pub struct OnnxDevice {
     desc: DeviceDescription,
@@ -39,147 +32,6 @@ pub struct OnnxDevice {
     past_len: usize,
     /// Convention (b): GenAI's windowed bookkeeping and the entries (None for (a)).
     win: Option<(WindowState, WindowCache)>,
-}
-
-fn io(
-    name: &str,
-    role: Option<InputRole>,
-    shape: [usize; 3],
-    host: DType,
-    dev: DType,
-) -> IoDescription {
-    IoDescription {
-        name: name.into(),
-        role,
-        shape,
-        host_dtype: host,
-        device_dtype: dev,
-        quant: QuantInfo::IDENTITY,
-    }
-}
-
-#[cfg_attr(not(feature = "onnx"), allow(dead_code))]
-fn description(
-    name: String,
-    cfg: &GenaiConfig,
-    ctx: usize,
-    win: Option<&WindowCache>,
-    u16_runner: bool,
-) -> DeviceDescription {
-    let entry = cfg.n_kv_heads * cfg.head_size * 2;
-    let format = match (&cfg.window, win) {
-        (Some(w), Some(c)) => format!(
-            "GenAI windowed cache (W {}, C {}): K [H, 1, D, T], V [H, 1, T, D] {}, right-aligned, shown as [kv_heads, max_ctx, head_dim] fp16",
-            w.window_size,
-            cfg.context_length,
-            if c.u8 { "uint8 (zero point 128)" } else { "f32" }
-        ),
-        // the past is f32 [1, H, S, D]; cache_buffers shows it as the stateful contract's fp16
-        _ => "past/present [1, H, S, D] f32, shown as [kv_heads, max_ctx, head_dim] fp16".into(),
-    };
-    let quant = |id: u32| match win {
-        Some(c) if c.u8 => QuantInfo {
-            scale: c.scales[id as usize],
-            zero_point: ZERO_POINT,
-            min: -ZERO_POINT * c.scales[id as usize],
-            max: (255.0 - ZERO_POINT) * c.scales[id as usize],
-        },
-        _ => QuantInfo::IDENTITY,
-    };
-    let mut edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
-        .flat_map(|l| {
-            [
-                (2 * l as u32, CacheKind::K),
-                (2 * l as u32 + 1, CacheKind::V),
-            ]
-            .map(|(id, kind)| CacheEdgeDescription {
-                cache_id: id,
-                direction: CacheDirection::Input,
-                entry_size: entry,
-                padded_entry_size: entry,
-                length: ctx,
-                data_bytes: 2,
-                quant: quant(id),
-                format: Some(format.clone()),
-                layer: Some(l),
-                kind: Some(kind),
-            })
-        })
-        .collect();
-    if u16_runner {
-        // win-u16-runner: the runner declares the past inputs it fills as uint16 (zero point
-        // 32768) while the graph's presents are uint8 (zero point 128)
-        let outputs: Vec<CacheEdgeDescription> = edges
-            .iter()
-            .map(|e| CacheEdgeDescription {
-                direction: CacheDirection::Output,
-                data_bytes: 1,
-                format: Some("the graph's present: uint8, zero point 128".into()),
-                ..e.clone()
-            })
-            .collect();
-        for e in &mut edges {
-            e.quant.zero_point = 32768.0;
-            e.format = Some("the runner's past input: uint16, zero point 32768".into());
-        }
-        edges.extend(outputs);
-    }
-    let group = |kind: GroupKind, rows: usize| GroupDescription {
-        name: format!("{name}__q{rows}"),
-        kind,
-        rows,
-        inputs: vec![
-            io(
-                ROWS,
-                Some(InputRole::Embeddings),
-                [1, rows, cfg.hidden_size],
-                DType::F32,
-                DType::F32,
-            ),
-            io(
-                POSITIONS,
-                Some(InputRole::PositionIds),
-                [1, 1, rows],
-                DType::F32,
-                DType::F32,
-            ),
-            io(
-                MASK,
-                Some(InputRole::AttentionMask),
-                [1, rows, ctx],
-                DType::F16,
-                DType::F16,
-            ),
-        ],
-        outputs: vec![io(
-            "logits",
-            None,
-            [1, 1, cfg.vocab_size],
-            DType::F32,
-            DType::F32,
-        )],
-        cache_edges: edges.clone(),
-        taps: Vec::new(),
-    };
-    // GenAI's default decoder runs the whole prompt in one run: one prefill group of ctx − 1 rows
-    let groups = vec![group(GroupKind::Prefill, ctx - 1), group(GroupKind::Tbt, 1)];
-    DeviceDescription {
-        backend: FAMILY.name.into(),
-        runtime: RuntimeKind::HostCache,
-        model_name: name,
-        cache_len: ctx,
-        prefill_len: ctx - 1,
-        shape: ModelShape {
-            vocab_size: cfg.vocab_size,
-            hidden_size: cfg.hidden_size,
-            n_layers: cfg.n_layers,
-            n_heads: cfg.n_heads,
-            n_kv_heads: cfg.n_kv_heads,
-            head_dim: cfg.head_size,
-            rope_theta: None,
-        },
-        groups,
-    }
 }
 
 impl OnnxDevice {
@@ -196,18 +48,27 @@ impl OnnxDevice {
                 ),
             });
         }
+        // win-capacity-silent: the runner takes a context past search.max_length (it believes
+        // the model's positions, not the compiled cache) and never refuses
+        let silent = cfg.window.is_some() && opts.faults.contains(&WinFault::CapacitySilent);
+        let limit = if silent {
+            4 * cfg.max_length
+        } else {
+            cfg.max_length
+        };
         let ctx = match opts.max_ctx {
-            Some(n) if n < 2 || n > cfg.max_length => {
+            Some(n) if n < 2 || n > limit => {
                 return Err(Error::BadOption {
                     flag: format!("--max-ctx {n}"),
                     detail: format!(
                         "must be 2..={} (search.max_length of {})",
-                        cfg.max_length,
+                        limit,
                         cfg.path.display()
                     ),
                 })
             }
             Some(n) => n,
+            None if silent => 2 * cfg.max_length,
             None => cfg.max_length.min(128),
         };
         let (rows, hidden) = model.embedding_dims();
@@ -474,6 +335,24 @@ impl Device for OnnxDevice {
 
     fn capabilities(&self) -> Capabilities {
         CAPABILITIES
+    }
+
+    /// The default decoder: the stateful defaults (the context refuses). The windowed cache also
+    /// has GenAI's capacity: `search.max_length` L, pads counted (W6), so the longest prompt is L
+    /// rounded down to whole windows (a longer one is refused, as a step past the context).
+    fn limits(&self) -> Vec<DeviceLimit> {
+        let mut out = crate::contract::limits::declared(&self.desc, CAPABILITIES.stateful);
+        if let Some((st, _)) = &self.win {
+            let g = st.geom;
+            out.push(crate::contract::limits::limit(
+                LimitKind::PromptLen,
+                g.max_length / g.window * g.window + 1,
+                Some(PastLimit::Refused),
+                None,
+                "GenAI's windowed cache: the prompt is padded to whole windows of W and the request ends at search.max_length, pads counted (docs/onnx-genai.md W1, W6; contract doc §3 Full context)",
+            ));
+        }
+        out
     }
 
     fn run(&mut self, _group: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput> {

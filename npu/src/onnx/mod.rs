@@ -14,6 +14,7 @@ use crate::contract::{Capabilities, Family};
 use crate::{Error, Result};
 
 pub mod config;
+mod describe;
 mod device;
 pub mod export;
 pub mod faults;

@@ -12,6 +12,7 @@ mod invariant;
 mod outcome;
 pub mod ring;
 pub mod stage;
+mod state_evidence;
 pub mod stateful;
 
 pub use outcome::{DiagnoseOptions, Diagnosis};

@@ -9,6 +9,7 @@
 
 mod cache;
 mod facts;
+mod fits;
 mod graph;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -1,0 +1,172 @@
+//! The [`DeviceDescription`] an ONNX GenAI folder presents to the generic driver: one prefill
+//! group of `ctx - 1` rows and one tbt group, embedding rows in, fp16 mask rows, and the past
+//! K/V per layer as cache edges (uint8 with its scale for a quantised windowed cache).
+
+use kvprobe_schema::{
+    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupDescription,
+    GroupKind, InputRole, IoDescription, ModelShape, QuantInfo, RuntimeKind,
+};
+
+use super::config::GenaiConfig;
+use super::wcache::{WindowCache, ZERO_POINT};
+use super::FAMILY;
+
+/// Names of the driver-side inputs in the description. The embeddings row input carries the
+/// rows the generic driver reads from the reference's table; the device turns them back into
+/// `input_ids` (host::TokenLookup).
+pub const ROWS: &str = "input_ids (as embedding rows)";
+pub const POSITIONS: &str = "position_ids";
+pub const MASK: &str = "attention_mask (as fp16 rows)";
+
+fn io(
+    name: &str,
+    role: Option<InputRole>,
+    shape: [usize; 3],
+    host: DType,
+    dev: DType,
+) -> IoDescription {
+    IoDescription {
+        name: name.into(),
+        role,
+        shape,
+        host_dtype: host,
+        device_dtype: dev,
+        quant: QuantInfo::IDENTITY,
+    }
+}
+
+#[cfg_attr(not(feature = "onnx"), allow(dead_code))]
+pub(super) fn description(
+    name: String,
+    cfg: &GenaiConfig,
+    ctx: usize,
+    win: Option<&WindowCache>,
+    u16_runner: bool,
+) -> DeviceDescription {
+    let edges = cache_edges(cfg, ctx, win, u16_runner);
+    let group = |kind: GroupKind, rows: usize| GroupDescription {
+        name: format!("{name}__q{rows}"),
+        kind,
+        rows,
+        inputs: vec![
+            io(
+                ROWS,
+                Some(InputRole::Embeddings),
+                [1, rows, cfg.hidden_size],
+                DType::F32,
+                DType::F32,
+            ),
+            io(
+                POSITIONS,
+                Some(InputRole::PositionIds),
+                [1, 1, rows],
+                DType::F32,
+                DType::F32,
+            ),
+            io(
+                MASK,
+                Some(InputRole::AttentionMask),
+                [1, rows, ctx],
+                DType::F16,
+                DType::F16,
+            ),
+        ],
+        outputs: vec![io(
+            "logits",
+            None,
+            [1, 1, cfg.vocab_size],
+            DType::F32,
+            DType::F32,
+        )],
+        cache_edges: edges.clone(),
+        taps: Vec::new(),
+    };
+    // GenAI's default decoder runs the whole prompt in one run: one prefill group of ctx − 1 rows
+    let groups = vec![group(GroupKind::Prefill, ctx - 1), group(GroupKind::Tbt, 1)];
+    DeviceDescription {
+        backend: FAMILY.name.into(),
+        runtime: RuntimeKind::HostCache,
+        model_name: name,
+        cache_len: ctx,
+        prefill_len: ctx - 1,
+        shape: ModelShape {
+            vocab_size: cfg.vocab_size,
+            hidden_size: cfg.hidden_size,
+            n_layers: cfg.n_layers,
+            n_heads: cfg.n_heads,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: cfg.head_size,
+            rope_theta: None,
+        },
+        groups,
+    }
+}
+
+/// One input edge per layer's K and V (cache id 2l, 2l+1); with the uint16 runner fault, the
+/// runner's past inputs disagree with the graph's presents, declared as outputs.
+fn cache_edges(
+    cfg: &GenaiConfig,
+    ctx: usize,
+    win: Option<&WindowCache>,
+    u16_runner: bool,
+) -> Vec<CacheEdgeDescription> {
+    let entry = cfg.n_kv_heads * cfg.head_size * 2;
+    let format = match (&cfg.window, win) {
+        (Some(w), Some(c)) => format!(
+            "GenAI windowed cache (W {}, C {}): K [H, 1, D, T], V [H, 1, T, D] {}, right-aligned, shown as [kv_heads, max_ctx, head_dim] fp16",
+            w.window_size,
+            cfg.context_length,
+            if c.u8 { "uint8 (zero point 128)" } else { "f32" }
+        ),
+        // the past is f32 [1, H, S, D]; cache_buffers shows it as the stateful contract's fp16
+        _ => "past/present [1, H, S, D] f32, shown as [kv_heads, max_ctx, head_dim] fp16".into(),
+    };
+    let quant = |id: u32| match win {
+        Some(c) if c.u8 => QuantInfo {
+            scale: c.scales[id as usize],
+            zero_point: ZERO_POINT,
+            min: -ZERO_POINT * c.scales[id as usize],
+            max: (255.0 - ZERO_POINT) * c.scales[id as usize],
+        },
+        _ => QuantInfo::IDENTITY,
+    };
+    let mut edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
+        .flat_map(|l| {
+            [
+                (2 * l as u32, CacheKind::K),
+                (2 * l as u32 + 1, CacheKind::V),
+            ]
+            .map(|(id, kind)| CacheEdgeDescription {
+                cache_id: id,
+                direction: CacheDirection::Input,
+                entry_size: entry,
+                padded_entry_size: entry,
+                length: ctx,
+                data_bytes: 2,
+                quant: quant(id),
+                format: Some(format.clone()),
+                layer: Some(l),
+                kind: Some(kind),
+            })
+        })
+        .collect();
+    if u16_runner {
+        // win-u16-runner: the runner declares the past inputs it fills as uint16 (zero point
+        // 32768) while the graph's presents are uint8 (zero point 128)
+        let outputs: Vec<CacheEdgeDescription> = edges
+            .iter()
+            .map(|e| CacheEdgeDescription {
+                direction: CacheDirection::Output,
+                data_bytes: 1,
+                format: Some("the graph's present: uint8, zero point 128".into()),
+                ..e.clone()
+            })
+            .collect();
+        for e in &mut edges {
+            e.quant.zero_point = 32768.0;
+            e.format = Some("the runner's past input: uint16, zero point 32768".into());
+        }
+        edges.extend(outputs);
+    }
+    edges
+}
