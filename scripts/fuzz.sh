@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Seeded mutation fuzzing of every parser of untrusted bytes (examples/fuzz): HEF, sim manifest,
-# results.json, GGUF header and metadata, config.json, tokenizer.json, safetensors header.
+# results.json, GGUF header and metadata, config.json, tokenizer.json, safetensors header,
+# genai_config.json (--onnx).
 #
 #   scripts/fuzz.sh [--iterations N] [--seed S] [--seconds T] [PARSER...]
 #   target/debug/examples/fuzz --parser P --replay fuzz-crashes/FILE   (one finding, with its panic)
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
     *) parsers+=("$1"); shift ;;
   esac
 done
-[ ${#parsers[@]} -gt 0 ] || parsers=(hef manifest results gguf config tokenizer safetensors)
+[ ${#parsers[@]} -gt 0 ] || parsers=(hef manifest results gguf config tokenizer safetensors genai)
 # The dev profile by default: it is optimised here (Cargo.toml) and keeps overflow checks, so
 # arithmetic that wraps silently in a release build is a finding; FUZZ_PROFILE=release for speed.
 profile="${FUZZ_PROFILE:-dev}"

@@ -137,6 +137,18 @@ fn bad_folders_and_libraries_are_one_line() {
         true
     });
     one_line_exit_2(&args(&base(&d)), "num_key_value_heads 4 and head_size 16");
+    // a config that lies about a size is refused before anything is sized from it
+    let d = variant(&dir, "layers", |v| {
+        v["model"]["decoder"]["num_hidden_layers"] = 1_000_000_000.into();
+        true
+    });
+    one_line_exit_2(&args(&base(&d)), "is 1000000000, more than the 65536");
+    // a folder that is not an export of --model (the graph agrees with the config)
+    let d = variant(&dir, "heads", |v| {
+        v["model"]["decoder"]["num_attention_heads"] = 8.into();
+        true
+    });
+    one_line_exit_2(&args(&base(&d)), "num_attention_heads 8 but the reference model");
     // no library / not a library
     let a = base(&dir);
     let out = run_env(

@@ -17,7 +17,7 @@ pub struct Target {
     pub run: Parse,
 }
 
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 8] = [
     "hef",
     "manifest",
     "results",
@@ -25,6 +25,7 @@ pub const NAMES: [&str; 7] = [
     "config",
     "tokenizer",
     "safetensors",
+    "genai",
 ];
 
 /// The target `name`, its scratch files under `scratch` (a tmpfs folder is fastest).
@@ -38,6 +39,7 @@ pub fn target(name: &str, scratch: &Path) -> Option<Target> {
         "config" => config(),
         "tokenizer" => tokenizer(scratch),
         "safetensors" => safetensors(scratch),
+        "genai" => genai(scratch),
         _ => return None,
     })
 }
@@ -234,6 +236,47 @@ fn safetensors(scratch: PathBuf) -> Target {
         run: Box::new(move |bytes, _| {
             std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
             let _ = kvprobe_reference::hf::load_weights(&dir);
+        }),
+    }
+}
+
+/// genai_config.json as `scripts/export-onnx.py` writes it: the default decoder and the windowed
+/// NPU style (sliding_window section, a provider option).
+fn genai_seeds() -> Vec<Vec<u8>> {
+    let plain = serde_json::json!({
+        "model": {"type": "llama", "context_length": 128, "vocab_size": 300, "bos_token_id": 1,
+            "eos_token_id": [2], "pad_token_id": 0,
+            "decoder": {"filename": "model.onnx", "head_size": 16, "hidden_size": 64,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                    "position_ids": "position_ids", "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value"},
+                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value"},
+                "session_options": {"provider_options": []}}},
+        "search": {"max_length": 128, "past_present_share_buffer": false}
+    });
+    let mut windowed = plain.clone();
+    windowed["model"]["decoder"]["sliding_window"] =
+        serde_json::json!({"window_size": 8, "pad_value": 128, "alignment": "right", "slide_key_value_cache": true});
+    windowed["model"]["decoder"]["session_options"]["provider_options"] =
+        serde_json::json!([{"qnn": {"backend_path": "libQnnHtp.so"}}]);
+    [plain, windowed]
+        .iter()
+        .map(|v| serde_json::to_vec_pretty(v).unwrap())
+        .collect()
+}
+
+fn genai(scratch: PathBuf) -> Target {
+    let dir = scratch.join("genai");
+    std::fs::create_dir_all(&dir).unwrap();
+    Target {
+        name: "genai",
+        seeds: genai_seeds(),
+        json: true,
+        run: Box::new(move |bytes, _| {
+            std::fs::write(dir.join("genai_config.json"), bytes).unwrap();
+            let _ = kvprobe_npu::onnx::GenaiConfig::load(&dir);
         }),
     }
 }

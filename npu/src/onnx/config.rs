@@ -85,8 +85,26 @@ fn uint(v: &Value, key: &str, path: &Path) -> Result<Option<usize>> {
     }
 }
 
+/// The largest value a size field may hold: a lying config (a billion layers, a context of
+/// 2^60) is refused before anything is sized from it. Generous for every real GenAI model
+/// (contexts up to 1 Mi positions, vocabularies up to 16 Mi).
+fn ceiling(key: &str) -> usize {
+    match key {
+        "context_length" | "max_length" | "window_size" => 1 << 20,
+        "vocab_size" => 1 << 24,
+        _ => 1 << 16,
+    }
+}
+
 fn need(v: &Value, key: &str, section: &str, path: &Path) -> Result<usize> {
     match uint(v, key, path)? {
+        Some(n) if n > ceiling(key) => Err(bad(
+            path,
+            format!(
+                "`{section}.{key}` is {n}, more than the {} kvprobe accepts; the file is damaged, re-export the model",
+                ceiling(key)
+            ),
+        )),
         Some(n) if n > 0 => Ok(n),
         _ => Err(bad(
             path,
@@ -102,6 +120,9 @@ fn name(v: Option<&Value>, key: &str, default: &str) -> String {
         .to_string()
 }
 
+/// The largest genai_config.json read.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 impl GenaiConfig {
     /// Reads `DIR/genai_config.json`. A missing file is one line naming it and the fix.
     pub fn load(dir: &Path) -> Result<GenaiConfig> {
@@ -112,13 +133,15 @@ impl GenaiConfig {
                 "not a folder; --onnx takes an ONNX Runtime GenAI model folder (model.onnx, genai_config.json, tokenizer.json)",
             ));
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| {
+        // a genai_config.json is a few KiB: a pipe, a device or a huge file is refused before
+        // memory grows
+        let bytes = crate::contract::manifest::read_capped(&path, MAX_CONFIG_BYTES).map_err(|e| {
             bad(
                 &path,
-                format!("cannot read it ({e}); --onnx needs a GenAI model folder with genai_config.json (scripts/export-onnx.sh writes one)"),
+                format!("{e}; --onnx needs a GenAI model folder with genai_config.json (scripts/export-onnx.sh writes one)"),
             )
         })?;
-        let v: Value = serde_json::from_str(&text)
+        let v: Value = serde_json::from_slice(&bytes)
             .map_err(|e| bad(&path, format!("not valid JSON ({e}); fix or re-export it")))?;
         Self::parse(&v, &path)
     }
@@ -195,7 +218,12 @@ impl GenaiConfig {
             n_layers: need(dec, "num_hidden_layers", "model.decoder", path)?,
             names,
             window: window(dec, context_length, path)?,
-            pad_token_id: uint(model, "pad_token_id", path)?.unwrap_or(0) as u32,
+            pad_token_id: match uint(model, "pad_token_id", path)? {
+                None => 0,
+                Some(id) => u32::try_from(id).map_err(|_| {
+                    bad(path, format!("model.pad_token_id {id} is not a token id; fix the config"))
+                })?,
+            },
             provider_options: provider_options(dec, path)?,
         })
     }
@@ -208,7 +236,7 @@ fn window(dec: &Value, context: usize, path: &Path) -> Result<Option<WindowCfg>>
         return Ok(None);
     };
     let w = need(sw, "window_size", "model.decoder.sliding_window", path)?;
-    if w <= 1 || context < 2 * w {
+    if w <= 1 || context / 2 < w {
         return Err(bad(
             path,
             format!("sliding_window.window_size {w} with context_length {context}: GenAI needs W > 1 and C >= 2W"),

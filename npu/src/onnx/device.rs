@@ -72,19 +72,10 @@ impl OnnxDevice {
             None => cfg.max_length.min(128),
         };
         let (rows, hidden) = model.embedding_dims();
-        if rows != cfg.vocab_size || hidden != cfg.hidden_size {
-            return Err(Error::Io {
-                path: cfg.path.clone(),
-                detail: format!(
-                    "vocab {} × hidden {} but the reference model {} has {rows} × {hidden}; pass the --model this folder was exported from",
-                    cfg.vocab_size,
-                    cfg.hidden_size,
-                    model.source().display()
-                ),
-            });
-        }
         let lookup = host::TokenLookup::new(model.embedding_rows(0, rows)?, hidden)?;
         let rt = super::runtime::Runtime::open(&opts.dir, &cfg, opts)?;
+        // after the graph's own check, so a config that disagrees with its graph is named as such
+        check_pairing(&cfg, model)?;
         let name = opts
             .dir
             .file_name()
@@ -280,6 +271,33 @@ impl OnnxDevice {
 
     fn shape(&self) -> (usize, usize, usize) {
         (self.cfg.n_kv_heads, self.desc.cache_len, self.cfg.head_size)
+    }
+}
+
+/// The folder must be an export of `model`: every size GenAI reads from genai_config.json equals
+/// the reference's, so a wrong pairing (or a lying config) is one line before anything is sized
+/// from it.
+#[cfg_attr(not(feature = "onnx"), allow(dead_code))]
+fn check_pairing(cfg: &GenaiConfig, model: &Model) -> Result<()> {
+    let m = model.config();
+    let (rows, hidden) = model.embedding_dims();
+    let pairs = [
+        ("vocab_size", cfg.vocab_size, rows),
+        ("hidden_size", cfg.hidden_size, hidden),
+        ("num_hidden_layers", cfg.n_layers, m.n_layers),
+        ("num_attention_heads", cfg.n_heads, m.n_heads),
+        ("num_key_value_heads", cfg.n_kv_heads, m.n_kv_heads),
+        ("head_size", cfg.head_size, m.head_dim),
+    ];
+    match pairs.iter().find(|(_, a, b)| a != b) {
+        None => Ok(()),
+        Some((key, a, b)) => Err(Error::Io {
+            path: cfg.path.clone(),
+            detail: format!(
+                "{key} {a} but the reference model {} has {b}; pass the --model this folder was exported from",
+                model.source().display()
+            ),
+        }),
     }
 }
 
