@@ -148,7 +148,10 @@ fn bad_folders_and_libraries_are_one_line() {
         v["model"]["decoder"]["num_attention_heads"] = 8.into();
         true
     });
-    one_line_exit_2(&args(&base(&d)), "num_attention_heads 8 but the reference model");
+    one_line_exit_2(
+        &args(&base(&d)),
+        "num_attention_heads 8 but the reference model",
+    );
     // no library / not a library
     let a = base(&dir);
     let out = run_env(

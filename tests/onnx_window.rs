@@ -131,7 +131,7 @@ fn healthy_windowed_and_default_folders_have_no_false_alarm() {
 
 /// The faults of the family through the binary on the uint8 windowed fixture: each gets the
 /// verdict its table row declares (all but `win-position-stall`, which a random fixture barely
-/// feels, and `win-capacity-silent`, which needs the capacity probe; see docs/onnx-genai.md).
+/// feels; see docs/onnx-genai.md). `win-capacity-silent` is found by diagnose's capacity check.
 #[test]
 fn windowed_faults_get_their_verdicts_on_the_fixture() {
     let (hf, dir) = exported(
@@ -145,6 +145,7 @@ fn windowed_faults_get_their_verdicts_on_the_fixture() {
         "win-write-left",
         "win-k-layout",
         "win-u16-runner",
+        "win-capacity-silent",
     ] {
         let want = table.expected(fault).unwrap().name();
         let (code, v, ev) = diagnose(
@@ -184,6 +185,7 @@ fn smollm2_windowed_is_healthy_and_its_faults_get_their_verdicts() {
         "win-write-left",
         "win-k-layout",
         "win-u16-runner",
+        "win-capacity-silent",
     ] {
         let want = table.expected(fault).unwrap().name();
         let (code, v, ev) = run(&["--fault", fault]);

@@ -257,8 +257,7 @@ fn genai_seeds() -> Vec<Vec<u8>> {
         "search": {"max_length": 128, "past_present_share_buffer": false}
     });
     let mut windowed = plain.clone();
-    windowed["model"]["decoder"]["sliding_window"] =
-        serde_json::json!({"window_size": 8, "pad_value": 128, "alignment": "right", "slide_key_value_cache": true});
+    windowed["model"]["decoder"]["sliding_window"] = serde_json::json!({"window_size": 8, "pad_value": 128, "alignment": "right", "slide_key_value_cache": true});
     windowed["model"]["decoder"]["session_options"]["provider_options"] =
         serde_json::json!([{"qnn": {"backend_path": "libQnnHtp.so"}}]);
     [plain, windowed]

@@ -61,7 +61,9 @@ fn own_noise(points: &[CapacityPoint]) -> f64 {
 fn classify(points: &mut [CapacityPoint]) {
     let noise = own_noise(points);
     for x in points.iter_mut() {
-        if x.comparison.as_ref().is_some_and(|c| garbled(c, noise)) {
+        if x.outcome == CapacityOutcome::Matches
+            && x.comparison.as_ref().is_some_and(|c| garbled(c, noise))
+        {
             x.outcome = CapacityOutcome::Garbled;
         }
     }
@@ -194,11 +196,16 @@ fn outcome(
     documented: Option<PastLimit>,
 ) -> Result<(Option<String>, Option<LogitComparison>, CapacityOutcome)> {
     match r {
+        // where the runtime documents a refusal an answer is the failure itself; elsewhere
         // provisional: `classify` marks the garbled ones once the device's own miss is known
         Ok(out) => Ok((
             None,
             reference.map(|r| compare(&out.logits, r)),
-            CapacityOutcome::Matches,
+            if documented == Some(PastLimit::Refused) {
+                CapacityOutcome::Unrefused
+            } else {
+                CapacityOutcome::Matches
+            },
         )),
         Err(e) if e.is_capacity_refusal() => {
             let o = if documented == Some(PastLimit::Refused) {
@@ -365,7 +372,12 @@ pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
     let first_garbled_prompt = first_garbled(&points, CapacityPhase::Prompt);
     let first_garbled_context = first_garbled(&points, CapacityPhase::Generation);
     Ok(CapacityFinding {
-        silent_overflow: points.iter().any(|p| p.outcome == CapacityOutcome::Garbled),
+        silent_overflow: points.iter().any(|p| {
+            matches!(
+                p.outcome,
+                CapacityOutcome::Garbled | CapacityOutcome::Unrefused
+            )
+        }),
         limits,
         points,
         generation_prompt: g0,

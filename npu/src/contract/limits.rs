@@ -82,7 +82,7 @@ mod tests {
             },
             groups: Vec::new(),
         };
-        let ring = declared(&desc, Capabilities::GENAI_RING);
+        let ring = declared(&desc, false);
         assert_eq!(
             ring.iter()
                 .map(|l| (l.kind, l.value, l.prompt, l.generation))
@@ -98,12 +98,7 @@ mod tests {
             ]
         );
         desc.runtime = RuntimeKind::Stateful;
-        let caps = Capabilities {
-            ring_offset: false,
-            stateful: true,
-            ..Capabilities::GENAI_RING
-        };
-        let state = declared(&desc, caps);
+        let state = declared(&desc, true);
         assert_eq!(state[1].kind, LimitKind::MaxContext);
         assert_eq!(state[1].generation, Some(PastLimit::Refused));
     }

@@ -221,7 +221,10 @@ impl GenaiConfig {
             pad_token_id: match uint(model, "pad_token_id", path)? {
                 None => 0,
                 Some(id) => u32::try_from(id).map_err(|_| {
-                    bad(path, format!("model.pad_token_id {id} is not a token id; fix the config"))
+                    bad(
+                        path,
+                        format!("model.pad_token_id {id} is not a token id; fix the config"),
+                    )
                 })?,
             },
             provider_options: provider_options(dec, path)?,

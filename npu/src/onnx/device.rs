@@ -362,6 +362,13 @@ impl Device for OnnxDevice {
         let mut out = crate::contract::limits::declared(&self.desc, CAPABILITIES.stateful);
         if let Some((st, _)) = &self.win {
             let g = st.geom;
+            // GenAI ends the request at search.max_length whatever context the runner set up
+            // (W6): that is the context a step may not pass
+            for l in &mut out {
+                if l.kind == LimitKind::MaxContext {
+                    l.value = l.value.min(g.max_length);
+                }
+            }
             out.push(crate::contract::limits::limit(
                 LimitKind::PromptLen,
                 g.max_length / g.window * g.window + 1,

@@ -49,14 +49,28 @@ fn what(phase: CapacityPhase, tokens: usize) -> String {
 }
 
 fn capacity_overflow(f: &CapacityFacts) -> Option<Cause> {
-    let g = f.finding.garbled().next()?;
-    let cmp = g.comparison.as_ref()?;
     let limits: Vec<String> = f
         .finding
         .limits
         .iter()
         .map(|l| format!("{} {}", l.kind.name(), l.value))
         .collect();
+    // an answer where the documented runtime refuses is the contract broken outright; garbage
+    // inside the declared limits says the device holds less than it declares
+    if let Some(u) = f.finding.unrefused().next() {
+        let cos = u.comparison.as_ref().map_or(String::new(), |c| {
+            format!(" (cosine {:.4} against the full reference)", c.cosine)
+        });
+        let reached: Vec<&str> = u.beyond.iter().map(|k| k.name()).collect();
+        return Some(Cause::new(0.85).line(format!(
+            "→ capacity-overflow: the device declares {} and every control passes, yet {} (past {}, where the documented runtime refuses) is answered{cos} with no refusal: it continues silently past its limit",
+            limits.join(", "),
+            what(u.phase, u.tokens),
+            reached.join(", ")
+        )));
+    }
+    let g = f.finding.garbled().next()?;
+    let cmp = g.comparison.as_ref()?;
     Some(Cause::new(0.85).line(format!(
         "→ capacity-overflow: the device declares {} and every control passes, yet {} comes back garbled (cosine {:.4}, top-1 {}) with no refusal: it holds less than it declares and says nothing",
         limits.join(", "),
@@ -136,7 +150,12 @@ mod tests {
     }
 
     fn facts(points: Vec<CapacityPoint>) -> CapacityFacts {
-        let silent_overflow = points.iter().any(|p| p.outcome == CapacityOutcome::Garbled);
+        let silent_overflow = points.iter().any(|p| {
+            matches!(
+                p.outcome,
+                CapacityOutcome::Garbled | CapacityOutcome::Unrefused
+            )
+        });
         CapacityFacts {
             finding: CapacityFinding {
                 limits: Vec::new(),
@@ -174,5 +193,27 @@ mod tests {
         e.apply(CAPACITY, &good);
         assert!(!e.stopped());
         assert_eq!(e.conclude().verdict, Verdict::Unknown);
+    }
+
+    /// A sliding cache past its documented refusal still looks close to the reference: the
+    /// answer alone is the failure, named as a silent continuation, not as a smaller capacity.
+    #[test]
+    fn an_answer_where_the_runtime_refuses_is_capacity_overflow() {
+        let mut past = point(65, 0.9997, CapacityOutcome::Unrefused);
+        past.documented = Some(PastLimit::Refused);
+        past.beyond = vec![kvprobe_schema::LimitKind::PromptLen];
+        let mut e = Engine::new();
+        e.apply(
+            CAPACITY,
+            &facts(vec![point(12, 1.0, CapacityOutcome::Matches), past]),
+        );
+        let c = e.conclude();
+        assert_eq!(c.verdict, Verdict::CapacityOverflow);
+        assert!(
+            c.evidence[0].contains("a prompt of 65 tokens (past prompt-len")
+                && c.evidence[0].contains("continues silently"),
+            "{:?}",
+            c.evidence
+        );
     }
 }

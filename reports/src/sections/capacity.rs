@@ -134,7 +134,10 @@ impl ProbeSection for Capacity {
                     Some(c) => cells.extend(cmp_cells(c)),
                     None => cells.extend(std::iter::repeat_n(String::new(), 5)),
                 }
-                let ok = p.outcome != CapacityOutcome::Garbled;
+                let ok = !matches!(
+                    p.outcome,
+                    CapacityOutcome::Garbled | CapacityOutcome::Unrefused
+                );
                 (cells, Some(ok))
             })
             .collect();

@@ -20,6 +20,10 @@ pub enum CapacityOutcome {
     RefusedEarly,
     /// Logits that miss the reference, and no refusal: silent garbage.
     Garbled,
+    /// An answer where the documented runtime refuses (a prompt past the compiled length, a
+    /// step past the context): the request continued silently, whatever its cosine says (a
+    /// sliding cache keeps the newest tokens and may still look close to the reference).
+    Unrefused,
 }
 
 impl CapacityOutcome {
@@ -29,6 +33,7 @@ impl CapacityOutcome {
             CapacityOutcome::Refused => "refused",
             CapacityOutcome::RefusedEarly => "refused-early",
             CapacityOutcome::Garbled => "garbled",
+            CapacityOutcome::Unrefused => "unrefused",
         }
     }
 }
@@ -74,7 +79,8 @@ pub struct CapacityFinding {
     pub first_garbled_prompt: Option<usize>,
     /// Smallest context (tokens seen) at which a generation step is garbled.
     pub first_garbled_context: Option<usize>,
-    /// Some request came back garbled without a refusal.
+    /// Some request came back garbled, or answered where the runtime refuses, without a
+    /// refusal.
     pub silent_overflow: bool,
     /// `diagnose`'s cheap check (the longest accepted prompt, one past it, and the steps around
     /// the end of the context), not the whole sweep.
@@ -86,5 +92,11 @@ impl CapacityFinding {
         self.points
             .iter()
             .filter(|p| p.outcome == CapacityOutcome::Garbled)
+    }
+
+    pub fn unrefused(&self) -> impl Iterator<Item = &CapacityPoint> {
+        self.points
+            .iter()
+            .filter(|p| p.outcome == CapacityOutcome::Unrefused)
     }
 }
