@@ -233,6 +233,11 @@ pub enum SweepValue {
     EntryFraction,
     /// The RoPE convention the graph does not use (rope models only).
     OtherRopeConvention,
+    /// A width below the head dimension: head_dim/4 or head_dim/8, at least 2 (rope models
+    /// only; head_dim/2 would tile a table that already repeats at that width).
+    HeadFraction,
+    /// A rope-scaling factor of 2, 4 or 8 (rope models only; 8 is Llama 3's).
+    RopeFactor,
     /// Not drawn by the randomised sweep (yet): its verdict is verified only where its own
     /// end-to-end test runs it.
     NotSampled,

@@ -210,6 +210,23 @@ fn draw_value(rng: &mut Rng, sweep: SweepValue, m: &ModelSpec) -> Option<Option<
             };
             n.to_string()
         }
+        SweepValue::HeadFraction => {
+            let head_dim = m.entry_bytes / m.n_kv_heads;
+            let widths: Vec<usize> = [head_dim / 4, head_dim / 8]
+                .into_iter()
+                .filter(|&w| m.rope && w >= 2)
+                .collect();
+            if widths.is_empty() {
+                return None;
+            }
+            rng.pick(&widths).to_string()
+        }
+        SweepValue::RopeFactor => {
+            if !m.rope {
+                return None;
+            }
+            rng.pick(&["2", "4", "8"]).to_string()
+        }
         SweepValue::OtherRopeConvention => {
             if !m.rope {
                 return None;

@@ -209,9 +209,7 @@ pub const TABLE: FaultTable = FaultTable {
             default_groups: &[],
             bug_class: "seed 000: the RoPE cos/sin inputs of K are tiled at another width than Q's (each K head repeats the first W elements of its table)",
             expected: Expected::Always(Verdict::PositionMismatch),
-            // RoPE models only, and W must be below head_dim and not head_dim/2: verified by
-            // tests/kvdiff_faults.rs on SmolLM2 and the Llama fixture, not drawn by the sweep
-            sweep: SweepValue::NotSampled,
+            sweep: SweepValue::HeadFraction,
         },
         FaultDecl {
             name: "rope-scaling",
@@ -220,9 +218,7 @@ pub const TABLE: FaultTable = FaultTable {
             default_groups: &[],
             bug_class: "ai-hub-models#337: the compiled theta table uses another rope-scaling factor than the config (frequencies divided by F)",
             expected: Expected::Always(Verdict::PositionMismatch),
-            // RoPE models only: verified by tests/kvdiff_faults.rs on SmolLM2 and the Llama
-            // fixture, not drawn by the sweep
-            sweep: SweepValue::NotSampled,
+            sweep: SweepValue::RopeFactor,
         },
     ],
 };
