@@ -105,6 +105,21 @@ fn fixture_diagnoses_healthy_on_the_real_runtime() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(v["provenance"]["backend"], "onnx-genai", "{v}");
+    // the bug write-up's runtime line: the loaded library's build, its file and the provider
+    let versions = &v["provenance"]["versions"];
+    assert!(
+        versions["onnxruntime"]
+            .as_str()
+            .is_some_and(|s| s.contains("commit")),
+        "{versions}"
+    );
+    assert!(
+        versions["onnxruntime library"]
+            .as_str()
+            .is_some_and(|s| s.starts_with('/') && s.contains("libonnxruntime")),
+        "{versions}"
+    );
+    assert_eq!(versions["execution provider"], "cpu", "{versions}");
 }
 
 #[test]

@@ -27,6 +27,9 @@ pub struct OnnxDevice {
     lookup: host::TokenLookup,
     #[cfg(feature = "onnx")]
     rt: super::runtime::Runtime,
+    /// The execution provider the session runs on (provenance).
+    #[cfg(feature = "onnx")]
+    ep: super::Ep,
     /// Per cache id (2l K, 2l+1 V): `[H, past_len, D]` f32, GenAI's past.
     past: Vec<Vec<f32>>,
     past_len: usize,
@@ -121,6 +124,7 @@ impl OnnxDevice {
             ),
             past: vec![Vec::new(); 2 * cfg.n_layers],
             past_len: 0,
+            ep: opts.ep,
             win,
             cfg,
             lookup,
@@ -358,6 +362,33 @@ impl Device for OnnxDevice {
     /// The default decoder: the stateful defaults (the context refuses). The windowed cache also
     /// has GenAI's capacity: `search.max_length` L, pads counted (W6), so the longest prompt is L
     /// rounded down to whole windows (a longer one is refused, as a step past the context).
+    /// The runtime that ran the graph: a bug write-up needs its exact build and provider.
+    fn versions(&self) -> Vec<(String, String)> {
+        #[cfg(feature = "onnx")]
+        {
+            vec![
+                ("onnxruntime".into(), super::runtime::loaded_version()),
+                ("onnxruntime library".into(), {
+                    let lib = super::runtime::library_path();
+                    std::fs::canonicalize(&lib)
+                        .unwrap_or(lib)
+                        .display()
+                        .to_string()
+                }),
+                ("execution provider".into(), self.ep.name().to_string()),
+                (
+                    "host side".into(),
+                    format!(
+                        "kvprobe-npu {} (GenAI's generator rules, docs/onnx-genai.md)",
+                        env!("CARGO_PKG_VERSION")
+                    ),
+                ),
+            ]
+        }
+        #[cfg(not(feature = "onnx"))]
+        Vec::new()
+    }
+
     fn limits(&self) -> Vec<DeviceLimit> {
         let mut out = crate::contract::limits::declared(&self.desc, CAPABILITIES.stateful);
         if let Some((st, _)) = &self.win {

@@ -74,6 +74,40 @@ fn new_environment() -> Result<ort::environment::Environment> {
         .map_err(|e| device(format!("ONNX Runtime environment: {e}")))
 }
 
+/// What the loaded library says it is: the release branch of its build info
+/// (`git-branch=rel-1.31.1` → `1.31.1`) and commit, else the branch and commit, else the first
+/// line of the info as is. Never
+/// fatal: a library that answers with a non-UTF-8 string is reported as such.
+pub fn loaded_version() -> String {
+    let Ok(info) = std::panic::catch_unwind(ort::info) else {
+        return "unknown (the library's build info is not UTF-8)".into();
+    };
+    let field = |key: &str| {
+        info.split(',').map(str::trim).find_map(|f| {
+            f.split_once('=')
+                .filter(|(k, _)| k.ends_with(key))
+                .map(|(_, v)| v.trim())
+        })
+    };
+    // a release build names its version in the branch; a wheel built from a tag says HEAD,
+    // and the library's file name (provenance's "onnxruntime library") carries the version
+    match (field("git-branch"), field("git-commit-id")) {
+        (Some(b), c) if b.starts_with("rel-") => format!(
+            "{}{}",
+            &b["rel-".len()..],
+            c.map_or(String::new(), |c| format!(" (commit {c})"))
+        ),
+        (b, Some(c)) => format!("build of branch {}, commit {c}", b.unwrap_or("?")),
+        _ => info
+            .lines()
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(120)
+            .collect(),
+    }
+}
+
 fn with_options<E: ep::ArbitrarilyConfigurableExecutionProvider>(
     mut e: E,
     opts: &[(String, String)],
