@@ -116,6 +116,21 @@ fn help_lists_choices_under_headings() {
     for value in ["sign-folded", "un-expanded", "int8", "openvino", "vitisai"] {
         assert!(help.contains(value), "{value} not listed in\n{help}");
     }
+    assert!(
+        help.contains("uint16 cache edges"),
+        "--sim-cache-bits lists no choices in\n{help}"
+    );
+    let o = installed(
+        away.path(),
+        &[],
+        &["greedy", "--sim", "--sim-cache-bits", "12"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("[possible values: 8, 16]"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let o = installed(
         away.path(),
         &[],

@@ -102,6 +102,7 @@ pub struct DeviceArgs {
         help_heading = "Hailo emulator (--sim)",
         long,
         value_name = "BITS",
+        value_parser = cache_bits_values(),
         requires = "sim"
     )]
     pub sim_cache_bits: Option<u32>,
@@ -166,6 +167,15 @@ pub struct DeviceArgs {
 // The choice flags stay strings for the libraries (which parse and refuse them too, for
 // manifests and library callers); clap lists the choices in `--help` and refuses a typo early.
 // Aliases are the spellings the libraries also accept.
+
+fn cache_bits_values() -> impl clap::builder::TypedValueParser<Value = u32> {
+    use clap::builder::TypedValueParser;
+    PossibleValuesParser::new([
+        PossibleValue::new("8").help("uint8 cache edges, as compiled HEFs ship them (default)"),
+        PossibleValue::new("16").help("uint16 cache edges"),
+    ])
+    .try_map(|s| s.parse::<u32>())
+}
 
 fn quant_values() -> PossibleValuesParser {
     PossibleValuesParser::new([
