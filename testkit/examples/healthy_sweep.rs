@@ -1,11 +1,15 @@
 //! The healthy sweep (issue 18), driven by `scripts/sweep-healthy.sh`: fault-free diagnose runs on
 //! the HailoRT emulator and the ANE emulator, SmolLM2 on the everyday prompts of
-//! `sweep::PROMPTS` and the fixtures on random ids of 1 to 64 tokens, in every geometry class.
+//! `sweep::PROMPTS` and the fixtures on random ids of 1 to 64 tokens, in every geometry class;
+//! with `--onnx N`, also N cases per ONNX GenAI folder (default decoder and the uint8 windowed
+//! cache, exported from the Llama fixture and SmolLM2) on the real ONNX Runtime (the binary
+//! must be built with `--features onnx`).
 //! Prints the false alarms (every verdict that is not `healthy`) with their commands and a table
 //! per model × device × geometry class.
 //!
 //! `cargo run --release -p kvprobe-testkit --example healthy_sweep -- [--seed N] [--smollm2 N]
-//!  [--fixture N] [--jobs N] [--bin PATH] [--list]` (N = cases per model and device family)
+//!  [--fixture N] [--onnx N] [--jobs N] [--bin PATH] [--list]` (N = cases per model and device
+//!  family; `--onnx`: per exported folder, default 0)
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,6 +26,7 @@ struct Args {
     seed: u64,
     smollm2: usize,
     fixture: usize,
+    onnx: usize,
     jobs: usize,
     bin: PathBuf,
     list: bool,
@@ -32,6 +37,7 @@ fn parse() -> anyhow::Result<Args> {
         seed: 18,
         smollm2: 60,
         fixture: 45,
+        onnx: 0,
         jobs: 2,
         bin: workspace_root().join("target/release/kvprobe"),
         list: false,
@@ -51,6 +57,7 @@ fn parse() -> anyhow::Result<Args> {
             "--seed" => a.seed = num()? as u64,
             "--smollm2" => a.smollm2 = num()?,
             "--fixture" => a.fixture = num()?,
+            "--onnx" => a.onnx = num()?,
             "--jobs" => a.jobs = num()?,
             "--bin" => a.bin = PathBuf::from(&val),
             _ => bail!("unknown flag {flag}; see the header of examples/healthy_sweep.rs"),
@@ -78,6 +85,70 @@ fn random_prompts(seed: u64, vocab_hi: usize) -> Vec<Vec<u32>> {
                 .collect()
         })
         .collect()
+}
+
+/// The GenAI folders of a model, exported once (scripts/export-onnx.sh for SmolLM2, as CI does;
+/// scripts/export-onnx.py for the Llama fixture). GPT-2 has no GenAI export here.
+fn onnx_folders(root: &Path, m: &ModelSpec) -> anyhow::Result<Vec<sweep::OnnxFolder>> {
+    let export = |cmd: &mut std::process::Command, out: &Path| -> anyhow::Result<()> {
+        if out.join("genai_config.json").is_file() {
+            return Ok(());
+        }
+        eprintln!("exporting {}", out.display());
+        let st = cmd.current_dir(root).status().context("python3 / bash")?;
+        if !st.success() {
+            bail!("export of {} failed", out.display());
+        }
+        Ok(())
+    };
+    let folder = |dir: PathBuf, window: Option<usize>, max_length: usize| sweep::OnnxFolder {
+        dir,
+        window,
+        max_length,
+    };
+    match m.label.as_str() {
+        "smollm2" => {
+            let d = root.join(".cache/onnx/smollm2-135m-genai");
+            // the folder the tests and CI export (max_length 2048); the cases draw --max-ctx
+            export(
+                &mut std::process::Command::new("scripts/export-onnx.sh"),
+                &d,
+            )?;
+            let w = root.join(".cache/onnx/smollm2-135m-genai-w16-c128-u8");
+            export(
+                std::process::Command::new("scripts/export-onnx.sh").args([
+                    "--window",
+                    "16",
+                    "--kv-dtype",
+                    "uint8",
+                ]),
+                &w,
+            )?;
+            Ok(vec![folder(d, None, 128), folder(w, Some(16), 128)])
+        }
+        "llama-fixture" => {
+            let fx = root.join("target/sweep-fixtures");
+            let (d, w) = (fx.join("onnx-llama-7"), fx.join("onnx-llama-7-w8c64u8"));
+            let py = |out: &Path, extra: &[&str]| {
+                let mut c = std::process::Command::new("python3");
+                c.arg("scripts/export-onnx.py")
+                    .arg(&m.path)
+                    .arg(out)
+                    .args(extra);
+                c
+            };
+            export(&mut py(&d, &["--max-length", "128"]), &d)?;
+            export(
+                &mut py(
+                    &w,
+                    &["--window", "8", "--max-length", "64", "--kv-dtype", "uint8"],
+                ),
+                &w,
+            )?;
+            Ok(vec![folder(d, None, 128), folder(w, Some(8), 64)])
+        }
+        _ => Ok(Vec::new()),
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -113,10 +184,20 @@ fn main() -> anyhow::Result<()> {
         models.push((spec, prompts, a.smollm2));
     }
     let mut cases = Vec::new();
-    for (spec, prompts, n) in models {
-        for mut c in sweep::healthy_cases(a.seed, &[(spec, prompts)], n, true) {
+    for (spec, prompts, n) in &models {
+        for mut c in sweep::healthy_cases(a.seed, &[(spec.clone(), prompts.clone())], *n, true) {
             c.id = cases.len();
             cases.push(c);
+        }
+    }
+    if a.onnx > 0 {
+        for (spec, prompts, _) in &models {
+            for folder in onnx_folders(root, spec)? {
+                for mut c in sweep::onnx_healthy_cases(a.seed, spec, prompts, &folder, a.onnx) {
+                    c.id = cases.len();
+                    cases.push(c);
+                }
+            }
         }
     }
     if a.list {

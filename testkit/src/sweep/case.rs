@@ -99,13 +99,57 @@ pub struct Case {
     /// Fault family (the fault name without value and scope), "healthy" for none.
     pub family: String,
     /// The emulated device family: `None` = the HailoRT emulator (`--sim`), `Some("ane-sim")`
-    /// = the stateful ANE emulator (`cache_len` = max_ctx, `prefill_len` = max_query).
+    /// = the stateful ANE emulator (`cache_len` = max_ctx, `prefill_len` = max_query), or the
+    /// label of an ONNX folder (`onnx` set).
     pub device: Option<&'static str>,
+    /// An ONNX Runtime GenAI folder run by the real runtime (`--onnx DIR`) instead of an emulator.
+    pub onnx: Option<OnnxFolder>,
+}
+
+/// A GenAI model folder exported from the case's model (scripts/export-onnx.py).
+#[derive(Debug, Clone)]
+pub struct OnnxFolder {
+    pub dir: PathBuf,
+    /// `window_size` of an NPU-style windowed cache; `None`: GenAI's default decoder.
+    pub window: Option<usize>,
+    /// `search.max_length`: the request's context, pads included.
+    pub max_length: usize,
+}
+
+impl OnnxFolder {
+    /// The device label in the sweep's tables.
+    pub fn label(&self) -> &'static str {
+        if self.window.is_some() {
+            "onnx-windowed"
+        } else {
+            "onnx-default"
+        }
+    }
 }
 
 impl Case {
     pub fn args(&self) -> Vec<String> {
         let ids: Vec<String> = self.ids.iter().map(u32::to_string).collect();
+        if let Some(o) = &self.onnx {
+            let mut a: Vec<String> = vec![
+                "diagnose".into(),
+                "--onnx".into(),
+                o.dir.to_string_lossy().into_owned(),
+                "--model".into(),
+                self.model_path.to_string_lossy().into_owned(),
+            ];
+            // a windowed folder's context is compiled in; the default decoder takes --max-ctx
+            if o.window.is_none() {
+                a.extend(["--max-ctx".into(), self.cache_len.to_string()]);
+            }
+            a.extend([
+                "--ids".into(),
+                ids.join(","),
+                "--steps".into(),
+                self.steps.to_string(),
+            ]);
+            return a;
+        }
         let (device, l_flag, p_flag) = match self.device {
             Some(d) => (["--device", d].to_vec(), "--max-ctx", "--max-query"),
             None => (["--sim"].to_vec(), "--cache-len", "--prefill-len"),

@@ -344,5 +344,6 @@ fn make_case(rng: &mut Rng, m: &ModelSpec, fault: Option<String>, multi: bool, i
         expect,
         family,
         device: None,
+        onnx: None,
     }
 }

@@ -97,7 +97,7 @@ impl GeometryClass {
     /// The class a case falls in (wrap first: it says most about the cache).
     pub fn of(c: &Case) -> GeometryClass {
         let n = c.ids.len();
-        if c.device.is_none() && n + c.steps > c.cache_len {
+        if c.device.is_none() && c.onnx.is_none() && n + c.steps > c.cache_len {
             GeometryClass::Wraps
         } else if n < c.prefill_len {
             GeometryClass::Shorter
@@ -204,5 +204,65 @@ fn geometry(
         expect: "healthy",
         family: "healthy".into(),
         device,
+        onnx: None,
     })
+}
+
+/// `per_folder` healthy cases on an ONNX GenAI folder exported from `m`, cycling through the
+/// prompts. A windowed folder (W, C) takes prompts shorter than, equal to and longer than one
+/// window (P = W in the tables), padded to whole windows with the steps inside C; the default
+/// decoder runs the whole prompt in one run (its prefill group has L − 1 rows) with
+/// `--max-ctx L` drawn to hold prompt and steps.
+pub fn onnx_healthy_cases(
+    seed: u64,
+    m: &ModelSpec,
+    prompts: &[Vec<u32>],
+    folder: &super::OnnxFolder,
+    per_folder: usize,
+) -> Vec<Case> {
+    let mut rng = Rng::new(seed ^ 0x22);
+    let mut out = Vec::new();
+    for i in 0..per_folder {
+        let prompt = &prompts[(i + rng.range(0, prompts.len() - 1)) % prompts.len()];
+        let steps = rng.range(4, m.max_steps.max(4));
+        let (ids, cache_len, prefill_len) = match folder.window {
+            Some(w) => {
+                // room for the padded prompt and every step: ceil(n / W) * W + steps < C
+                let room = folder.max_length.saturating_sub(steps + 1);
+                let longest = (room / w * w).min(prompt.len()).min(64);
+                let n = match i % 3 {
+                    0 => rng.range(1, (w - 1).min(longest).max(1)),
+                    1 => w,
+                    _ => rng.range(w + 1, longest.max(w + 1)),
+                };
+                if n > longest || n == 0 {
+                    continue;
+                }
+                (prompt[..n].to_vec(), folder.max_length, w)
+            }
+            None => {
+                let n = prompt.len().min(64);
+                let l = (n + steps + 1 + rng.range(0, 16)).min(folder.max_length);
+                if n == 0 || n + steps + 1 > l {
+                    continue;
+                }
+                (prompt[..n].to_vec(), l, l - 1)
+            }
+        };
+        out.push(Case {
+            id: out.len(),
+            model: m.label.clone(),
+            model_path: m.path.clone(),
+            cache_len,
+            prefill_len,
+            ids,
+            steps,
+            fault: None,
+            expect: "healthy",
+            family: "healthy".into(),
+            device: Some(folder.label()),
+            onnx: Some(folder.clone()),
+        });
+    }
+    out
 }

@@ -11,9 +11,9 @@ mod rng;
 mod run;
 mod summary;
 
-pub use case::{Case, ModelSpec, TEXTS};
+pub use case::{Case, ModelSpec, OnnxFolder, TEXTS};
 pub use draw::{expected, families, generate, generate_families};
-pub use healthy::{healthy_cases, GeometryClass, PROMPTS};
+pub use healthy::{healthy_cases, onnx_healthy_cases, GeometryClass, PROMPTS};
 pub use rng::Rng;
 pub use run::{known_limit, run_all, run_case, Outcome};
 pub use summary::{report, Summary};
