@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh >/dev/null
-cargo build --release --quiet --bin kvprobe
+scripts/fetch-onnxruntime.sh >/dev/null
+cargo build --release --quiet --features onnx --bin kvprobe
 cargo build --release --quiet -p kvprobe-testkit --example sweep
 exec target/release/examples/sweep "$@"
