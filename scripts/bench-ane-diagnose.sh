@@ -6,11 +6,13 @@ cd "$(dirname "$0")/.."
 MODEL=${MODEL:-.cache/models/smollm2-135m-instruct-q4_1.gguf}
 RUNS=${RUNS:-3}
 [ -f "$MODEL" ] || scripts/fetch-model.sh
-cargo build --release --quiet
+# KVPROBE_BIN: time an already built binary
+BIN="${KVPROBE_BIN:-}"
+if [[ -z "$BIN" ]]; then cargo build --release --quiet; BIN=./target/release/kvprobe; fi
 times=()
 for i in $(seq "$RUNS"); do
   start=$(date +%s.%N)
-  ./target/release/kvprobe diagnose --device ane-sim --model "$MODEL" --max-ctx 128 --steps 32 "$@" >/dev/null || true
+  "$BIN" diagnose --device ane-sim --model "$MODEL" --max-ctx 128 --steps 32 "$@" >/dev/null || true
   end=$(date +%s.%N)
   t=$(echo "$end - $start" | bc -l)
   times+=("$t")
