@@ -26,7 +26,7 @@ else
     trap 'rm -rf "$TMP"' EXIT
     scripts/make-qwen2-fixture.sh "$MODEL"
 fi
-CKPT_BYTES="$(find "$MODEL" -name '*.safetensors' -printf '%s\n' | awk '{s += $1} END {printf "%d\n", s}')"
+CKPT_BYTES="$(find "$MODEL" -name '*.safetensors' -printf '%s\n' | awk '{s += $1} END {printf "%.0f\n", s}')"
 echo "machine: $(nproc) cpus, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "checkpoint: $MODEL, safetensors $((CKPT_BYTES / 1048576)) MiB"
 args=(diagnose --sim --model "$MODEL" --cache-len 256 --prefill-len 64 --steps 16 --json)
