@@ -57,12 +57,16 @@ fn own_noise(points: &[CapacityPoint]) -> f64 {
         .map_or(0.0, |(_, m)| m)
 }
 
-/// Marks the answered points that miss their reference (see [`garbled`]).
+/// Marks the answered points that miss their reference (see [`garbled`]) and, where the
+/// precision-matched reference was computed, miss it as well: a step where uint8 cache rounding
+/// moves the device and the matched reference alike (a healthy SmolLM2 ring at the step that
+/// fills it: 0.9725 against f32, 1.0000 against matched) is the precision's, not garbage.
 fn classify(points: &mut [CapacityPoint]) {
     let noise = own_noise(points);
     for x in points.iter_mut() {
         if x.outcome == CapacityOutcome::Matches
             && x.comparison.as_ref().is_some_and(|c| garbled(c, noise))
+            && x.matched.as_ref().is_none_or(|m| garbled(m, noise))
         {
             x.outcome = CapacityOutcome::Garbled;
         }
@@ -249,6 +253,7 @@ fn prompt_point(
         window,
         refusal,
         comparison,
+        matched: None,
         outcome,
     };
     Ok((point, kept))
@@ -291,9 +296,28 @@ fn generation(
     let mut teacher = seq[..g0].to_vec();
     teacher.extend_from_slice(&toks[..answered.len()]);
     let reference = reference_rows(s, &teacher, window)?;
+    // the same steps at the declared precision, driven as the runtime drives them: step t of
+    // greedy_logits is the row at position g0 − 1 + t, the step that sees g0 + t tokens
+    let desc = s.dev.describe();
+    let matched = match crate::matched::Precision::of(desc, s.model) {
+        Some(p) if !answered.is_empty() => Some(crate::matched::greedy_logits(
+            s.model,
+            &p,
+            &teacher,
+            g0,
+            answered.len() + 1,
+            desc.cache_len,
+            desc.prefill_len,
+        )?),
+        _ => None,
+    };
     let mut points = Vec::new();
     for (c, out) in answered {
         let (beyond, documented) = step_rule(limits, c);
+        let vs_matched = matched
+            .as_ref()
+            .and_then(|m| m.get(c - g0))
+            .map(|m| compare(&out.logits, m));
         let (refusal, comparison, outcome) = outcome(Ok(out), reference.get(c - 1), documented)?;
         points.push(CapacityPoint {
             phase: CapacityPhase::Generation,
@@ -303,6 +327,7 @@ fn generation(
             documented,
             refusal,
             comparison,
+            matched: vs_matched,
             outcome,
         });
     }
@@ -321,6 +346,7 @@ fn generation(
             documented,
             refusal: refusal.map(|_| why),
             comparison,
+            matched: None,
             outcome,
         });
     }
@@ -477,6 +503,49 @@ mod tests {
         }
         // 4 points strictly between 33 and 127
         assert_eq!(ks.iter().filter(|&&k| k > 33 && k < 127).count(), 4);
+    }
+
+    /// The healthy SmolLM2 ring of the healthy sweep (L 83, P 73): the step that fills it misses
+    /// f32 by 0.0275 and the precision-matched reference by nothing; a dropped entry misses both.
+    #[test]
+    fn a_miss_the_matched_reference_shares_is_not_garbage() {
+        let cmp = |cosine: f64| LogitComparison {
+            cosine,
+            kl: 0.0,
+            device_top1: 1,
+            reference_top1: 1,
+            top1_match: true,
+        };
+        let point = |tokens, f32: f64, matched: f64| CapacityPoint {
+            phase: if tokens == 64 {
+                CapacityPhase::Prompt
+            } else {
+                CapacityPhase::Generation
+            },
+            tokens,
+            beyond: Vec::new(),
+            documented: None,
+            window: None,
+            refusal: None,
+            comparison: Some(cmp(f32)),
+            matched: Some(cmp(matched)),
+            outcome: CapacityOutcome::Matches,
+        };
+        let mut pts = vec![
+            point(64, 1.0, 1.0),
+            point(83, 0.9725, 1.0),
+            point(84, 0.9725, 0.97),
+        ];
+        classify(&mut pts);
+        let outcomes: Vec<_> = pts.iter().map(|p| p.outcome).collect();
+        assert_eq!(
+            outcomes,
+            [
+                CapacityOutcome::Matches,
+                CapacityOutcome::Matches,
+                CapacityOutcome::Garbled
+            ]
+        );
     }
 
     #[test]

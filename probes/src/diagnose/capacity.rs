@@ -145,6 +145,7 @@ mod tests {
                 reference_top1: 2,
                 top1_match: false,
             }),
+            matched: None,
             outcome,
         }
     }

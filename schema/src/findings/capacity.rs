@@ -64,6 +64,11 @@ pub struct CapacityPoint {
     pub refusal: Option<String>,
     /// Device against reference; `None` when refused (or no reference reaches this length).
     pub comparison: Option<LogitComparison>,
+    /// Device against the precision-matched reference (the same request at the device's
+    /// declared precision; issue 18): a miss it shares is the precision's, not garbage. `None`
+    /// where none is computed (prompts, a float32 host cache).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched: Option<LogitComparison>,
     pub outcome: CapacityOutcome,
 }
 
