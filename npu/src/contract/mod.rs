@@ -3,6 +3,7 @@
 //! grammar every family's fault table is parsed with.
 //! The contract imports no family.
 
+pub mod describe;
 pub mod device;
 pub mod family;
 pub mod faults;

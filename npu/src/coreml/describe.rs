@@ -4,27 +4,11 @@
 use kvprobe_reference::ModelConfig;
 use kvprobe_schema::{
     CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupDescription,
-    GroupKind, InputRole, IoDescription, ModelShape, QuantInfo, RuntimeKind,
+    GroupKind, InputRole, ModelShape, QuantInfo, RuntimeKind,
 };
 
 use super::{CAUSAL_MASK, EMBEDDINGS, POSITION_IDS};
-
-fn io(
-    name: &str,
-    role: Option<InputRole>,
-    shape: [usize; 3],
-    host: DType,
-    dev: DType,
-) -> IoDescription {
-    IoDescription {
-        name: name.into(),
-        role,
-        shape,
-        host_dtype: host,
-        device_dtype: dev,
-        quant: QuantInfo::IDENTITY,
-    }
-}
+use crate::contract::describe::io;
 
 pub(super) fn description(
     name: String,

@@ -4,12 +4,13 @@
 
 use kvprobe_schema::{
     CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupDescription,
-    GroupKind, InputRole, IoDescription, ModelShape, QuantInfo, RuntimeKind,
+    GroupKind, InputRole, ModelShape, QuantInfo, RuntimeKind,
 };
 
 use super::config::GenaiConfig;
 use super::wcache::{WindowCache, ZERO_POINT};
 use super::FAMILY;
+use crate::contract::describe::io;
 
 /// Names of the driver-side inputs in the description. The embeddings row input carries the
 /// rows the generic driver reads from the reference's table; the device turns them back into
@@ -17,23 +18,6 @@ use super::FAMILY;
 pub const ROWS: &str = "input_ids (as embedding rows)";
 pub const POSITIONS: &str = "position_ids";
 pub const MASK: &str = "attention_mask (as fp16 rows)";
-
-fn io(
-    name: &str,
-    role: Option<InputRole>,
-    shape: [usize; 3],
-    host: DType,
-    dev: DType,
-) -> IoDescription {
-    IoDescription {
-        name: name.into(),
-        role,
-        shape,
-        host_dtype: host,
-        device_dtype: dev,
-        quant: QuantInfo::IDENTITY,
-    }
-}
 
 #[cfg_attr(not(feature = "onnx"), allow(dead_code))]
 pub(super) fn description(
