@@ -16,7 +16,9 @@
 
 use kvprobe_npu::MaskMode;
 use kvprobe_reference::{ForwardOptions, Model};
-use kvprobe_schema::{CacheKind, DeviceDescription, KvdiffFinding, KvdiffStep, RuntimeKind};
+use kvprobe_schema::{
+    CacheKind, DeviceDescription, KvdiffFinding, KvdiffRotation, KvdiffStep, RuntimeKind,
+};
 
 use crate::kvdiff_cache::{CacheView, KvRef, Rows};
 use crate::kvdiff_compare::{self as cmp, Cells, Point, Rounding};
@@ -109,10 +111,15 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
     let mut out_steps: Vec<KvdiffStep> = Vec::with_capacity(steps);
     let mut last_cells = None;
     let mut rotation = None;
+    let mut rotation_k_out = false;
     each_matched(s.model, &desc, &seq, n, steps, &mut |k, (mk, mv)| {
         let point = &dev.points[k];
         let cells = cells_of(point, (mk, mv));
-        if k == 0 {
+        // the prefill's cache, or else the first step whose layer-0 K leaves its band: a tbt
+        // graph that rotates K wrongly writes only the steps' entries wrong
+        let k_out = cmp::first_layer_k_outside(&cells);
+        if k == 0 || (!rotation_k_out && k_out) {
+            rotation_k_out = k_out;
             rotation = cmp::first_layer_rotation(
                 &Point {
                     device: (&point.0, &point.1),
@@ -123,7 +130,8 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
                     head_dim: hd,
                 },
                 &cells,
-            );
+            )
+            .map(|r| KvdiffRotation { step: k, ..r });
         }
         out_steps.push(cmp::step(k, &cells));
         last_cells = Some(cells);

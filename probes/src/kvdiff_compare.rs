@@ -266,6 +266,12 @@ pub fn maps(c: &Cells) -> Maps {
     (map(0), map(1), outside)
 }
 
+/// Whether some KV head of the first layer's K leaves its band.
+pub fn first_layer_k_outside(c: &Cells) -> bool {
+    c.first()
+        .is_some_and(|kinds| kinds[0].iter().any(|h| head_outside(h)))
+}
+
 /// The first layer's K as a rotation of its RoPE pairs `(i, i + hd/2)`: per position and pair,
 /// the one angle (shared by the KV heads) that best turns the device's pairs onto the
 /// reference's; `None` without K rows.
@@ -329,7 +335,7 @@ pub fn first_layer_rotation(pt: &Point, c: &Cells) -> Option<KvdiffRotation> {
             .flat_map(|h| h.iter().flatten().map(f))
             .fold(0.0, f64::max)
     };
-    let k_out = kinds[0].iter().any(|h| head_outside(h));
+    let k_out = first_layer_k_outside(c);
     let v_in = !kinds[1].iter().any(|h| head_outside(h));
     let rotated_in = !rotated_cells.iter().any(|h| head_outside(h));
     let band = kinds[0]
@@ -338,6 +344,7 @@ pub fn first_layer_rotation(pt: &Point, c: &Cells) -> Option<KvdiffRotation> {
         .fold(0.0, f64::max);
     Some(KvdiffRotation {
         layer: 0,
+        step: 0,
         k_rel_l2: worst(&kinds[0], |x| x.rel_l2),
         rotated_rel_l2: worst(&rotated_cells, |x| x.rel_l2),
         v_rel_l2: worst(&kinds[1], |x| x.rel_l2),

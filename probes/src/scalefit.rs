@@ -10,6 +10,7 @@ use kvprobe_schema::ScaleFit;
 
 use crate::metrics::cosine;
 use crate::session::window_step_with;
+use crate::thresholds::FIT_MIN_GAIN;
 use crate::Result;
 
 /// Coarse grid 2^(k/8) for k = −8..=8 (×0.5 .. ×2), the range of scale bugs that a control does
@@ -68,6 +69,9 @@ pub fn prefill(
 }
 
 /// Grid then golden-section search for the multiplier whose reference best matches `device`.
+/// A device within `FIT_MIN_GAIN` of the reference at ×1 is left at ×1 alone: no multiplier can
+/// then gain what `fit_repairs` asks, so the 24 forwards of the search could change no verdict
+/// (at 1.5B they were a third of a healthy `diagnose`).
 fn fit(
     device: &[f32],
     unit_reference: &[f32],
@@ -79,6 +83,16 @@ fn fit(
         }
         Ok(cosine(device, &reference(with_scale(log2s))?))
     };
+    let unit = cosine(device, unit_reference);
+    // (a cosine may pass 1 by rounding: keep a margin so the shortcut stays exact)
+    if 1.0 - unit < FIT_MIN_GAIN - 1e-9 {
+        return Ok(ScaleFit {
+            points: vec![(1.0, unit)],
+            best_scale: 1.0,
+            best_cosine: unit,
+            unit_cosine: unit,
+        });
+    }
     let mut points: Vec<(f64, f64)> = Vec::new();
     for k in -GRID_STEPS..=GRID_STEPS {
         let x = f64::from(k) / f64::from(GRID_STEPS);
@@ -128,4 +142,42 @@ fn fit(
         best_cosine,
         unit_cosine,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit_vs(miss_dims: f32) -> (Vec<f32>, Vec<f32>) {
+        let reference: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut device = reference.clone();
+        device[0] += miss_dims;
+        (device, reference)
+    }
+
+    #[test]
+    fn a_device_already_at_the_reference_runs_no_search() {
+        let (device, reference) = unit_vs(0.0);
+        let fit = fit(&device, &reference, |_| {
+            Err(crate::Error::Input("no reference may run".into()))
+        })
+        .expect("no reference call");
+        assert_eq!(fit.points.len(), 1);
+        assert_eq!(fit.best_scale, 1.0);
+        assert!(!crate::thresholds::fit_repairs(fit.unit_cosine, 1.0));
+    }
+
+    #[test]
+    fn a_miss_a_fit_could_repair_runs_the_search() {
+        let (device, reference) = unit_vs(3.0);
+        assert!(1.0 - cosine(&device, &reference) > FIT_MIN_GAIN);
+        let calls = std::cell::Cell::new(0);
+        let fit = fit(&device, &reference, |_| {
+            calls.set(calls.get() + 1);
+            Ok(reference.clone())
+        })
+        .expect("fit");
+        assert_eq!(calls.get(), 2 * GRID_STEPS as usize + 2 + REFINE);
+        assert_eq!(fit.points.len(), calls.get() + 1);
+    }
 }

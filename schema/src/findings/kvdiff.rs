@@ -48,6 +48,10 @@ pub struct KvdiffDivergence {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KvdiffRotation {
     pub layer: usize,
+    /// The cache it was read from: 0 after the prefill, k after greedy step k (the first whose
+    /// layer-0 K leaves its band, where the prefill's stays inside).
+    #[serde(default)]
+    pub step: usize,
     /// Largest K relative L2 over heads and positions before and after the best rotation.
     pub k_rel_l2: f64,
     pub rotated_rel_l2: f64,

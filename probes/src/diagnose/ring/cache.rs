@@ -52,7 +52,7 @@ pub const CACHE_PATH: &[R] = &[
     )
     .needs(Control::CacheReading),
     R::new(
-        "writer-layout",
+        WRITER_LAYOUT,
         CACHE,
         Some(Verdict::CacheLayoutMismatch),
         writer_layout,
@@ -121,6 +121,14 @@ pub const CACHE_LATE: &[R] = &[
     .needs(Control::CacheReading)
     .when(When::NothingYet),
     R::new(
+        "tbt-k-rotated",
+        CACHE,
+        Some(Verdict::PositionMismatch),
+        tbt_k_rotated,
+    )
+    .needs(Control::CacheReading)
+    .when(When::NothingYet),
+    R::new(
         "tbt-writer-truncation",
         CACHE,
         Some(Verdict::CacheTruncation),
@@ -157,6 +165,7 @@ pub const SOLVED: &[R] = &[R::new(
 .when(When::NothingYet)];
 
 const MASK_CONVENTION: &str = "mask-convention";
+const WRITER_LAYOUT: &str = "writer-layout";
 
 /// e. Byte-level evidence, ahead of the output-level discriminators: zeroed tails can make a
 /// shifted position look better.
@@ -213,13 +222,20 @@ fn attention_scale(f: &RingFacts) -> Option<Cause> {
     })
 }
 
-/// b.
+/// b. When golden token-major rings repair the step, the tbt graph computes right on right
+/// bytes: a shift that helps mimics wrong bytes, so a writer layout the bytes show ranks first
+/// (a prefill position fault, whose bytes stay token-major, keeps the headline).
 fn position_shift(f: &RingFacts) -> Option<Cause> {
     let ps = f.positions.as_ref().filter(|ps| position_fault(ps))?;
-    Some(Cause::new(0.9).line(format!(
+    let cause = Cause::new(0.9).line(format!(
         "→ position-mismatch: sending position pos{:+} reproduces the reference ({:.4} vs {:.4}): the tbt graph's positional input is wired {:+} off",
         ps.best_delta, ps.best_cosine, ps.baseline_cosine, -ps.best_delta
-    )))
+    ));
+    Some(if f.writer_blamed() {
+        cause.ranked_after(WRITER_LAYOUT)
+    } else {
+        cause
+    })
 }
 
 /// c. The prefill writer's ring bytes decode as another layout, for the majority or any ring.
@@ -417,6 +433,26 @@ fn tbt_writer_truncation(f: &RingFacts) -> Option<Cause> {
     )))
 }
 
+/// g''. The prefill's cache is inside its band, but after a greedy step layer 0's K leaves it
+/// while V stays inside, and one angle per RoPE pair and position brings K back: the tbt graph
+/// rotates the new token's K for other positions or frequencies (seed 000's Q and K cos/sin
+/// inputs tiled at different widths). The positions probe shifts Q and K together, so it misses
+/// this; the failing cache-reading steps are its control.
+fn tbt_k_rotated(f: &RingFacts) -> Option<Cause> {
+    let k = f.kvdiff.as_ref()?;
+    let r = k
+        .first_layer_rotation
+        .as_ref()
+        .filter(|r| r.explained && r.step > 0)?;
+    if f.controls_pass() || !f.rope_table {
+        return None;
+    }
+    Some(Cause::new(0.8).line(format!(
+        "→ position-mismatch (tbt graph): the prefill's cache is inside its band, but after greedy step {} layer 0's K leaves it (relative L2 {:.4}, band {:.4}) while its V stays inside ({:.4}), and one angle per RoPE pair and position brings K back ({:.4}): the tbt graph rotates K for other positions or frequencies than Q (cos/sin tables of different widths, or another rope scaling)",
+        r.step, r.k_rel_l2, r.band, r.v_rel_l2, r.rotated_rel_l2
+    )))
+}
+
 /// g. Nothing on the cache path is wrong and the column map is clean, yet steps that read the
 /// cache fail: the tbt graph's attention over cached keys (e.g. its scale, to which the
 /// self-only control is blind). A binding crossed on a layer too weak for inject's per-layer
@@ -482,6 +518,33 @@ mod tests {
             inject: Some(inject(0.9, 0.99, 0.2, blame)),
             ..failing()
         }
+    }
+
+    #[test]
+    fn tbt_k_rotated_needs_a_step_rotation_failing_steps_and_a_rope_table() {
+        let rotated = |explained, step| RingFacts {
+            kvdiff: Some(kvdiff_rotation(explained, step)),
+            rope_table: true,
+            ..failing()
+        };
+        let c = fires_in("tbt-k-rotated", &rotated(true, 2)).expect("fires");
+        assert!(c.evidence[0].starts_with(
+            "→ position-mismatch (tbt graph): the prefill's cache is inside its band, but after greedy step 2"
+        ));
+        // a rotation of the prefill's own cache is the graph stage's rule, not this one
+        assert!(fires_in("tbt-k-rotated", &rotated(true, 0)).is_none());
+        assert!(fires_in("tbt-k-rotated", &rotated(false, 2)).is_none());
+        let passing = RingFacts {
+            kvdiff: Some(kvdiff_rotation(true, 2)),
+            rope_table: true,
+            ..cache_path()
+        };
+        assert!(fires_in("tbt-k-rotated", &passing).is_none());
+        let learned = RingFacts {
+            rope_table: false,
+            ..rotated(true, 2)
+        };
+        assert!(fires_in("tbt-k-rotated", &learned).is_none());
     }
 
     #[test]
@@ -560,6 +623,27 @@ mod tests {
             ..failing()
         };
         assert!(fires_in("position-shift", &scaled).is_none());
+    }
+
+    #[test]
+    fn a_shift_ranks_after_a_writer_layout_when_golden_rings_repair_the_step() {
+        let shifted = |blame: &str| RingFacts {
+            positions: Some(positions(0.96, -2, 0.978)),
+            inject: Some(inject(0.96, 1.0, 0.9, blame)),
+            layout: Some(layout(Layout::F8cr, 0, 0.98, &[])),
+            ..failing()
+        };
+        let conclude = |f: &RingFacts| {
+            let mut e = Engine::new();
+            e.apply(CACHE_PATH, f);
+            e.conclude()
+        };
+        let c = conclude(&shifted("writer"));
+        assert_eq!(c.verdict, Verdict::CacheLayoutMismatch);
+        assert_eq!(c.also, vec![Verdict::PositionMismatch]);
+        // the tbt graph itself is blamed: the shift keeps the headline
+        let c = conclude(&shifted("none"));
+        assert_eq!(c.verdict, Verdict::PositionMismatch);
     }
 
     #[test]

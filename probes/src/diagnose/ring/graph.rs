@@ -793,47 +793,22 @@ mod tests {
         assert!(fires_in("no-tbt", &healthy_facts()).is_none());
     }
 
-    fn kvdiff_rotation(explained: bool) -> kvprobe_schema::KvdiffFinding {
-        kvprobe_schema::KvdiffFinding {
-            source: "ring".into(),
-            layout: "token-major".into(),
-            precision: "uint8".into(),
-            layers: 2,
-            kv_heads: 1,
-            prompt_len: 4,
-            steps: Vec::new(),
-            first_divergent: None,
-            k_map: Vec::new(),
-            v_map: Vec::new(),
-            outside_map: Vec::new(),
-            first_layer_rotation: Some(kvprobe_schema::KvdiffRotation {
-                layer: 0,
-                k_rel_l2: 0.6,
-                rotated_rel_l2: 0.03,
-                v_rel_l2: 0.05,
-                band: 0.04,
-                mean_angle_per_frequency: vec![0.5],
-                explained,
-            }),
-        }
-    }
-
     #[test]
     fn first_layer_k_rotated_needs_failing_rows_and_an_explaining_rotation() {
         let f = RingFacts {
-            kvdiff: Some(kvdiff_rotation(true)),
+            kvdiff: Some(kvdiff_rotation(true, 0)),
             ..prefill_broken()
         };
         let c = fires_in("first-layer-k-rotated", &f).expect("fires");
         assert!(c.evidence[0].starts_with("→ position-mismatch: layer 0's K"));
         let unexplained = RingFacts {
-            kvdiff: Some(kvdiff_rotation(false)),
+            kvdiff: Some(kvdiff_rotation(false, 0)),
             ..prefill_broken()
         };
         assert!(fires_in("first-layer-k-rotated", &unexplained).is_none());
         // the rows pass: the rotation alone names nothing
         let passing = RingFacts {
-            kvdiff: Some(kvdiff_rotation(true)),
+            kvdiff: Some(kvdiff_rotation(true, 0)),
             ..healthy_facts()
         };
         assert!(fires_in("first-layer-k-rotated", &passing).is_none());

@@ -49,6 +49,8 @@ struct Run<'s, 'a> {
     timings: Vec<Timing>,
     p: ProbeFindings,
     eng: Engine,
+    /// The cache path's bounded kvdiff ran (the graph stage's prefill-only one does not count).
+    cache_kvdiff_ran: bool,
 }
 
 impl Run<'_, '_> {
@@ -71,6 +73,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         timings: Vec::new(),
         p: ProbeFindings::default(),
         eng: Engine::new(),
+        cache_kvdiff_ran: false,
     };
     let mut f = controls(&mut run, opts)?;
     quiet_checks(&mut run, &mut f)?;
@@ -365,6 +368,12 @@ fn cache_path(mut run: Run, mut f: RingFacts, opts: &DiagnoseOptions) -> Result<
     if !run.eng.has_causes() && f.writer_blamed() {
         solve_layout(&mut run, &mut f)?;
     }
+    if !run.eng.has_causes() {
+        // the late rules read the cache itself (a K the tbt graph rotated): kvdiff runs here
+        // once, and its line joins whatever verdict follows
+        cache_kvdiff(&mut run)?;
+        f.kvdiff = run.p.kvdiff.clone();
+    }
     run.eng.apply(CACHE_LATE, &f);
     if run.eng.stopped() {
         cache_kvdiff(&mut run)?;
@@ -395,6 +404,10 @@ fn cache_path(mut run: Run, mut f: RingFacts, opts: &DiagnoseOptions) -> Result<
 /// A cache-path verdict carries `kvdiff`'s first divergent layer and head (issue 20): run only
 /// here, bounded, so the graph verdicts and healthy runs pay nothing for it.
 fn cache_kvdiff(run: &mut Run) -> Result<()> {
+    if run.cache_kvdiff_ran {
+        return Ok(());
+    }
+    run.cache_kvdiff_ran = true;
     let opts = kvdiff::KvdiffOptions {
         steps: kvdiff::DIAGNOSE_STEPS,
     };

@@ -282,6 +282,33 @@ pub fn layout_infer(named: Option<Layout>, shift: i64) -> LayoutInferFinding {
 }
 
 /// The rule of `table` named `id` (panics in tests when absent).
+/// A kvdiff finding whose first-layer rotation, read at `step`, is `explained` or not.
+pub fn kvdiff_rotation(explained: bool, step: usize) -> kvprobe_schema::KvdiffFinding {
+    kvprobe_schema::KvdiffFinding {
+        source: "ring".into(),
+        layout: "token-major".into(),
+        precision: "uint8".into(),
+        layers: 2,
+        kv_heads: 1,
+        prompt_len: 4,
+        steps: Vec::new(),
+        first_divergent: None,
+        k_map: Vec::new(),
+        v_map: Vec::new(),
+        outside_map: Vec::new(),
+        first_layer_rotation: Some(kvprobe_schema::KvdiffRotation {
+            layer: 0,
+            step,
+            k_rel_l2: 0.6,
+            rotated_rel_l2: 0.03,
+            v_rel_l2: 0.05,
+            band: 0.04,
+            mean_angle_per_frequency: vec![0.5],
+            explained,
+        }),
+    }
+}
+
 pub fn rule<'t, F>(table: &'t [Rule<F>], id: &str) -> &'t Rule<F> {
     table
         .iter()
