@@ -10,14 +10,14 @@
 //! tokens (as `greedy`), so one divergence does not cascade.
 
 use kvprobe_npu::{MaskMode, RunOutput};
-use kvprobe_reference::ForwardOptions;
+use kvprobe_reference::{ForwardOptions, KvState, LayerKv, Model};
 use kvprobe_schema::{
     CapacityFinding, CapacityOutcome, CapacityPhase, CapacityPoint, DeviceLimit, LimitKind,
     LogitComparison, PastLimit, ProbeFindings,
 };
 
 use crate::metrics::compare;
-use crate::session::Session;
+use crate::session::{append, window_step, Session};
 use crate::thresholds::{REL_NOISE_FLOOR, REL_RATIO, STAGE_MEAN_COSINE, STAGE_MIN_COSINE};
 use crate::Result;
 
@@ -193,6 +193,64 @@ fn reference_rows(s: &Session, seq: &[u32], window: Option<usize>) -> Result<Vec
     Ok((0..t).map(|i| out.row(i).to_vec()).collect())
 }
 
+/// The causal reference rows of `seq` and the keys and values of its first `keep` tokens, from
+/// one forward (generation continues from them instead of a second forward over the prompt).
+fn causal_rows_and_prefix(
+    model: &Model,
+    seq: &[u32],
+    keep: usize,
+) -> Result<(Vec<Vec<f32>>, KvState)> {
+    let t = seq.len().min(model.config().max_position);
+    let keep = keep.min(t);
+    let out = model.forward(
+        &seq[..t],
+        &ForwardOptions {
+            taps: true,
+            ..Default::default()
+        },
+    )?;
+    let taps = out.taps.as_deref().unwrap_or_default();
+    let layers = taps
+        .iter()
+        .map(|l| -> Result<LayerKv> {
+            Ok(LayerKv {
+                k: l.k.narrow(1, 0, keep)?.contiguous()?,
+                v: l.v.narrow(1, 0, keep)?.contiguous()?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let prefix = KvState {
+        layers,
+        positions: (0..keep).collect(),
+        ids: seq[..keep].to_vec(),
+    };
+    Ok(((0..t).map(|i| out.row(i).to_vec()).collect(), prefix))
+}
+
+/// Reference logits of `tokens` fed one at a time after `state`, the first at position
+/// `state.len()`, each step seeing the newest `window` tokens itself included (all when `None`):
+/// the rows a windowed forward over the whole sequence gives there.
+fn step_rows(
+    model: &Model,
+    mut state: KvState,
+    tokens: &[u32],
+    window: Option<usize>,
+) -> Result<Vec<Vec<f32>>> {
+    let max_pos = model.config().max_position;
+    let mut rows = Vec::with_capacity(tokens.len());
+    for &token in tokens {
+        let position = state.len();
+        if position >= max_pos {
+            break;
+        }
+        let past = window.map_or(position, |w| w.saturating_sub(1));
+        let (logits, kv) = window_step(model, &state, token, position, past)?;
+        rows.push(logits);
+        append(&mut state, &kv, token, position)?;
+    }
+    Ok(rows)
+}
+
 /// Refusal or output of one request.
 fn outcome(
     r: kvprobe_npu::Result<RunOutput>,
@@ -259,6 +317,15 @@ fn prompt_point(
     Ok((point, kept))
 }
 
+/// Where generation starts and ends, the reference's keys and values of `seq[..g0]`, and the
+/// device's own miss on its shortest prompt.
+struct Generation {
+    g0: usize,
+    end: usize,
+    prefix: KvState,
+    noise: f64,
+}
+
 /// Greedy steps from the device's state right after the prefill of `seq[..g0]` (whose logits
 /// are `first`), until `past` steps beyond the smallest generation limit or a refusal.
 fn generation(
@@ -266,9 +333,14 @@ fn generation(
     limits: &[DeviceLimit],
     seq: &[u32],
     first: &RunOutput,
-    g0: usize,
-    end: usize,
+    gen: Generation,
 ) -> Result<Vec<CapacityPoint>> {
+    let Generation {
+        g0,
+        end,
+        prefix,
+        noise,
+    } = gen;
     let max_pos = s.model.config().max_position;
     let mut toks = vec![kvprobe_npu::argmax(&first.logits)];
     let mut answered: Vec<(usize, RunOutput)> = Vec::new();
@@ -295,12 +367,24 @@ fn generation(
         .min();
     let mut teacher = seq[..g0].to_vec();
     teacher.extend_from_slice(&toks[..answered.len()]);
-    let reference = reference_rows(s, &teacher, window)?;
+    // the prompt's keys are the causal forward's unless a window already cut into the prompt
+    let reference = if window.is_some_and(|w| g0 > w) {
+        let mut rows = reference_rows(s, &teacher, window)?;
+        rows.split_off(g0.min(rows.len()))
+    } else {
+        step_rows(s.model, prefix, &toks[..answered.len()], window)?
+    };
+    let missed = answered.iter().any(|(c, out)| {
+        reference
+            .get(c - 1 - g0)
+            .is_some_and(|r| garbled(&compare(&out.logits, r), noise))
+    });
     // the same steps at the declared precision, driven as the runtime drives them: step t of
-    // greedy_logits is the row at position g0 − 1 + t, the step that sees g0 + t tokens
+    // greedy_logits is the row at position g0 − 1 + t, the step that sees g0 + t tokens. Only a
+    // step that misses f32 needs it (`classify`): a whole second forward otherwise.
     let desc = s.dev.describe();
     let matched = match crate::matched::Precision::of(desc, s.model) {
-        Some(p) if !answered.is_empty() => Some(crate::matched::greedy_logits(
+        Some(p) if missed => Some(crate::matched::greedy_logits(
             s.model,
             &p,
             &teacher,
@@ -318,7 +402,8 @@ fn generation(
             .as_ref()
             .and_then(|m| m.get(c - g0))
             .map(|m| compare(&out.logits, m));
-        let (refusal, comparison, outcome) = outcome(Ok(out), reference.get(c - 1), documented)?;
+        let (refusal, comparison, outcome) =
+            outcome(Ok(out), reference.get(c - 1 - g0), documented)?;
         points.push(CapacityPoint {
             phase: CapacityPhase::Generation,
             tokens: c,
@@ -383,7 +468,7 @@ pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
     let seq = long_ids(s, top.max(end))?;
     s.progress
         .phase("capacity", (lengths.len() + end.saturating_sub(g0)) as u64);
-    let causal = reference_rows(s, &seq[..top], None)?;
+    let (causal, prefix) = causal_rows_and_prefix(s.model, &seq[..top], g0)?;
     let mut points = Vec::new();
     let mut start: Option<RunOutput> = None;
     for &t in &lengths {
@@ -392,7 +477,14 @@ pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
         start = out;
     }
     if let Some(first) = start {
-        points.extend(generation(s, &limits, &seq, &first, g0, end)?);
+        let noise = own_noise(&points);
+        let gen = Generation {
+            g0,
+            end,
+            prefix,
+            noise,
+        };
+        points.extend(generation(s, &limits, &seq, &first, gen)?);
     }
     classify(&mut points);
     let first_garbled_prompt = first_garbled(&points, CapacityPhase::Prompt);
@@ -450,6 +542,49 @@ impl crate::probe::Probe for CapacityProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Generation's reference rows come from the prompt's keys and one decode step per token;
+    /// they must be the rows of one forward over the whole sequence (causal, and windowed as
+    /// the runtime slides), the property "a decode step equals the last row of a full forward".
+    #[test]
+    fn step_rows_are_the_full_forwards_rows() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        kvprobe_reference::fixtures::write_tiny_llama(dir.path(), 7).expect("fixture");
+        let model = Model::load(dir.path()).expect("load");
+        let seq: Vec<u32> = (0..30).map(|i| 3 + (i * 37) % 250).collect();
+        let g0 = 20;
+        for window in [None, Some(24)] {
+            let mask = window.map(|w| {
+                let t = seq.len();
+                (0..t * t)
+                    .map(|k| (k % t) <= (k / t) && (k / t) - (k % t) < w)
+                    .collect()
+            });
+            let full = model
+                .forward(
+                    &seq,
+                    &ForwardOptions {
+                        mask,
+                        ..Default::default()
+                    },
+                )
+                .expect("forward");
+            let (causal, prefix) = causal_rows_and_prefix(&model, &seq, g0).expect("prefix");
+            assert_eq!(causal.len(), seq.len());
+            let rows = step_rows(&model, prefix, &seq[g0..], window).expect("steps");
+            assert_eq!(rows.len(), seq.len() - g0);
+            for (i, row) in rows.iter().enumerate() {
+                let want = full.row(g0 + i);
+                let worst = row
+                    .iter()
+                    .zip(want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(worst < 1e-4, "{window:?} row {}: {worst}", g0 + i);
+                assert!(crate::metrics::cosine(row, want) > 0.999_999);
+            }
+        }
+    }
 
     fn lim(
         kind: LimitKind,
