@@ -28,12 +28,16 @@ done
 [ ${#parsers[@]} -gt 0 ] || parsers=(hef manifest results gguf config tokenizer safetensors genai)
 # The dev profile by default: it is optimised here (Cargo.toml) and keeps overflow checks, so
 # arithmetic that wraps silently in a release build is a finding; FUZZ_PROFILE=release for speed.
+# FUZZ_FEATURES=onnx builds against the feature set the tests just built (CI), which reuses their
+# libraries instead of compiling the workspace a second time; the parsers are the same.
 profile="${FUZZ_PROFILE:-dev}"
+features=()
+if [ -n "${FUZZ_FEATURES:-}" ]; then features=(--features "$FUZZ_FEATURES"); fi
 if [ "$profile" = release ]; then
-  cargo build --release --example fuzz --quiet
+  cargo build --release --example fuzz --quiet "${features[@]}"
   bin=target/release/examples/fuzz
 else
-  cargo build --example fuzz --quiet
+  cargo build --example fuzz --quiet "${features[@]}"
   bin=target/debug/examples/fuzz
 fi
 status=0
