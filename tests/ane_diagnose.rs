@@ -53,40 +53,48 @@ fn llama() -> std::path::PathBuf {
 
 /// Misses as text (empty = all verdicts right).
 fn matrix(model: &str, geometry: &[&str], prompt: &[&str]) -> Vec<String> {
+    par_map(&FAULTS, |&(fault, want)| {
+        one(model, geometry, prompt, fault, want)
+    })
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// The misses of one fault (or of the healthy run).
+fn one(model: &str, geometry: &[&str], prompt: &[&str], fault: &str, want: &str) -> Vec<String> {
     let mut misses = Vec::new();
-    for (fault, want) in FAULTS {
-        let mut args = ane("diagnose", model, &["--steps", "8"]);
-        args.extend_from_slice(geometry);
-        args.extend_from_slice(prompt);
-        if !fault.is_empty() {
-            args.extend_from_slice(&["--fault", fault]);
-        }
-        let (code, v, stderr) = kvprobe_json(&args);
-        let got = verdict(&v);
-        let want_code = if want == "healthy" { 0 } else { 1 };
-        if got != want || code != want_code {
-            misses.push(format!(
-                "{fault:?}: got {got} (exit {code}), want {want}; evidence {:?}; stderr {stderr}",
-                v["evidence"]
-            ));
-        }
-        // every ring probe says why it does not apply
-        let na = v["probes"]["not_applicable"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        if na.len() < 10
-            || na
-                .iter()
-                .any(|n| !n["why"].as_str().unwrap_or("").contains("not"))
-        {
-            misses.push(format!("{fault:?}: not_applicable list {na:?}"));
-        }
-        if want == "numeric-overflow" {
-            let o = &v["probes"]["overflow"];
-            if !(o["layer"].is_u64() && o["position"].is_u64()) {
-                misses.push(format!("overflow finding names no layer/position: {o}"));
-            }
+    let mut args = ane("diagnose", model, &["--steps", "8"]);
+    args.extend_from_slice(geometry);
+    args.extend_from_slice(prompt);
+    if !fault.is_empty() {
+        args.extend_from_slice(&["--fault", fault]);
+    }
+    let (code, v, stderr) = kvprobe_json(&args);
+    let got = verdict(&v);
+    let want_code = if want == "healthy" { 0 } else { 1 };
+    if got != want || code != want_code {
+        misses.push(format!(
+            "{fault:?}: got {got} (exit {code}), want {want}; evidence {:?}; stderr {stderr}",
+            v["evidence"]
+        ));
+    }
+    // every ring probe says why it does not apply
+    let na = v["probes"]["not_applicable"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if na.len() < 10
+        || na
+            .iter()
+            .any(|n| !n["why"].as_str().unwrap_or("").contains("not"))
+    {
+        misses.push(format!("{fault:?}: not_applicable list {na:?}"));
+    }
+    if want == "numeric-overflow" {
+        let o = &v["probes"]["overflow"];
+        if !(o["layer"].is_u64() && o["position"].is_u64()) {
+            misses.push(format!("overflow finding names no layer/position: {o}"));
         }
     }
     misses

@@ -68,8 +68,8 @@ fn diagnose(
 type Case<'a> = (bool, &'a [&'a str], &'a [&'a str], Option<&'a str>);
 
 fn check_matrix(model: &str, cases: &[Case]) {
-    let mut misses = Vec::new();
-    for &(ane, geo, prompt, fault) in cases {
+    let misses: Vec<String> = par_map(cases, |&(ane, geo, prompt, fault)| {
+        let mut misses = Vec::new();
         let want = if fault.is_some() {
             ("capacity-overflow", 1)
         } else {
@@ -87,7 +87,11 @@ fn check_matrix(model: &str, cases: &[Case]) {
                 "{fault:?}: no capacity line in the evidence: {why}"
             ));
         }
-    }
+        misses
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     assert!(misses.is_empty(), "{misses:#?}");
 }
 

@@ -135,9 +135,9 @@ fn smollm2_fault_matrix() {
         ("tbt-attn-scale=2", "tbt-graph"),
         ("rope-theta=sign-folded", "position-mismatch"),
     ];
-    let failures: Vec<String> = picks
-        .iter()
-        .filter_map(|(fault, want)| check(m, &geo, fault, want))
+    let failures: Vec<String> = par_map(&picks, |(fault, want)| check(m, &geo, fault, want))
+        .into_iter()
+        .flatten()
         .collect();
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -170,15 +170,15 @@ fn smollm2_windowed_is_healthy_and_its_faults_get_their_verdicts() {
         let (code, v, err) = kvprobe_json(&a);
         (code, verdict(&v), format!("{err} {}", v["evidence"]))
     };
-    for prompt in [
+    let table = kvprobe_npu::families::family("onnx-genai").unwrap().faults;
+    let mut cases: Vec<(&str, &str, (i32, &str))> = [
         "Once upon a time there was a little girl who lived in a small house near the woods.",
         "The capital of France is Paris. The capital of Italy is",
         "def fibonacci(n):\n    if n < 2:\n        return n\n",
-    ] {
-        let (code, v, ev) = run(&["--prompt", prompt]);
-        assert_eq!((code, v.as_str()), (0, "healthy"), "{prompt}: {ev}");
-    }
-    let table = kvprobe_npu::families::family("onnx-genai").unwrap().faults;
+    ]
+    .into_iter()
+    .map(|prompt| ("--prompt", prompt, (0, "healthy")))
+    .collect();
     for fault in [
         "win-mask-all-valid",
         "win-position-stall",
@@ -187,10 +187,17 @@ fn smollm2_windowed_is_healthy_and_its_faults_get_their_verdicts() {
         "win-u16-runner",
         "win-capacity-silent",
     ] {
-        let want = table.expected(fault).unwrap().name();
-        let (code, v, ev) = run(&["--fault", fault]);
-        assert_eq!((code, v.as_str()), (1, want), "{fault}: {ev}");
+        cases.push(("--fault", fault, (1, table.expected(fault).unwrap().name())));
     }
+    let misses: Vec<String> = par_map(&cases, |&(flag, value, want)| {
+        let (code, v, ev) = run(&[flag, value]);
+        ((code, v.as_str()) != want)
+            .then(|| format!("{value}: got {v} exit {code}, want {want:?}: {ev}"))
+    })
+    .into_iter()
+    .flatten()
+    .collect();
+    assert!(misses.is_empty(), "{misses:#?}");
 }
 
 #[test]

@@ -64,7 +64,7 @@ fn healthy_smollm2_is_healthy() {
             "Once upon a time there was a little girl who",
         ),
     ];
-    for (g, prompt) in cases {
+    par_map(&cases, |&(g, prompt)| {
         let mut a = vec!["diagnose", "--sim", "--model", m, "--prompt", prompt];
         a.extend_from_slice(g);
         if !g.contains(&"--steps") {
@@ -77,7 +77,7 @@ fn healthy_smollm2_is_healthy() {
             "{prompt:?} {g:?}: {}",
             v["evidence"]
         );
-    }
+    });
 }
 
 fn llama_args<'a>(probe: &'a str, f: &'a str, extra: &[&'a str]) -> Vec<&'a str> {

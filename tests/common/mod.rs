@@ -55,6 +55,33 @@ pub fn geometry<'a>(l: &'a str, p: &'a str, ids: &'a str, steps: &'a str) -> Vec
     ]
 }
 
+/// `f` over `items` on two threads, results in item order. CI has two cores and each case is
+/// one run of the binary: a test of several SmolLM2 runs in a row otherwise leaves one idle.
+pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break out };
+                        out.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    done.sort_by_key(|&(i, _)| i);
+    done.into_iter().map(|(_, r)| r).collect()
+}
+
 pub fn kvprobe(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvprobe"))
         .args(args)
