@@ -1,7 +1,9 @@
 //! Pieces of a [`DeviceDescription`](kvprobe_schema::DeviceDescription) the stateful families
 //! share.
 
-use kvprobe_schema::{DType, InputRole, IoDescription, QuantInfo};
+use kvprobe_schema::{
+    CacheEdgeDescription, DType, GroupDescription, GroupKind, InputRole, IoDescription, QuantInfo,
+};
 
 /// An unquantised input or output: `host` is what the host sends or reads, `dev` what the graph
 /// holds.
@@ -19,5 +21,65 @@ pub fn io(
         host_dtype: host,
         device_dtype: dev,
         quant: QuantInfo::IDENTITY,
+    }
+}
+
+/// A stateful graph as the host drives it: embedding rows, their positions and an fp16 mask of
+/// `ctx` columns in, the last row's logits out, the same cache edges in every group.
+pub struct StatefulGraph<'a> {
+    pub model: &'a str,
+    pub hidden: usize,
+    pub ctx: usize,
+    pub vocab: usize,
+    /// Input names: embedding rows, position ids, mask.
+    pub names: [&'a str; 3],
+    /// What the graph holds for the embedding rows and for the logits (the host sends and
+    /// reads f32).
+    pub embeddings_dtype: DType,
+    pub logits_dtype: DType,
+    pub edges: &'a [CacheEdgeDescription],
+}
+
+impl StatefulGraph<'_> {
+    /// The group of `rows` query rows.
+    pub fn group(&self, kind: GroupKind, rows: usize) -> GroupDescription {
+        let [embeddings, positions, mask] = self.names;
+        GroupDescription {
+            name: format!("{}__q{rows}", self.model),
+            kind,
+            rows,
+            inputs: vec![
+                io(
+                    embeddings,
+                    Some(InputRole::Embeddings),
+                    [1, rows, self.hidden],
+                    DType::F32,
+                    self.embeddings_dtype,
+                ),
+                io(
+                    positions,
+                    Some(InputRole::PositionIds),
+                    [1, 1, rows],
+                    DType::F32,
+                    DType::F32,
+                ),
+                io(
+                    mask,
+                    Some(InputRole::AttentionMask),
+                    [1, rows, self.ctx],
+                    DType::F16,
+                    DType::F16,
+                ),
+            ],
+            outputs: vec![io(
+                "logits",
+                None,
+                [1, 1, self.vocab],
+                DType::F32,
+                self.logits_dtype,
+            )],
+            cache_edges: self.edges.to_vec(),
+            taps: Vec::new(),
+        }
     }
 }

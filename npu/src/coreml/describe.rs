@@ -3,12 +3,12 @@
 
 use kvprobe_reference::ModelConfig;
 use kvprobe_schema::{
-    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupDescription,
-    GroupKind, InputRole, ModelShape, QuantInfo, RuntimeKind,
+    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupKind,
+    ModelShape, QuantInfo, RuntimeKind,
 };
 
 use super::{CAUSAL_MASK, EMBEDDINGS, POSITION_IDS};
-use crate::contract::describe::io;
+use crate::contract::describe::StatefulGraph;
 
 pub(super) fn description(
     name: String,
@@ -37,44 +37,20 @@ pub(super) fn description(
             })
         })
         .collect();
-    let group = |kind: GroupKind, rows: usize| GroupDescription {
-        name: format!("{name}__q{rows}"),
-        kind,
-        rows,
-        inputs: vec![
-            io(
-                EMBEDDINGS,
-                Some(InputRole::Embeddings),
-                [1, rows, cfg.hidden_size],
-                DType::F32,
-                DType::F16,
-            ),
-            io(
-                POSITION_IDS,
-                Some(InputRole::PositionIds),
-                [1, 1, rows],
-                DType::F32,
-                DType::F32,
-            ),
-            io(
-                CAUSAL_MASK,
-                Some(InputRole::AttentionMask),
-                [1, rows, ctx],
-                DType::F16,
-                DType::F16,
-            ),
-        ],
-        outputs: vec![io(
-            "logits",
-            None,
-            [1, 1, cfg.vocab_size],
-            DType::F32,
-            DType::F16,
-        )],
-        cache_edges: edges.clone(),
-        taps: Vec::new(),
+    let graph = StatefulGraph {
+        model: &name,
+        hidden: cfg.hidden_size,
+        ctx,
+        vocab: cfg.vocab_size,
+        names: [EMBEDDINGS, POSITION_IDS, CAUSAL_MASK],
+        embeddings_dtype: DType::F16,
+        logits_dtype: DType::F16,
+        edges: &edges,
     };
-    let groups = vec![group(GroupKind::Prefill, qmax), group(GroupKind::Tbt, 1)];
+    let groups = vec![
+        graph.group(GroupKind::Prefill, qmax),
+        graph.group(GroupKind::Tbt, 1),
+    ];
     DeviceDescription {
         backend: "ane-emulator".into(),
         runtime: RuntimeKind::Stateful,

@@ -3,14 +3,14 @@
 //! K/V per layer as cache edges (uint8 with its scale for a quantised windowed cache).
 
 use kvprobe_schema::{
-    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupDescription,
-    GroupKind, InputRole, ModelShape, QuantInfo, RuntimeKind,
+    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupKind,
+    ModelShape, QuantInfo, RuntimeKind,
 };
 
 use super::config::GenaiConfig;
 use super::wcache::{WindowCache, ZERO_POINT};
 use super::FAMILY;
-use crate::contract::describe::io;
+use crate::contract::describe::StatefulGraph;
 
 /// Names of the driver-side inputs in the description. The embeddings row input carries the
 /// rows the generic driver reads from the reference's table; the device turns them back into
@@ -28,45 +28,21 @@ pub(super) fn description(
     u16_runner: bool,
 ) -> DeviceDescription {
     let edges = cache_edges(cfg, ctx, win, u16_runner);
-    let group = |kind: GroupKind, rows: usize| GroupDescription {
-        name: format!("{name}__q{rows}"),
-        kind,
-        rows,
-        inputs: vec![
-            io(
-                ROWS,
-                Some(InputRole::Embeddings),
-                [1, rows, cfg.hidden_size],
-                DType::F32,
-                DType::F32,
-            ),
-            io(
-                POSITIONS,
-                Some(InputRole::PositionIds),
-                [1, 1, rows],
-                DType::F32,
-                DType::F32,
-            ),
-            io(
-                MASK,
-                Some(InputRole::AttentionMask),
-                [1, rows, ctx],
-                DType::F16,
-                DType::F16,
-            ),
-        ],
-        outputs: vec![io(
-            "logits",
-            None,
-            [1, 1, cfg.vocab_size],
-            DType::F32,
-            DType::F32,
-        )],
-        cache_edges: edges.clone(),
-        taps: Vec::new(),
+    let graph = StatefulGraph {
+        model: &name,
+        hidden: cfg.hidden_size,
+        ctx,
+        vocab: cfg.vocab_size,
+        names: [ROWS, POSITIONS, MASK],
+        embeddings_dtype: DType::F32,
+        logits_dtype: DType::F32,
+        edges: &edges,
     };
     // GenAI's default decoder runs the whole prompt in one run: one prefill group of ctx − 1 rows
-    let groups = vec![group(GroupKind::Prefill, ctx - 1), group(GroupKind::Tbt, 1)];
+    let groups = vec![
+        graph.group(GroupKind::Prefill, ctx - 1),
+        graph.group(GroupKind::Tbt, 1),
+    ];
     DeviceDescription {
         backend: FAMILY.name.into(),
         runtime: RuntimeKind::HostCache,
