@@ -43,6 +43,26 @@ impl<'a> FaultText<'a> {
             detail: detail.into(),
         }
     }
+
+    /// Refuses a scope: the fault applies to every layer.
+    pub fn unscoped(&self) -> Result<()> {
+        match self.scope {
+            Some(s) => Err(Error::FaultScope {
+                fault: self.name.to_string(),
+                scope: s.to_string(),
+                allowed: "no scope (the fault applies to every layer)".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses a value and a scope: the fault is its name alone.
+    pub fn bare(&self) -> Result<()> {
+        if let Some(v) = self.value {
+            return Err(self.bad(format!("takes no value (got `{v}`); write `{}`", self.name)));
+        }
+        self.unscoped()
+    }
 }
 
 /// More faults than any table has rows times scopes: a longer list is a damaged manifest, and

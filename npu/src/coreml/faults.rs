@@ -162,9 +162,8 @@ pub const DEFAULT_OVERFLOW_GAIN: f64 = 8192.0;
 /// One `--fault` argument. A fault of another family is `UnknownFault` here; the device table
 /// (`families`) names the family it belongs to.
 pub fn parse(text: &str) -> Result<AneFault> {
-    let FaultText {
-        name, value, scope, ..
-    } = FaultText::split(text);
+    let ft = FaultText::split(text);
+    let (name, value) = (ft.name, ft.value);
     let fault = match name {
         "ane-write-offset" => AneFault::WriteOffset,
         "ane-state-layout" => AneFault::StateLayout,
@@ -180,20 +179,11 @@ pub fn parse(text: &str) -> Result<AneFault> {
                 Some(v) => match v.parse::<f64>() {
                     Ok(g) if g.is_finite() && g >= 1.0 => g,
                     _ => {
-                        return Err(Error::BadFault {
-                            fault: text.to_string(),
-                            detail: format!("`{v}` is not a gain of at least 1, e.g. =256"),
-                        })
+                        return Err(ft.bad(format!("`{v}` is not a gain of at least 1, e.g. =256")))
                     }
                 },
             };
-            if let Some(s) = scope {
-                return Err(Error::FaultScope {
-                    fault: name.to_string(),
-                    scope: s.to_string(),
-                    allowed: "no scope (the fault applies to every layer)".into(),
-                });
-            }
+            ft.unscoped()?;
             return Ok(if name == "ane-norm-fp16" {
                 AneFault::NormFp16(gain)
             } else {
@@ -204,20 +194,9 @@ pub fn parse(text: &str) -> Result<AneFault> {
         "ane-state-wrap" | "ane-query-truncate" => {
             let n = match value.map(str::parse::<usize>) {
                 Some(Ok(n)) if n > 0 => n,
-                _ => {
-                    return Err(Error::BadFault {
-                        fault: text.to_string(),
-                        detail: "needs a positive number of positions, e.g. =96".into(),
-                    })
-                }
+                _ => return Err(ft.bad("needs a positive number of positions, e.g. =96")),
             };
-            if let Some(s) = scope {
-                return Err(Error::FaultScope {
-                    fault: name.to_string(),
-                    scope: s.to_string(),
-                    allowed: "no scope (the fault applies to every layer)".into(),
-                });
-            }
+            ft.unscoped()?;
             return Ok(if name == "ane-state-wrap" {
                 AneFault::StateWrap(n)
             } else {
@@ -233,19 +212,7 @@ pub fn parse(text: &str) -> Result<AneFault> {
             })
         }
     };
-    if let Some(v) = value {
-        return Err(Error::BadFault {
-            fault: text.to_string(),
-            detail: format!("takes no value (got `{v}`); write `{name}`"),
-        });
-    }
-    if let Some(s) = scope {
-        return Err(Error::FaultScope {
-            fault: name.to_string(),
-            scope: s.to_string(),
-            allowed: "no scope (the fault applies to every layer)".into(),
-        });
-    }
+    ft.bare()?;
     Ok(fault)
 }
 

@@ -77,9 +77,8 @@ pub enum WinFault {
 
 /// One `--fault` argument. A fault of another family is `UnknownFault` here.
 pub fn parse(text: &str) -> Result<WinFault> {
-    let FaultText {
-        name, value, scope, ..
-    } = FaultText::split(text);
+    let ft = FaultText::split(text);
+    let name = ft.name;
     let fault = match name {
         "win-mask-all-valid" => WinFault::MaskAllValid,
         "win-position-stall" => WinFault::PositionStall,
@@ -94,19 +93,7 @@ pub fn parse(text: &str) -> Result<WinFault> {
             })
         }
     };
-    if let Some(v) = value {
-        return Err(Error::BadFault {
-            fault: text.to_string(),
-            detail: format!("takes no value (got `{v}`); write `{name}`"),
-        });
-    }
-    if let Some(s) = scope {
-        return Err(Error::FaultScope {
-            fault: name.to_string(),
-            scope: s.to_string(),
-            allowed: "no scope (the fault applies to every layer)".into(),
-        });
-    }
+    ft.bare()?;
     Ok(fault)
 }
 
