@@ -248,6 +248,7 @@ fn load_weights(
     });
     let dequantise_now = f32_bytes.is_some_and(|b| b <= dequantise_max);
     let mut weights = StoredWeights::new();
+    let mut pending = Vec::with_capacity(names.len());
     for gguf_name in names {
         let hf = match hf_name(gguf_name) {
             Some(hf) => hf,
@@ -300,26 +301,16 @@ fn load_weights(
             start: start as usize,
             len: len as usize,
         };
-        let mut w = match dtype {
-            GgmlDType::F32 => Weight::raw(bytes, Kind::F32, dims),
-            GgmlDType::F16 => Weight::raw(bytes, Kind::F16, dims),
-            GgmlDType::BF16 => Weight::raw(bytes, Kind::Bf16, dims),
-            q if dequantise_now => {
-                let mut raw = vec![0u8; len as usize];
-                std::os::unix::fs::FileExt::read_exact_at(src.file, &mut raw, start).map_err(
-                    |source| Error::Io {
-                        path: path.to_path_buf(),
-                        source,
-                    },
-                )?;
-                Weight::raw(Bytes::Owned(Arc::new(raw)), Kind::Quant(q), dims)
-                    .to_tensor()
-                    .and_then(Weight::from_tensor)
-                    .map_err(|e| {
-                        bad_tensor_msg(path, gguf_name, format!("could not be read ({e})"))
-                    })?
-            }
-            q => Weight::raw(bytes, Kind::Quant(q), dims),
+        let (w, read_at) = match dtype {
+            GgmlDType::F32 => (Weight::raw(bytes, Kind::F32, dims), None),
+            GgmlDType::F16 => (Weight::raw(bytes, Kind::F16, dims), None),
+            GgmlDType::BF16 => (Weight::raw(bytes, Kind::Bf16, dims), None),
+            // read and dequantised below, on every core
+            q if dequantise_now => (
+                Weight::raw(bytes, Kind::Quant(q), dims),
+                Some((start, len as usize)),
+            ),
+            q => (Weight::raw(bytes, Kind::Quant(q), dims), None),
         };
         if hf == ROPE_FREQS {
             let t = w.to_tensor()?;
@@ -335,13 +326,68 @@ fn load_weights(
         } else {
             None
         };
-        if let Some(heads) = heads {
-            w = unpermute(&w, heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
-        }
+        pending.push(Pending {
+            hf,
+            gguf_name,
+            w,
+            read_at,
+            heads,
+        });
+    }
+    // Dequantising a small model at load is most of its load time; each tensor is independent
+    // (and the values do not depend on the order), so the tensors go to every core.
+    let done: Vec<(String, Weight)> = {
+        use rayon::prelude::*;
+        pending
+            .into_par_iter()
+            .map(|p| p.finish(src.file, path))
+            .collect::<Result<_>>()?
+    };
+    for (hf, w) in done {
         weights.insert(hf, w);
     }
     check_complete(&weights, config, path)?;
     Ok(weights)
+}
+
+/// A tensor found in the header, still to be dequantised (when `read_at` is set: its offset
+/// and length in the file) and unpermuted (llama's Q and K, `heads` heads).
+struct Pending<'n> {
+    hf: String,
+    gguf_name: &'n str,
+    w: Weight,
+    read_at: Option<(u64, usize)>,
+    heads: Option<usize>,
+}
+
+impl Pending<'_> {
+    fn finish(self, file: &File, path: &Path) -> Result<(String, Weight)> {
+        let Pending {
+            hf,
+            gguf_name,
+            mut w,
+            read_at,
+            heads,
+        } = self;
+        if let (Some((start, len)), Some(kind)) = (read_at, w.kind()) {
+            // a copy read from the file: mapped pages would stay resident beside the f32 copy
+            let mut raw = vec![0u8; len];
+            std::os::unix::fs::FileExt::read_exact_at(file, &mut raw, start).map_err(|source| {
+                Error::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
+            w = Weight::raw(Bytes::Owned(Arc::new(raw)), kind, w.dims().to_vec())
+                .to_tensor()
+                .and_then(Weight::from_tensor)
+                .map_err(|e| bad_tensor_msg(path, gguf_name, format!("could not be read ({e})")))?;
+        }
+        if let Some(heads) = heads {
+            w = unpermute(&w, heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
+        }
+        Ok((hf, w))
+    }
 }
 
 /// [`unpermute_rows`] on a stored weight: a matrix's rows are reordered as stored bytes (blocks
