@@ -266,9 +266,33 @@ impl Weight {
 pub struct EmbeddingRows(pub(crate) Weight);
 
 impl EmbeddingRows {
+    /// A table held as f32 values, `features` per row (a host table built outside a model).
+    pub fn from_f32(values: Vec<f32>, features: usize) -> Result<EmbeddingRows> {
+        if features == 0 || !values.len().is_multiple_of(features) {
+            return Err(crate::Error::InvalidInput(format!(
+                "embedding table of {} values is not whole rows of {features}",
+                values.len()
+            )));
+        }
+        let rows = values.len() / features;
+        let t = Tensor::from_vec(values, (rows, features), &Device::Cpu)?;
+        Ok(EmbeddingRows(Weight::from_tensor(t)?))
+    }
+
     /// `(rows, features)`.
     pub fn dims(&self) -> (usize, usize) {
         (self.0.rows(), self.0.cols())
+    }
+
+    /// Rows `r0..r1` as f32 into `out` (resized to `(r1 - r0) × features`).
+    pub fn rows_into(&self, r0: usize, r1: usize, out: &mut Vec<f32>) -> Result<()> {
+        let (rows, f) = self.dims();
+        if r0 > r1 || r1 > rows {
+            return Err(crate::Error::InvalidInput(format!(
+                "embedding rows {r0}..{r1} of a {rows} × {f} table"
+            )));
+        }
+        self.0.rows_into(r0, r1, out)
     }
 
     /// Row `id` as f32 into `out` (`features` values).

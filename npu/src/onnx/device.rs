@@ -74,8 +74,7 @@ impl OnnxDevice {
             None if silent => 2 * cfg.max_length,
             None => cfg.max_length.min(128),
         };
-        let (rows, hidden) = model.embedding_dims();
-        let lookup = host::TokenLookup::new(model.embedding_rows(0, rows)?, hidden)?;
+        let lookup = host::TokenLookup::new(model.embedding_source())?;
         let rt = super::runtime::Runtime::open(&opts.dir, &cfg, opts)?;
         // after the graph's own check, so a config that disagrees with its graph is named as such
         check_pairing(&cfg, model)?;

@@ -9,6 +9,8 @@
 
 use std::collections::HashMap;
 
+use kvprobe_reference::EmbeddingRows;
+
 use crate::{Error, Result};
 
 /// `attention_mask` of a batch-1 request: `[1, total]`, all ones, rebuilt every run (G:pos
@@ -99,7 +101,8 @@ pub fn rows_from_additive(bits: &[u16], q: usize) -> Result<Vec<Vec<bool>>> {
 pub struct TokenLookup {
     hidden: usize,
     by_hash: HashMap<u64, u32>,
-    table: Vec<f32>,
+    /// The reference's own table (a shared handle, no copy): a hash hit is checked against it.
+    table: EmbeddingRows,
 }
 
 fn row_hash(row: &[f32]) -> u64 {
@@ -109,17 +112,26 @@ fn row_hash(row: &[f32]) -> u64 {
     })
 }
 
+/// Rows hashed per read of the table: a block's f32 copy stays small (a 151936 × 1536 table
+/// would otherwise take 0.9 GB for the moment of the build).
+const HASH_BLOCK_ROWS: usize = 1024;
+
 impl TokenLookup {
-    pub fn new(table: Vec<f32>, hidden: usize) -> Result<TokenLookup> {
-        if hidden == 0 || !table.len().is_multiple_of(hidden) {
-            return Err(Error::InvalidArgument(format!(
-                "embedding table of {} values is not whole rows of {hidden}",
-                table.len()
-            )));
+    pub fn new(table: EmbeddingRows) -> Result<TokenLookup> {
+        let (rows, hidden) = table.dims();
+        if hidden == 0 {
+            return Err(Error::InvalidArgument(
+                "embedding table with rows of no values".into(),
+            ));
         }
-        let mut by_hash = HashMap::with_capacity(table.len() / hidden);
-        for (id, row) in table.chunks_exact(hidden).enumerate() {
-            by_hash.entry(row_hash(row)).or_insert(id as u32);
+        let mut by_hash = HashMap::with_capacity(rows);
+        let mut block = Vec::new();
+        for r0 in (0..rows).step_by(HASH_BLOCK_ROWS) {
+            let r1 = (r0 + HASH_BLOCK_ROWS).min(rows);
+            table.rows_into(r0, r1, &mut block)?;
+            for (i, row) in block.chunks_exact(hidden).enumerate() {
+                by_hash.entry(row_hash(row)).or_insert((r0 + i) as u32);
+            }
         }
         Ok(TokenLookup {
             hidden,
@@ -141,23 +153,21 @@ impl TokenLookup {
                 self.hidden
             )));
         }
+        let mut known = vec![0f32; self.hidden];
         rows.chunks_exact(self.hidden)
             .enumerate()
             .map(|(i, row)| {
-                let id = self.by_hash.get(&row_hash(row)).copied();
-                match id {
-                    Some(id) if self.row(id) == row => Ok(id),
-                    _ => Err(Error::InvalidArgument(format!(
-                        "embedding row {i} is no row of the model's table; a GenAI decoder takes token ids only"
-                    ))),
+                if let Some(&id) = self.by_hash.get(&row_hash(row)) {
+                    self.table.row_into(id as usize, &mut known)?;
+                    if known.as_slice() == row {
+                        return Ok(id);
+                    }
                 }
+                Err(Error::InvalidArgument(format!(
+                    "embedding row {i} is no row of the model's table; a GenAI decoder takes token ids only"
+                )))
             })
             .collect()
-    }
-
-    fn row(&self, id: u32) -> &[f32] {
-        let o = id as usize * self.hidden;
-        &self.table[o..o + self.hidden]
     }
 }
 
@@ -206,7 +216,7 @@ mod tests {
     #[test]
     fn rows_map_back_to_ids_and_strangers_are_refused() {
         let table: Vec<f32> = vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 0.5, -0.0];
-        let l = TokenLookup::new(table, 2).unwrap();
+        let l = TokenLookup::new(EmbeddingRows::from_f32(table, 2).unwrap()).unwrap();
         // row 2 equals row 0: the first id wins; -0.0 is not 0.0 bit for bit
         assert_eq!(
             l.ids(&[3.0, 4.0, 1.0, 2.0, 0.5, -0.0]).unwrap(),
