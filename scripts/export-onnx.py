@@ -338,7 +338,9 @@ def main():
     elif a.kv_dtype != "float32":
         sys.exit("export-onnx.py: --kv-dtype uint8 is for convention (b) (--window)")
     model, D = build(cfg, w, inv, max_len, a.window, scales)
-    tmp = a.out_dir.rstrip("/") + ".part"
+    # a writer's own staging folder (two exports to one folder must not share it), renamed into
+    # place whole so a reader never sees half a folder
+    tmp = f"{a.out_dir.rstrip('/')}.part-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     onnx.save_model(model, os.path.join(tmp, "model.onnx"), save_as_external_data=True,

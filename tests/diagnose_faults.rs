@@ -209,6 +209,17 @@ fn near_limit_variants_on_the_llama_fixture() {
     if verdict(&v) != "mask-convention" {
         failures.push(format!("mask=left-valid (full window): {}", verdict(&v)));
     }
+    // F4 in the prefill graph alone (a known limit before the prefill per-head control): the
+    // tbt steps read a healthy mask, so only the prefill chunk's control can name it
+    for g in [&geo[..], &wrap[..]] {
+        let v = run("mask=repeat@prefill", g);
+        let ev = v["evidence"].to_string();
+        if verdict(&v) != "mask-convention"
+            || !ev.contains("prefill graph applies one head's mask row")
+        {
+            failures.push(format!("mask=repeat@prefill: {} ({ev})", verdict(&v)));
+        }
+    }
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

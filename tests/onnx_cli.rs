@@ -8,25 +8,11 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `scripts/export-onnx.py HF OUT [extra]`; fails the test with the script's message.
-fn export(hf: &Path, out: &Path, extra: &[&str]) {
-    let o = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/export-onnx.py"))
-        .arg(hf)
-        .arg(out)
-        .args(extra)
-        .output()
-        .expect("python3");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
 /// The Llama fixture of `seed` exported as a GenAI folder (once per target dir).
 fn genai_fixture(seed: u64) -> (PathBuf, PathBuf) {
     let hf = fixture("llama", seed);
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("onnx-genai-llama-{seed}"));
-    if !out.join("genai_config.json").is_file() {
-        export(&hf, &out, &[]);
-    }
+    exported_once(&out, || export_onnx(&hf, &out, &[]));
     (hf, out)
 }
 
@@ -34,12 +20,12 @@ fn genai_fixture(seed: u64) -> (PathBuf, PathBuf) {
 /// here the same way when absent: the reference's f32 weights, then export-onnx.py).
 fn smollm2_genai(gguf: &Path) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/onnx/smollm2-135m-genai");
-    if !dir.join("genai_config.json").is_file() {
+    exported_once(&dir, || {
         let model = kvprobe_reference::Model::load(gguf).expect("SmolLM2");
         let hf = tempfile::tempdir().unwrap();
         kvprobe_npu::onnx::export::write_hf_folder(&model, hf.path()).expect("weights");
-        export(hf.path(), &dir, &["--max-length", "2048"]);
-    }
+        export_onnx(hf.path(), &dir, &["--max-length", "2048"]);
+    });
     dir
 }
 

@@ -10,24 +10,11 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn export(hf: &Path, out: &Path, extra: &[&str]) {
-    let o = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/export-onnx.py"))
-        .arg(hf)
-        .arg(out)
-        .args(extra)
-        .output()
-        .expect("python3");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
 /// The Llama fixture of `seed` exported under `name` with `extra` (once per target dir).
 fn exported(seed: u64, name: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
     let hf = fixture("llama", seed);
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("onnx-{name}-{seed}"));
-    if !out.join("genai_config.json").is_file() {
-        export(&hf, &out, extra);
-    }
+    exported_once(&out, || export_onnx(&hf, &out, extra));
     (hf, out)
 }
 
@@ -42,17 +29,17 @@ fn smollm2_windowed(gguf: &Path, u8: bool) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join(".cache/onnx")
         .join(name);
-    if !dir.join("genai_config.json").is_file() {
+    exported_once(&dir, || {
         let model = kvprobe_reference::Model::load(gguf).expect("SmolLM2");
         let hf = tempfile::tempdir().unwrap();
         kvprobe_npu::onnx::export::write_hf_folder(&model, hf.path()).expect("weights");
         let dtype = if u8 { "uint8" } else { "float32" };
-        export(
+        export_onnx(
             hf.path(),
             &dir,
             &["--window", "16", "--max-length", "128", "--kv-dtype", dtype],
         );
-    }
+    });
     dir
 }
 

@@ -68,6 +68,21 @@ pub fn encode_tiled(
     }
 }
 
+/// Encode a `[T][KV]` pattern per head (`heads` of them) as the `[T][NH][KV]` buffer.
+pub fn encode_heads(per_head: &[Vec<bool>], rows: usize, keys: usize, m1: u8, out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(rows * per_head.len() * keys);
+    for r in 0..rows {
+        for h in per_head {
+            out.extend(
+                h[r * keys..(r + 1) * keys]
+                    .iter()
+                    .map(|&a| if a { m1 } else { 0 }),
+            );
+        }
+    }
+}
+
 /// Encode per-head single-row patterns (`heads` bitmaps of `KV`, or one broadcast) for `T = 1`.
 pub fn encode_per_head(
     bitmaps: &[Vec<bool>],

@@ -6,6 +6,12 @@
 //! compared with a reference computed with exactly those per-head masks. A graph that uses one
 //! head's row for all heads (F4, mask repeated instead of tiled) returns the same logits as the
 //! plain ring mask: `other_heads_ignored_cosine` ≈ 1.
+//!
+//! The same per-head control runs on one prefill chunk (the prompt's first `P` tokens, head 0
+//! causal, heads ≥ 1 self-only): a prefill graph that repeats one head's row ignores the change
+//! (`prefill_other_heads_ignored_cosine` ≈ 1) while the reference moves
+//! (`prefill_per_head_reference_cosine`), which tells F4 confined to the prefill graph from any
+//! other prefill graph fault.
 
 use kvprobe_npu::mask::{left_valid_row, ring_rows};
 use kvprobe_npu::MaskMode;
@@ -37,7 +43,10 @@ pub fn run(s: &mut Session) -> Result<MaskconvFinding> {
     let l = g.cache_len;
     let usage = g.prompt_len + 1;
     let nh = s.model.config().n_heads;
-    s.progress.phase("maskconv", 7);
+    s.progress.phase("maskconv", 9);
+    // before `first_step`, which prefills the prompt again after this trial
+    let prefill_control = prefill_per_head(s)?;
+    s.progress.inc(2);
     let first = s.first_step()?;
     s.progress.inc(1);
     let q = first.query;
@@ -108,7 +117,71 @@ pub fn run(s: &mut Session) -> Result<MaskconvFinding> {
         variants,
         other_heads_ignored_cosine,
         best,
+        prefill_other_heads_ignored_cosine: prefill_control.map(|c| c.0),
+        prefill_per_head_reference_cosine: prefill_control.map(|c| c.1),
     })
+}
+
+/// The per-head control on one prefill chunk: `(device per-head vs device plain, reference
+/// per-head vs reference plain)` cosines of the chunk's last row. None where it cannot tell
+/// anything: a stateful device (no `[T][NH][KV]` mask input), one head, or a 1-token prefix
+/// (self-only is then the causal row).
+fn prefill_per_head(s: &mut Session) -> Result<Option<(f64, f64)>> {
+    let nh = s.model.config().n_heads;
+    let g = s.geometry();
+    let n = s.ids.len().min(g.prefill_len);
+    if !s.driver.capabilities().ring_offset || nh < 2 || n < 2 {
+        return Ok(None);
+    }
+    let prefix: Vec<u32> = s.ids[..n].to_vec();
+    let (p, l) = (g.prefill_len, g.cache_len);
+    let causal = ring_rows(p, l, n);
+    let mut own = causal.clone();
+    // real row i of the chunk (after p − n pad rows) keeps only its own column
+    for i in 0..n {
+        let row = &mut own[(p - n + i) * l..(p - n + i + 1) * l];
+        row.fill(false);
+        row[l - n + i] = true;
+    }
+    let mut per_head = vec![own; nh];
+    per_head[0] = causal;
+    let plain = s.prefill(&prefix)?.logits;
+    let dev = &mut *s.dev;
+    let varied = s
+        .driver
+        .prefill_chunk_masked(dev, &prefix, &per_head)?
+        .logits;
+    let mut mask = vec![false; n * nh * n];
+    let mut causal_ref = vec![false; n * nh * n];
+    for i in 0..n {
+        for h in 0..nh {
+            let at = (i * nh + h) * n;
+            causal_ref[at..at + i + 1].fill(true);
+            if h == 0 {
+                mask[at..at + i + 1].fill(true);
+            } else {
+                mask[at + i] = true;
+            }
+        }
+    }
+    let reference = |mask: Vec<bool>| -> Result<Vec<f32>> {
+        Ok(s.model
+            .run_graph(&GraphInput {
+                hidden: s.model.embed(&prefix)?,
+                positions: PositionInput::Ids((0..n).map(|i| i as f32).collect()),
+                past: Vec::new(),
+                mask,
+                graph: GraphOptions::default(),
+                last_only: true,
+            })?
+            .logits)
+    };
+    let ref_varied = reference(mask)?;
+    let ref_plain = reference(causal_ref)?;
+    Ok(Some((
+        cosine(&varied, &plain),
+        cosine(&ref_varied, &ref_plain),
+    )))
 }
 
 /// Reference of the first tbt step where head 0 sees every prompt key and the other heads only

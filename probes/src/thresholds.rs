@@ -50,6 +50,9 @@ pub const THETA_REPAIR_RATIO: f64 = 10.0;
 /// Outputs this close (cosine) are the same run (mask rows ignored by the graph). Device runs
 /// are deterministic, so an ignored input gives exactly the same logits.
 pub const IDENTICAL_COSINE: f64 = 0.999_999;
+/// A per-head mask variant is a control only where it moves the reference: its output below
+/// this cosine to the plain mask's (a thousand times the `IDENTICAL_COSINE` distance).
+pub const VARIANT_MOVES_COSINE: f64 = 0.999;
 /// Relative scale difference between cache writer and reader that counts as a mismatch.
 pub const QUANT_SCALE_TOLERANCE: f64 = 1e-3;
 /// Layout probe: Pearson correlation of decoded entries with the reference K/V for a clean match;

@@ -1,16 +1,60 @@
-//! The Llama-family weights as plain tensors, for devices that run their own graph (the fp16
-//! stateful emulator of issue 9) instead of [`Model::run_graph`].
+//! The Llama-family weights for devices that run their own graph (the fp16 stateful emulator of
+//! issue 9) instead of [`Model::run_graph`]. The linear weights and the embedding table are the
+//! model's own stored weights, shared (issue 21: an emulator never holds a second copy); norms
+//! and biases are small f32 tensors.
 
 use candle_core::Tensor;
 
 use crate::blocks::{Linear, Mlp, Norm, Qkv};
-use crate::{Family, Model, Result};
+use crate::store::{EmbeddingRows, Weight};
+use crate::{matmul, Family, Model, Result};
 
-/// `y = x Wᵀ + b` with `w` in `[out, in]` (nn.Linear) order.
+/// `y = x Wᵀ + b` with `W` in `[out, in]` (nn.Linear) order, `W` as the checkpoint stores it.
 #[derive(Debug, Clone)]
 pub struct LinearExport {
-    pub w: Tensor,
+    w: Weight,
     pub b: Option<Tensor>,
+}
+
+/// What a device does to each weight value before its product (fp16 rounding on the ANE),
+/// applied to f32 rows a tile at a time.
+pub type ValueMap<'a> = dyn Fn(&mut [f32]) + Sync + 'a;
+
+impl LinearExport {
+    /// `(out, in)`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.w.rows(), self.w.cols())
+    }
+
+    /// The whole weight as an f32 `[out, in]` tensor (a copy: for writers of weight files).
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        self.w.to_tensor()
+    }
+
+    /// The largest |w| (NaN ignored), read a tile of rows at a time.
+    pub fn max_abs(&self) -> Result<f32> {
+        let (rows, cols) = self.dims();
+        let tile = ((1 << 18) / cols.max(1)).max(1);
+        let mut buf = Vec::new();
+        let mut m = 0f32;
+        for r0 in (0..rows).step_by(tile) {
+            self.w.rows_into(r0, (r0 + tile).min(rows), &mut buf)?;
+            m = buf.iter().fold(m, |m, v| m.max(v.abs()));
+        }
+        Ok(m)
+    }
+
+    /// `x Wᵀ` (no bias) for `rows` rows of `in` values, each tile of `W` converted to f32 and
+    /// passed through `map` before its product; sums in f32.
+    pub fn product_mapped(&self, x: &[f32], rows: usize, map: &ValueMap<'_>) -> Result<Vec<f32>> {
+        let (out, inp) = self.dims();
+        let fill = |r0: usize, r1: usize, buf: &mut Vec<f32>| -> Result<()> {
+            self.w.rows_into(r0, r1, buf)?;
+            map(buf);
+            Ok(())
+        };
+        matmul::tiled_transposed(x, rows, inp, out, &fill)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -30,11 +74,11 @@ pub struct LayerExport {
     pub down: LinearExport,
 }
 
-/// A Llama-family model's weights (f32, as loaded) and the numbers its forward needs.
+/// A Llama-family model's weights (shared with the model) and the numbers its forward needs.
 #[derive(Debug, Clone)]
 pub struct LlamaExport {
     /// `[vocab, hidden]`.
-    pub embed: Tensor,
+    pub embed: EmbeddingRows,
     pub layers: Vec<LayerExport>,
     pub final_norm: Tensor,
     pub lm_head: LinearExport,
@@ -44,8 +88,13 @@ pub struct LlamaExport {
 }
 
 fn linear(l: &Linear) -> Result<LinearExport> {
-    let w = l.w.to_tensor()?;
-    let w = if l.in_out { w.t()?.contiguous()? } else { w };
+    let w = if l.in_out {
+        // a Conv1D `[in, out]` weight in a Llama-family model (no loader makes one): the only
+        // case that copies, since its rows are not the output channels
+        Weight::from_tensor(l.w.to_tensor()?.t()?.contiguous()?)?
+    } else {
+        l.w.clone()
+    };
     Ok(LinearExport { w, b: l.b.clone() })
 }
 
@@ -95,7 +144,7 @@ impl Model {
             return Ok(None);
         };
         Ok(Some(LlamaExport {
-            embed: self.embed.to_tensor()?,
+            embed: EmbeddingRows(self.embed.clone()),
             layers,
             final_norm,
             lm_head: linear(&self.lm_head)?,

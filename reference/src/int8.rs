@@ -13,16 +13,26 @@ pub fn fake_quant_per_output(w: &Tensor, in_out: bool) -> Result<Tensor> {
     let idx = |ch: usize, k: usize| if in_out { k * c + ch } else { ch * c + k };
     for ch in 0..channels {
         let amax = (0..per).map(|k| v[idx(ch, k)].abs()).fold(0f32, f32::max);
-        if amax == 0.0 {
+        let scale = scale_of(amax);
+        if scale == 0.0 {
             continue;
         }
-        let scale = amax / 127.0;
         for k in 0..per {
             let i = idx(ch, k);
-            v[i] = (v[i] / scale).round().clamp(-127.0, 127.0) * scale;
+            v[i] = fake_quant_value(v[i], scale);
         }
     }
     Ok(Tensor::from_vec(v, (r, c), w.device())?)
+}
+
+/// The channel's step: `max|w| / 127` (0 for an all-zero channel, left as it is).
+pub(crate) fn scale_of(amax: f32) -> f32 {
+    amax / 127.0
+}
+
+/// One value on the channel's int8 grid.
+pub(crate) fn fake_quant_value(v: f32, scale: f32) -> f32 {
+    (v / scale).round().clamp(-127.0, 127.0) * scale
 }
 
 #[cfg(test)]

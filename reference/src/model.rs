@@ -11,7 +11,7 @@ use crate::graph::{GraphInput, GraphOptions, PositionInput};
 use crate::kv::{KeySet, KvState, LayerKv};
 use crate::store::Weight;
 use crate::weights::{StoredWeights, WeightGetter};
-use crate::{gpt2, hf, int8, llama, mask};
+use crate::{gpt2, hf, llama, mask};
 use crate::{Error, Family, LoadedParts, ModelConfig, Result, StoredParts, TextTokenizer, Weights};
 
 /// Options of a full forward.
@@ -506,23 +506,19 @@ impl Model {
         }
     }
 
-    /// Per-output-channel symmetric int8 fake-quantised copy of every linear weight (sim
-    /// `--sim-weights int8`). Embeddings, norms, biases and a tied lm_head stay f32.
+    /// Per-output-channel symmetric int8 fake-quantised view of every linear weight (sim
+    /// `--sim-weights int8`): the values are computed from this model's stored weights as rows
+    /// are converted, so the view shares them (only the channel scales are new). Embeddings,
+    /// norms, biases and a tied lm_head stay as they are.
     pub fn with_int8_weights(&self) -> Result<Model> {
         let mut m = self.clone();
         for b in &mut m.blocks {
             for lin in b.linears_mut() {
-                lin.w = Weight::from_tensor(int8::fake_quant_per_output(
-                    &lin.w.to_tensor()?,
-                    lin.in_out,
-                )?)?;
+                lin.w = lin.w.int8_view(lin.in_out)?;
             }
         }
         if !m.lm_head_tied {
-            m.lm_head.w = Weight::from_tensor(int8::fake_quant_per_output(
-                &m.lm_head.w.to_tensor()?,
-                m.lm_head.in_out,
-            )?)?;
+            m.lm_head.w = m.lm_head.w.int8_view(m.lm_head.in_out)?;
         }
         Ok(m)
     }

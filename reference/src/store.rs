@@ -63,6 +63,15 @@ enum Repr {
         bytes: Bytes,
         kind: Kind,
     },
+    /// Another weight's values fake-quantised to int8 per output channel when its rows are
+    /// converted (`--sim-weights int8`): the device's values without a copy of the weight.
+    Int8 {
+        base: Box<Weight>,
+        /// `max|w| / 127` per channel (0 for an all-zero channel, which stays as it is).
+        scales: Arc<Vec<f32>>,
+        /// true = channels are columns (Conv1D `[in, out]`), false = rows.
+        per_column: bool,
+    },
 }
 
 /// A weight as stored: `dims` as the forward sees it (`[rows, cols]` for matrices, rows being
@@ -85,6 +94,7 @@ impl fmt::Debug for Weight {
                     "owned"
                 }
             ),
+            Repr::Int8 { base, .. } => format!("int8 of {base:?}"),
         };
         write!(f, "Weight({:?}, {kind})", self.dims)
     }
@@ -133,15 +143,15 @@ impl Weight {
     /// The storage type, None for values already held as f32.
     pub fn kind(&self) -> Option<Kind> {
         match &self.repr {
-            Repr::Tensor(_) => None,
+            Repr::Tensor(_) | Repr::Int8 { .. } => None,
             Repr::Raw { kind, .. } => Some(*kind),
         }
     }
 
-    /// Runs `f` on the stored bytes; None for values held as an f32 tensor.
+    /// Runs `f` on the stored bytes; None for values held as an f32 tensor or derived.
     pub fn raw_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         match &self.repr {
-            Repr::Tensor(_) => None,
+            Repr::Tensor(_) | Repr::Int8 { .. } => None,
             Repr::Raw { bytes, .. } => Some(f(bytes.as_slice())),
         }
     }
@@ -151,6 +161,8 @@ impl Weight {
         match &self.repr {
             Repr::Tensor(t) => 4 * t.elem_count(),
             Repr::Raw { bytes, .. } => bytes.as_slice().len(),
+            // the values are the base's, shared: only the scales are this weight's own
+            Repr::Int8 { scales, .. } => 4 * scales.len(),
         }
     }
 
@@ -168,7 +180,7 @@ impl Weight {
                 (pre.is_empty() && post.is_empty() && cfg!(target_endian = "little"))
                     .then(|| f(vals))
             }
-            Repr::Raw { .. } => None,
+            Repr::Raw { .. } | Repr::Int8 { .. } => None,
         }
     }
 
@@ -181,6 +193,23 @@ impl Weight {
             .with_f32(|v| out.copy_from_slice(&v[r0 * cols..r1 * cols]))
             .is_some()
         {
+            return Ok(());
+        }
+        if let Repr::Int8 {
+            base,
+            scales,
+            per_column,
+        } = &self.repr
+        {
+            base.rows_into(r0, r1, out)?;
+            for (i, row) in out.chunks_exact_mut(cols).enumerate() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    let s = scales[if *per_column { j } else { r0 + i }];
+                    if s != 0.0 {
+                        *v = crate::int8::fake_quant_value(*v, s);
+                    }
+                }
+            }
             return Ok(());
         }
         let Repr::Raw { bytes, kind } = &self.repr else {
@@ -246,6 +275,35 @@ impl Weight {
         Ok(Tensor::from_vec(v, self.dims.clone(), &Device::Cpu)?)
     }
 
+    /// This weight's values fake-quantised to int8 per output channel, computed from these values
+    /// whenever rows are converted: one pass now for the channel scales, no copy of the values.
+    /// `per_column` = channels are columns (Conv1D `[in, out]`).
+    pub fn int8_view(&self, per_column: bool) -> Result<Weight> {
+        let (rows, cols) = (self.rows(), self.cols());
+        let mut amax = vec![0f32; if per_column { cols } else { rows }];
+        let tile = (1 << 18) / cols.max(1);
+        let mut buf = Vec::new();
+        for r0 in (0..rows).step_by(tile.max(1)) {
+            let r1 = (r0 + tile.max(1)).min(rows);
+            self.rows_into(r0, r1, &mut buf)?;
+            for (i, row) in buf.chunks_exact(cols).enumerate() {
+                for (j, v) in row.iter().enumerate() {
+                    let a = &mut amax[if per_column { j } else { r0 + i }];
+                    *a = a.max(v.abs());
+                }
+            }
+        }
+        let scales = amax.into_iter().map(crate::int8::scale_of).collect();
+        Ok(Weight {
+            repr: Repr::Int8 {
+                base: Box::new(self.clone()),
+                scales: Arc::new(scales),
+                per_column,
+            },
+            dims: self.dims.clone(),
+        })
+    }
+
     /// Rows `idx` gathered into a `[idx.len(), cols]` tensor (an embedding lookup).
     pub fn gather_rows(&self, idx: &[u32]) -> Result<Tensor> {
         let cols = self.cols();
@@ -295,6 +353,11 @@ impl EmbeddingRows {
         self.0.rows_into(r0, r1, out)
     }
 
+    /// The whole table as an f32 `[rows, features]` tensor (a copy: for writers of weight files).
+    pub fn to_tensor(&self) -> Result<Tensor> {
+        self.0.to_tensor()
+    }
+
     /// Row `id` as f32 into `out` (`features` values).
     pub fn row_into(&self, id: usize, out: &mut [f32]) -> Result<()> {
         let (rows, f) = self.dims();
@@ -324,6 +387,42 @@ mod tests {
 
     fn owned(bytes: Vec<u8>, kind: Kind, dims: Vec<usize>) -> Weight {
         Weight::raw(Bytes::Owned(Arc::new(bytes)), kind, dims)
+    }
+
+    /// The int8 view converts rows to the values of the whole-matrix fake quantisation (bit for
+    /// bit), for channels as rows and as columns, over f32 and bf16 storage and across tiles
+    /// (the scales of a channel spread over every tile of rows).
+    #[test]
+    fn int8_view_equals_the_whole_matrix_quantisation() {
+        let (rows, cols) = (700, 600);
+        let vals: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 10007) as f32 - 5003.0) * 1e-3 * (1.0 + (i % cols) as f32))
+            .collect();
+        let t = Tensor::from_vec(vals.clone(), (rows, cols), &Device::Cpu).unwrap();
+        let bf: Vec<u8> = vals
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect();
+        let bf_weight = owned(bf, Kind::Bf16, vec![rows, cols]);
+        for w in [Weight::from_tensor(t).unwrap(), bf_weight] {
+            for per_column in [false, true] {
+                let want = crate::int8::fake_quant_per_output(&w.to_tensor().unwrap(), per_column)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                let view = w.int8_view(per_column).unwrap();
+                assert!(
+                    view.with_f32(|_| ()).is_none() && view.stored_bytes() < 4 * rows.max(cols) + 1
+                );
+                let mut got = Vec::new();
+                view.rows_into(0, rows, &mut got).unwrap();
+                assert_eq!(got, want, "{w:?} per_column {per_column}");
+                view.rows_into(333, 335, &mut got).unwrap();
+                assert_eq!(got, want[333 * cols..335 * cols]);
+            }
+        }
     }
 
     /// The fast widening paths give the library's scalar conversion for every bit pattern (NaNs

@@ -425,6 +425,8 @@ fn maskconv(faulty: bool) -> MaskconvFinding {
             .collect(),
         other_heads_ignored_cosine: Some(0.41),
         best: (!faulty).then(|| "ring".to_string()),
+        prefill_other_heads_ignored_cosine: Some(0.38),
+        prefill_per_head_reference_cosine: Some(0.36),
     }
 }
 

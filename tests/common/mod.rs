@@ -142,3 +142,27 @@ pub fn section_rerenders(dir: &Path, id: &str) {
     let again = std::fs::read_to_string(dir.join("report.html")).expect("report.html");
     assert!(again == html, "report.html changed on re-render");
 }
+
+/// `scripts/export-onnx.py HF OUT [extra]`; fails the test with the script's message.
+pub fn export_onnx(hf: &Path, out: &Path, extra: &[&str]) {
+    let o = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/export-onnx.py"))
+        .arg(hf)
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("python3");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Runs `make` to write the GenAI folder `out` unless it already holds a finished export
+/// (its genai_config.json). Tests of one binary run on threads and share these folders: one
+/// writer at a time, and a test that waited finds the folder finished instead of replacing it
+/// under a reader.
+pub fn exported_once(out: &Path, make: impl FnOnce()) {
+    static EXPORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = EXPORTS.lock().unwrap_or_else(|e| e.into_inner());
+    if !out.join("genai_config.json").is_file() {
+        make();
+    }
+}

@@ -13,20 +13,39 @@ use kvprobe_reference::export::{LinearExport, LlamaExport};
 use super::faults::AneFault;
 use crate::Result;
 
+/// A linear layer on the reference's own stored weight (shared, never copied whole): each tile
+/// of it is rounded to fp16 as it is converted, the product of fp16 values sums in f32 and its
+/// output is rounded to fp16 once, as the ANE's kernel does.
 pub(crate) struct Lin {
-    w: Tensor,
+    w: LinearExport,
     b: Option<Tensor>,
+}
+
+/// Every value to the nearest fp16 (±inf past 65504), kept as f32.
+fn round_to_f16(v: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    let mut halves = [half::f16::ZERO; 1024];
+    for c in v.chunks_mut(1024) {
+        let h = &mut halves[..c.len()];
+        h.convert_from_f32_slice(c);
+        h.convert_to_f32_slice(c);
+    }
 }
 
 impl Lin {
     fn new(l: &LinearExport) -> Result<Lin> {
         Ok(Lin {
-            w: l.w.to_dtype(DType::F16)?,
+            w: l.clone(),
             b: l.b.as_ref().map(|b| b.to_dtype(DType::F16)).transpose()?,
         })
     }
+    /// `x Wᵀ + b` for fp16 rows `x` `[q, in]`.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.w.t()?)?;
+        let (q, _) = x.dims2()?;
+        let xs: Vec<f32> = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        let (out, _) = self.w.dims();
+        let y = self.w.product_mapped(&xs, q, &round_to_f16)?;
+        let y = Tensor::from_vec(y, (q, out), &CDevice::Cpu)?.to_dtype(DType::F16)?;
         Ok(match &self.b {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -214,7 +233,7 @@ impl Graph {
             n_heads,
             n_kv_heads,
             head_dim,
-            hidden: e.embed.dim(1)?,
+            hidden: e.embed.dims().1,
         })
     }
 

@@ -179,16 +179,24 @@ fn check_capacity_faults(opts: &AneOptions, faults: &[AneFault]) -> Result<()> {
     Ok(())
 }
 
-/// The first weight with a value fp16 cannot hold (it would become ±inf in the fp16 graph).
+/// The first weight with a value fp16 cannot hold (it would become ±inf in the fp16 graph). The
+/// linear weights and the table are read a tile at a time from the reference's storage.
 fn beyond_fp16(e: &kvprobe_reference::export::LlamaExport) -> Result<Option<String>> {
+    const LIMIT: f32 = 65504.0;
     let too_big = |t: &candle_core::Tensor| -> Result<bool> {
-        Ok(t.abs()?.max_all()?.to_scalar::<f32>()? > 65504.0)
+        Ok(t.abs()?.max_all()?.to_scalar::<f32>()? > LIMIT)
     };
-    let mut all: Vec<(String, &candle_core::Tensor)> = vec![
-        ("embed".into(), &e.embed),
-        ("final_norm".into(), &e.final_norm),
-        ("lm_head".into(), &e.lm_head.w),
-    ];
+    let (rows, cols) = e.embed.dims();
+    let tile = ((1 << 18) / cols.max(1)).max(1);
+    let mut buf = Vec::new();
+    for r0 in (0..rows).step_by(tile) {
+        e.embed.rows_into(r0, (r0 + tile).min(rows), &mut buf)?;
+        if buf.iter().any(|v| v.abs() > LIMIT) {
+            return Ok(Some("embed".into()));
+        }
+    }
+    let mut small: Vec<(String, &candle_core::Tensor)> = vec![("final_norm".into(), &e.final_norm)];
+    let mut linears = vec![("lm_head".to_string(), &e.lm_head)];
     for (i, l) in e.layers.iter().enumerate() {
         for (n, lin) in [
             ("q", &l.q),
@@ -199,15 +207,20 @@ fn beyond_fp16(e: &kvprobe_reference::export::LlamaExport) -> Result<Option<Stri
             ("up", &l.up),
             ("down", &l.down),
         ] {
-            all.push((format!("layer {i} {n}"), &lin.w));
+            linears.push((format!("layer {i} {n}"), lin));
             if let Some(b) = &lin.b {
-                all.push((format!("layer {i} {n} bias"), b));
+                small.push((format!("layer {i} {n} bias"), b));
             }
         }
-        all.push((format!("layer {i} attn_norm"), &l.attn_norm));
-        all.push((format!("layer {i} mlp_norm"), &l.mlp_norm));
+        small.push((format!("layer {i} attn_norm"), &l.attn_norm));
+        small.push((format!("layer {i} mlp_norm"), &l.mlp_norm));
     }
-    for (name, t) in all {
+    for (name, lin) in linears {
+        if lin.max_abs()? > LIMIT {
+            return Ok(Some(name));
+        }
+    }
+    for (name, t) in small {
         if too_big(t)? {
             return Ok(Some(name));
         }

@@ -6,7 +6,7 @@
 use kvprobe_schema::GroupKind;
 
 use super::{Driver, GroupInputs, Trial};
-use crate::mask::{encode_per_head, encode_tiled, ring_rows, tbt_row, MaskMode};
+use crate::mask::{encode_heads, encode_per_head, encode_tiled, ring_rows, tbt_row, MaskMode};
 use crate::{Buffer, Device, Error, Result, RunOutput};
 
 impl Driver {
@@ -47,6 +47,52 @@ impl Driver {
         self.position_inputs(&g, &pos, &mut inputs)?;
         dev.update_cache_offset(chunk.len() as i32)?;
         dev.run(GroupKind::Prefill, &inputs)
+    }
+
+    /// A new request whose prompt is one prefill chunk sent under a probe's mask: `per_head`
+    /// gives each of the `NH` heads its `[P][KV]` rows instead of the server's tiled ring rows
+    /// (`ring_rows(P, KV, ids.len())` is what the server sends). The device's caches then hold
+    /// that trial's K/V: prefill again before anything else.
+    pub fn prefill_chunk_masked(
+        &mut self,
+        dev: &mut dyn Device,
+        ids: &[u32],
+        per_head: &[Vec<bool>],
+    ) -> Result<RunOutput> {
+        let (p, kv) = (self.prefill_len, self.cache_len);
+        if !self.caps.ring_offset {
+            return Err(Error::InvalidArgument(
+                "a masked prefill chunk needs a ring device (the mask input of contract §2.5)"
+                    .into(),
+            ));
+        }
+        if ids.is_empty() || ids.len() > p {
+            return Err(Error::InvalidArgument(format!(
+                "a masked prefill chunk takes 1..={p} tokens, got {}",
+                ids.len()
+            )));
+        }
+        if per_head.len() != self.n_heads || per_head.iter().any(|h| h.len() != p * kv) {
+            return Err(Error::InvalidArgument(format!(
+                "a masked prefill chunk needs {} head patterns of {p} × {kv}",
+                self.n_heads
+            )));
+        }
+        self.check_ids(ids)?;
+        self.reset(dev)?;
+        self.push_tokens(ids)?;
+        let g = self.prefill.clone();
+        self.check_mask_frame(&g, p)?;
+        let mut inputs = Vec::with_capacity(6);
+        inputs.push((g.embeddings.name.clone(), self.embeddings_rows(0)));
+        encode_heads(per_head, p, kv, self.m1, &mut self.mask_buf);
+        inputs.push((g.mask.name.clone(), Buffer::U8(self.mask_buf.clone())));
+        let pos = self.state.window_pos.clone();
+        self.position_inputs(&g, &pos, &mut inputs)?;
+        dev.update_cache_offset(ids.len() as i32)?;
+        let out = dev.run(GroupKind::Prefill, &inputs);
+        self.saved = None;
+        out
     }
 
     pub(super) fn run_tbt(

@@ -29,7 +29,7 @@ pub fn write_hf_folder(model: &Model, out: &Path) -> Result<()> {
     })?;
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
     let mut w: HashMap<String, Tensor> = HashMap::new();
-    w.insert("model.embed_tokens.weight".into(), ex.embed.clone());
+    w.insert("model.embed_tokens.weight".into(), ex.embed.to_tensor()?);
     for (i, l) in ex.layers.iter().enumerate() {
         let p = format!("model.layers.{i}");
         w.insert(format!("{p}.input_layernorm.weight"), l.attn_norm.clone());
@@ -46,7 +46,7 @@ pub fn write_hf_folder(model: &Model, out: &Path) -> Result<()> {
             ("mlp.up_proj", &l.up),
             ("mlp.down_proj", &l.down),
         ] {
-            w.insert(format!("{p}.{name}.weight"), lin.w.contiguous()?);
+            w.insert(format!("{p}.{name}.weight"), lin.to_tensor()?);
             if let Some(b) = &lin.b {
                 w.insert(format!("{p}.{name}.bias"), b.clone());
             }
@@ -54,7 +54,7 @@ pub fn write_hf_folder(model: &Model, out: &Path) -> Result<()> {
     }
     w.insert("model.norm.weight".into(), ex.final_norm.clone());
     // always written, tied or not: the exporter then needs no tie rule
-    w.insert("lm_head.weight".into(), ex.lm_head.w.contiguous()?);
+    w.insert("lm_head.weight".into(), ex.lm_head.to_tensor()?);
     candle_core::safetensors::save(&w, out.join("model.safetensors"))?;
     let config = serde_json::json!({
         "architectures": ["LlamaForCausalLM"],

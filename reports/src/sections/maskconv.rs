@@ -60,6 +60,16 @@ impl ProbeSection for Maskconv {
                         .map(|c| num(c, 6))
                         .unwrap_or_else(|| "—".into()),
                 ),
+                (
+                    "prefill chunk: other heads' rows ignored (cosine; reference moves to)",
+                    match (
+                        f.prefill_other_heads_ignored_cosine,
+                        f.prefill_per_head_reference_cosine,
+                    ) {
+                        (Some(c), Some(r)) => format!("{}; {}", num(c, 6), num(r, 4)),
+                        _ => "—".into(),
+                    },
+                ),
             ]),
             chart: String::new(),
             detail: fold("variants", &table(&head, &rows), rows.len()),
@@ -82,6 +92,14 @@ impl ProbeSection for Maskconv {
         if let Some(c) = f.other_heads_ignored_cosine {
             s += &format!(
                 "maskconv: other heads' rows changed → output cosine {c:.6} to the ring output\n"
+            );
+        }
+        if let (Some(c), Some(r)) = (
+            f.prefill_other_heads_ignored_cosine,
+            f.prefill_per_head_reference_cosine,
+        ) {
+            s += &format!(
+                "maskconv: prefill chunk, other heads' rows changed → output cosine {c:.6} to the plain chunk (reference {r:.4})\n"
             );
         }
         s

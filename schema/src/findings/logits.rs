@@ -156,6 +156,15 @@ pub struct MaskconvFinding {
     /// graph ignored their rows (uses one head's row for all).
     pub other_heads_ignored_cosine: Option<f64>,
     pub best: Option<String>,
+    /// The same per-head control on a single prefill chunk (the prompt's first `P` tokens):
+    /// the device's last-row logits with heads ≥ 1 given self-only rows against its plain
+    /// prefill. ≈ 1 means the prefill graph ignored those rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_other_heads_ignored_cosine: Option<f64>,
+    /// How far that per-head mask moves the reference's last row (cosine to its causal
+    /// output): the control is informative only when this is well below 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_per_head_reference_cosine: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

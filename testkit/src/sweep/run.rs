@@ -33,8 +33,8 @@ pub fn known_limit(fault: &str, prompt_len: usize) -> Option<&'static str> {
             return Some("the repairing shift −k would send a negative position at the first tbt step (pos = prompt length < k)");
         }
     }
-    if body.starts_with("mask=repeat") && scope == "prefill" {
-        return Some("a prefill-only mask convention breaks the same rows as a prefill graph fault; maskconv varies only the tbt step");
+    if body.starts_with("mask=repeat") && scope == "prefill" && prompt_len < 2 {
+        return Some("a 1-token prompt gives the prefill per-head mask control nothing to vary (self-only is the causal row)");
     }
     None
 }

@@ -104,6 +104,13 @@ pub const THETA: &[R] = &[
 /// The prefill graph's control.
 pub const PREFILL_GRAPH: &[R] = &[
     R::new(
+        "prefill-one-head-mask-row",
+        PREFILL,
+        Some(Verdict::MaskConvention),
+        prefill_one_head_mask_row,
+    )
+    .needs(Control::PrefillSingle),
+    R::new(
         "prefill-graph",
         PREFILL,
         Some(Verdict::PrefillGraph),
@@ -316,14 +323,37 @@ fn prefill_graph(f: &RingFacts) -> Option<Cause> {
     )))
 }
 
-/// A prefill-only mask convention (e.g. F4's repeat in the prefill graph alone) breaks the same
-/// rows; maskconv varies only the tbt step's mask, so it cannot tell them apart (known limits).
+/// F4 confined to the prefill graph: a prefill chunk whose heads ≥ 1 get self-only rows returns
+/// the plain chunk's output although the reference moves, so the prefill graph reads one head's
+/// mask row for every head. Only with the failing single-chunk control it would explain.
+fn prefill_one_head_mask_row(f: &RingFacts) -> Option<Cause> {
+    let mc = f.maskconv.as_ref()?;
+    let c = mc
+        .prefill_other_heads_ignored_cosine
+        .filter(|c| *c >= IDENTICAL_COSINE)?;
+    let r = mc
+        .prefill_per_head_reference_cosine
+        .filter(|r| *r < VARIANT_MOVES_COSINE)?;
+    if f.pf_single_ok() {
+        return None;
+    }
+    Some(Cause::new(0.9).line(format!(
+        "maskconv: a prefill chunk whose heads ≥ 1 get self-only rows returns the plain chunk's output (cosine {c:.6}) while the reference moves to {r:.4}: the prefill graph applies one head's mask row to every head"
+    )))
+}
+
+/// A prefill-only mask convention other than F4's repeat breaks the same rows as a prefill
+/// graph fault; the mask probes vary only the tbt step's conventions (known limits).
 fn prefill_only_mask(f: &RingFacts) -> Option<Cause> {
-    if f.pf_single_ok() || !f.sm_ok() || f.prefill_scale_hit().is_some() {
+    if f.pf_single_ok()
+        || !f.sm_ok()
+        || f.prefill_scale_hit().is_some()
+        || prefill_one_head_mask_row(f).is_some()
+    {
         return None;
     }
     Some(Cause::new(0.5).line(
-        "prefill graph: a prefill-only mask convention would fail the same rows; the mask probes vary only the tbt step",
+        "prefill graph: a prefill-only mask convention other than one head's row repeated would fail the same rows; the other mask conventions are varied on the tbt step only",
     ))
 }
 
@@ -682,6 +712,55 @@ mod tests {
             ..healthy_facts()
         };
         assert!(fires_in("prefill-only-mask", &scaled).is_none());
+    }
+
+    #[test]
+    fn prefill_one_head_mask_row_needs_an_ignored_variant_the_reference_feels() {
+        let with = |ignored: f64, reference: f64, f: RingFacts| {
+            let mut mc = maskconv(0.99, &[]);
+            mc.prefill_other_heads_ignored_cosine = Some(ignored);
+            mc.prefill_per_head_reference_cosine = Some(reference);
+            RingFacts {
+                maskconv: Some(mc),
+                ..f
+            }
+        };
+        let c = fires_in(
+            "prefill-one-head-mask-row",
+            &with(1.0, 0.93, prefill_broken()),
+        )
+        .expect("fires");
+        assert_eq!(c.confidence, 0.9);
+        // the weaker guess of the same stage stays silent when the control names it
+        assert!(fires_in("prefill-only-mask", &with(1.0, 0.93, prefill_broken())).is_none());
+        assert!(
+            c.evidence[0].contains("cosine 1.000000"),
+            "{:?}",
+            c.evidence
+        );
+        assert!(
+            c.evidence[0].contains("moves to 0.9300"),
+            "{:?}",
+            c.evidence
+        );
+        // the device feels the rows (a healthy mask input): no
+        assert!(fires_in(
+            "prefill-one-head-mask-row",
+            &with(0.9999, 0.93, prefill_broken())
+        )
+        .is_none());
+        // a variant that does not move the reference proves nothing
+        assert!(fires_in(
+            "prefill-one-head-mask-row",
+            &with(1.0, 0.9995, prefill_broken())
+        )
+        .is_none());
+        // no failing control: no verdict
+        assert!(fires_in(
+            "prefill-one-head-mask-row",
+            &with(1.0, 0.93, healthy_facts())
+        )
+        .is_none());
     }
 
     #[test]

@@ -128,6 +128,8 @@ pub fn maskconv(ring: f64, variants: &[(&str, f64)]) -> MaskconvFinding {
             .collect(),
         other_heads_ignored_cosine: Some(0.5),
         best: None,
+        prefill_other_heads_ignored_cosine: Some(0.6),
+        prefill_per_head_reference_cosine: Some(0.7),
     }
 }
 
