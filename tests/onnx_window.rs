@@ -8,7 +8,6 @@ mod common;
 use common::*;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The Llama fixture of `seed` exported under `name` with `extra` (once per target dir).
 fn exported(seed: u64, name: &str, extra: &[&str]) -> (PathBuf, PathBuf) {

@@ -35,6 +35,12 @@ pub(crate) fn fake_quant_value(v: f32, scale: f32) -> f32 {
     (v / scale).round().clamp(-127.0, 127.0) * scale
 }
 
+/// The int8 level of `v` (`fake_quant_value` = `level · scale`, the level a whole number in
+/// −127..=127, so exact in i8 and back in f32).
+pub(crate) fn level(v: f32, scale: f32) -> i8 {
+    (v / scale).round().clamp(-127.0, 127.0) as i8
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

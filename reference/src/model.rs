@@ -506,19 +506,19 @@ impl Model {
         }
     }
 
-    /// Per-output-channel symmetric int8 fake-quantised view of every linear weight (sim
-    /// `--sim-weights int8`): the values are computed from this model's stored weights as rows
-    /// are converted, so the view shares them (only the channel scales are new). Embeddings,
-    /// norms, biases and a tied lm_head stay as they are.
+    /// Per-output-channel symmetric int8 fake quantisation of every linear weight (sim
+    /// `--sim-weights int8`), held as int8 values and channel steps (one byte per value, the
+    /// device's storage type; no f32 copy) and widened a tile at a time like any stored weight.
+    /// Embeddings, norms, biases and a tied lm_head stay shared with this model.
     pub fn with_int8_weights(&self) -> Result<Model> {
         let mut m = self.clone();
         for b in &mut m.blocks {
             for lin in b.linears_mut() {
-                lin.w = lin.w.int8_view(lin.in_out)?;
+                lin.w = lin.w.to_int8(lin.in_out)?;
             }
         }
         if !m.lm_head_tied {
-            m.lm_head.w = m.lm_head.w.int8_view(m.lm_head.in_out)?;
+            m.lm_head.w = m.lm_head.w.to_int8(m.lm_head.in_out)?;
         }
         Ok(m)
     }

@@ -63,11 +63,11 @@ enum Repr {
         bytes: Bytes,
         kind: Kind,
     },
-    /// Another weight's values fake-quantised to int8 per output channel when its rows are
-    /// converted (`--sim-weights int8`): the device's values without a copy of the weight.
+    /// Per-output-channel int8 values and their channel steps (`--sim-weights int8`): the
+    /// device's own weights in its storage type, a quarter of an f32 copy, widened per tile.
     Int8 {
-        base: Box<Weight>,
-        /// `max|w| / 127` per channel (0 for an all-zero channel, which stays as it is).
+        values: Arc<Vec<i8>>,
+        /// `max|w| / 127` per channel.
         scales: Arc<Vec<f32>>,
         /// true = channels are columns (Conv1D `[in, out]`), false = rows.
         per_column: bool,
@@ -94,7 +94,7 @@ impl fmt::Debug for Weight {
                     "owned"
                 }
             ),
-            Repr::Int8 { base, .. } => format!("int8 of {base:?}"),
+            Repr::Int8 { .. } => "int8 per channel".to_string(),
         };
         write!(f, "Weight({:?}, {kind})", self.dims)
     }
@@ -161,8 +161,7 @@ impl Weight {
         match &self.repr {
             Repr::Tensor(t) => 4 * t.elem_count(),
             Repr::Raw { bytes, .. } => bytes.as_slice().len(),
-            // the values are the base's, shared: only the scales are this weight's own
-            Repr::Int8 { scales, .. } => 4 * scales.len(),
+            Repr::Int8 { values, scales, .. } => values.len() + 4 * scales.len(),
         }
     }
 
@@ -196,17 +195,25 @@ impl Weight {
             return Ok(());
         }
         if let Repr::Int8 {
-            base,
+            values,
             scales,
             per_column,
         } = &self.repr
         {
-            base.rows_into(r0, r1, out)?;
-            for (i, row) in out.chunks_exact_mut(cols).enumerate() {
-                for (j, v) in row.iter_mut().enumerate() {
-                    let s = scales[if *per_column { j } else { r0 + i }];
-                    if s != 0.0 {
-                        *v = crate::int8::fake_quant_value(*v, s);
+            let src = &values[r0 * cols..r1 * cols];
+            for (i, (o, q)) in out
+                .chunks_exact_mut(cols)
+                .zip(src.chunks_exact(cols))
+                .enumerate()
+            {
+                if *per_column {
+                    for ((o, &q), &s) in o.iter_mut().zip(q).zip(scales.iter()) {
+                        *o = f32::from(q) * s;
+                    }
+                } else {
+                    let s = scales[r0 + i];
+                    for (o, &q) in o.iter_mut().zip(q) {
+                        *o = f32::from(q) * s;
                     }
                 }
             }
@@ -275,16 +282,17 @@ impl Weight {
         Ok(Tensor::from_vec(v, self.dims.clone(), &Device::Cpu)?)
     }
 
-    /// This weight's values fake-quantised to int8 per output channel, computed from these values
-    /// whenever rows are converted: one pass now for the channel scales, no copy of the values.
+    /// This weight fake-quantised to int8 per output channel (`int8::fake_quant_per_output`'s
+    /// values), held as int8 values and channel steps: two passes over the stored rows a tile
+    /// at a time (the channel maxima, then the values), no f32 copy of the matrix.
     /// `per_column` = channels are columns (Conv1D `[in, out]`).
-    pub fn int8_view(&self, per_column: bool) -> Result<Weight> {
+    pub fn to_int8(&self, per_column: bool) -> Result<Weight> {
         let (rows, cols) = (self.rows(), self.cols());
-        let mut amax = vec![0f32; if per_column { cols } else { rows }];
-        let tile = (1 << 18) / cols.max(1);
+        let tile = ((1 << 18) / cols.max(1)).max(1);
         let mut buf = Vec::new();
-        for r0 in (0..rows).step_by(tile.max(1)) {
-            let r1 = (r0 + tile.max(1)).min(rows);
+        let mut amax = vec![0f32; if per_column { cols } else { rows }];
+        for r0 in (0..rows).step_by(tile) {
+            let r1 = (r0 + tile).min(rows);
             self.rows_into(r0, r1, &mut buf)?;
             for (i, row) in buf.chunks_exact(cols).enumerate() {
                 for (j, v) in row.iter().enumerate() {
@@ -293,10 +301,26 @@ impl Weight {
                 }
             }
         }
-        let scales = amax.into_iter().map(crate::int8::scale_of).collect();
+        let scales: Vec<f32> = amax.into_iter().map(crate::int8::scale_of).collect();
+        let mut values = Vec::with_capacity(rows * cols);
+        for r0 in (0..rows).step_by(tile) {
+            let r1 = (r0 + tile).min(rows);
+            self.rows_into(r0, r1, &mut buf)?;
+            for (i, row) in buf.chunks_exact(cols).enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    let s = scales[if per_column { j } else { r0 + i }];
+                    // an all-zero channel (step 0) stays zero
+                    values.push(if s == 0.0 {
+                        0
+                    } else {
+                        crate::int8::level(v, s)
+                    });
+                }
+            }
+        }
         Ok(Weight {
             repr: Repr::Int8 {
-                base: Box::new(self.clone()),
+                values: Arc::new(values),
                 scales: Arc::new(scales),
                 per_column,
             },
@@ -389,11 +413,11 @@ mod tests {
         Weight::raw(Bytes::Owned(Arc::new(bytes)), kind, dims)
     }
 
-    /// The int8 view converts rows to the values of the whole-matrix fake quantisation (bit for
+    /// The int8 weight converts rows to the values of the whole-matrix fake quantisation (bit for
     /// bit), for channels as rows and as columns, over f32 and bf16 storage and across tiles
-    /// (the scales of a channel spread over every tile of rows).
+    /// (a channel's step spans every tile of rows), at one byte per value.
     #[test]
-    fn int8_view_equals_the_whole_matrix_quantisation() {
+    fn int8_weights_equal_the_whole_matrix_quantisation() {
         let (rows, cols) = (700, 600);
         let vals: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 7919 % 10007) as f32 - 5003.0) * 1e-3 * (1.0 + (i % cols) as f32))
@@ -412,10 +436,10 @@ mod tests {
                     .unwrap()
                     .to_vec1::<f32>()
                     .unwrap();
-                let view = w.int8_view(per_column).unwrap();
-                assert!(
-                    view.with_f32(|_| ()).is_none() && view.stored_bytes() < 4 * rows.max(cols) + 1
-                );
+                let view = w.to_int8(per_column).unwrap();
+                let channels = if per_column { cols } else { rows };
+                assert_eq!(view.stored_bytes(), rows * cols + 4 * channels);
+                assert!(view.with_f32(|_| ()).is_none());
                 let mut got = Vec::new();
                 view.rows_into(0, rows, &mut got).unwrap();
                 assert_eq!(got, want, "{w:?} per_column {per_column}");
