@@ -24,6 +24,8 @@ use candle_core::quantized::GgmlDType;
 use candle_core::Tensor;
 
 use crate::gguf_meta::Meta;
+pub use crate::gguf_pending::unpermute_rows;
+use crate::gguf_pending::{bad_tensor, bad_tensor_msg, Pending};
 use crate::store::{Bytes, Kind, Weight};
 use crate::weights::StoredWeights;
 use crate::{Error, LoadedParts, ModelConfig, Result, StoredParts};
@@ -193,28 +195,6 @@ pub fn hf_name(gguf: &str) -> Option<String> {
     Some(format!("model.layers.{layer}.{hf}.{kind}"))
 }
 
-/// Undo llama.cpp's converter permutation of q/k rows (weights `[rows, in]` or biases `[rows]`).
-///
-/// The converter maps, inside each head of `hd` rows, HF row `half * hd/2 + i` (half ∈ {0,1},
-/// i < hd/2) to file row `2 * i + half`, i.e. reshape `[heads, 2, hd/2]` → swap the two inner axes.
-/// The inverse therefore reads the file rows as `[heads, hd/2, 2]` and swaps them back.
-pub fn unpermute_rows(t: &Tensor, n_heads: usize) -> candle_core::Result<Tensor> {
-    let dims = t.dims().to_vec();
-    let Some(&rows) = dims.first() else {
-        return Err(candle_core::Error::Msg(
-            "has no dimensions where q/k rows are expected".into(),
-        ));
-    };
-    let hd = rows / n_heads;
-    let rest: Vec<usize> = dims[1..].to_vec();
-    let mut split = vec![n_heads, hd / 2, 2];
-    split.extend_from_slice(&rest);
-    t.reshape(split)?
-        .transpose(1, 2)?
-        .contiguous()?
-        .reshape(dims)
-}
-
 /// The GGUF name of llama.cpp's per-frequency RoPE divisors (Llama 3.1/3.2 `rope_scaling`).
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
@@ -226,6 +206,65 @@ struct Source<'a> {
     file: &'a File,
 }
 
+/// The mapped bytes of tensor `gguf_name` with its offset and length in the file, after the
+/// checks a hostile header needs (sizes that overflow, empty tensors, partial blocks, ranges past
+/// the end of the file).
+fn tensor_bytes(
+    src: &Source<'_>,
+    content: &Content,
+    gguf_name: &str,
+    path: &Path,
+) -> Result<(Bytes, u64, u64)> {
+    let info = &content.tensor_infos[gguf_name];
+    let file_len = src.map.len() as u64;
+    // dimensions from the file multiply past 2^64 in a hostile header (found by
+    // examples/fuzz): a product that overflows is a tensor past the end of any file
+    let elems = info
+        .shape
+        .dims()
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d));
+    if elems == Some(0) {
+        // no weight of a model is empty (and candle reads an empty tensor through a
+        // misaligned dangling pointer, found by examples/fuzz)
+        return Err(Error::Format {
+            path: path.to_path_buf(),
+            detail: format!(
+                "tensor `{gguf_name}` has a zero dimension; the file is damaged, fetch it again"
+            ),
+        });
+    }
+    let dtype = info.ggml_dtype;
+    let dims = info.shape.dims().to_vec();
+    let cols = dims.last().copied().unwrap_or(1);
+    if !cols.is_multiple_of(dtype.block_size()) {
+        return Err(bad_tensor_msg(
+            path,
+            gguf_name,
+            format!(
+                "has rows of {cols} values, not a whole number of {dtype:?} blocks of {}",
+                dtype.block_size()
+            ),
+        ));
+    }
+    let start = content.tensor_data_offset.checked_add(info.offset);
+    let len = elems.and_then(|elems| {
+        ((elems / dtype.block_size()) as u64).checked_mul(dtype.type_size() as u64)
+    });
+    let (Some(start), Some(len)) = (start, len) else {
+        return Err(truncated(path, gguf_name));
+    };
+    if start.checked_add(len).is_none_or(|end| end > file_len) {
+        return Err(truncated(path, gguf_name));
+    }
+    let bytes = Bytes::Mapped {
+        map: src.map.clone(),
+        start: start as usize,
+        len: len as usize,
+    };
+    Ok((bytes, start, len))
+}
+
 fn load_weights(
     src: &Source<'_>,
     content: &Content,
@@ -234,7 +273,6 @@ fn load_weights(
     dequantise_max: u64,
 ) -> Result<StoredWeights> {
     let llama = config.architecture == "gguf:llama";
-    let file_len = src.map.len() as u64;
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     // File order keeps the reads sequential.
     names.sort_by_key(|n| content.tensor_infos[*n].offset);
@@ -258,49 +296,9 @@ fn load_weights(
         };
         let info = &content.tensor_infos[gguf_name];
         check_type(info.ggml_dtype, gguf_name, path)?;
-        // dimensions from the file multiply past 2^64 in a hostile header (found by
-        // examples/fuzz): a product that overflows is a tensor past the end of any file
-        let elems = info
-            .shape
-            .dims()
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d));
-        if elems == Some(0) {
-            // no weight of a model is empty (and candle reads an empty tensor through a
-            // misaligned dangling pointer, found by examples/fuzz)
-            return Err(Error::Format {
-                path: path.to_path_buf(),
-                detail: format!("tensor `{gguf_name}` has a zero dimension; the file is damaged, fetch it again"),
-            });
-        }
+        let (bytes, start, len) = tensor_bytes(src, content, gguf_name, path)?;
         let dtype = info.ggml_dtype;
         let dims = info.shape.dims().to_vec();
-        let cols = dims.last().copied().unwrap_or(1);
-        if !cols.is_multiple_of(dtype.block_size()) {
-            return Err(bad_tensor_msg(
-                path,
-                gguf_name,
-                format!(
-                    "has rows of {cols} values, not a whole number of {dtype:?} blocks of {}",
-                    dtype.block_size()
-                ),
-            ));
-        }
-        let start = content.tensor_data_offset.checked_add(info.offset);
-        let len = elems.and_then(|elems| {
-            ((elems / dtype.block_size()) as u64).checked_mul(dtype.type_size() as u64)
-        });
-        let (Some(start), Some(len)) = (start, len) else {
-            return Err(truncated(path, gguf_name));
-        };
-        if start.checked_add(len).is_none_or(|end| end > file_len) {
-            return Err(truncated(path, gguf_name));
-        }
-        let bytes = Bytes::Mapped {
-            map: src.map.clone(),
-            start: start as usize,
-            len: len as usize,
-        };
         let (w, read_at) = match dtype {
             GgmlDType::F32 => (Weight::raw(bytes, Kind::F32, dims), None),
             GgmlDType::F16 => (Weight::raw(bytes, Kind::F16, dims), None),
@@ -350,96 +348,12 @@ fn load_weights(
     Ok(weights)
 }
 
-/// A tensor found in the header, still to be dequantised (when `read_at` is set: its offset
-/// and length in the file) and unpermuted (llama's Q and K, `heads` heads).
-struct Pending<'n> {
-    hf: String,
-    gguf_name: &'n str,
-    w: Weight,
-    read_at: Option<(u64, usize)>,
-    heads: Option<usize>,
-}
-
-impl Pending<'_> {
-    fn finish(self, file: &File, path: &Path) -> Result<(String, Weight)> {
-        let Pending {
-            hf,
-            gguf_name,
-            mut w,
-            read_at,
-            heads,
-        } = self;
-        if let (Some((start, len)), Some(kind)) = (read_at, w.kind()) {
-            // a copy read from the file: mapped pages would stay resident beside the f32 copy
-            let mut raw = vec![0u8; len];
-            std::os::unix::fs::FileExt::read_exact_at(file, &mut raw, start).map_err(|source| {
-                Error::Io {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            })?;
-            w = Weight::raw(Bytes::Owned(Arc::new(raw)), kind, w.dims().to_vec())
-                .to_tensor()
-                .and_then(Weight::from_tensor)
-                .map_err(|e| bad_tensor_msg(path, gguf_name, format!("could not be read ({e})")))?;
-        }
-        if let Some(heads) = heads {
-            w = unpermute(&w, heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
-        }
-        Ok((hf, w))
-    }
-}
-
-/// [`unpermute_rows`] on a stored weight: a matrix's rows are reordered as stored bytes (blocks
-/// never cross a row), anything else through an f32 tensor.
-fn unpermute(w: &Weight, n_heads: usize) -> candle_core::Result<Weight> {
-    let to_candle = |e: Error| candle_core::Error::Msg(e.to_string());
-    let (Some(kind), [rows, cols]) = (w.kind(), w.dims()) else {
-        let t = unpermute_rows(&w.to_tensor().map_err(to_candle)?, n_heads)?;
-        return Weight::from_tensor(t).map_err(to_candle);
-    };
-    let (rows, cols) = (*rows, *cols);
-    if n_heads == 0 || !rows.is_multiple_of(n_heads) || !(rows / n_heads).is_multiple_of(2) {
-        return Err(candle_core::Error::Msg(format!(
-            "has {rows} rows, not {n_heads} heads of an even size"
-        )));
-    }
-    let rb = kind.row_bytes(cols);
-    let mut raw = Vec::new();
-    w.raw_bytes(|src| {
-        let hd = rows / n_heads;
-        raw.resize(src.len(), 0);
-        for h in 0..n_heads {
-            for half in 0..2 {
-                for i in 0..hd / 2 {
-                    let to = h * hd + half * hd / 2 + i;
-                    let from = h * hd + 2 * i + half;
-                    raw[to * rb..(to + 1) * rb].copy_from_slice(&src[from * rb..(from + 1) * rb]);
-                }
-            }
-        }
-    });
-    Ok(Weight::raw(
-        Bytes::Owned(Arc::new(raw)),
-        kind,
-        vec![rows, cols],
-    ))
-}
-
-fn truncated(path: &Path, name: &str) -> Error {
+pub(crate) fn truncated(path: &Path, name: &str) -> Error {
     Error::Format {
         path: path.to_path_buf(),
         detail: format!(
             "truncated GGUF: tensor `{name}` ends past the end of the file; the download is incomplete, fetch the file again (scripts/fetch-model.sh for SmolLM2)"
         ),
-    }
-}
-
-fn bad_tensor_msg(path: &Path, name: &str, detail: String) -> Error {
-    Error::BadTensor {
-        path: path.to_path_buf(),
-        name: name.to_string(),
-        detail,
     }
 }
 
@@ -483,14 +397,6 @@ fn check_type(dtype: GgmlDType, name: &str, path: &Path) -> Result<()> {
                 "tensor `{name}` has ggml type {other:?}; re-quantise the model to F16, Q8_0, Q4_0, Q4_1 or a K-quant"
             ),
         }),
-    }
-}
-
-fn bad_tensor(path: &Path, name: &str, e: &candle_core::Error) -> Error {
-    Error::BadTensor {
-        path: path.to_path_buf(),
-        name: name.to_string(),
-        detail: format!("could not be read ({})", candle_msg(e)),
     }
 }
 

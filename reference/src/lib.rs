@@ -14,6 +14,7 @@ pub mod generate;
 pub mod gguf;
 mod gguf_config;
 mod gguf_meta;
+mod gguf_pending;
 mod gguf_scan;
 pub mod gguf_tokenizer;
 mod gpt2;
