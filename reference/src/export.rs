@@ -33,14 +33,9 @@ impl LinearExport {
 
     /// The largest |w| (NaN ignored), read a tile of rows at a time.
     pub fn max_abs(&self) -> Result<f32> {
-        let (rows, cols) = self.dims();
-        let tile = ((1 << 18) / cols.max(1)).max(1);
-        let mut buf = Vec::new();
         let mut m = 0f32;
-        for r0 in (0..rows).step_by(tile) {
-            self.w.rows_into(r0, (r0 + tile).min(rows), &mut buf)?;
-            m = buf.iter().fold(m, |m, v| m.max(v.abs()));
-        }
+        self.w
+            .for_each_tile(|_, rows| m = rows.iter().fold(m, |m, v| m.max(v.abs())))?;
         Ok(m)
     }
 

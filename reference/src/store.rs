@@ -282,30 +282,37 @@ impl Weight {
         Ok(Tensor::from_vec(v, self.dims.clone(), &Device::Cpu)?)
     }
 
+    /// Runs `f(r0, rows)` on the weight's rows as f32, about 1 MiB of them at a time from row
+    /// `r0` on (a pass over a stored weight without its f32 copy).
+    pub fn for_each_tile(&self, mut f: impl FnMut(usize, &[f32])) -> Result<()> {
+        let rows = self.rows();
+        let tile = ((1 << 18) / self.cols().max(1)).max(1);
+        let mut buf = Vec::new();
+        for r0 in (0..rows).step_by(tile) {
+            self.rows_into(r0, (r0 + tile).min(rows), &mut buf)?;
+            f(r0, &buf);
+        }
+        Ok(())
+    }
+
     /// This weight fake-quantised to int8 per output channel (`int8::fake_quant_per_output`'s
     /// values), held as int8 values and channel steps: two passes over the stored rows a tile
     /// at a time (the channel maxima, then the values), no f32 copy of the matrix.
     /// `per_column` = channels are columns (Conv1D `[in, out]`).
     pub fn to_int8(&self, per_column: bool) -> Result<Weight> {
         let (rows, cols) = (self.rows(), self.cols());
-        let tile = ((1 << 18) / cols.max(1)).max(1);
-        let mut buf = Vec::new();
         let mut amax = vec![0f32; if per_column { cols } else { rows }];
-        for r0 in (0..rows).step_by(tile) {
-            let r1 = (r0 + tile).min(rows);
-            self.rows_into(r0, r1, &mut buf)?;
+        self.for_each_tile(|r0, buf| {
             for (i, row) in buf.chunks_exact(cols).enumerate() {
                 for (j, v) in row.iter().enumerate() {
                     let a = &mut amax[if per_column { j } else { r0 + i }];
                     *a = a.max(v.abs());
                 }
             }
-        }
+        })?;
         let scales: Vec<f32> = amax.into_iter().map(crate::int8::scale_of).collect();
         let mut values = Vec::with_capacity(rows * cols);
-        for r0 in (0..rows).step_by(tile) {
-            let r1 = (r0 + tile).min(rows);
-            self.rows_into(r0, r1, &mut buf)?;
+        self.for_each_tile(|r0, buf| {
             for (i, row) in buf.chunks_exact(cols).enumerate() {
                 for (j, &v) in row.iter().enumerate() {
                     let s = scales[if per_column { j } else { r0 + i }];
@@ -317,7 +324,7 @@ impl Weight {
                     });
                 }
             }
-        }
+        })?;
         Ok(Weight {
             repr: Repr::Int8 {
                 values: Arc::new(values),
