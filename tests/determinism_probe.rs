@@ -122,6 +122,40 @@ fn a_state_race_differs_in_both_and_names_step_layer_and_slot() {
     section_rerenders(&dir, "determinism");
 }
 
+/// The ring family's race (`ring-write-race`): both runs start from cleared rings (the host
+/// zeroes them and reads them back), so the difference is the device's; `diagnose` names it.
+#[test]
+fn a_ring_write_race_differs_from_cleared_rings_and_diagnose_names_it() {
+    let fx = fixture("llama", 7);
+    let m = fx.to_str().unwrap();
+    let mut args = vec!["determinism", "--sim", "--model", m];
+    args.extend(geometry("24", "8", IDS_REMAINDER, "5"));
+    args.extend(["--fault", "ring-write-race"]);
+    let (code, v, err) = kvprobe_json(&args);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["probes"]["determinism"]["clean_reset"], true, "{v}");
+    for c in comparisons(&v) {
+        assert_eq!(c["identical"], false, "{c}");
+        // the first chunk (the 5-token remainder) already writes raced bytes into layer 0
+        assert_eq!(c["first"]["step"].as_u64(), Some(0), "{c}");
+        assert_eq!(c["first"]["layer"].as_u64(), Some(0), "{c}");
+    }
+    args[0] = "diagnose";
+    let (_, v, err) = kvprobe_json(&args);
+    assert_eq!(verdict(&v), "nondeterministic", "{err} {:?}", evidence(&v));
+    // the healthy emulator repeats bit for bit from cleared rings and says so
+    args.truncate(args.len() - 2);
+    let (_, v, err) = kvprobe_json(&args);
+    assert_eq!(verdict(&v), "healthy", "{err}");
+    assert!(
+        evidence(&v)
+            .iter()
+            .any(|l| l.starts_with("repeat:") && l.contains("bit-identical")),
+        "{:?}",
+        evidence(&v)
+    );
+}
+
 #[test]
 fn the_second_process_is_a_fresh_device() {
     // a state kept across requests differs in this process, never in a new one

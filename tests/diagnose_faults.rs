@@ -32,6 +32,7 @@ const TABLE: &[(&str, &str)] = &[
     ("softmax=shared-across-heads@tbt", "tbt-graph"),
     ("truncate-entry=16", "cache-truncation"),
     ("rope-theta=sign-folded", "position-mismatch"),
+    ("ring-write-race", "nondeterministic"),
 ];
 
 /// The matrix and the emulator's fault table agree: every row's verdict is the one the table

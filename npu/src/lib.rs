@@ -14,6 +14,7 @@ pub mod layout;
 pub mod mask;
 pub mod onnx;
 pub mod quant;
+mod race;
 pub mod rope;
 
 pub use buffer::Buffer;

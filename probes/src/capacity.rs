@@ -383,7 +383,7 @@ fn generation(
     // greedy_logits is the row at position g0 − 1 + t, the step that sees g0 + t tokens. Only a
     // step that misses f32 needs it (`classify`): a whole second forward otherwise.
     let desc = s.dev.describe();
-    let matched = match crate::matched::Precision::of(desc, s.model) {
+    let matched = match crate::matched::Precision::of(desc, s.model)? {
         Some(p) if missed => Some(crate::matched::greedy_logits(
             s.model,
             &p,

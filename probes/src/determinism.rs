@@ -8,8 +8,8 @@
 //!
 //! Identical inputs: each run starts from a reset and the host window the first run started from
 //! (a fresh driver's, in the second process); a ring device's rings are zeroed first (a reset
-//! keeps ring bytes and the window, contract §2.10), a stateful device's states must read all zero after
-//! its reset (`clean_reset`; a device that keeps its state is the back-to-back check's case, not
+//! keeps ring bytes and the window, contract §2.10) and read back, a stateful device's states must
+//! read all zero after its reset (`clean_reset`; a device that keeps its state is the back-to-back check's case, not
 //! this one). The second run and the second process are fed the first run's tokens, so a
 //! difference is never the echo of an earlier one.
 //!
@@ -36,7 +36,8 @@ pub struct Recording {
     pub tokens: Vec<u32>,
     pub logits: Vec<Vec<f32>>,
     pub caches: Vec<BTreeMap<u32, Vec<u8>>>,
-    /// Stateful devices: every state all zero right after the reset.
+    /// Every state (stateful) or ring (after the host zeroed it) read all zero before the run;
+    /// None when the device cannot be read back (or, a ring, cannot be cleared).
     pub clean_reset: Option<bool>,
 }
 
@@ -53,10 +54,15 @@ fn fresh_start(s: &mut Session) -> Result<Option<bool>> {
         let bufs = s.dev.cache_buffers()?;
         return Ok(Some(bufs.values().all(|b| b.iter().all(|&x| x == 0))));
     }
-    if caps.write_cache {
-        s.clear_rings()?;
+    if !caps.write_cache {
+        return Ok(None);
     }
-    Ok(None)
+    s.clear_rings()?;
+    if !caps.read_cache {
+        return Ok(None);
+    }
+    let bufs = s.dev.cache_buffers()?;
+    Ok(Some(bufs.values().all(|b| b.iter().all(|&x| x == 0))))
 }
 
 fn snapshot(s: &mut Session) -> Result<BTreeMap<u32, Vec<u8>>> {
@@ -360,13 +366,18 @@ pub fn describe(c: &RunComparison) -> String {
 }
 
 /// The evidence line of `diagnose`'s repeat.
+/// Two runs from all-zero states (or cleared rings) with identical inputs differed.
+pub fn repeat_differs(r: &DeterminismFinding) -> bool {
+    r.clean_reset == Some(true) && !r.identical()
+}
+
 pub fn repeat_evidence(r: &DeterminismFinding) -> String {
     if r.clean_reset == Some(false) {
-        return "repeat: not compared as identical inputs: the states were not all zero after a reset (the back-to-back check follows)".into();
+        return "repeat: not compared as identical inputs: the caches were not all zero after a reset (the back-to-back check follows)".into();
     }
     let found: Vec<String> = r.comparisons.iter().map(describe).collect();
     format!(
-        "repeat: the same request ({} steps: the prefill, then tbt) twice in this process from all-zero states; {}; no second process inside diagnose (`kvprobe determinism` runs one)",
+        "repeat: the same request ({} steps: the prefill, then tbt) twice in this process from all-zero caches; {}; no second process inside diagnose (`kvprobe determinism` runs one)",
         r.steps,
         found.join("; ")
     )
@@ -392,10 +403,12 @@ fn finding(
     comparisons: Vec<RunComparison>,
 ) -> DeterminismFinding {
     let clean = runs.iter().all(|r| r.clean_reset == Some(true));
+    // a ring device that could not clear and read back its rings says nothing about it
+    let known = s.dev.capabilities().stateful || runs.iter().all(|r| r.clean_reset.is_some());
     DeterminismFinding {
         steps,
         caches_compared: runs[0].caches.iter().any(|c| !c.is_empty()),
-        clean_reset: s.dev.capabilities().stateful.then_some(clean),
+        clean_reset: known.then_some(clean),
         comparisons,
         second_process_skipped: None,
     }
@@ -515,7 +528,8 @@ mod tests {
         let f = run(&mut s, 3, None).expect("run");
         assert!(f.identical(), "{f:?}");
         assert!(f.caches_compared);
-        assert_eq!(f.clean_reset, None);
+        // the host cleared the rings and read them back as zeros
+        assert_eq!(f.clean_reset, Some(true));
         assert!(f.second_process_skipped.is_some());
     }
 

@@ -249,7 +249,7 @@ fn each_matched(
     steps: usize,
     each: &mut dyn FnMut(usize, KvRef) -> Result<()>,
 ) -> Result<()> {
-    match Precision::of(desc, model) {
+    match Precision::of(desc, model)? {
         Some(p) => {
             let mut step = 0;
             let geometry = (n, steps, desc.cache_len, desc.prefill_len);
@@ -305,10 +305,11 @@ fn fp16_graph(desc: &DeviceDescription) -> f64 {
 }
 
 fn precision_line(model: &Model, desc: &DeviceDescription) -> String {
-    let matched = Precision::of(desc, model).map_or_else(
-        || "no lower precision declared: the f32 reference is the matched one".to_string(),
-        |p| p.describe,
-    );
+    let matched = match Precision::of(desc, model) {
+        Ok(Some(p)) => p.describe,
+        Ok(None) => "no lower precision declared: the f32 reference is the matched one".into(),
+        Err(e) => format!("the declared precision could not be modelled ({e})"),
+    };
     let format = match desc.runtime {
         RuntimeKind::Stateful => format!(
             "the fp16 graph's K/V projections, {:.4} relative at layer 0, × √(layer + 1) after it",

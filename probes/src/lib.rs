@@ -20,6 +20,7 @@ pub mod layout;
 pub mod layout_infer;
 pub mod maskconv;
 pub mod matched;
+mod matched_edges;
 pub mod metrics;
 pub mod positions;
 pub mod precision;

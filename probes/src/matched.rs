@@ -17,93 +17,19 @@
 //! the store and its own rows in-graph; then one tbt row per step over the last `L − 1` positions
 //! (ring) or every position (stateful).
 
+use std::sync::Arc;
+
 use candle_core::{Device as CDevice, Tensor};
-use kvprobe_npu::quant::fake_quantize_in_place;
 use kvprobe_reference::{GraphInput, GraphOptions, LayerKv, Model, PositionInput};
 use kvprobe_schema::{
-    CacheDirection, CacheKind, DType, DeviceDescription, GreedyStep, GroupDescription, GroupKind,
-    InputRole, MatchedStep, MatchedSummary, QuantInfo, RuntimeKind,
+    CacheDirection, CacheKind, DeclaredWeights, DeviceDescription, GreedyStep, GroupKind,
+    MatchedStep, MatchedSummary, RuntimeKind,
 };
 
+use crate::matched_edges::{name, Edges, Round};
 use crate::metrics::{cosine, top1};
 use crate::rings::cache_infos;
 use crate::Result;
-
-/// How one edge rounds a float crossing it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Round {
-    Exact,
-    Quant(QuantInfo, u32),
-    F16,
-}
-
-impl Round {
-    fn of(dtype: DType, q: QuantInfo) -> Round {
-        match dtype {
-            DType::F32 => Round::Exact,
-            DType::F16 => Round::F16,
-            DType::U8 => Round::Quant(q, 8),
-            DType::U16 => Round::Quant(q, 16),
-        }
-    }
-
-    fn apply(&self, xs: &mut [f32]) {
-        match self {
-            Round::Exact => {}
-            Round::Quant(q, bits) => fake_quantize_in_place(xs, q, *bits),
-            Round::F16 => xs
-                .iter_mut()
-                .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
-        }
-    }
-
-    fn exact(&self) -> bool {
-        *self == Round::Exact
-    }
-}
-
-/// What one group's host edges round: the embeddings input, the logits output and the four
-/// RoPE tables (q cos, q sin, k cos, k sin).
-#[derive(Debug, Clone, Copy)]
-struct Edges {
-    emb: Round,
-    logits: Round,
-    pe: [Round; 4],
-}
-
-impl Edges {
-    const FP16: Edges = Edges {
-        emb: Round::F16,
-        logits: Round::F16,
-        pe: [Round::Exact; 4],
-    };
-
-    fn of(g: &GroupDescription) -> Edges {
-        let input = |role: InputRole| {
-            g.inputs
-                .iter()
-                .find(|i| i.role == Some(role))
-                .map_or(Round::Exact, |i| Round::of(i.device_dtype, i.quant))
-        };
-        Edges {
-            emb: input(InputRole::Embeddings),
-            logits: g
-                .outputs
-                .first()
-                .map_or(Round::Exact, |o| Round::of(o.device_dtype, o.quant)),
-            pe: [
-                input(InputRole::PeQCos),
-                input(InputRole::PeQSin),
-                input(InputRole::PeKCos),
-                input(InputRole::PeKSin),
-            ],
-        }
-    }
-
-    fn exact(&self) -> bool {
-        self.emb.exact() && self.logits.exact() && self.pe.iter().all(Round::exact)
-    }
-}
 
 /// The declared precision of every edge the reference crosses.
 #[derive(Debug, Clone)]
@@ -119,6 +45,8 @@ pub struct Precision {
     /// before its first row; stateful: everything.
     ring: bool,
     prefill_in: usize,
+    /// The model with the weights the device declares, when they are not the checkpoint's.
+    weights: Option<Arc<Model>>,
     /// One line saying what was rounded (results.json and the report).
     pub describe: String,
 }
@@ -127,19 +55,51 @@ const PREFILL: usize = 0;
 const TBT: usize = 1;
 
 impl Precision {
-    /// `None` when the device declares an fp32 path everywhere (the f32 reference is already
-    /// precision-matched) or its caches cannot be mapped to layers.
-    pub fn of(desc: &DeviceDescription, model: &Model) -> Option<Precision> {
+    /// `None` when the device declares an fp32 path everywhere and the checkpoint's weights (the
+    /// f32 reference is already precision-matched) or its caches cannot be mapped to layers.
+    pub fn of(desc: &DeviceDescription, model: &Model) -> Result<Option<Precision>> {
+        let weights = match desc.weights {
+            DeclaredWeights::Checkpoint => None,
+            DeclaredWeights::Int8PerChannel => Some(model.int8_weights()?),
+        };
+        let Some(mut p) = Precision::of_edges(desc, model, weights.is_some()) else {
+            return Ok(None);
+        };
+        if weights.is_some() {
+            p.describe
+                .push_str(", int8 per-channel weights as declared");
+        }
+        p.weights = weights;
+        Ok(Some(p))
+    }
+
+    /// The model the matched reference computes with: the declared weights, else `given`.
+    fn model<'a>(&'a self, given: &'a Model) -> &'a Model {
+        self.weights.as_deref().unwrap_or(given)
+    }
+
+    /// The rounding of every declared edge; `None` when there is nothing to round and not
+    /// `even_if_exact`.
+    fn of_edges(desc: &DeviceDescription, model: &Model, even_if_exact: bool) -> Option<Precision> {
         let n_layers = model.config().n_layers;
         let prefill = desc.group(GroupKind::Prefill)?;
         match desc.runtime {
-            RuntimeKind::HostCache => None,
+            RuntimeKind::HostCache => even_if_exact.then(|| Precision {
+                groups: [Edges::EXACT; 2],
+                kv: vec![[Round::Exact; 2]; n_layers],
+                theta: None,
+                ring: false,
+                prefill_in: 0,
+                weights: None,
+                describe: "float32 edges and cache".into(),
+            }),
             RuntimeKind::Stateful => Some(Precision {
                 groups: [Edges::FP16; 2],
                 kv: vec![[Round::F16; 2]; n_layers],
                 theta: None,
                 ring: false,
                 prefill_in: 0,
+                weights: None,
                 describe: "fp16 embeddings, fp16 K/V state and fp16 logits (the graph's inner fp16 arithmetic is not modelled)".into(),
             }),
             RuntimeKind::GenaiRing => {
@@ -174,6 +134,7 @@ impl Precision {
                         .map(|f| kvprobe_npu::driver::theta_from_inv_freq(&f)),
                     ring: true,
                     prefill_in,
+                    weights: None,
                     describe: format!(
                         "embeddings {}, RoPE tables {}, cache {cache} through each ring's declared quant info, logits {}",
                         name(&pre.emb),
@@ -183,7 +144,7 @@ impl Precision {
                 };
                 let all_exact = p.groups.iter().all(Edges::exact)
                     && p.kv.iter().flatten().all(Round::exact);
-                (!all_exact).then_some(p)
+                (!all_exact || even_if_exact).then_some(p)
             }
         }
     }
@@ -232,14 +193,6 @@ impl Precision {
             k_cos: kc,
             k_sin: ks,
         }
-    }
-}
-
-fn name(r: &Round) -> String {
-    match r {
-        Round::Exact => "float32".into(),
-        Round::F16 => "fp16".into(),
-        Round::Quant(_, bits) => format!("uint{bits} (declared quant info)"),
     }
 }
 
@@ -353,6 +306,7 @@ pub fn drive(
     (n, steps, cache_len, prefill_len): (usize, usize, usize, usize),
     each: &mut OnStep,
 ) -> Result<()> {
+    let model = p.model(model);
     let mut store = Store::new(model);
     let mut last = Vec::new();
     for (a, b, chunk_start) in chunks(n, prefill_len.max(1), p.ring) {
@@ -472,7 +426,7 @@ pub fn three_way(
     reference: &[&[f32]],
     steps: &mut [GreedyStep],
 ) -> Result<Option<MatchedSummary>> {
-    let precision = Precision::of(desc, model);
+    let precision = Precision::of(desc, model)?;
     let matched = match &precision {
         Some(p) => Some(greedy_logits(
             model,
@@ -521,6 +475,7 @@ pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
 /// Every row's logits of one prefill chunk of `ids` from position 0 (no past), at the declared
 /// precision: row i is the last row of the single-chunk prefix `ids[..=i]`.
 pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+    let model = p.model(model);
     let mut store = Store::new(model);
     let (logits, rows) =
         run_graph_rows(model, p, &mut store, ids, 0..ids.len(), 0, false, PREFILL)?;
@@ -594,25 +549,5 @@ mod tests {
     #[test]
     fn stateful_prefill_runs_from_the_start() {
         assert_eq!(chunks(10, 4, false), vec![(0, 4, 0), (4, 8, 4), (8, 10, 8)]);
-    }
-
-    #[test]
-    fn rounding_follows_the_declared_edge_type() {
-        let q = QuantInfo {
-            scale: 0.5,
-            zero_point: 128.0,
-            min: -64.0,
-            max: 63.5,
-        };
-        let mut x = [0.3f32, 1.0e-4, 70.0];
-        Round::of(DType::U8, q).apply(&mut x);
-        assert_eq!(x, [0.5, 0.0, 63.5]);
-        let mut y = [1.0e-4f32];
-        Round::of(DType::F16, q).apply(&mut y);
-        // fp16 keeps 11 significant bits: 1e-4 becomes 0.00010001659
-        assert!((y[0] - 1.000_165_9e-4).abs() < 1e-10);
-        let mut z = [0.123_456_7f32];
-        Round::of(DType::F32, q).apply(&mut z);
-        assert_eq!(z, [0.123_456_7]);
     }
 }

@@ -54,7 +54,7 @@ pub fn run(s: &mut Session, opts: &PrefillOptions) -> Result<PrefillFinding> {
     let ids = s.ids.clone();
     // single-chunk prefixes: one precision-matched forward gives every row (causal)
     let single = g.prompt_len.min(g.prefill_len);
-    let matched = match matched::Precision::of(s.describe(), s.model) {
+    let matched = match matched::Precision::of(s.describe(), s.model)? {
         Some(p) => Some(matched::chunk_rows(s.model, &p, &ids[..single])?),
         None => None,
     };

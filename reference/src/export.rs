@@ -7,6 +7,7 @@ use candle_core::Tensor;
 
 use crate::blocks::{Linear, Mlp, Norm, Qkv};
 use crate::store::{EmbeddingRows, Weight};
+use crate::streamed_gemv::streamed_gemv;
 use crate::{matmul, Family, Model, Result};
 
 /// `y = x Wᵀ + b` with `W` in `[out, in]` (nn.Linear) order, `W` as the checkpoint stores it.
@@ -15,6 +16,9 @@ pub struct LinearExport {
     w: Weight,
     pub b: Option<Tensor>,
 }
+
+/// f32 values copied and mapped together (16 KiB).
+const MAP_CHUNK: usize = 4096;
 
 /// What a device does to each weight value before its product (fp16 rounding on the ANE),
 /// applied to f32 rows a tile at a time.
@@ -40,14 +44,30 @@ impl LinearExport {
     }
 
     /// `x Wᵀ` (no bias) for `rows` rows of `in` values, each tile of `W` converted to f32 and
-    /// passed through `map` before its product; sums in f32.
+    /// passed through `map` before its product; sums in f32 (one row: a streamed dot product per
+    /// weight row, see `streamed_gemv`; more rows: gemm on tiles).
     pub fn product_mapped(&self, x: &[f32], rows: usize, map: &ValueMap<'_>) -> Result<Vec<f32>> {
         let (out, inp) = self.dims();
         let fill = |r0: usize, r1: usize, buf: &mut Vec<f32>| -> Result<()> {
-            self.w.rows_into(r0, r1, buf)?;
-            map(buf);
+            // An f32 weight is copied and mapped a few KiB at a time, so `map` reads values
+            // still in L1 (a whole tile is larger than L2).
+            buf.clear();
+            let mapped = self.w.with_f32(|v| {
+                for part in v[r0 * inp..r1 * inp].chunks(MAP_CHUNK) {
+                    let at = buf.len();
+                    buf.extend_from_slice(part);
+                    map(&mut buf[at..]);
+                }
+            });
+            if mapped.is_none() {
+                self.w.rows_into(r0, r1, buf)?;
+                map(buf);
+            }
             Ok(())
         };
+        if rows == 1 {
+            return streamed_gemv(x, inp, out, &fill);
+        }
         matmul::tiled_transposed(x, rows, inp, out, &fill)
     }
 }

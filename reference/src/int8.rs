@@ -1,9 +1,11 @@
 //! Per-output-channel symmetric int8 fake quantisation (what a Hailo-style compiler does to linear
 //! weights): scale = max|w| / 127 per output channel, w' = clamp(round(w / scale), -127, 127) * scale.
 
+use std::sync::Arc;
+
 use candle_core::Tensor;
 
-use crate::Result;
+use crate::{Model, Result};
 
 /// `in_out` = the weight is `[in, out]` (GPT-2 Conv1D: channels are columns), else `[out, in]`.
 pub fn fake_quant_per_output(w: &Tensor, in_out: bool) -> Result<Tensor> {
@@ -39,6 +41,38 @@ pub(crate) fn fake_quant_value(v: f32, scale: f32) -> f32 {
 /// −127..=127, so exact in i8 and back in f32).
 pub(crate) fn level(v: f32, scale: f32) -> i8 {
     (v / scale).round().clamp(-127.0, 127.0) as i8
+}
+
+impl Model {
+    /// Per-output-channel symmetric int8 fake quantisation of every linear weight (sim
+    /// `--sim-weights int8`), held as int8 values and channel steps (one byte per value, the
+    /// device's storage type; no f32 copy) and widened a tile at a time like any stored weight.
+    /// Embeddings, norms, biases and a tied lm_head stay shared with this model.
+    pub fn with_int8_weights(&self) -> Result<Model> {
+        let mut m = self.clone();
+        m.int8 = Arc::default();
+        for b in &mut m.blocks {
+            for lin in b.linears_mut() {
+                lin.w = lin.w.to_int8(lin.in_out)?;
+            }
+        }
+        if !m.lm_head_tied {
+            m.lm_head.w = m.lm_head.w.to_int8(m.lm_head.in_out)?;
+        }
+        Ok(m)
+    }
+
+    /// [`Model::with_int8_weights`], computed on the first call and shared afterwards by this
+    /// model and its clones (the emulator computing with it and the precision-matched reference
+    /// modelling it hold one copy).
+    pub fn int8_weights(&self) -> Result<Arc<Model>> {
+        if let Some(m) = self.int8.get() {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(self.with_int8_weights()?);
+        // two threads may both compute it; the first one stored is the one every caller gets
+        Ok(self.int8.get_or_init(|| m).clone())
+    }
 }
 
 #[cfg(test)]

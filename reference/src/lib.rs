@@ -27,6 +27,7 @@ pub mod mask;
 mod matmul;
 pub mod model;
 mod store;
+mod streamed_gemv;
 pub mod support;
 pub mod tokenizer;
 mod weights;

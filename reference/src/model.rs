@@ -62,6 +62,8 @@ pub struct Model {
     pub(crate) lm_head: Linear,
     /// lm_head is the embedding table (tied): int8 leaves it alone like the embeddings.
     pub(crate) lm_head_tied: bool,
+    /// [`Model::int8_weights`], made once and shared by every clone of this model.
+    pub(crate) int8: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<Model>>>,
 }
 
 impl Model {
@@ -155,6 +157,7 @@ impl Model {
                     source: source.to_path_buf(),
                     embed: p.embed,
                     embed_f32: Default::default(),
+                    int8: Default::default(),
                     wpe: None,
                     blocks: p.blocks,
                     final_norm: p.final_norm,
@@ -176,6 +179,7 @@ impl Model {
                     source: source.to_path_buf(),
                     embed: p.wte,
                     embed_f32: Default::default(),
+                    int8: Default::default(),
                     wpe: Some(p.wpe),
                     inv_freq: None,
                     blocks: p.blocks,
@@ -504,23 +508,6 @@ impl Model {
             }),
             None => Ok(()),
         }
-    }
-
-    /// Per-output-channel symmetric int8 fake quantisation of every linear weight (sim
-    /// `--sim-weights int8`), held as int8 values and channel steps (one byte per value, the
-    /// device's storage type; no f32 copy) and widened a tile at a time like any stored weight.
-    /// Embeddings, norms, biases and a tied lm_head stay shared with this model.
-    pub fn with_int8_weights(&self) -> Result<Model> {
-        let mut m = self.clone();
-        for b in &mut m.blocks {
-            for lin in b.linears_mut() {
-                lin.w = lin.w.to_int8(lin.in_out)?;
-            }
-        }
-        if !m.lm_head_tied {
-            m.lm_head.w = m.lm_head.w.to_int8(m.lm_head.in_out)?;
-        }
-        Ok(m)
     }
 }
 

@@ -315,6 +315,24 @@ pub struct DeviceDescription {
     pub prefill_len: usize,
     pub shape: ModelShape,
     pub groups: Vec<GroupDescription>,
+    /// The weight values the device computes with, as far as it declares them (descriptions
+    /// written before the field existed declare the checkpoint's).
+    #[serde(default)]
+    pub weights: DeclaredWeights,
+}
+
+/// What a device declares about its weights; the precision-matched reference computes with
+/// what is declared, nothing else.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeclaredWeights {
+    /// The checkpoint's values (or nothing declared: a HEF does not say how its compiler
+    /// quantised the weights, so its cost is not modelled).
+    #[default]
+    Checkpoint,
+    /// Per-output-channel symmetric int8, `max|w| / 127` a channel (the emulator's
+    /// `--sim-weights int8`).
+    Int8PerChannel,
 }
 
 impl DeviceDescription {

@@ -81,6 +81,7 @@ mod tests {
                 rope_theta: None,
             },
             groups: Vec::new(),
+            weights: Default::default(),
         };
         let ring = declared(&desc, false);
         assert_eq!(

@@ -67,5 +67,6 @@ pub(super) fn description(
             rope_theta: None,
         },
         groups,
+        weights: kvprobe_schema::DeclaredWeights::Checkpoint,
     }
 }

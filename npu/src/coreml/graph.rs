@@ -11,6 +11,8 @@ use candle_core::{DType, Device as CDevice, Tensor, D};
 use kvprobe_reference::export::{LinearExport, LlamaExport};
 
 use super::faults::AneFault;
+use super::fp16::round_to_f16;
+use crate::race::splitmix64;
 use crate::Result;
 
 /// A linear layer on the reference's own stored weight (shared, never copied whole): each tile
@@ -19,17 +21,6 @@ use crate::Result;
 pub(crate) struct Lin {
     w: LinearExport,
     b: Option<Tensor>,
-}
-
-/// Every value to the nearest fp16 (±inf past 65504), kept as f32.
-fn round_to_f16(v: &mut [f32]) {
-    use half::slice::HalfFloatSliceExt;
-    let mut halves = [half::f16::ZERO; 1024];
-    for c in v.chunks_mut(1024) {
-        let h = &mut halves[..c.len()];
-        h.convert_from_f32_slice(c);
-        h.convert_to_f32_slice(c);
-    }
 }
 
 impl Lin {
@@ -111,15 +102,6 @@ pub(crate) struct RunSpec<'a> {
 
 /// Rows a call writes exactly under `ane-state-race`.
 pub(crate) const RACE_FREE_ROWS: usize = 16;
-
-/// splitmix64: the race's bit source (no dependency for a handful of bits).
-pub(crate) fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// The ANE-port RMSNorm, or under `ane-norm-fp16=GAIN` the plain form in fp16 (module doc of
 /// `faults`): the sum of squares is an fp16 value, inf past 65504.

@@ -19,6 +19,7 @@
 
 mod describe;
 pub mod faults;
+mod fp16;
 mod graph;
 
 use std::collections::BTreeMap;
@@ -94,14 +95,6 @@ pub struct AneDevice {
     manifest: SimManifest,
     /// `ane-state-race`: the generator, seeded per process, advanced per call.
     race: u64,
-}
-
-/// A seed that differs process to process and device to device (`ane-state-race`).
-fn process_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ (u64::from(std::process::id()) << 32)
 }
 
 /// With `opts.manifest`: check it is an ane-sim manifest for these weights and take the
@@ -297,7 +290,7 @@ impl AneDevice {
             base: 0,
             filled: 0,
             manifest,
-            race: process_seed(),
+            race: crate::race::process_seed(),
         })
     }
 
@@ -449,7 +442,7 @@ impl Device for AneDevice {
             pad_call(&mut emb, &mut positions, &mut mask, rows_max, hidden, ctx);
         }
         let race_seed = (self.faults.contains(&AneFault::StateRace) && q > graph::RACE_FREE_ROWS)
-            .then(|| graph::splitmix64(&mut self.race));
+            .then(|| crate::race::splitmix64(&mut self.race));
         let logits = self.graph.run(
             &mut self.states,
             &RunSpec {

@@ -59,6 +59,7 @@ pub(super) fn description(
             rope_theta: None,
         },
         groups,
+        weights: kvprobe_schema::DeclaredWeights::Checkpoint,
     }
 }
 

@@ -10,6 +10,7 @@ pub mod engine;
 #[cfg(test)]
 mod invariant;
 mod outcome;
+mod repeat;
 pub mod ring;
 pub mod stage;
 mod state_evidence;

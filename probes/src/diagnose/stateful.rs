@@ -196,7 +196,7 @@ impl StatefulFacts {
     fn repeat_differs(&self) -> bool {
         self.repeat
             .as_ref()
-            .is_some_and(|r| r.clean_reset == Some(true) && !r.identical())
+            .is_some_and(determinism::repeat_differs)
     }
 
     /// The prefill wrote exactly positions `0..n`.
@@ -242,10 +242,7 @@ impl Controls for StatefulFacts {
 
 /// Identical inputs down to the states, different outputs: nothing before the request explains it.
 fn nondeterministic(f: &StatefulFacts) -> Option<Cause> {
-    let r = f.repeat.as_ref().filter(|_| f.repeat_differs())?;
-    Some(Cause::new(0.9).line(determinism::repeat_evidence(r)).line(
-        "→ the device gives different results for identical inputs (`kvprobe determinism` adds a second process and every step)",
-    ))
+    super::repeat::nondeterministic(f.repeat.as_ref()?)
 }
 
 fn stale_cache(f: &StatefulFacts) -> Option<Cause> {

@@ -42,8 +42,9 @@ pub struct DeterminismFinding {
     pub steps: usize,
     /// Whether the cache bytes were compared (the device can read its caches).
     pub caches_compared: bool,
-    /// Stateful devices: every state read all zero right after each reset (`None`: not a
-    /// stateful device). Only then are two runs' inputs identical down to the state.
+    /// Every state read all zero right after each reset (stateful), or every ring after the
+    /// host zeroed it (genai ring); `None`: the device cannot be read back, or cannot have its
+    /// rings cleared. Only with `Some(true)` are two runs' inputs identical down to the caches.
     pub clean_reset: Option<bool>,
     pub comparisons: Vec<RunComparison>,
     /// Why the second-process run did not happen (`None`: it ran, or was not asked for).

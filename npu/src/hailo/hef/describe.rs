@@ -159,6 +159,7 @@ pub fn to_device_description(hef: &Hef) -> Result<DeviceDescription> {
             rope_theta: facts.theta.clone(),
         },
         groups,
+        weights: kvprobe_schema::DeclaredWeights::Checkpoint,
     })
 }
 

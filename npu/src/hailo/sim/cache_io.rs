@@ -110,6 +110,13 @@ impl SimDevice {
                 entry[*n..].fill(0);
             }
         }
+        if self
+            .faults
+            .iter()
+            .any(|f| f.kind == FaultKind::RingWriteRace)
+        {
+            self.race_low_bits(&mut stream);
+        }
         let start = self.rings.write_start(n_in);
         let res = self
             .rings
@@ -118,6 +125,18 @@ impl SimDevice {
         self.block = block;
         self.stream = stream;
         res
+    }
+
+    /// `ring-write-race`: the lowest bit of every element (little-endian: its first byte) from
+    /// the device's race generator, 64 elements per draw.
+    fn race_low_bits(&mut self, stream: &mut [u8]) {
+        let mut bits = 0u64;
+        for (i, e) in stream.chunks_exact_mut(self.elem_bytes).enumerate() {
+            if i % 64 == 0 {
+                bits = crate::race::splitmix64(&mut self.race);
+            }
+            e[0] = (e[0] & !1) | ((bits >> (i % 64)) & 1) as u8;
+        }
     }
 
     /// `[n_kv, T, hd]` → `[T][features]`, expanded with HF repeat_kv (query head q uses KV head

@@ -24,6 +24,7 @@
 //! | `truncate-entry=N` | cache writers keep only the first N bytes of every entry (rest zero); default all writers | prefill, tbt, k, v, layer |
 //! | `prefill-truncate=N` | the prefill graph takes only the newest N of the P window rows: the older rows are dropped, their keys unseen and their K/V never written (the slots keep their bytes) | — |
 //! | `ring-capacity=N` | the rings hold N entries (P < N < L) while the device declares L: slot `s` lives at `s mod N`, so from N tokens on every write overwrites the token N before it | — |
+//! | `ring-write-race` | every cache element a run writes gets its lowest bit from a generator seeded per process and advanced per write: identical requests leave different ring bytes, and the steps that read them different logits | — |
 
 use kvprobe_schema::{GroupKind, Layout, Verdict};
 
@@ -194,6 +195,15 @@ pub const TABLE: FaultTable = FaultTable {
             sweep: SweepValue::NotSampled,
         },
         FaultDecl {
+            name: "ring-write-race",
+            values: Values::None,
+            scopes: &[],
+            default_groups: &[],
+            bug_class: "cache writes race the runtime (apple/coreai-models#84's class on a ring): the lowest bit of every element written changes run to run, so identical requests give different caches and logits",
+            expected: Expected::Always(Verdict::Nondeterministic),
+            sweep: SweepValue::None,
+        },
+        FaultDecl {
             name: "rope-theta",
             values: Values::OneOf(&["sign-folded", "plain"]),
             scopes: &[],
@@ -245,6 +255,8 @@ pub enum FaultKind {
     PrefillTruncate(usize),
     /// The rings hold N entries.
     RingCapacity(usize),
+    /// The lowest bit of every written cache element comes from a per-process generator.
+    RingWriteRace,
     /// K's cos/sin tables repeat the first W elements of each head's table.
     RopeKTile(usize),
     /// The shipped theta table divided by this factor.
@@ -363,6 +375,10 @@ fn kind(f: &FaultText) -> Result<FaultKind> {
         }
         "prefill-truncate" => FaultKind::PrefillTruncate(parse_count(f)?),
         "ring-capacity" => FaultKind::RingCapacity(parse_count(f)?),
+        "ring-write-race" => match f.value {
+            None => FaultKind::RingWriteRace,
+            Some(_) => return Err(f.bad("takes no value")),
+        },
         "rope-theta" => FaultKind::RopeTheta(
             f.value
                 .and_then(RopeTheta::parse)

@@ -92,6 +92,8 @@ pub struct SimDevice {
     features: usize,
     elem_bytes: usize,
     head_dim: usize,
+    /// `ring-write-race`: the generator, seeded per process, advanced per write.
+    race: u64,
     // scratch
     stream: Vec<u8>,
     block: Vec<u8>,
@@ -121,7 +123,7 @@ impl SimDevice {
         let faults = compile::checked_faults(&model, &opts, shape)?;
         let graph_model = match opts.weights {
             SimWeights::F32 => model.clone(),
-            SimWeights::Int8 => Arc::new(model.with_int8_weights()?),
+            SimWeights::Int8 => model.int8_weights()?,
         };
         let quant = compile::quant(&model, &graph_model, &opts, &identity, &from_manifest)?;
         let mut rings = RingSet::new(l)?;
@@ -151,6 +153,10 @@ impl SimDevice {
                     rope_theta: theta.clone(),
                 },
                 groups: Vec::new(),
+                weights: match opts.weights {
+                    SimWeights::F32 => kvprobe_schema::DeclaredWeights::Checkpoint,
+                    SimWeights::Int8 => kvprobe_schema::DeclaredWeights::Int8PerChannel,
+                },
             },
             faults,
             quant,
@@ -162,6 +168,7 @@ impl SimDevice {
             features: shape.features,
             elem_bytes: shape.elem_bytes,
             head_dim: shape.head_dim,
+            race: crate::race::process_seed(),
             stream: Vec::new(),
             block: Vec::new(),
         };

@@ -110,6 +110,8 @@ pub struct RingFacts {
     pub layout_infer: Option<LayoutInferFinding>,
     /// `kvdiff` after the prefill only (runs where single-chunk rows fail on a RoPE model).
     pub kvdiff: Option<kvprobe_schema::KvdiffFinding>,
+    /// The same request twice from cleared rings (None: the device cannot clear its rings).
+    pub repeat: Option<kvprobe_schema::DeterminismFinding>,
 }
 
 /// Nothing measured yet: no probe ran (the start of hand-made facts and of `from_controls`).
@@ -157,6 +159,7 @@ impl Default for RingFacts {
             theta: None,
             layout_infer: None,
             kvdiff: None,
+            repeat: None,
         }
     }
 }
@@ -497,11 +500,17 @@ impl Controls for RingFacts {
             Control::Greedy => !self.greedy_ok(),
             Control::CacheReading => !self.pf_multi_ok() || !self.greedy_ok(),
             Control::Output => self.non_finite_step.is_some(),
-            // a ring device's re-run and state writes are not controls of their own here
-            Control::Rerun | Control::StateWrites => false,
+            // identical requests from cleared rings differ (a ring's state writes are not a
+            // control of their own: the rings are read through kvdiff and layout)
+            Control::Rerun => self
+                .repeat
+                .as_ref()
+                .is_some_and(crate::determinism::repeat_differs),
+            Control::StateWrites => false,
             // the capacity check has facts of its own (diagnose::capacity)
             Control::Capacity => false,
             Control::Any => [
+                Control::Rerun,
                 Control::PrefillSingle,
                 Control::PrefillMulti,
                 Control::SelfOnly,

@@ -14,24 +14,25 @@ mod graph;
 #[cfg(test)]
 pub(crate) mod testing;
 
-use kvprobe_schema::{Layout, ProbeFindings, Timing};
+use kvprobe_schema::{Layout, ProbeFindings, Timing, Verdict};
 
 pub use cache::{CACHE_LATE, CACHE_PATH, SOLVED};
 pub use facts::{GreedyStats, RingFacts, RowStats, SKIPPED, SKIPPED_BOTH};
 pub use graph::{GRAPH_END, HEADS, HEALTHY, MULTI_CHUNK, PREFILL_GRAPH, SELF_ONLY, THETA};
 
-use super::engine::{Control, Controls, Engine, Rule};
+use super::engine::{Control, Controls, Engine, Rule, Tier};
 use super::outcome::{timed, DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use crate::session::Session;
 use crate::{
-    affected, colmap, greedy, inject, kvdiff, layout, layout_infer, maskconv, positions, precision,
-    prefill, quant, scalefit, selfmask, ztap, Result,
+    affected, colmap, determinism, greedy, inject, kvdiff, layout, layout_infer, maskconv,
+    positions, precision, prefill, quant, scalefit, selfmask, ztap, Result,
 };
 use facts::{mean, pct, prefill_split};
 
 /// The ring rules, phase by phase in the order they are evaluated; the orchestration runs the
 /// probes a phase reads before it.
 pub const TABLE: &[&[Rule<RingFacts>]] = &[
+    REPEAT,
     HEALTHY,
     HEADS,
     MULTI_CHUNK,
@@ -43,6 +44,20 @@ pub const TABLE: &[&[Rule<RingFacts>]] = &[
     CACHE_LATE,
     SOLVED,
 ];
+
+/// Before every other phase: the same request twice from cleared rings must give the same bytes.
+pub const REPEAT: &[Rule<RingFacts>] = &[Rule::new(
+    "nondeterministic",
+    Tier::CachePath,
+    Some(Verdict::Nondeterministic),
+    nondeterministic,
+)
+.needs(Control::Rerun)
+.stop()];
+
+fn nondeterministic(f: &RingFacts) -> Option<super::engine::Cause> {
+    super::repeat::nondeterministic(f.repeat.as_ref()?)
+}
 
 struct Run<'s, 'a> {
     s: &'s mut Session<'a>,
@@ -75,7 +90,16 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         eng: Engine::new(),
         cache_kvdiff_ran: false,
     };
+    let repeat = repeat(&mut run)?;
     let mut f = controls(&mut run, opts)?;
+    f.repeat = repeat;
+    run.eng.apply(REPEAT, &f);
+    if run.eng.stopped() {
+        return Ok(run.done(None));
+    }
+    if let Some(r) = &f.repeat {
+        run.eng.line(determinism::repeat_evidence(r));
+    }
     quiet_checks(&mut run, &mut f)?;
     // every control passes: the cheap capacity check before the healthy rule (issue 20)
     if !f.fails(Control::Any)
@@ -88,6 +112,23 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         return Ok(run.done(None));
     }
     cache_path(run, f, opts)
+}
+
+/// The same request twice from cleared rings (prefill + 3 tbt steps), when the device lets the
+/// host clear its rings: without that the second run would read the first one's bytes in its
+/// stale slots, which the `stale` probes judge, not this one.
+fn repeat(run: &mut Run) -> Result<Option<kvprobe_schema::DeterminismFinding>> {
+    if !run.s.dev.capabilities().write_cache {
+        run.eng.line(
+            "repeat: not run (the device cannot clear its rings, so two requests would not start from identical caches)",
+        );
+        return Ok(None);
+    }
+    let rp = run.timed("repeat", |s| {
+        determinism::repeat(s, super::stateful::REPEAT_STEPS)
+    })?;
+    run.p.determinism = Some(rp.clone());
+    Ok(Some(rp))
 }
 
 /// The controls: quant, prefill, selfmask, greedy, and the relative checks that may fail them.

@@ -1,0 +1,119 @@
+//! How the precision-matched reference rounds what crosses a device's declared edges: one
+//! [`Round`] per edge, the host edges of one group as [`Edges`] (see `matched`).
+
+use kvprobe_npu::quant::fake_quantize_in_place;
+use kvprobe_schema::{DType, GroupDescription, InputRole, QuantInfo};
+
+/// How one edge rounds a float crossing it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Round {
+    Exact,
+    Quant(QuantInfo, u32),
+    F16,
+}
+
+impl Round {
+    pub(crate) fn of(dtype: DType, q: QuantInfo) -> Round {
+        match dtype {
+            DType::F32 => Round::Exact,
+            DType::F16 => Round::F16,
+            DType::U8 => Round::Quant(q, 8),
+            DType::U16 => Round::Quant(q, 16),
+        }
+    }
+
+    pub(crate) fn apply(&self, xs: &mut [f32]) {
+        match self {
+            Round::Exact => {}
+            Round::Quant(q, bits) => fake_quantize_in_place(xs, q, *bits),
+            Round::F16 => xs
+                .iter_mut()
+                .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+        }
+    }
+
+    pub(crate) fn exact(&self) -> bool {
+        *self == Round::Exact
+    }
+}
+
+/// What one group's host edges round: the embeddings input, the logits output and the four
+/// RoPE tables (q cos, q sin, k cos, k sin).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Edges {
+    pub(crate) emb: Round,
+    pub(crate) logits: Round,
+    pub(crate) pe: [Round; 4],
+}
+
+impl Edges {
+    pub(crate) const FP16: Edges = Edges {
+        emb: Round::F16,
+        logits: Round::F16,
+        pe: [Round::Exact; 4],
+    };
+    pub(crate) const EXACT: Edges = Edges {
+        emb: Round::Exact,
+        logits: Round::Exact,
+        pe: [Round::Exact; 4],
+    };
+
+    pub(crate) fn of(g: &GroupDescription) -> Edges {
+        let input = |role: InputRole| {
+            g.inputs
+                .iter()
+                .find(|i| i.role == Some(role))
+                .map_or(Round::Exact, |i| Round::of(i.device_dtype, i.quant))
+        };
+        Edges {
+            emb: input(InputRole::Embeddings),
+            logits: g
+                .outputs
+                .first()
+                .map_or(Round::Exact, |o| Round::of(o.device_dtype, o.quant)),
+            pe: [
+                input(InputRole::PeQCos),
+                input(InputRole::PeQSin),
+                input(InputRole::PeKCos),
+                input(InputRole::PeKSin),
+            ],
+        }
+    }
+
+    pub(crate) fn exact(&self) -> bool {
+        self.emb.exact() && self.logits.exact() && self.pe.iter().all(Round::exact)
+    }
+}
+
+pub(crate) fn name(r: &Round) -> String {
+    match r {
+        Round::Exact => "float32".into(),
+        Round::F16 => "fp16".into(),
+        Round::Quant(_, bits) => format!("uint{bits} (declared quant info)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_follows_the_declared_edge_type() {
+        let q = QuantInfo {
+            scale: 0.5,
+            zero_point: 128.0,
+            min: -64.0,
+            max: 63.5,
+        };
+        let mut x = [0.3f32, 1.0e-4, 70.0];
+        Round::of(DType::U8, q).apply(&mut x);
+        assert_eq!(x, [0.5, 0.0, 63.5]);
+        let mut y = [1.0e-4f32];
+        Round::of(DType::F16, q).apply(&mut y);
+        // fp16 keeps 11 significant bits: 1e-4 becomes 0.00010001659
+        assert!((y[0] - 1.000_165_9e-4).abs() < 1e-10);
+        let mut z = [0.123_456_7f32];
+        Round::of(DType::F32, q).apply(&mut z);
+        assert_eq!(z, [0.123_456_7]);
+    }
+}
