@@ -125,7 +125,14 @@ fn repeat(run: &mut Run) -> Result<Option<kvprobe_schema::DeterminismFinding>> {
         return Ok(None);
     }
     let rp = run.timed("repeat", |s| {
-        determinism::repeat(s, super::stateful::REPEAT_STEPS)
+        let start = s.driver.host_state();
+        let rp = determinism::repeat(s, super::stateful::REPEAT_STEPS)?;
+        // the probes after it see the rings, offset and host window a fresh device has: the
+        // repeat leaves no trace in what they measure (a fault's stale bytes included)
+        s.driver.reset(s.dev)?;
+        s.driver.set_host_state(start);
+        s.clear_rings()?;
+        Ok(rp)
     })?;
     run.p.determinism = Some(rp.clone());
     Ok(Some(rp))
