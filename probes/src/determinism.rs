@@ -365,12 +365,12 @@ pub fn describe(c: &RunComparison) -> String {
     s
 }
 
-/// The evidence line of `diagnose`'s repeat.
 /// Two runs from all-zero states (or cleared rings) with identical inputs differed.
 pub fn repeat_differs(r: &DeterminismFinding) -> bool {
     r.clean_reset == Some(true) && !r.identical()
 }
 
+/// The evidence line of `diagnose`'s repeat.
 pub fn repeat_evidence(r: &DeterminismFinding) -> String {
     if r.clean_reset == Some(false) {
         return "repeat: not compared as identical inputs: the caches were not all zero after a reset (the back-to-back check follows)".into();
