@@ -37,10 +37,7 @@ impl LinearExport {
 
     /// The largest |w| (NaN ignored), read a tile of rows at a time.
     pub fn max_abs(&self) -> Result<f32> {
-        let mut m = 0f32;
-        self.w
-            .for_each_tile(|_, rows| m = rows.iter().fold(m, |m, v| m.max(v.abs())))?;
-        Ok(m)
+        self.w.max_abs()
     }
 
     /// `x Wᵀ` (no bias) for `rows` rows of `in` values, each tile of `W` converted to f32 and

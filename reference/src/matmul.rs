@@ -174,7 +174,7 @@ fn gemv_split(
 
 /// f32 values a tile of a stored weight holds when it is converted (about 1 MiB: the tile stays
 /// in cache between its conversion and its product).
-const TILE_VALUES: usize = 1 << 18;
+pub(crate) const TILE_VALUES: usize = 1 << 18;
 
 /// `fill(r0, r1, buf)`: rows `r0..r1` of a stored weight as f32 into `buf`.
 pub(crate) type FillRows<'a> = dyn Fn(usize, usize, &mut Vec<f32>) -> Result<()> + Sync + 'a;

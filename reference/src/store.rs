@@ -289,13 +289,20 @@ impl Weight {
     /// `r0` on (a pass over a stored weight without its f32 copy).
     pub fn for_each_tile(&self, mut f: impl FnMut(usize, &[f32])) -> Result<()> {
         let rows = self.rows();
-        let tile = ((1 << 18) / self.cols().max(1)).max(1);
+        let tile = (matmul::TILE_VALUES / self.cols().max(1)).max(1);
         let mut buf = Vec::new();
         for r0 in (0..rows).step_by(tile) {
             self.rows_into(r0, (r0 + tile).min(rows), &mut buf)?;
             f(r0, &buf);
         }
         Ok(())
+    }
+
+    /// The largest |w| (NaN ignored), read a tile of rows at a time.
+    pub fn max_abs(&self) -> Result<f32> {
+        let mut m = 0f32;
+        self.for_each_tile(|_, rows| m = rows.iter().fold(m, |m, v| m.max(v.abs())))?;
+        Ok(m)
     }
 
     /// This weight fake-quantised to int8 per output channel (`int8::fake_quant_per_output`'s
@@ -385,6 +392,11 @@ impl EmbeddingRows {
             )));
         }
         self.0.rows_into(r0, r1, out)
+    }
+
+    /// The largest |value| in the table (NaN ignored), read a tile of rows at a time.
+    pub fn max_abs(&self) -> Result<f32> {
+        self.0.max_abs()
     }
 
     /// The whole table as an f32 `[rows, features]` tensor (a copy: for writers of weight files).

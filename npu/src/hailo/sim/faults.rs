@@ -271,6 +271,14 @@ pub struct Fault {
     pub scope: Scope,
 }
 
+/// A fault written without `=value`.
+fn no_value(f: &FaultText, kind: FaultKind) -> Result<FaultKind> {
+    match f.value {
+        None => Ok(kind),
+        Some(_) => Err(f.bad("takes no value")),
+    }
+}
+
 fn parse_factor(f: &FaultText) -> Result<f32> {
     let v = f.value.ok_or_else(|| f.bad("needs a value, e.g. =0.5"))?;
     let x: f32 = v
@@ -356,10 +364,7 @@ fn kind(f: &FaultText) -> Result<FaultKind> {
         "tbt-cache-scale" => FaultKind::TbtCacheScale(parse_factor(f)?),
         "tbt-position" => FaultKind::TbtPosition(parse_positions(f)?),
         "prefill-position" => FaultKind::PrefillPosition(parse_positions(f)?),
-        "kv-swap" => match f.value {
-            None => FaultKind::KvSwap,
-            Some(_) => return Err(f.bad("takes no value")),
-        },
+        "kv-swap" => no_value(f, FaultKind::KvSwap)?,
         "gqa-repeat" => want_value(f, "block").map(|_| FaultKind::GqaBlock)?,
         "tbt-attn-scale" => FaultKind::TbtAttnScale(parse_factor(f)?),
         "prefill-attn-scale" => FaultKind::PrefillAttnScale(parse_factor(f)?),
@@ -375,10 +380,7 @@ fn kind(f: &FaultText) -> Result<FaultKind> {
         }
         "prefill-truncate" => FaultKind::PrefillTruncate(parse_count(f)?),
         "ring-capacity" => FaultKind::RingCapacity(parse_count(f)?),
-        "ring-write-race" => match f.value {
-            None => FaultKind::RingWriteRace,
-            Some(_) => return Err(f.bad("takes no value")),
-        },
+        "ring-write-race" => no_value(f, FaultKind::RingWriteRace)?,
         "rope-theta" => FaultKind::RopeTheta(
             f.value
                 .and_then(RopeTheta::parse)
