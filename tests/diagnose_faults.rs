@@ -267,3 +267,71 @@ fn rope_theta_is_named_by_the_theta_check_alone() {
         assert!(p["probes"]["positions"]["points"].is_array());
     }
 }
+
+/// A tbt reader that decodes K in another named layout, on every layer or on one: golden rings
+/// re-encoded for that reader repair the first tbt step, and the verdict names the edges. Before
+/// the re-encoded search (session 12) these three sweep cases (seed 12: #120, #90, #77) ended
+/// `tbt-graph` by elimination, `position-mismatch` (a K read feature-major on layer 0 of the
+/// llama fixture made a position shift reproduce) and `tbt-graph`.
+#[test]
+fn reader_layouts_are_named_by_reencoded_golden_rings() {
+    let (llama, gpt2) = (fixture("llama", 7), fixture("gpt2", 5));
+    let cases = [
+        (&llama, "102", "28", "7,151,33,150,172,122,281,263,240,106,82,117,202,269,276,210,151,126,16,125,120,124,209,220,210,103,130,263,206,231,56,196,88,159,225,183,47,67,95,137,150,87,41,244,214,131,142,33,26,290,210,169,273,144,30,94,186,27,161,90,274,177,66,251,146,121,255,79,114,122,70,291,172,157,271,164,165,265,289,153,120", "26", "tbt-read-layout=f8cr@k", "K in f8cr on every layer"),
+        (&llama, "83", "26", "86,204,266,247,281,136,237,138,291,100,41,87,146,164,168,177,24,18,4,239,44,35,285,230,239,114,130,194,13,160,82,290,133,198,94,197,128,204,237,47,127,166,98,7,290,45,178,8,145,51,117,192,12,33,163,197,4", "22", "tbt-read-layout=feature-major@k,layer=0", "K of layer 0 in feature-major"),
+        (&gpt2, "52", "25", "28,197,178,149,112,51,66,78,247,6,252,185,203,158,9,69,116,77,251,58,25,116,68,259,62,210,248,41,237,111,46,130,159,270,131,108,37,176,259,63,28,131,29,31,69,101,44,198,135,32", "17", "tbt-read-layout=f8cr@k,layer=0", "K of layer 0 in f8cr"),
+    ];
+    let results = par_map(&cases, |(m, l, p, ids, steps, fault, _)| {
+        let mut args = vec!["diagnose", "--sim", "--model", m.to_str().unwrap()];
+        args.extend(geometry(l, p, ids, steps));
+        args.extend(["--fault", fault]);
+        kvprobe_json(&args).1
+    });
+    let mut failures = Vec::new();
+    for ((.., fault, edges), v) in cases.iter().zip(&results) {
+        let named = evidence(v).iter().any(|e| {
+            e.starts_with("→ cache-layout-mismatch (reader): golden token-major rings fail")
+                && e.ends_with(&format!("a tbt reader that decodes {edges}"))
+        });
+        let repaired = v
+            .pointer("/probes/inject/reader_layout/comparison/cosine")
+            .and_then(|c| c.as_f64())
+            .unwrap_or(0.0);
+        if verdict(v) != "cache-layout-mismatch" || !named || repaired < 0.9999 {
+            failures.push(format!(
+                "{fault}: {} (repaired {repaired}) {:?}",
+                verdict(v),
+                evidence(v)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// On SmolLM2 one misread V ring leaves the step garbage (golden token-major rings 0.15), so no
+/// logit signal can rank the 60 edges; the search starts at the layer above which the step's
+/// own K/V writes leave the reference and names the one edge.
+#[test]
+fn smollm2_one_misread_ring_is_located() {
+    let Some(m) = smollm2() else { return };
+    let (_, v, _) = kvprobe_json(&[
+        "diagnose",
+        "--sim",
+        "--model",
+        m.to_str().unwrap(),
+        "--fault",
+        "tbt-read-layout=feature-major@v,layer=7",
+    ]);
+    let ev = evidence(&v);
+    assert_eq!(verdict(&v), "cache-layout-mismatch", "{ev:?}");
+    assert!(
+        ev.iter()
+            .any(|e| e.ends_with("a tbt reader that decodes V of layer 7 in feature-major")),
+        "{ev:?}"
+    );
+    // the whole-device candidates (6) and one located round (1 + 4), not 4 per layer
+    let trials = v
+        .pointer("/probes/inject/reader_layout/trials")
+        .and_then(|t| t.as_u64());
+    assert!(trials.is_some_and(|t| t <= 15), "{trials:?}");
+}

@@ -13,7 +13,9 @@ use kvprobe_schema::{CacheKind, InjectFinding, LogitComparison, PartialSwap};
 use crate::metrics::compare;
 use crate::rings::{cache_infos, quantize_entry, reference_entries, CacheInfo};
 use crate::session::Session;
-use crate::thresholds::{fit_repairs, POSITION_REPRODUCES, REPAIR_MARGIN, REPRODUCES_COSINE};
+use crate::thresholds::{
+    rings_repair, LAYER_SWAP_GAIN, REL_TBT_GAP, REPAIR_MARGIN, REPRODUCES_COSINE,
+};
 use crate::Result;
 
 pub fn run(s: &mut Session) -> Result<InjectFinding> {
@@ -67,14 +69,30 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
         None
     };
     if let Some(p) = &partial_swap {
-        let base = golden.cosine.max(device_rings.cosine);
-        let c = p.comparison.cosine;
-        if (c >= REPRODUCES_COSINE && c >= base + REPAIR_MARGIN)
-            || (c >= POSITION_REPRODUCES && fit_repairs(base, c))
-        {
+        if rings_repair(golden.cosine.max(device_rings.cosine), p.comparison.cosine) {
             blame = "binding";
         }
     }
+    // a reader wrong on one layer only can leave the step near the tolerance ("none"); golden
+    // rings as precise as a healthy step leave nothing to repair
+    let missing = 1.0 - golden.cosine > REL_TBT_GAP;
+    let reader_layout = if blame == "reader" || (blame == "none" && missing) {
+        let golden_rings = infos
+            .iter()
+            .map(|i| (i.cache_id, ring_bytes(&infos, &refs, i, Swap::No, n, l)))
+            .collect();
+        crate::inject_layout::search(
+            s,
+            &infos,
+            golden_rings,
+            &prompt.state,
+            q,
+            &first.reference,
+            golden.cosine,
+        )?
+    } else {
+        None
+    };
     for (id, bytes) in &original {
         s.dev.write_cache_buffer(*id, bytes)?;
     }
@@ -84,12 +102,9 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
         golden_swapped,
         blame: blame.into(),
         partial_swap,
+        reader_layout,
     })
 }
-
-/// A single layer's swap counts as helping when it lifts the golden step's cosine this much
-/// (one of 30 layers crossed moves SmolLM2's output by far more; rounding by far less).
-const LAYER_SWAP_GAIN: f64 = 1e-3;
 
 /// Golden rings with K↔V swapped on each layer alone, then on every layer that helped, with
 /// both quant-info choices. `None` when no single layer helps.

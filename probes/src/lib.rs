@@ -13,6 +13,7 @@ pub mod diagnose;
 pub mod error;
 pub mod greedy;
 pub mod inject;
+mod inject_layout;
 pub mod kvdiff;
 pub mod kvdiff_cache;
 pub mod kvdiff_compare;

@@ -85,6 +85,19 @@ pub fn fit_repairs(base: f64, fitted: f64) -> bool {
     fitted - base >= FIT_MIN_GAIN && 1.0 - base >= FIT_RATIO * (1.0 - fitted)
 }
 
+/// A single layer's (or edge's) ring variant counts as helping when it lifts the golden step's
+/// cosine this much (one of 30 layers crossed moves SmolLM2's output by far more; rounding by
+/// far less).
+pub const LAYER_SWAP_GAIN: f64 = 1e-3;
+
+/// Variant rings (a partial K↔V swap, a reader layout) repair the tbt step the best of the
+/// device's and the golden rings (`base`) leave: they reproduce the reference by a clear margin,
+/// or come near it and shrink the miss as a fit must.
+pub fn rings_repair(base: f64, variant: f64) -> bool {
+    (variant >= REPRODUCES_COSINE && variant >= base + REPAIR_MARGIN)
+        || (variant >= POSITION_REPRODUCES && fit_repairs(base, variant))
+}
+
 /// The device's tbt steps fail against the precision-matched reference (issue 18) when, at the
 /// median tbt step, they leave it by ≥ `PRECISION_RATIO` × what the declared precision costs
 /// that step (the matched reference's own miss, floored at `STEP_NOISE_FLOOR`, plus the

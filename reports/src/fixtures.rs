@@ -263,6 +263,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             golden_swapped: cmp(0.2, 77, false),
             blame: if faulty { "reader" } else { "none" }.into(),
             partial_swap: None,
+            reader_layout: None,
         }),
         layout_infer: None,
         cache_precision: None,

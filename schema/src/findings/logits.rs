@@ -225,6 +225,28 @@ pub struct InjectFinding {
     /// whose single-layer swap helps (a binding crossed on some layers only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial_swap: Option<PartialSwap>,
+    /// When the reader is blamed: golden rings re-encoded so that a reader decoding some cache
+    /// edges in another named layout sees the reference (the best candidate the search found).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reader_layout: Option<ReaderLayoutRepair>,
+}
+
+/// Golden rings whose read windows were re-encoded for a reader that decodes `edges` in
+/// another layout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReaderLayoutRepair {
+    pub edges: Vec<ReaderEdgeLayout>,
+    pub comparison: LogitComparison,
+    /// Trial steps the search ran.
+    pub trials: usize,
+}
+
+/// One cache edge's reader layout, as the repair assumed it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReaderEdgeLayout {
+    pub layer: usize,
+    pub kind: crate::CacheKind,
+    pub layout: crate::Layout,
 }
 
 /// Golden rings swapped K↔V on some layers only.

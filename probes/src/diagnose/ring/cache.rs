@@ -3,7 +3,7 @@
 //! the output-level discriminators, then the injection and elimination rules, which fire only
 //! if nothing above named a cause.
 
-use kvprobe_schema::{Layout, LayoutInferFinding, Verdict};
+use kvprobe_schema::{CacheKind, Layout, LayoutInferFinding, ReaderEdgeLayout, Verdict};
 
 use super::facts::SKIPPED;
 use super::facts::{clean_shift, mask_variant_fault, position_fault, scale_fault, RingFacts};
@@ -29,6 +29,13 @@ pub const CACHE_PATH: &[R] = &[
         CACHE,
         Some(Verdict::CacheTruncation),
         cache_truncation,
+    )
+    .needs(Control::CacheReading),
+    R::new(
+        "reader-layout-repair",
+        CACHE,
+        Some(Verdict::CacheLayoutMismatch),
+        reader_layout_repair,
     )
     .needs(Control::CacheReading),
     R::new(
@@ -331,6 +338,66 @@ fn reader_mixes(f: &RingFacts) -> Option<bool> {
         Some(identical) => !identical,
         None => cm.mixture_rows > cm.clean_rows || zt.interpretation == "transposition",
     })
+}
+
+/// b'. Golden rings re-encoded over the tbt read window for a reader that decodes some edges in
+/// another named layout reproduce the reference, as precisely as the controls, where
+/// token-major golden rings do not (blame reader, or none while the steps fail): that
+/// repair names the reader's layout, before any output-level discriminator (a K read in
+/// feature-major on one layer can look like a position shift).
+fn reader_layout_repair(f: &RingFacts) -> Option<Cause> {
+    let inj = f
+        .inject
+        .as_ref()
+        .filter(|i| i.blame == "reader" || i.blame == "none")?;
+    let r = inj.reader_layout.as_ref()?;
+    let c = r.comparison.cosine;
+    // the search tries up to 4 candidates per layer: only a step as precise as the device's
+    // controls counts (a wrong candidate reached 0.976 against a right one's 0.99999)
+    let precise = 1.0 - c <= (REL_RATIO * f.cache_noise()).max(REL_TBT_GAP);
+    if !precise || !rings_repair(inj.golden.cosine.max(inj.device_rings.cosine), c) {
+        return None;
+    }
+    Some(Cause::new(0.9).line(format!(
+        "→ cache-layout-mismatch (reader): golden token-major rings fail ({:.4}, device rings {:.4}) but reproduce the reference ({:.4}) re-encoded for a tbt reader that decodes {}",
+        inj.golden.cosine,
+        inj.device_rings.cosine,
+        r.comparison.cosine,
+        reader_edges(&r.edges, layers_seen(f))
+    )))
+}
+
+/// Layers the `layout` probe decoded (every layer with a cache edge).
+fn layers_seen(f: &RingFacts) -> usize {
+    f.layout
+        .as_ref()
+        .and_then(|l| l.caches.iter().filter_map(|c| c.layer).max())
+        .map_or(0, |m| m + 1)
+}
+
+/// "K in f8cr on every layer", "K of layers 0, 3 in feature-major; V of layer 1 in f8cr".
+fn reader_edges(edges: &[ReaderEdgeLayout], n_layers: usize) -> String {
+    let mut groups: Vec<(CacheKind, Layout, Vec<usize>)> = Vec::new();
+    for e in edges {
+        match groups.iter_mut().find(|g| g.0 == e.kind && g.1 == e.layout) {
+            Some(g) => g.2.push(e.layer),
+            None => groups.push((e.kind, e.layout, vec![e.layer])),
+        }
+    }
+    groups
+        .iter()
+        .map(|(kind, layout, layers)| {
+            let kind = if *kind == CacheKind::K { "K" } else { "V" };
+            if n_layers > 1 && layers.len() == n_layers {
+                format!("{kind} in {} on every layer", layout.name())
+            } else {
+                let list: Vec<String> = layers.iter().map(usize::to_string).collect();
+                let noun = if layers.len() == 1 { "layer" } else { "layers" };
+                format!("{kind} of {noun} {} in {}", list.join(", "), layout.name())
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn reader_blamed(f: &RingFacts) -> bool {
@@ -750,6 +817,77 @@ mod tests {
         };
         assert!(fires_in("reader-layout", &transposed).is_some());
         assert!(fires_in("reader-layout", &reader(None)).is_none());
+    }
+
+    fn layout_read_as(edges: &[(usize, CacheKind, Layout)], cosine: f64, blame: &str) -> RingFacts {
+        let mut inj = inject(0.93, 0.935, 0.5, blame);
+        inj.reader_layout = Some(kvprobe_schema::ReaderLayoutRepair {
+            edges: edges
+                .iter()
+                .map(|&(layer, kind, layout)| ReaderEdgeLayout {
+                    layer,
+                    kind,
+                    layout,
+                })
+                .collect(),
+            comparison: kvprobe_schema::test_findings::comparison(cosine),
+            trials: 6,
+        });
+        RingFacts {
+            inject: Some(inj),
+            layout: Some(layout(Layout::TokenMajor, 0, 1.0, &[])),
+            positions: Some(positions(0.93, 1, 0.99)),
+            ..failing()
+        }
+    }
+
+    #[test]
+    fn reader_layout_repair_names_the_edges_and_heads_a_position_shift() {
+        let every_k = [
+            (0, CacheKind::K, Layout::F8cr),
+            (1, CacheKind::K, Layout::F8cr),
+        ];
+        let f = layout_read_as(&every_k, 0.99999, "reader");
+        assert_eq!(
+            line("reader-layout-repair", &f),
+            "→ cache-layout-mismatch (reader): golden token-major rings fail (0.9350, device rings 0.9300) but reproduce the reference (1.0000) re-encoded for a tbt reader that decodes K in f8cr on every layer"
+        );
+        // the shift that mimics it is evaluated later and ties go to the earlier rule
+        let mut e = Engine::new();
+        e.apply(CACHE_PATH, &f);
+        let c = e.conclude();
+        assert_eq!(
+            (c.verdict, c.also),
+            (
+                Verdict::CacheLayoutMismatch,
+                vec![Verdict::PositionMismatch]
+            )
+        );
+        let mixed = [
+            (0, CacheKind::K, Layout::FeatureMajor),
+            (1, CacheKind::V, Layout::F8cr),
+        ];
+        assert!(line(
+            "reader-layout-repair",
+            &layout_read_as(&mixed, 0.999, "reader")
+        )
+        .ends_with("decodes K of layer 0 in feature-major; V of layer 1 in f8cr"));
+        // no repair: near the golden step, or the blame is the writer's
+        assert!(fires_in(
+            "reader-layout-repair",
+            &layout_read_as(&every_k, 0.95, "reader")
+        )
+        .is_none());
+        // a wrong candidate that lifts the step by far, but not to the controls' precision
+        let wrong = layout_read_as(&every_k, 0.976, "reader");
+        assert!(fires_in("reader-layout-repair", &wrong).is_none());
+        let quiet = layout_read_as(&every_k, 0.99999, "none");
+        assert!(fires_in("reader-layout-repair", &quiet).is_some());
+        assert!(fires_in(
+            "reader-layout-repair",
+            &layout_read_as(&every_k, 0.99999, "writer")
+        )
+        .is_none());
     }
 
     #[test]

@@ -173,6 +173,7 @@ pub fn inject(device: f64, golden: f64, swapped: f64, blame: &str) -> InjectFind
         golden_swapped: comparison(swapped),
         blame: blame.into(),
         partial_swap: None,
+        reader_layout: None,
     }
 }
 
