@@ -335,3 +335,24 @@ fn smollm2_one_misread_ring_is_located() {
         .and_then(|t| t.as_u64());
     assert!(trials.is_some_and(|t| t <= 15), "{trials:?}");
 }
+
+/// The left-valid mask in both graphs on a short remainder prompt (sweep seed 8484, #109): the
+/// prefill wrote under the wrong mask, so no mask over the device's rings reproduces and golden
+/// rings under the ring mask fail; golden rings under the left-valid mask name it. It was
+/// `cache-layout-mismatch` (reader) through the column map's mixed rows before.
+#[test]
+fn left_valid_in_both_graphs_is_named_on_golden_rings() {
+    let m = fixture("gpt2", 5);
+    let mut args = vec!["diagnose", "--sim", "--model", m.to_str().unwrap()];
+    args.extend(geometry("47", "4", "141,235,257,277,25", "9"));
+    args.extend(["--fault", "mask=left-valid@prefill,tbt"]);
+    let v = kvprobe_json(&args).1;
+    let ev = evidence(&v);
+    assert_eq!(verdict(&v), "mask-convention", "{ev:?}");
+    assert!(
+        ev.iter().any(|e| e.starts_with(
+            "→ mask-convention: golden token-major rings read with the `left-valid` mask"
+        )),
+        "{ev:?}"
+    );
+}

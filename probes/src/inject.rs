@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use kvprobe_npu::mask::{left_valid_row, ring_rows};
 use kvprobe_npu::MaskMode;
 use kvprobe_schema::{CacheKind, InjectFinding, LogitComparison, PartialSwap};
 
@@ -39,11 +40,31 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
         refs.insert(info.cache_id, reference_entries(&prompt.state, info, nh)?);
     }
     let (n, l) = (g.prompt_len, g.cache_len);
-    let golden = run_with_rings(s, &infos, &refs, Swap::No, n, l, q, &first.reference)?;
+    let golden = run_with_rings(
+        s,
+        &infos,
+        &refs,
+        Swap::No,
+        n,
+        l,
+        q,
+        &first.reference,
+        &MaskMode::Ring,
+    )?;
     s.progress.inc(1);
     // Which declared info a crosswise-bound reader dequantises with is the binding's business:
     // try the ring's own and its partner's, keep the better.
-    let own = run_with_rings(s, &infos, &refs, Swap::OwnQuant, n, l, q, &first.reference)?;
+    let own = run_with_rings(
+        s,
+        &infos,
+        &refs,
+        Swap::OwnQuant,
+        n,
+        l,
+        q,
+        &first.reference,
+        &MaskMode::Ring,
+    )?;
     let other = run_with_rings(
         s,
         &infos,
@@ -53,6 +74,7 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
         l,
         q,
         &first.reference,
+        &MaskMode::Ring,
     )?;
     let golden_swapped = if other.cosine > own.cosine {
         other
@@ -76,22 +98,29 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
     // a reader wrong on one layer only can leave the step near the tolerance ("none"); golden
     // rings as precise as a healthy step leave nothing to repair
     let missing = 1.0 - golden.cosine > REL_TBT_GAP;
-    let reader_layout = if blame == "reader" || (blame == "none" && missing) {
-        let golden_rings = infos
-            .iter()
-            .map(|i| (i.cache_id, ring_bytes(&infos, &refs, i, Swap::No, n, l)))
-            .collect();
-        crate::inject_layout::search(
-            s,
-            &infos,
-            golden_rings,
-            &prompt.state,
+    let (reader_layout, golden_left_valid) = if blame == "reader" || (blame == "none" && missing) {
+        let g = GoldenStep {
+            infos: &infos,
+            refs: &refs,
+            n,
+            l,
             q,
-            &first.reference,
-            golden.cosine,
-        )?
+            reference: &first.reference,
+        };
+        (
+            crate::inject_layout::search(
+                s,
+                &infos,
+                g.rings(),
+                &prompt.state,
+                q,
+                &first.reference,
+                golden.cosine,
+            )?,
+            g.left_valid(s)?,
+        )
     } else {
-        None
+        (None, None)
     };
     for (id, bytes) in &original {
         s.dev.write_cache_buffer(*id, bytes)?;
@@ -103,6 +132,7 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
         blame: blame.into(),
         partial_swap,
         reader_layout,
+        golden_left_valid,
     })
 }
 
@@ -216,12 +246,13 @@ fn run_with_rings(
     l: usize,
     q: u32,
     reference: &[f32],
+    mode: &MaskMode,
 ) -> Result<LogitComparison> {
     for info in infos {
         s.dev
             .write_cache_buffer(info.cache_id, &ring_bytes(infos, refs, info, swap, n, l))?;
     }
-    let out = s.driver.trial_step(s.dev, q, &MaskMode::Ring)?;
+    let out = s.driver.trial_step(s.dev, q, mode)?;
     Ok(compare(&out.logits, reference))
 }
 
@@ -261,6 +292,56 @@ fn ring_bytes(
         ring[o..o + e].copy_from_slice(&entry[..e]);
     }
     ring
+}
+
+/// The golden rings and the first tbt step they are tried on.
+struct GoldenStep<'a> {
+    infos: &'a [CacheInfo],
+    refs: &'a BTreeMap<u32, Vec<f32>>,
+    n: usize,
+    l: usize,
+    q: u32,
+    reference: &'a [f32],
+}
+
+impl GoldenStep<'_> {
+    /// Every ring golden token-major, by cache_id.
+    fn rings(&self) -> BTreeMap<u32, Vec<u8>> {
+        self.infos
+            .iter()
+            .map(|i| {
+                (
+                    i.cache_id,
+                    ring_bytes(self.infos, self.refs, i, Swap::No, self.n, self.l),
+                )
+            })
+            .collect()
+    }
+
+    /// Golden rings read with the left-valid mask (prior art §2.4): a reader that takes that
+    /// convention fails on golden rings under the ring mask as on its own, and when the prefill
+    /// wrote under it too, no mask over the device's rings reproduces. `None` where the two
+    /// masks are equal.
+    fn left_valid(&self, s: &mut Session) -> Result<Option<LogitComparison>> {
+        let usage = self.n + 1;
+        let left_valid = MaskMode::Custom(vec![left_valid_row(self.l, usage)]);
+        if left_valid == MaskMode::Custom(vec![ring_rows(1, self.l, usage)]) {
+            return Ok(None);
+        }
+        let (infos, refs) = (self.infos, self.refs);
+        let c = run_with_rings(
+            s,
+            infos,
+            refs,
+            Swap::No,
+            self.n,
+            self.l,
+            self.q,
+            self.reference,
+            &left_valid,
+        )?;
+        Ok(Some(c))
+    }
 }
 
 /// The other cache of the same layer (K ↔ V).

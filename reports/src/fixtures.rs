@@ -264,6 +264,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             blame: if faulty { "reader" } else { "none" }.into(),
             partial_swap: None,
             reader_layout: None,
+            golden_left_valid: None,
         }),
         layout_infer: None,
         cache_precision: None,

@@ -40,6 +40,7 @@ impl ProbeSection for Inject {
                     "golden" => "golden token-major rings".to_string(),
                     "golden-swapped" => "golden rings, K↔V swapped".to_string(),
                     "partial-swap" => format!("golden rings, K↔V swapped on {edges}"),
+                    "golden-left-valid" => "golden rings, left-valid mask".to_string(),
                     _ => format!("golden rings re-encoded for a reader of {edges}"),
                 };
                 let mut cells = vec![html(&label)];
@@ -94,6 +95,9 @@ fn runs(f: &InjectFinding) -> Vec<(&'static str, &LogitComparison, String)> {
             &p.comparison,
             format!("layers {}", layers.join(" ")),
         ));
+    }
+    if let Some(c) = &f.golden_left_valid {
+        v.push(("golden-left-valid", c, String::new()));
     }
     if let Some(l) = &f.reader_layout {
         v.push(("reader-layout", &l.comparison, reader_edges(l)));

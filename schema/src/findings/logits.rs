@@ -229,6 +229,10 @@ pub struct InjectFinding {
     /// edges in another named layout sees the reference (the best candidate the search found).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reader_layout: Option<ReaderLayoutRepair>,
+    /// When the reader is blamed: golden token-major rings read with the left-valid mask
+    /// (prior art §2.4) instead of the ring mask; `None` where the two masks are equal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub golden_left_valid: Option<LogitComparison>,
 }
 
 /// Golden rings whose read windows were re-encoded for a reader that decodes `edges` in

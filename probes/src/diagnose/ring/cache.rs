@@ -3,7 +3,9 @@
 //! the output-level discriminators, then the injection and elimination rules, which fire only
 //! if nothing above named a cause.
 
-use kvprobe_schema::{CacheKind, Layout, LayoutInferFinding, ReaderEdgeLayout, Verdict};
+use kvprobe_schema::{
+    CacheKind, InjectFinding, Layout, LayoutInferFinding, ReaderEdgeLayout, Verdict,
+};
 
 use super::facts::SKIPPED;
 use super::facts::{clean_shift, mask_variant_fault, position_fault, scale_fault, RingFacts};
@@ -77,6 +79,13 @@ pub const CACHE_PATH: &[R] = &[
         CACHE,
         Some(Verdict::MaskConvention),
         mask_convention,
+    )
+    .needs(Control::CacheReading),
+    R::new(
+        "golden-left-valid",
+        CACHE,
+        Some(Verdict::MaskConvention),
+        golden_left_valid,
     )
     .needs(Control::CacheReading),
     R::new("kv-binding", CACHE, Some(Verdict::KvBinding), kv_binding)
@@ -351,11 +360,7 @@ fn reader_layout_repair(f: &RingFacts) -> Option<Cause> {
         .as_ref()
         .filter(|i| i.blame == "reader" || i.blame == "none")?;
     let r = inj.reader_layout.as_ref()?;
-    let c = r.comparison.cosine;
-    // the search tries up to 4 candidates per layer: only a step as precise as the device's
-    // controls counts (a wrong candidate reached 0.976 against a right one's 0.99999)
-    let precise = 1.0 - c <= (REL_RATIO * f.cache_noise()).max(REL_TBT_GAP);
-    if !precise || !rings_repair(inj.golden.cosine.max(inj.device_rings.cosine), c) {
+    if !golden_variant_repairs(f, inj, r.comparison.cosine) {
         return None;
     }
     Some(Cause::new(0.9).line(format!(
@@ -364,6 +369,34 @@ fn reader_layout_repair(f: &RingFacts) -> Option<Cause> {
         inj.device_rings.cosine,
         r.comparison.cosine,
         reader_edges(&r.edges, layers_seen(f))
+    )))
+}
+
+/// A variant of the golden rings (another reader layout, another mask) repairs the step that
+/// the device's and the golden rings leave, as precisely as the device's controls: the layout
+/// search tries up to 4 candidates per layer, and a wrong one reached 0.976 against a right
+/// one's 0.99999.
+fn golden_variant_repairs(f: &RingFacts, inj: &InjectFinding, c: f64) -> bool {
+    let precise = 1.0 - c <= (REL_RATIO * f.cache_noise()).max(REL_TBT_GAP);
+    precise && rings_repair(inj.golden.cosine.max(inj.device_rings.cosine), c)
+}
+
+/// d''. Golden rings read with the left-valid mask reproduce the reference where both the
+/// device's rings under every mask and the golden rings under the ring mask fail: the tbt
+/// graph takes the left-valid convention, and the prefill wrote its cache under it too (so no
+/// mask over the device's own rings reproduces).
+fn golden_left_valid(f: &RingFacts) -> Option<Cause> {
+    let inj = f
+        .inject
+        .as_ref()
+        .filter(|i| i.blame == "reader" || i.blame == "none")?;
+    let c = inj.golden_left_valid.as_ref()?;
+    if !golden_variant_repairs(f, inj, c.cosine) {
+        return None;
+    }
+    Some(Cause::new(0.85).line(format!(
+        "→ mask-convention: golden token-major rings read with the `left-valid` mask reproduce the reference ({:.4}) where the ring mask gives {:.4} on them and no mask reproduces on the device's own rings: the tbt graph takes the left-valid convention (and the prefill's multi-chunk rows, where they fail, wrote under it)",
+        c.cosine, inj.golden.cosine
     )))
 }
 
@@ -888,6 +921,31 @@ mod tests {
             &layout_read_as(&every_k, 0.99999, "writer")
         )
         .is_none());
+    }
+
+    #[test]
+    fn golden_left_valid_needs_a_precise_repair_of_a_blamed_reader() {
+        let with = |c: f64, blame: &str| {
+            let mut inj = inject(0.26, -0.03, -0.03, blame);
+            inj.golden_left_valid = Some(kvprobe_schema::test_findings::comparison(c));
+            RingFacts {
+                inject: Some(inj),
+                maskconv: Some(maskconv(0.26, &[("left-valid", 0.937)])),
+                colmap: Some(colmap(0.3, Some(false))),
+                ..failing()
+            }
+        };
+        let f = with(0.9999, "reader");
+        assert_eq!(
+            line("golden-left-valid", &f),
+            "→ mask-convention: golden token-major rings read with the `left-valid` mask reproduce the reference (0.9999) where the ring mask gives -0.0300 on them and no mask reproduces on the device's own rings: the tbt graph takes the left-valid convention (and the prefill's multi-chunk rows, where they fail, wrote under it)"
+        );
+        // it heads the column map's reader-layout reading of the same facts
+        let mut e = Engine::new();
+        e.apply(CACHE_PATH, &f);
+        assert_eq!(e.conclude().verdict, Verdict::MaskConvention);
+        assert!(fires_in("golden-left-valid", &with(0.97, "reader")).is_none());
+        assert!(fires_in("golden-left-valid", &with(0.9999, "writer")).is_none());
     }
 
     #[test]

@@ -174,6 +174,7 @@ pub fn inject(device: f64, golden: f64, swapped: f64, blame: &str) -> InjectFind
         blame: blame.into(),
         partial_swap: None,
         reader_layout: None,
+        golden_left_valid: None,
     }
 }
 
