@@ -356,3 +356,27 @@ fn left_valid_in_both_graphs_is_named_on_golden_rings() {
         "{ev:?}"
     );
 }
+
+/// K written in F8CR by the prefill on a 4-chunk prompt whose tbt steps pass the absolute floors
+/// (sweep seed 12, #151): only multi-chunk rows fail, and the writer's bytes name the layout
+/// before the multi-chunk mask rule (which answered `mask-convention` before).
+#[test]
+fn multi_chunk_rows_read_a_writer_layout() {
+    let m = fixture("llama", 7);
+    let mut args = vec!["diagnose", "--sim", "--model", m.to_str().unwrap()];
+    args.extend(geometry(
+        "62",
+        "10",
+        "79,227,4,188,6,31,210,100,141,56,197,35,215,78,53,165,276,298,242,20,123,85,171,110,162,83,288,178,174,172,76,13,124,209,286,158,124,253,70,285",
+        "30",
+    ));
+    args.extend(["--fault", "prefill-write-layout=f8cr@k"]);
+    let v = kvprobe_json(&args).1;
+    let ev = evidence(&v);
+    assert_eq!(verdict(&v), "cache-layout-mismatch", "{ev:?}");
+    assert!(
+        ev.iter()
+            .any(|e| e.contains("ring bytes of only K rings (all layers) decode as f8cr")),
+        "{ev:?}"
+    );
+}

@@ -7,6 +7,7 @@ use kvprobe_schema::Verdict;
 use super::facts::{
     clean_shift, pct, position_fault, theta_fault, RingFacts, SKIPPED, SKIPPED_BOTH,
 };
+use super::writer::writer_layout;
 use crate::affected;
 use crate::diagnose::engine::{Cause, Control, Controls, Rule, Tier, When};
 use crate::positions;
@@ -69,6 +70,13 @@ pub const MULTI_CHUNK: &[R] = &[
         PREFILL,
         Some(Verdict::CacheOffset),
         multi_chunk_offset,
+    )
+    .needs(Control::PrefillMulti),
+    R::new(
+        "multi-chunk-layout",
+        PREFILL,
+        Some(Verdict::CacheLayoutMismatch),
+        multi_chunk_layout,
     )
     .needs(Control::PrefillMulti),
     R::new(
@@ -242,6 +250,18 @@ fn multi_chunk_offset(f: &RingFacts) -> Option<Cause> {
     )))
 }
 
+/// Later chunks read what earlier chunks wrote: the writer's bytes decoding as another layout
+/// (for the majority or any ring) explain the multi-chunk rows before any mask does (sweep
+/// seed 12's `prefill-write-layout=f8cr@k`, K rings f8cr at 0.9999 vs token-major 0.22, was
+/// `mask-convention` by the rule below).
+fn multi_chunk_layout(f: &RingFacts) -> Option<Cause> {
+    let zt = f.ztap.as_ref()?;
+    if !f.only_multi_chunk_fails() || !affected::truncated(&zt.caches).is_empty() {
+        return None;
+    }
+    writer_layout(f)
+}
+
 /// The tbt steps read the same rings fine, so the cache holds the right data, and single-chunk
 /// rows show the in-chunk attention is right: what a multi-chunk row adds is the cached columns
 /// and their mask. The catalogue's cause is the prefill graph applying the mask to cached
@@ -252,6 +272,7 @@ fn multi_chunk_mask(f: &RingFacts) -> Option<Cause> {
     if !f.only_multi_chunk_fails()
         || !affected::truncated(&zt.caches).is_empty()
         || clean_shift(ly, f.token_major_score())
+        || writer_layout(f).is_some()
     {
         return None;
     }
@@ -614,6 +635,30 @@ mod tests {
             ..f
         };
         assert!(fires_in("multi-chunk-offset", &cut).is_none());
+    }
+
+    #[test]
+    fn multi_chunk_layout_heads_the_mask_when_a_ring_decodes_as_another_layout() {
+        let f = RingFacts {
+            layout: Some(layout(Layout::TokenMajor, 0, 0.98, &[0, 2])),
+            ..multi_broken()
+        };
+        let c = fires_in("multi-chunk-layout", &f).expect("fires");
+        assert!(
+            c.evidence[0].starts_with(
+                "→ cache-layout-mismatch: the prefill writer's ring bytes of only K rings (all layers) decode as feature-major"
+            ),
+            "{:?}",
+            c.evidence
+        );
+        assert!(fires_in("multi-chunk-mask", &f).is_none());
+        assert!(fires_in("multi-chunk-layout", &multi_broken()).is_none());
+        // the same bytes while the multi-chunk rows pass: not this stage's business
+        let passing = RingFacts {
+            multi: healthy_facts().multi,
+            ..f
+        };
+        assert!(fires_in("multi-chunk-layout", &passing).is_none());
     }
 
     #[test]

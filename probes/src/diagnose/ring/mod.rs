@@ -13,6 +13,7 @@ mod fits;
 mod graph;
 #[cfg(test)]
 pub(crate) mod testing;
+mod writer;
 
 use kvprobe_schema::{Layout, ProbeFindings, Timing, Verdict};
 
