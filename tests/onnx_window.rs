@@ -252,3 +252,48 @@ fn edited(src: &Path, name: &str, edit: impl Fn(&mut serde_json::Value)) -> Path
     std::fs::write(&cfg, v.to_string()).unwrap();
     dst
 }
+
+/// `kvdiff` reads the uint8 windowed cache through the fp16 view `cache_buffers()` gives of its
+/// codes, with each edge's scale as the band: a healthy run stays inside it, a runner that
+/// stores K untransposed (`win-k-layout`) leaves it at layer 0's K.
+#[test]
+fn kvdiff_reads_the_windowed_uint8_cache() {
+    let (hf, dir) = exported(
+        7,
+        "w8c64u8",
+        &["--window", "8", "--max-length", "64", "--kv-dtype", "uint8"],
+    );
+    let kvdiff = |extra: &[&str]| {
+        let mut a = vec![
+            "kvdiff",
+            "--onnx",
+            dir.to_str().unwrap(),
+            "--model",
+            hf.to_str().unwrap(),
+            "--ids",
+            "1,5,9,22,33,44,55,66,77,88,99,111",
+            "--steps",
+            "8",
+        ];
+        a.extend_from_slice(extra);
+        let (code, v, err) = kvprobe_json(&a);
+        assert_eq!(code, 0, "{err}");
+        v["probes"]["kvdiff"].clone()
+    };
+    let k = kvdiff(&[]);
+    assert!(k["first_divergent"].is_null(), "{k}");
+    assert!(
+        k["source"]
+            .as_str()
+            .unwrap_or("")
+            .contains("windowed cache's uint8 codes"),
+        "{k}"
+    );
+    let k = kvdiff(&["--fault", "win-k-layout"]);
+    let d = &k["first_divergent"];
+    assert_eq!(
+        (d["layer"].as_u64(), d["kind"].as_str()),
+        (Some(0), Some("k")),
+        "{k}"
+    );
+}

@@ -63,7 +63,6 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
         s.require_tbt("kvdiff")?;
     }
     let desc = s.describe().clone();
-    refuse_windowed(&desc)?;
     let c = s.model.config().clone();
     let n = s.ids.len();
     // a stateful device stops at its context (a ring wraps)
@@ -160,22 +159,6 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
         outside_map,
         first_layer_rotation: rotation,
     })
-}
-
-/// An ONNX GenAI windowed cache keeps only its window and may store uint8 codes: the references
-/// here model neither (positions out of the window would read as divergent), so it is refused.
-fn refuse_windowed(desc: &DeviceDescription) -> Result<()> {
-    let windowed = desc.runtime == RuntimeKind::HostCache
-        && desc.groups.iter().flat_map(|g| &g.cache_edges).any(|e| {
-            e.format.as_deref().is_some_and(|f| f.contains("windowed"))
-                || e.quant != kvprobe_schema::QuantInfo::IDENTITY
-        });
-    if windowed {
-        return Err(Error::Input(
-            "kvdiff does not compare an ONNX GenAI windowed cache (its window and uint8 codes are not modelled by the references); run it on the past/present convention".into(),
-        ));
-    }
-    Ok(())
 }
 
 fn first_layer_v_outside(c: &Cells) -> bool {
@@ -280,7 +263,21 @@ fn rounding(desc: &DeviceDescription, n_layers: usize) -> Result<Vec<[Rounding; 
                 .collect());
         }
         RuntimeKind::HostCache => {
-            return Ok(vec![[Rounding::Relative(FP16_ROUNDOFF); 2]; n_layers])
+            // a quantised (windowed) cache's codes step by their declared scale; the fp16 view
+            // `cache_buffers()` gives of them adds far less
+            let mut out = vec![[Rounding::Relative(FP16_ROUNDOFF); 2]; n_layers];
+            for e in desc.groups.iter().flat_map(|g| &g.cache_edges) {
+                let (Some(layer), Some(kind)) = (e.layer, e.kind) else {
+                    continue;
+                };
+                if let Some(slot) = out.get_mut(layer) {
+                    if e.quant != kvprobe_schema::QuantInfo::IDENTITY {
+                        slot[usize::from(kind == CacheKind::V)] =
+                            Rounding::Step(e.quant.scale.abs() as f64);
+                    }
+                }
+            }
+            return Ok(out);
         }
         RuntimeKind::GenaiRing => {}
     }

@@ -4,7 +4,8 @@
 //!   0); entries are decoded through the writer's layout (per prefill window) and dequantised
 //!   with the writer's declared quant info;
 //! - stateful states (Core ML) and host present tensors (ONNX): `[kv_heads, max_ctx, head_dim]`
-//!   little-endian fp16 per cache id, position p at index p.
+//!   little-endian fp16 per cache id, position p at index p; GenAI's windowed cache shows its
+//!   uint8 codes dequantised in the same view, holding only its newest `C − 1` positions.
 
 use std::collections::BTreeMap;
 
@@ -38,7 +39,20 @@ pub enum CacheView {
         max_ctx: usize,
         n_kv: usize,
         head_dim: usize,
+        /// Positions a sliding cache holds (the newest ones): GenAI's windowed cache keeps
+        /// `C − 1` past entries (contract §3); `None` = every position up to `max_ctx`.
+        held: Option<usize>,
     },
+}
+
+/// GenAI's NPU-style windowed cache (contract §3): its edges say so in their format.
+pub fn windowed(desc: &DeviceDescription) -> bool {
+    desc.runtime == RuntimeKind::HostCache
+        && desc
+            .groups
+            .iter()
+            .flat_map(|g| &g.cache_edges)
+            .any(|e| e.format.as_deref().is_some_and(|f| f.contains("windowed")))
 }
 
 /// The writer layout a cache edge's description names (its format), if it names one of the
@@ -100,6 +114,7 @@ impl CacheView {
                     max_ctx: desc.cache_len,
                     n_kv: s.n_kv_heads,
                     head_dim: s.head_dim,
+                    held: windowed(desc).then(|| desc.cache_len.saturating_sub(1)),
                 })
             }
         }
@@ -113,9 +128,14 @@ impl CacheView {
                 infos.len(),
                 infos.first().map_or(1, |i| i.elem_bytes)
             ),
-            CacheView::States { ids, .. } => format!(
-                "{} cache states [kv_heads, max_ctx, head_dim] fp16 as cache_buffers() exposes them",
-                ids.len()
+            CacheView::States { ids, held, .. } => format!(
+                "{} cache states [kv_heads, max_ctx, head_dim] fp16 as cache_buffers() exposes them{}",
+                ids.len(),
+                if held.is_some() {
+                    " (a windowed cache's uint8 codes, dequantised with its declared scales; only its newest C − 1 positions)"
+                } else {
+                    ""
+                }
             ),
         }
     }
@@ -203,7 +223,10 @@ impl CacheView {
                 max_ctx,
                 n_kv,
                 head_dim,
+                held,
             } => {
+                // positions a sliding cache has dropped stay empty rows (not in the cache)
+                let first = held.map_or(0, |h| (last + 1).saturating_sub(h));
                 for &(id, layer, kind) in ids {
                     let bytes = buffers.get(&id).ok_or_else(|| {
                         Error::Device(format!("cache_buffers() has no state for cache {id}"))
@@ -219,7 +242,7 @@ impl CacheView {
                     let Some(layer_rows) = dst.get_mut(layer) else {
                         continue;
                     };
-                    for (p, row) in layer_rows.iter_mut().enumerate().take(last + 1) {
+                    for (p, row) in layer_rows.iter_mut().enumerate().take(last + 1).skip(first) {
                         let mut out = Vec::with_capacity(n_kv * head_dim);
                         for h in 0..*n_kv {
                             let o = (h * max_ctx + p) * head_dim * 2;
