@@ -368,6 +368,15 @@ impl Search<'_> {
 mod tests {
     use super::*;
 
+    /// Layer 1 misread: layer 2's written entry jumps 40-fold over everything below it, the
+    /// later layers only carry the damage on; the last layer ranks as a mild jump.
+    #[test]
+    fn the_layer_below_the_first_jump_ranks_first() {
+        assert_eq!(likeliest_layers(&[0.01, 0.012, 0.5, 0.55]), vec![1, 3, 0]);
+        // nothing jumps: the last layer, which no write can show, first
+        assert_eq!(likeliest_layers(&[0.01, 0.011, 0.012])[0], 2);
+    }
+
     /// A reader decoding the re-encoded window in the same layout gets the golden window back,
     /// and the write slot outside the window is untouched.
     #[test]
