@@ -268,6 +268,14 @@ fn rope_theta_is_named_by_the_theta_check_alone() {
     }
 }
 
+/// `diagnose --sim` of `model` at `geometry` with `fault`: its JSON.
+fn diagnose_sim(model: &std::path::Path, geometry: &[&str], fault: &str) -> serde_json::Value {
+    let mut args = vec!["diagnose", "--sim", "--model", model.to_str().unwrap()];
+    args.extend_from_slice(geometry);
+    args.extend(["--fault", fault]);
+    kvprobe_json(&args).1
+}
+
 /// A tbt reader that decodes K in another named layout, on every layer or on one: golden rings
 /// re-encoded for that reader repair the first tbt step, and the verdict names the edges. Before
 /// the re-encoded search (session 12) these three sweep cases (seed 12: #120, #90, #77) ended
@@ -282,10 +290,7 @@ fn reader_layouts_are_named_by_reencoded_golden_rings() {
         (&gpt2, "52", "25", "28,197,178,149,112,51,66,78,247,6,252,185,203,158,9,69,116,77,251,58,25,116,68,259,62,210,248,41,237,111,46,130,159,270,131,108,37,176,259,63,28,131,29,31,69,101,44,198,135,32", "17", "tbt-read-layout=f8cr@k,layer=0", "K of layer 0 in f8cr"),
     ];
     let results = par_map(&cases, |(m, l, p, ids, steps, fault, _)| {
-        let mut args = vec!["diagnose", "--sim", "--model", m.to_str().unwrap()];
-        args.extend(geometry(l, p, ids, steps));
-        args.extend(["--fault", fault]);
-        kvprobe_json(&args).1
+        diagnose_sim(m, &geometry(l, p, ids, steps), fault)
     });
     let mut failures = Vec::new();
     for ((.., fault, edges), v) in cases.iter().zip(&results) {
@@ -342,11 +347,11 @@ fn smollm2_one_misread_ring_is_located() {
 /// `cache-layout-mismatch` (reader) through the column map's mixed rows before.
 #[test]
 fn left_valid_in_both_graphs_is_named_on_golden_rings() {
-    let m = fixture("gpt2", 5);
-    let mut args = vec!["diagnose", "--sim", "--model", m.to_str().unwrap()];
-    args.extend(geometry("47", "4", "141,235,257,277,25", "9"));
-    args.extend(["--fault", "mask=left-valid@prefill,tbt"]);
-    let v = kvprobe_json(&args).1;
+    let v = diagnose_sim(
+        &fixture("gpt2", 5),
+        &geometry("47", "4", "141,235,257,277,25", "9"),
+        "mask=left-valid@prefill,tbt",
+    );
     let ev = evidence(&v);
     assert_eq!(verdict(&v), "mask-convention", "{ev:?}");
     assert!(
@@ -362,16 +367,13 @@ fn left_valid_in_both_graphs_is_named_on_golden_rings() {
 /// before the multi-chunk mask rule (which answered `mask-convention` before).
 #[test]
 fn multi_chunk_rows_read_a_writer_layout() {
-    let m = fixture("llama", 7);
-    let mut args = vec!["diagnose", "--sim", "--model", m.to_str().unwrap()];
-    args.extend(geometry(
+    let geo = geometry(
         "62",
         "10",
         "79,227,4,188,6,31,210,100,141,56,197,35,215,78,53,165,276,298,242,20,123,85,171,110,162,83,288,178,174,172,76,13,124,209,286,158,124,253,70,285",
         "30",
-    ));
-    args.extend(["--fault", "prefill-write-layout=f8cr@k"]);
-    let v = kvprobe_json(&args).1;
+    );
+    let v = diagnose_sim(&fixture("llama", 7), &geo, "prefill-write-layout=f8cr@k");
     let ev = evidence(&v);
     assert_eq!(verdict(&v), "cache-layout-mismatch", "{ev:?}");
     assert!(

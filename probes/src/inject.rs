@@ -95,13 +95,13 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
             blame = "binding";
         }
     }
-    // a reader wrong on one layer only can leave the step near the tolerance ("none"), and
-    // golden rings that beat the device's without reaching the reference blame the writer
-    // wrongly (two K rings read feature-major on the llama fixture: device 0.925, golden
+    // golden rings that miss the reference leave something to repair whoever is blamed: the
+    // reader ("reader" implies the miss), a reader wrong on one layer only that leaves the step
+    // near the tolerance ("none"), or one that golden rings beat without reaching the reference
+    // ("writer": two K rings read feature-major on the llama fixture, device 0.925, golden
     // 0.955); golden rings as precise as a healthy step leave nothing to repair
     let missing = 1.0 - golden.cosine > REL_TBT_GAP;
-    let (reader_layout, golden_left_valid) = if blame == "reader" || (blame != "binding" && missing)
-    {
+    let (reader_layout, golden_left_valid) = if blame != "binding" && missing {
         let g = GoldenStep {
             infos: &infos,
             refs: &refs,

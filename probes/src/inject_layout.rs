@@ -16,9 +16,9 @@ use kvprobe_schema::{
     ReaderLayoutRepair,
 };
 
-use crate::metrics::compare;
 use kvprobe_reference::KvState;
 
+use crate::metrics::compare;
 use crate::rings::{dequantize_entry, reference_entries, CacheInfo};
 use crate::session::Session;
 use crate::thresholds::{rings_repair, LAYER_SWAP_GAIN, REL_TBT_GAP};
@@ -46,7 +46,8 @@ struct Search<'a> {
     query: u32,
     reference: &'a [f32],
     trials: usize,
-    locator: Option<Locator>,
+    /// The reference state after the prompt (the guided search's locator starts from it).
+    prompt: &'a KvState,
 }
 
 /// Layers screened per round of the guided search, likeliest first.
@@ -165,7 +166,6 @@ pub(crate) fn search(
         len,
         cache_len,
     };
-    let locator = Some(Locator::new(prompt, s, infos, query)?);
     let mut search = Search {
         infos,
         golden,
@@ -174,7 +174,7 @@ pub(crate) fn search(
         query,
         reference,
         trials: 0,
-        locator,
+        prompt,
     };
     search.run(s, golden_cosine)
 }
@@ -238,9 +238,7 @@ impl Search<'_> {
     /// Output logits alone cannot guide this: with a second layer still misread, SmolLM2's step
     /// stays garbage whichever first layer is repaired.
     fn guided(&mut self, s: &mut Session, golden: f64) -> Result<Option<(Edits, LogitComparison)>> {
-        let Some(locator) = self.locator.take() else {
-            return Ok(None);
-        };
+        let locator = Locator::new(self.prompt, s, self.infos, self.query)?;
         let n_layers = locator.n_layers;
         let mut edits: Edits = Vec::new();
         let mut current: Option<LogitComparison> = None;
@@ -304,8 +302,8 @@ impl Search<'_> {
         let info = &self.infos[i];
         StreamShape {
             tokens: self.window.len,
-            features: info.entry_size / info.elem_bytes.max(1),
-            elem_bytes: info.elem_bytes.max(1),
+            features: info.features,
+            elem_bytes: info.elem_bytes,
             head_dim: info.features,
         }
     }
@@ -412,7 +410,11 @@ mod tests {
             query: 0,
             reference: &[],
             trials: 0,
-            locator: None,
+            prompt: &KvState {
+                layers: Vec::new(),
+                positions: Vec::new(),
+                ids: Vec::new(),
+            },
         };
         for lay in [Layout::FeatureMajor, Layout::F8cr] {
             let out = search.reencoded(0, lay);
