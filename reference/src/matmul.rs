@@ -208,9 +208,9 @@ pub(crate) fn tiled_transposed(
         use rayon::prelude::*;
         bounds
             .par_iter()
-            .map(|&(r0, r1)| {
-                let mut w = Vec::new();
-                fill(r0, r1, &mut w)?;
+            // one tile buffer per rayon job, not an allocation per tile
+            .map_init(Vec::new, |w, &(r0, r1)| {
+                fill(r0, r1, w)?;
                 let cols = r1 - r0;
                 if w.len() != cols * k {
                     return Err(Error::InvalidInput(format!(
@@ -225,7 +225,7 @@ pub(crate) fn tiled_transposed(
                     k,
                     &mut d,
                     lhs,
-                    &w,
+                    w,
                     Rhs::Transposed.strides(k, cols),
                     Parallelism::None,
                 );
