@@ -61,6 +61,12 @@ fn own_noise(points: &[CapacityPoint]) -> f64 {
 /// precision-matched reference was computed, miss it as well: a step where uint8 cache rounding
 /// moves the device and the matched reference alike (a healthy SmolLM2 ring at the step that
 /// fills it: 0.9725 against f32, 1.0000 against matched) is the precision's, not garbage.
+///
+/// A generation step past a limit must also jump away from the generation steps inside every
+/// limit (`OVERFLOW_JUMP` × their worst miss, each against its nearer reference): a device whose
+/// tbt steps already miss by 0.018 inside the cache and by 0.040 one step past it (SmolLM2,
+/// positions shifted by one) has a tbt fault, not an overflow; a real overflow goes from ≈ 0.999
+/// to ≈ 0.5.
 fn classify(points: &mut [CapacityPoint]) {
     let noise = own_noise(points);
     for x in points.iter_mut() {
@@ -71,7 +77,31 @@ fn classify(points: &mut [CapacityPoint]) {
             x.outcome = CapacityOutcome::Garbled;
         }
     }
+    let inside = points
+        .iter()
+        .filter(|x| x.phase == CapacityPhase::Generation && x.beyond.is_empty())
+        .filter(|x| x.outcome == CapacityOutcome::Matches)
+        .filter_map(least_miss)
+        .fold(0.0, f64::max);
+    for x in points.iter_mut() {
+        let past = x.phase == CapacityPhase::Generation && !x.beyond.is_empty();
+        let miss = least_miss(x).unwrap_or(0.0);
+        if past && x.outcome == CapacityOutcome::Garbled && miss < OVERFLOW_JUMP * inside {
+            x.outcome = CapacityOutcome::Matches;
+        }
+    }
 }
+
+/// A point's miss against the nearer of its references (f32, precision-matched when computed):
+/// the healthy ring step the cache rounding moves (f32 0.9725, matched 1.0) has none.
+fn least_miss(x: &CapacityPoint) -> Option<f64> {
+    let f32 = 1.0 - x.comparison.as_ref()?.cosine;
+    Some(x.matched.as_ref().map_or(f32, |m| f32.min(1.0 - m.cosine)))
+}
+
+/// How many times the worst miss of the in-limit generation steps a step past a limit must miss
+/// to count as an overflow (see [`classify`]).
+pub const OVERFLOW_JUMP: f64 = 3.0;
 
 /// The strongest documented behaviour among the limits a length reaches: a refusal decides,
 /// then a window, then a split (which changes nothing the reference sees).
@@ -681,6 +711,58 @@ mod tests {
                 CapacityOutcome::Garbled
             ]
         );
+    }
+
+    /// SmolLM2 with every tbt position shifted by one (sweep 7070 #23): the step past the cache
+    /// misses 2.2 × the in-cache step (each against its nearer reference), no jump; a dropped
+    /// ring entry past a clean cache (0 → 0.03) is one.
+    #[test]
+    fn a_step_past_the_limit_must_jump_away_from_the_steps_inside() {
+        let cmp = |cosine: f64| LogitComparison {
+            cosine,
+            kl: 0.0,
+            device_top1: 1,
+            reference_top1: 1,
+            top1_match: true,
+        };
+        let step = |tokens, past: bool, f32: f64, matched: f64| CapacityPoint {
+            phase: CapacityPhase::Generation,
+            tokens,
+            beyond: if past { vec![LimitKind::CacheLen] } else { Vec::new() },
+            documented: past.then_some(PastLimit::Slides),
+            window: None,
+            refusal: None,
+            comparison: Some(cmp(f32)),
+            matched: Some(cmp(matched)),
+            outcome: CapacityOutcome::Matches,
+        };
+        let prompt = CapacityPoint {
+            phase: CapacityPhase::Prompt,
+            matched: None,
+            ..step(48, false, 0.9998, 0.9998)
+        };
+        let mut pts = vec![
+            prompt.clone(),
+            step(54, false, 0.9744, 0.9821),
+            step(55, true, 0.9602, 0.9569),
+        ];
+        classify(&mut pts);
+        assert_eq!(pts[2].outcome, CapacityOutcome::Matches);
+        let mut pts = vec![
+            prompt.clone(),
+            step(54, false, 0.9725, 1.0),
+            step(55, true, 0.9602, 0.97),
+        ];
+        classify(&mut pts);
+        assert_eq!(pts[2].outcome, CapacityOutcome::Garbled);
+        // garbage inside the limits is never excused by the jump
+        let mut pts = vec![
+            prompt,
+            step(54, false, 0.5, 0.5),
+            step(55, true, 0.5, 0.5),
+        ];
+        classify(&mut pts);
+        assert_eq!(pts[1].outcome, CapacityOutcome::Garbled);
     }
 
     #[test]

@@ -85,6 +85,17 @@ pub fn fit_repairs(base: f64, fitted: f64) -> bool {
     fitted - base >= FIT_MIN_GAIN && 1.0 - base >= FIT_RATIO * (1.0 - fitted)
 }
 
+/// A position shift repairs the server-position step when it shrinks the miss this many times
+/// (and gains `FIT_MIN_GAIN`): lower than `FIT_RATIO` because the shifted step keeps the int8
+/// cache's rounding, which no shift removes (SmolLM2 positions +1 on an int8 ring: 0.99875 at
+/// δ 0, 0.99961 at δ −1, 3.2×; healthy devices peak at δ 0, where no shift is a fit).
+pub const POSITION_FIT_RATIO: f64 = 3.0;
+
+/// The position fit's repair test (see [`POSITION_FIT_RATIO`]).
+pub fn position_repairs(base: f64, fitted: f64) -> bool {
+    fitted - base >= FIT_MIN_GAIN && 1.0 - base >= POSITION_FIT_RATIO * (1.0 - fitted)
+}
+
 /// A single layer's (or edge's) ring variant counts as helping when it lifts the golden step's
 /// cosine this much (one of 30 layers crossed moves SmolLM2's output by far more; rounding by
 /// far less).

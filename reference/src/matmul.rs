@@ -203,7 +203,7 @@ pub(crate) fn tiled_transposed(
     if m == 0 || n == 0 {
         return Ok(dst);
     }
-    let bounds = tile_bounds(n, (TILE_VALUES / k.max(1)).max(SPLIT_MIN_COLUMNS));
+    let bounds = tile_bounds(n, tile_rows(m, k, n));
     let products: Vec<Result<Vec<f32>>> = {
         use rayon::prelude::*;
         bounds
@@ -241,6 +241,21 @@ pub(crate) fn tiled_transposed(
         }
     }
     Ok(dst)
+}
+
+/// Rows per tile of [`tiled_transposed`]: about `TILE_VALUES` converted values, never fewer than
+/// `SPLIT_MIN_COLUMNS` while the product is small enough for gemm's other kernels (m ≤ 16).
+/// Above that, the tiles come in a multiple of the threads, so that no core waits for the
+/// other's last tile: a 1536-row projection in 5 tiles kept one of two cores idle a fifth of
+/// its time, and the 256-row K/V projections ran on one core (Qwen2-1.5B prefill).
+fn tile_rows(m: usize, k: usize, n: usize) -> usize {
+    let base = (TILE_VALUES / k.max(1)).max(SPLIT_MIN_COLUMNS);
+    if m <= 16 {
+        return base;
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let count = n.div_ceil(base).div_ceil(threads) * threads;
+    (n / count).max(16)
 }
 
 /// `[r0, r1)` ranges covering `0..n` of `tile` rows each, the last one taking the remainder
@@ -313,6 +328,10 @@ mod tests {
             (3, 130, 700),
             (64, 1100, 913),
             (1, 2000, 301),
+            // thread-balanced tiles (`tile_rows`): Qwen2-1.5B's q/o, K/V and down projections
+            (64, 1536, 1536),
+            (64, 1536, 256),
+            (17, 8960, 1536),
         ] {
             let x = Tensor::randn(0f32, 1.0, (m, k), dev).unwrap();
             let w = Tensor::randn(0f32, 1.0, (n, k), dev).unwrap();
@@ -335,6 +354,11 @@ mod tests {
         }
         assert_eq!(tile_bounds(10, 4), vec![(0, 4), (4, 10)]);
         assert_eq!(tile_bounds(3, 4), vec![(0, 3)]);
+        // one row keeps SPLIT_MIN_COLUMNS; many rows split evenly over the threads
+        assert_eq!(tile_rows(1, 1536, 1536), SPLIT_MIN_COLUMNS);
+        let t = rayon::current_num_threads();
+        let tiles = tile_bounds(1536, tile_rows(64, 1536, 1536)).len();
+        assert_eq!(tiles % t, 0, "{tiles} tiles on {t} threads");
     }
 
     #[test]

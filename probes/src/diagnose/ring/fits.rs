@@ -41,12 +41,13 @@ pub fn theta_fault(t: &ThetaCheck) -> bool {
 }
 
 /// A position shift δ ≠ 0 reproduces the reference clearly better than the server's position
-/// (by the lead, or by shrinking the miss `FIT_RATIO`-fold), and better than any attention scale.
+/// (by the lead, or by shrinking the miss `POSITION_FIT_RATIO`-fold), and better than any
+/// attention scale.
 pub fn position_fault(ps: &PositionsFinding) -> bool {
     ps.best_delta != 0
         && ps.best_cosine >= POSITION_REPRODUCES
         && (ps.best_cosine >= ps.baseline_cosine + POSITION_MARGIN
-            || fit_repairs(ps.baseline_cosine, ps.best_cosine))
+            || position_repairs(ps.baseline_cosine, ps.best_cosine))
         && scale_fault(ps).is_none_or(|f| f.best_cosine < ps.best_cosine)
 }
 
