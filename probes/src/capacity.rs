@@ -728,7 +728,11 @@ mod tests {
         let step = |tokens, past: bool, f32: f64, matched: f64| CapacityPoint {
             phase: CapacityPhase::Generation,
             tokens,
-            beyond: if past { vec![LimitKind::CacheLen] } else { Vec::new() },
+            beyond: if past {
+                vec![LimitKind::CacheLen]
+            } else {
+                Vec::new()
+            },
             documented: past.then_some(PastLimit::Slides),
             window: None,
             refusal: None,
@@ -756,11 +760,7 @@ mod tests {
         classify(&mut pts);
         assert_eq!(pts[2].outcome, CapacityOutcome::Garbled);
         // garbage inside the limits is never excused by the jump
-        let mut pts = vec![
-            prompt,
-            step(54, false, 0.5, 0.5),
-            step(55, true, 0.5, 0.5),
-        ];
+        let mut pts = vec![prompt, step(54, false, 0.5, 0.5), step(55, true, 0.5, 0.5)];
         classify(&mut pts);
         assert_eq!(pts[1].outcome, CapacityOutcome::Garbled);
     }
