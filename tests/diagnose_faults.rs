@@ -313,6 +313,26 @@ fn reader_layouts_are_named_by_reencoded_golden_rings() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Two adjacent layers bound crosswise on SmolLM2 (sweep seed 1212, #24): swapping either alone
+/// in the golden rings helps too little to be screened in, so the step's own writes locate them
+/// (each layer's K ring holds the reference's V once the layers below read right). Before
+/// (session 12) this case ended `tbt-graph` by elimination, kv-binding only in `also`.
+#[test]
+fn smollm2_two_crossed_layers_are_located_by_their_writes() {
+    let Some(m) = smollm2() else { return };
+    let v = diagnose_sim(
+        &m,
+        &geometry("34", "6", "284,260,3575,282,4521,314", "9"),
+        "kv-swap@layer=1,layer=2",
+    );
+    let ev = evidence(&v);
+    assert_eq!(verdict(&v), "kv-binding", "{ev:?}");
+    assert!(
+        ev.iter().any(|e| e.contains("on layers 1, 2 only")),
+        "{ev:?}"
+    );
+}
+
 /// On SmolLM2 one misread V ring leaves the step garbage (golden token-major rings 0.15), so no
 /// logit signal can rank the 60 edges; the search starts at the layer above which the step's
 /// own K/V writes leave the reference and names the one edge.

@@ -11,6 +11,7 @@ use kvprobe_npu::mask::{left_valid_row, ring_rows};
 use kvprobe_npu::MaskMode;
 use kvprobe_schema::{CacheKind, InjectFinding, LogitComparison, PartialSwap};
 
+use crate::inject_layout::Locator;
 use crate::metrics::compare;
 use crate::rings::{cache_infos, quantize_entry, reference_entries, CacheInfo};
 use crate::session::Session;
@@ -86,7 +87,17 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
     // a binding crossed on a few layers: both golden variants fail ("reader"), or on a model
     // that leans little on those layers the step stays near the tolerance ("none")
     let partial_swap = if blame == "reader" || blame == "none" {
-        partial_swap(s, &infos, &refs, n, l, q, &first.reference, golden.cosine)?
+        let locator = Locator::new(&prompt.state, s, &infos, q)?;
+        partial_swap(
+            s,
+            &infos,
+            &refs,
+            (n, l),
+            q,
+            &first.reference,
+            golden.cosine,
+            &locator,
+        )?
     } else {
         None
     };
@@ -139,18 +150,21 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
     })
 }
 
-/// Golden rings with K↔V swapped on each layer alone, then on every layer that helped, with
-/// both quant-info choices. `None` when no single layer helps.
+/// Golden rings with K↔V swapped on each layer alone, and on the layers the step's own writes
+/// show bound crosswise (found a round at a time: a layer's writes are right only once the
+/// crosswise layers below it are read right), then on every layer that helped, with both
+/// quant-info choices. `None` when no layer helps. Two adjacent crossed layers of SmolLM2 each
+/// help too little alone (layer 1 or 2 of `kv-swap@layer=1,layer=2`: below `LAYER_SWAP_GAIN`).
 #[allow(clippy::too_many_arguments)]
 fn partial_swap(
     s: &mut Session,
     infos: &[CacheInfo],
     refs: &BTreeMap<u32, Vec<f32>>,
-    n: usize,
-    l: usize,
+    (n, l): (usize, usize),
     q: u32,
     reference: &[f32],
     golden: f64,
+    locator: &Locator,
 ) -> Result<Option<PartialSwap>> {
     let mut layers: Vec<usize> = infos.iter().map(|c| c.layer).collect();
     layers.sort_unstable();
@@ -178,8 +192,19 @@ fn partial_swap(
             helping.push(layer);
         }
     }
-    if helping.is_empty() {
-        return Ok(None);
+    let mut crossed: Vec<usize> = Vec::new();
+    while crossed.len() < layers.len() {
+        write(s, &crossed, Swap::OwnQuant)?;
+        s.driver.trial_step(s.dev, q, &MaskMode::Ring)?;
+        let new: Vec<usize> = locator
+            .crosswise(s, infos)?
+            .into_iter()
+            .filter(|x| !crossed.contains(x))
+            .collect();
+        if new.is_empty() {
+            break;
+        }
+        crossed.extend(new);
     }
     let step = |s: &mut Session, layers: &[usize], swap: Swap| -> Result<LogitComparison> {
         write(s, layers, swap)?;
@@ -188,13 +213,34 @@ fn partial_swap(
             reference,
         ))
     };
-    let own = step(s, &helping, Swap::OwnQuant)?;
-    let partner = step(s, &helping, Swap::PartnerQuant)?;
-    let (swap, mut best) = if partner.cosine > own.cosine {
-        (Swap::PartnerQuant, partner)
-    } else {
-        (Swap::OwnQuant, own)
+    let both = |s: &mut Session, layers: &[usize]| -> Result<(Swap, LogitComparison)> {
+        let own = step(s, layers, Swap::OwnQuant)?;
+        let partner = step(s, layers, Swap::PartnerQuant)?;
+        Ok(if partner.cosine > own.cosine {
+            (Swap::PartnerQuant, partner)
+        } else {
+            (Swap::OwnQuant, own)
+        })
     };
+    // the layers the writes show crossed, when swapping them alone repairs the step, are the
+    // answer: the logit screen can add a layer by chance (SmolLM2 layers 1, 2 crossed: layer 12
+    // joined the screen and its swap added 0.001)
+    if !crossed.is_empty() {
+        let (_, c) = both(s, &crossed)?;
+        if rings_repair(golden, c.cosine) {
+            return Ok(Some(PartialSwap {
+                layers: crossed,
+                comparison: c,
+            }));
+        }
+    }
+    helping.extend(crossed.iter().copied());
+    helping.sort_unstable();
+    helping.dedup();
+    if helping.is_empty() {
+        return Ok(None);
+    }
+    let (swap, mut best) = both(s, &helping)?;
     // drop layers whose swap the others do not need (a single swap can help by chance)
     if helping.len() > 1 {
         for layer in helping.clone() {

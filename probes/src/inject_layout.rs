@@ -55,14 +55,81 @@ const LAYERS_PER_ROUND: usize = 3;
 
 /// The reference K/V of the first tbt step's own token (position `n`), per cache, and the slot
 /// the step writes them to.
-struct Locator {
+pub(crate) struct Locator {
     slot: usize,
     entries: Vec<Vec<f32>>,
     n_layers: usize,
 }
 
+/// A written entry counts as its partner's when it correlates with the partner's reference at
+/// least this well and by this lead over its own. Correlation, not distance: a crosswise write
+/// quantises with its own edge's scale and is read back with the partner ring's, an affine map
+/// that a distance counts as a miss.
+const CROSSWISE_CORRELATION: f64 = 0.9;
+const CROSSWISE_LEAD: f64 = 0.3;
+
+/// Pearson correlation of two equally long vectors (0 when either is constant).
+fn correlation(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len().min(b.len()).max(1) as f64;
+    let (ma, mb) = (
+        a.iter().map(|&x| f64::from(x)).sum::<f64>() / n,
+        b.iter().map(|&x| f64::from(x)).sum::<f64>() / n,
+    );
+    let (mut ab, mut aa, mut bb) = (0.0, 0.0, 0.0);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(x) - ma, f64::from(y) - mb);
+        ab += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    if aa <= 0.0 || bb <= 0.0 {
+        0.0
+    } else {
+        ab / (aa * bb).sqrt()
+    }
+}
+
 impl Locator {
-    fn new(state: &KvState, s: &Session, infos: &[CacheInfo], query: u32) -> Result<Locator> {
+    /// Layers whose last step wrote, in both its K and its V ring, the entry the reference puts
+    /// in the other one: the step binds that layer's rings crosswise (`kv-swap` writes through
+    /// the same binding it reads with).
+    pub(crate) fn crosswise(&self, s: &mut Session, infos: &[CacheInfo]) -> Result<Vec<usize>> {
+        let rings = s.dev.cache_buffers()?;
+        let mut votes = vec![0usize; self.n_layers];
+        let mut values = Vec::new();
+        for (i, info) in infos.iter().enumerate() {
+            let partner = infos
+                .iter()
+                .position(|p| p.layer == info.layer && p.kind != info.kind);
+            let (Some(ring), Some(j)) = (rings.get(&info.cache_id), partner) else {
+                continue;
+            };
+            let o = self.slot * info.padded_entry_size;
+            let Some(bytes) = ring.get(o..o + info.entry_size) else {
+                continue;
+            };
+            let q = info.tbt_out.unwrap_or_else(|| info.writer_quant());
+            dequantize_entry(bytes, info.elem_bytes, &q, &mut values);
+            if values.len() != self.entries[j].len() {
+                continue;
+            }
+            let (own, cross) = (
+                correlation(&values, &self.entries[i]),
+                correlation(&values, &self.entries[j]),
+            );
+            if cross >= CROSSWISE_CORRELATION && own < cross - CROSSWISE_LEAD {
+                votes[info.layer] += 1;
+            }
+        }
+        Ok((0..self.n_layers).filter(|&l| votes[l] == 2).collect())
+    }
+
+    pub(crate) fn new(
+        state: &KvState,
+        s: &Session,
+        infos: &[CacheInfo],
+        query: u32,
+    ) -> Result<Locator> {
         let n = s.geometry().prompt_len;
         let mut state = state.clone();
         s.model.decode_step(&mut state, query, n)?;
