@@ -86,18 +86,17 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
     let mut blame = blame(&device_rings, &golden, &golden_swapped);
     // a binding crossed on a few layers: both golden variants fail ("reader"), or on a model
     // that leans little on those layers the step stays near the tolerance ("none")
+    let g = GoldenStep {
+        infos: &infos,
+        refs: &refs,
+        n,
+        l,
+        q,
+        reference: &first.reference,
+    };
     let partial_swap = if blame == "reader" || blame == "none" {
         let locator = Locator::new(&prompt.state, s, &infos, q)?;
-        partial_swap(
-            s,
-            &infos,
-            &refs,
-            (n, l),
-            q,
-            &first.reference,
-            golden.cosine,
-            &locator,
-        )?
+        partial_swap(s, &g, golden.cosine, &locator)?
     } else {
         None
     };
@@ -113,14 +112,6 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
     // 0.955); golden rings as precise as a healthy step leave nothing to repair
     let missing = 1.0 - golden.cosine > REL_TBT_GAP;
     let (reader_layout, golden_left_valid) = if blame != "binding" && missing {
-        let g = GoldenStep {
-            infos: &infos,
-            refs: &refs,
-            n,
-            l,
-            q,
-            reference: &first.reference,
-        };
         (
             crate::inject_layout::search(
                 s,
@@ -155,17 +146,20 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
 /// crosswise layers below it are read right), then on every layer that helped, with both
 /// quant-info choices. `None` when no layer helps. Two adjacent crossed layers of SmolLM2 each
 /// help too little alone (layer 1 or 2 of `kv-swap@layer=1,layer=2`: below `LAYER_SWAP_GAIN`).
-#[allow(clippy::too_many_arguments)]
 fn partial_swap(
     s: &mut Session,
-    infos: &[CacheInfo],
-    refs: &BTreeMap<u32, Vec<f32>>,
-    (n, l): (usize, usize),
-    q: u32,
-    reference: &[f32],
+    g: &GoldenStep,
     golden: f64,
     locator: &Locator,
 ) -> Result<Option<PartialSwap>> {
+    let GoldenStep {
+        infos,
+        refs,
+        n,
+        l,
+        q,
+        reference,
+    } = *g;
     let mut layers: Vec<usize> = infos.iter().map(|c| c.layer).collect();
     layers.sort_unstable();
     layers.dedup();
@@ -347,6 +341,7 @@ fn ring_bytes(
 }
 
 /// The golden rings and the first tbt step they are tried on.
+#[derive(Clone, Copy)]
 struct GoldenStep<'a> {
     infos: &'a [CacheInfo],
     refs: &'a BTreeMap<u32, Vec<f32>>,
