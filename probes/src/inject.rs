@@ -94,16 +94,22 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
         q,
         reference: &first.reference,
     };
-    let partial_swap = if blame == "reader" || blame == "none" {
+    let (partial_swap, crossed_writes) = if blame == "reader" || blame == "none" {
         let locator = Locator::new(&prompt.state, s, &infos, q)?;
         partial_swap(s, &g, golden.cosine, &locator)?
     } else {
-        None
+        (None, Vec::new())
     };
     if let Some(p) = &partial_swap {
         if rings_repair(golden.cosine.max(device_rings.cosine), p.comparison.cosine) {
             blame = "binding";
         }
+    }
+    // the step's own writes landing crosswise are the binding seen directly, also where the
+    // first step leans too little on those layers for any swap to move it (SmolLM2
+    // `kv-swap@layer=6`: device and golden rings 0.9998, later steps fail)
+    if !crossed_writes.is_empty() {
+        blame = "binding";
     }
     // golden rings that miss the reference leave something to repair whoever is blamed: the
     // reader ("reader" implies the miss), a reader wrong on one layer only that leaves the step
@@ -138,6 +144,7 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
         partial_swap,
         reader_layout,
         golden_left_valid,
+        crossed_writes,
     })
 }
 
@@ -151,7 +158,7 @@ fn partial_swap(
     g: &GoldenStep,
     golden: f64,
     locator: &Locator,
-) -> Result<Option<PartialSwap>> {
+) -> Result<(Option<PartialSwap>, Vec<usize>)> {
     let GoldenStep {
         infos,
         refs,
@@ -222,17 +229,18 @@ fn partial_swap(
     if !crossed.is_empty() {
         let (_, c) = both(s, &crossed)?;
         if rings_repair(golden, c.cosine) {
-            return Ok(Some(PartialSwap {
-                layers: crossed,
+            let p = PartialSwap {
+                layers: crossed.clone(),
                 comparison: c,
-            }));
+            };
+            return Ok((Some(p), crossed));
         }
     }
     helping.extend(crossed.iter().copied());
     helping.sort_unstable();
     helping.dedup();
     if helping.is_empty() {
-        return Ok(None);
+        return Ok((None, crossed));
     }
     let (swap, mut best) = both(s, &helping)?;
     // drop layers whose swap the others do not need (a single swap can help by chance)
@@ -246,10 +254,11 @@ fn partial_swap(
             }
         }
     }
-    Ok(Some(PartialSwap {
+    let p = PartialSwap {
         layers: helping,
         comparison: best,
-    }))
+    };
+    Ok((Some(p), crossed))
 }
 
 /// Who the injection blames, by which rings reproduce the reference: golden rings that repair

@@ -265,6 +265,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             partial_swap: None,
             reader_layout: None,
             golden_left_valid: None,
+            crossed_writes: Vec::new(),
         }),
         layout_infer: None,
         cache_precision: None,

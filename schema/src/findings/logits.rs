@@ -233,6 +233,10 @@ pub struct InjectFinding {
     /// (prior art §2.4) instead of the ring mask; `None` where the two masks are equal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub golden_left_valid: Option<LogitComparison>,
+    /// Layers whose golden tbt step wrote its K where the reference's V belongs and its V where
+    /// the reference's K belongs (read back from the rings): bound crosswise on the write.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub crossed_writes: Vec<usize>,
 }
 
 /// Golden rings whose read windows were re-encoded for a reader that decodes `edges` in

@@ -290,10 +290,24 @@ fn mask_convention(f: &RingFacts) -> Option<Cause> {
 /// f. Golden rings fail but swapped K↔V (on every layer, or on some layers only) reproduce.
 fn kv_binding(f: &RingFacts) -> Option<Cause> {
     let inj = f.inject.as_ref().filter(|i| i.blame == "binding")?;
-    let partial = inj
-        .partial_swap
-        .as_ref()
-        .filter(|p| p.comparison.cosine > inj.golden_swapped.cosine);
+    let partial = inj.partial_swap.as_ref().filter(|p| {
+        p.comparison.cosine > inj.golden_swapped.cosine
+            && rings_repair(
+                inj.golden.cosine.max(inj.device_rings.cosine),
+                p.comparison.cosine,
+            )
+    });
+    if partial.is_none() && !inj.crossed_writes.is_empty() {
+        return Some(Cause::new(0.9).line(format!(
+            "→ kv-binding: the first tbt step's own writes on layers {} land crosswise (its K ring entry is the reference's V, its V ring entry the reference's K), while that step still reproduces on golden rings ({:.4}): later steps read those layers' keys as values",
+            inj.crossed_writes
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            inj.golden.cosine
+        )));
+    }
     Some(Cause::new(0.9).line(match partial {
         Some(p) => format!(
             "→ kv-binding: golden rings fail ({:.4}), swapped K↔V on every layer too ({:.4}), but swapped on layers {} only they reproduce the reference ({:.4}): the K and V rings of those layers are bound crosswise",
@@ -797,6 +811,18 @@ mod tests {
             ..failing()
         };
         assert!(fires_in("kv-binding", &reader).is_none());
+        // the step's own writes crossed on layer 6 while the first step still reproduces
+        // (SmolLM2 `kv-swap@layer=6`): the writes are the evidence, not a repair
+        let mut inj = inject(0.9998, 0.9998, 0.6983, "binding");
+        inj.partial_swap = partial(&[6], 0.9998);
+        inj.crossed_writes = vec![6];
+        let crossed = RingFacts {
+            inject: Some(inj),
+            ..failing()
+        };
+        assert!(line("kv-binding", &crossed).starts_with(
+            "→ kv-binding: the first tbt step's own writes on layers 6 land crosswise"
+        ));
     }
 
     fn reader(empty_identical: Option<bool>) -> RingFacts {

@@ -175,6 +175,7 @@ pub fn inject(device: f64, golden: f64, swapped: f64, blame: &str) -> InjectFind
         partial_swap: None,
         reader_layout: None,
         golden_left_valid: None,
+        crossed_writes: Vec::new(),
     }
 }
 
