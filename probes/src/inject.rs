@@ -41,42 +41,20 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
         refs.insert(info.cache_id, reference_entries(&prompt.state, info, nh)?);
     }
     let (n, l) = (g.prompt_len, g.cache_len);
-    let golden = run_with_rings(
-        s,
-        &infos,
-        &refs,
-        Swap::No,
+    let g = GoldenStep {
+        infos: &infos,
+        refs: &refs,
         n,
         l,
         q,
-        &first.reference,
-        &MaskMode::Ring,
-    )?;
+        reference: &first.reference,
+    };
+    let golden = g.step(s, Swap::No)?;
     s.progress.inc(1);
     // Which declared info a crosswise-bound reader dequantises with is the binding's business:
     // try the ring's own and its partner's, keep the better.
-    let own = run_with_rings(
-        s,
-        &infos,
-        &refs,
-        Swap::OwnQuant,
-        n,
-        l,
-        q,
-        &first.reference,
-        &MaskMode::Ring,
-    )?;
-    let other = run_with_rings(
-        s,
-        &infos,
-        &refs,
-        Swap::PartnerQuant,
-        n,
-        l,
-        q,
-        &first.reference,
-        &MaskMode::Ring,
-    )?;
+    let own = g.step(s, Swap::OwnQuant)?;
+    let other = g.step(s, Swap::PartnerQuant)?;
     let golden_swapped = if other.cosine > own.cosine {
         other
     } else {
@@ -86,14 +64,6 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
     let mut blame = blame(&device_rings, &golden, &golden_swapped);
     // a binding crossed on a few layers: both golden variants fail ("reader"), or on a model
     // that leans little on those layers the step stays near the tolerance ("none")
-    let g = GoldenStep {
-        infos: &infos,
-        refs: &refs,
-        n,
-        l,
-        q,
-        reference: &first.reference,
-    };
     let (partial_swap, crossed_writes) = if blame == "reader" || blame == "none" {
         let locator = Locator::new(&prompt.state, s, &infos, q)?;
         partial_swap(s, &g, golden.cosine, &locator)?
@@ -361,6 +331,22 @@ struct GoldenStep<'a> {
 }
 
 impl GoldenStep<'_> {
+    /// The step on golden rings (K↔V swapped as `swap` says) under the ring mask.
+    fn step(&self, s: &mut Session, swap: Swap) -> Result<LogitComparison> {
+        let (infos, refs, mode) = (self.infos, self.refs, &MaskMode::Ring);
+        run_with_rings(
+            s,
+            infos,
+            refs,
+            swap,
+            self.n,
+            self.l,
+            self.q,
+            self.reference,
+            mode,
+        )
+    }
+
     /// Every ring golden token-major, by cache_id.
     fn rings(&self) -> BTreeMap<u32, Vec<u8>> {
         self.infos
