@@ -104,12 +104,9 @@ impl Locator {
             let (Some(ring), Some(j)) = (rings.get(&info.cache_id), partner) else {
                 continue;
             };
-            let o = self.slot * info.padded_entry_size;
-            let Some(bytes) = ring.get(o..o + info.entry_size) else {
+            if !self.written(ring, info, &mut values) {
                 continue;
-            };
-            let q = info.tbt_out.unwrap_or_else(|| info.writer_quant());
-            dequantize_entry(bytes, info.elem_bytes, &q, &mut values);
+            }
             if values.len() != self.entries[j].len() {
                 continue;
             }
@@ -122,6 +119,18 @@ impl Locator {
             }
         }
         Ok((0..self.n_layers).filter(|&l| votes[l] == 2).collect())
+    }
+
+    /// What the last step wrote to `info`'s ring, dequantised into `values`; false when the
+    /// ring is shorter than the write slot.
+    fn written(&self, ring: &[u8], info: &CacheInfo, values: &mut Vec<f32>) -> bool {
+        let o = self.slot * info.padded_entry_size;
+        let Some(bytes) = ring.get(o..o + info.entry_size) else {
+            return false;
+        };
+        let q = info.tbt_out.unwrap_or_else(|| info.writer_quant());
+        dequantize_entry(bytes, info.elem_bytes, &q, values);
+        true
     }
 
     pub(crate) fn new(
@@ -158,12 +167,9 @@ impl Locator {
             let Some(ring) = rings.get(&info.cache_id) else {
                 continue;
             };
-            let o = self.slot * info.padded_entry_size;
-            let Some(bytes) = ring.get(o..o + info.entry_size) else {
+            if !self.written(ring, info, &mut values) {
                 continue;
-            };
-            let q = info.tbt_out.unwrap_or_else(|| info.writer_quant());
-            dequantize_entry(bytes, info.elem_bytes, &q, &mut values);
+            }
             for (&x, &r) in values.iter().zip(want) {
                 diff[info.layer] += f64::from(x - r).powi(2);
                 norm[info.layer] += f64::from(r).powi(2);
