@@ -20,6 +20,7 @@ mod describe;
 pub mod faults;
 mod graph_faults;
 mod inputs;
+mod memo;
 pub mod options;
 mod rope_faults;
 pub use crate::contract::manifest;
@@ -94,6 +95,8 @@ pub struct SimDevice {
     head_dim: usize,
     /// `ring-write-race`: the generator, seeded per process, advanced per write.
     race: u64,
+    /// Prefill runs remembered by their inputs (probes prefill the same prompt again and again).
+    memo: memo::GraphMemo,
     // scratch
     stream: Vec<u8>,
     block: Vec<u8>,
@@ -169,6 +172,7 @@ impl SimDevice {
             elem_bytes: shape.elem_bytes,
             head_dim: shape.head_dim,
             race: crate::race::process_seed(),
+            memo: memo::GraphMemo::default(),
             stream: Vec::new(),
             block: Vec::new(),
         };
@@ -223,6 +227,15 @@ impl SimDevice {
     /// Cache ids of layer `l`: (K, V).
     pub fn cache_ids(layer: usize) -> (u32, u32) {
         (cache_id(layer, CacheKind::K), cache_id(layer, CacheKind::V))
+    }
+    /// Whether a prefill run whose inputs equal a remembered run's reuses its output (on by
+    /// default; the outputs are the same bits either way, `sim_memo` tests it).
+    pub fn remember_prefill_runs(&mut self, on: bool) {
+        self.memo.set_enabled(on);
+    }
+    /// Prefill runs answered from memory so far.
+    pub fn remembered_runs(&self) -> usize {
+        self.memo.hits()
     }
     /// Features per cache entry and bytes per element.
     pub fn entry_format(&self) -> (usize, usize) {
@@ -288,7 +301,7 @@ impl Device for SimDevice {
             self.block_dropped(&mut d.mask, geom, drop);
         }
         let (past, taps) = self.read_past(g, geom)?;
-        let out = self.model.run_graph(&GraphInput {
+        let input = GraphInput {
             hidden: Tensor::from_vec(
                 d.hidden,
                 (geom.rows, self.desc.shape.hidden_size),
@@ -299,7 +312,11 @@ impl Device for SimDevice {
             mask: d.mask,
             graph: self.graph_options(g),
             last_only: true,
-        })?;
+        };
+        let out = match g {
+            GroupKind::Prefill => self.memo.run(&self.model, &input)?,
+            GroupKind::Tbt => self.model.run_graph(&input)?,
+        };
         self.write_new(g, geom, &out.new_kv)?;
         if let Some(before) = &before {
             self.restore_dropped(before, geom, drop)?;
