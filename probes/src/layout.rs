@@ -35,7 +35,7 @@ pub fn run(s: &mut Session) -> Result<LayoutFinding> {
         (-2 * STORED_SHIFTS..=2 * STORED_SHIFTS).collect()
     };
     let nh = s.model.config().n_heads;
-    let mut caches = Vec::with_capacity(infos.len());
+    let mut jobs = Vec::with_capacity(infos.len());
     for info in &infos {
         let ring = rings.get(&info.cache_id).ok_or_else(|| {
             crate::Error::Device(format!(
@@ -43,17 +43,18 @@ pub fn run(s: &mut Session) -> Result<LayoutFinding> {
                 info.cache_id
             ))
         })?;
-        let reference = reference_entries(&prompt.state, info, nh)?;
-        caches.push(score_cache(
-            info,
-            ring,
-            &reference,
-            g.prompt_len,
-            g.cache_len,
-            &search,
-        ));
-        s.progress.inc(1);
+        jobs.push((info, ring, reference_entries(&prompt.state, info, nh)?));
     }
+    // each ring is scored on its own (every layout at every shift: seconds per model on one core)
+    let mut caches: Vec<LayoutCache> = {
+        use rayon::prelude::*;
+        jobs.par_iter()
+            .map(|(info, ring, reference)| {
+                score_cache(info, ring, reference, g.prompt_len, g.cache_len, &search)
+            })
+            .collect()
+    };
+    s.progress.inc(caches.len() as u64);
     let mut shifts: Vec<i64> = (-STORED_SHIFTS..=STORED_SHIFTS).collect();
     for c in &caches {
         if !shifts.contains(&c.best_shift) {
