@@ -19,13 +19,15 @@ use kvprobe_reference::{GraphInput, GraphOutput, Model, PositionInput};
 
 use crate::Result;
 
-/// Remembered runs: a prompt's chunks plus room for the prefixes probes interleave with them
-/// (each entry holds about one chunk's K/V twice, 8 MB on a 1.5B model at P 64).
-const ENTRIES: usize = 6;
+/// Bytes the remembered runs may hold: a prompt's chunks plus the runs probes interleave with
+/// them (a prefill sweep's eleven prefixes come between maskconv's 64-token chunk and the sweep's
+/// own run of it); an entry is about one chunk's K/V twice, 8 MB on a 1.5B model at P 64.
+const BUDGET: usize = 160 << 20;
 
 #[derive(Default)]
 pub(super) struct GraphMemo {
     entries: VecDeque<(Vec<u32>, GraphOutput)>,
+    bytes: usize,
     off: bool,
     hits: usize,
 }
@@ -46,10 +48,13 @@ impl GraphMemo {
             }
         }
         let out = model.run_graph(input)?;
-        if self.entries.len() == ENTRIES {
-            self.entries.pop_front();
-        }
+        self.bytes += size(&key, &out);
         self.entries.push_back((key, out.clone()));
+        while self.bytes > BUDGET && self.entries.len() > 1 {
+            if let Some((k, o)) = self.entries.pop_front() {
+                self.bytes -= size(&k, &o);
+            }
+        }
         Ok(out)
     }
 
@@ -57,12 +62,23 @@ impl GraphMemo {
         self.off = !on;
         if !on {
             self.entries.clear();
+            self.bytes = 0;
         }
     }
 
     pub(super) fn hits(&self) -> usize {
         self.hits
     }
+}
+
+/// Bytes an entry holds (key words, logits, K/V values).
+fn size(key: &[u32], out: &GraphOutput) -> usize {
+    let kv: usize = out
+        .new_kv
+        .iter()
+        .map(|l| l.k.elem_count() + l.v.elem_count())
+        .sum();
+    4 * (key.len() + out.logits.len() + kv)
 }
 
 fn push_f32s(key: &mut Vec<u32>, xs: &[f32]) {
