@@ -11,8 +11,14 @@ root=$(pwd)
 out="$root/target/standin"
 mkdir -p "$out/lib/pkgconfig"
 
-# The emulator as a static library (dev profile: the workspace builds the same dependencies).
-cargo rustc -q -p kvprobe-standin --lib --crate-type staticlib >&2
+# The emulator as a static library: the stand-in crate's staticlib output of a workspace build
+# with the test targets (dev profile). The same package selection and features as the test run
+# (STANDIN_FEATURES=onnx after `cargo test --workspace --features onnx`) resolve the same
+# dependency features, so nothing is compiled twice; `-p kvprobe-standin` alone would resolve
+# fewer features and rebuild every dependency.
+features=()
+if [[ -n "${STANDIN_FEATURES:-}" ]]; then features=(--features "$STANDIN_FEATURES"); fi
+cargo build -q --workspace --lib --tests "${features[@]}" >&2
 rlib_dir="$root/target/debug"
 g++ -std=c++17 -O1 -g -fPIC -shared -Wall -Wextra -Werror \
     -I "$root/npu/standin/include" -I "$root/npu/standin/cpp" \

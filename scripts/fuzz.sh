@@ -30,14 +30,16 @@ done
 # arithmetic that wraps silently in a release build is a finding; FUZZ_PROFILE=release for speed.
 # FUZZ_FEATURES=onnx builds against the feature set the tests just built (CI), which reuses their
 # libraries instead of compiling the workspace a second time; the parsers are the same.
+# `--workspace` resolves the dependencies' features as the test run does (the other members'
+# dev-dependencies included): without it every dependency was compiled again (CI: ~4 minutes).
 profile="${FUZZ_PROFILE:-dev}"
 features=()
 if [ -n "${FUZZ_FEATURES:-}" ]; then features=(--features "$FUZZ_FEATURES"); fi
 if [ "$profile" = release ]; then
-  cargo build --release --example fuzz --quiet "${features[@]}"
+  cargo build --release --workspace --example fuzz --quiet "${features[@]}"
   bin=target/release/examples/fuzz
 else
-  cargo build --example fuzz --quiet "${features[@]}"
+  cargo build --workspace --example fuzz --quiet "${features[@]}"
   bin=target/debug/examples/fuzz
 fi
 status=0
