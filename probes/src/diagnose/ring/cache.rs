@@ -89,7 +89,7 @@ pub const CACHE_PATH: &[R] = &[
         golden_left_valid,
     )
     .needs(Control::CacheReading),
-    R::new("kv-binding", CACHE, Some(Verdict::KvBinding), kv_binding)
+    R::new(KV_BINDING, CACHE, Some(Verdict::KvBinding), kv_binding)
         .needs(Control::CacheReading)
         .when(When::NothingYet),
     R::new(
@@ -183,6 +183,7 @@ pub const SOLVED: &[R] = &[R::new(
 
 const MASK_CONVENTION: &str = "mask-convention";
 const WRITER_LAYOUT: &str = "writer-layout";
+const KV_BINDING: &str = "kv-binding";
 
 /// e. Byte-level evidence, ahead of the output-level discriminators: zeroed tails can make a
 /// shifted position look better.
@@ -248,10 +249,10 @@ fn position_shift(f: &RingFacts) -> Option<Cause> {
         "→ position-mismatch: sending position pos{:+} reproduces the reference ({:.4} vs {:.4}): the tbt graph's positional input is wired {:+} off",
         ps.best_delta, ps.best_cosine, ps.baseline_cosine, -ps.best_delta
     ));
-    Some(if f.writer_blamed() {
-        cause.ranked_after(WRITER_LAYOUT)
-    } else {
-        cause
+    Some(match precise_binding(f) {
+        _ if f.writer_blamed() => cause.ranked_after(WRITER_LAYOUT),
+        Some(b) if b > ps.best_cosine => cause.ranked_after(KV_BINDING),
+        _ => cause,
     })
 }
 
@@ -279,12 +280,30 @@ fn mask_convention(f: &RingFacts) -> Option<Cause> {
     if v.name.starts_with("shift") && placement_off(f) {
         return None;
     }
-    Some(Cause::new(0.9).line(format!(
+    let cause = Cause::new(0.9).line(format!(
         "→ mask-convention: the `{}` mask reproduces the reference ({:.4}) where the server's ring mask gives {:.4}",
         v.name,
         v.comparison.cosine,
         mc.variants.first().map_or(0.0, |r| r.comparison.cosine)
-    )))
+    ));
+    Some(match precise_binding(f) {
+        Some(b) if b > v.comparison.cosine => cause.ranked_after(KV_BINDING),
+        _ => cause,
+    })
+}
+
+/// The cosine of the injection's K↔V repair when it reaches the reference as precisely as the
+/// controls: a mask variant that only comes near it (SmolLM2 `kv-swap`: golden rings swapped
+/// 1.0000, the `shift-1` mask 0.942 over the ring mask's 0.920) is the binding's side effect.
+fn precise_binding(f: &RingFacts) -> Option<f64> {
+    let inj = f.inject.as_ref().filter(|i| i.blame == "binding")?;
+    let best = inj
+        .partial_swap
+        .as_ref()
+        .map_or(inj.golden_swapped.cosine, |p| {
+            p.comparison.cosine.max(inj.golden_swapped.cosine)
+        });
+    golden_variant_repairs(f, inj, best).then_some(best)
 }
 
 /// f. Golden rings fail but swapped K↔V (on every layer, or on some layers only) reproduce.
@@ -342,9 +361,18 @@ fn reader_mixes(f: &RingFacts) -> Option<bool> {
 /// repair names the reader's layout, before any output-level discriminator (a K read in
 /// feature-major on one layer can look like a position shift).
 fn reader_layout_repair(f: &RingFacts) -> Option<Cause> {
-    let inj = f.inject.as_ref().filter(|i| i.blame != "binding")?;
+    let inj = f.inject.as_ref().filter(|i| i.crossed_writes.is_empty())?;
     let r = inj.reader_layout.as_ref()?;
     if !golden_variant_repairs(f, inj, r.comparison.cosine) {
+        return None;
+    }
+    // a binding blamed on a partial swap only: the more precise of the two repairs names it
+    if inj.blame == "binding"
+        && !inj
+            .partial_swap
+            .as_ref()
+            .is_some_and(|p| p.comparison.cosine < r.comparison.cosine)
+    {
         return None;
     }
     Some(Cause::new(0.9).line(format!(
@@ -916,6 +944,50 @@ mod tests {
             &layout_read_as(&every_k, 0.99999, "binding")
         )
         .is_none());
+        // a binding blamed on a partial swap that only beats the device's rings (SmolLM2 K read
+        // feature-major: 10 layers swapped 0.983): the re-encoded rings' precise repair names it
+        let with_swap = |swap: f64| {
+            let mut f = layout_read_as(&every_k, 0.99999, "binding");
+            if let Some(inj) = f.inject.as_mut() {
+                inj.partial_swap = partial(&[0, 1, 3], swap);
+            }
+            f
+        };
+        assert!(fires_in("reader-layout-repair", &with_swap(0.983)).is_some());
+        assert!(fires_in("reader-layout-repair", &with_swap(0.99999)).is_none());
+    }
+
+    #[test]
+    fn a_mask_variant_near_a_precise_swap_ranks_after_the_binding() {
+        // SmolLM2 `kv-swap` on every layer: golden rings swapped reach the reference, the
+        // `shift-1` mask lifts the device's step from 0.920 to 0.942
+        let with = |swapped: f64| RingFacts {
+            inject: Some(inject(0.9198, 0.9172, swapped, "binding")),
+            maskconv: Some(maskconv(0.9198, &[("shift-1", 0.9422)])),
+            ..failing()
+        };
+        let conclude = |f: &RingFacts| {
+            let mut e = Engine::new();
+            e.apply(CACHE_PATH, f);
+            let c = e.conclude();
+            (c.verdict, c.also)
+        };
+        assert_eq!(
+            conclude(&with(0.99997)),
+            (Verdict::KvBinding, vec![Verdict::MaskConvention])
+        );
+        // a swap no more precise than the mask variant leaves the mask's verdict first
+        assert_eq!(conclude(&with(0.95)).0, Verdict::MaskConvention);
+        // the same for a position shift that only comes near the swap's repair
+        let shifted = RingFacts {
+            maskconv: None,
+            positions: Some(positions(0.9198, -1, 0.986)),
+            ..with(0.99997)
+        };
+        assert_eq!(
+            conclude(&shifted),
+            (Verdict::KvBinding, vec![Verdict::PositionMismatch])
+        );
     }
 
     #[test]
