@@ -1087,6 +1087,20 @@ mod tests {
         };
         assert!(fires_in("prefill-chunk-mask", &none).is_none());
         assert!(fires_in("prefill-chunk-mask", &writer()).is_none());
+        // the whole-prompt scale fit lifts the failing multi-chunk last row (SmolLM2
+        // `mask=left-valid@prefill`: ×0.671, 0.095 → 0.983): not a single-chunk failure
+        let fitted = RingFacts {
+            prefill_scale: Some(scale(0.095, 0.983, 0.671)),
+            ..multi_writer(0.1)
+        };
+        assert!(fitted.pf_single_ok());
+        assert!(fires_in("prefill-chunk-mask", &fitted).is_some());
+        // with the multi-chunk rows passing, the same fit still counts
+        let passing = RingFacts {
+            multi: rows(0.999, 0.998, 2),
+            ..fitted
+        };
+        assert!(!passing.pf_single_ok());
     }
 
     #[test]

@@ -286,8 +286,15 @@ impl RingFacts {
         Self::rows_ok(&self.single) && !self.prefill_relative_miss()
     }
 
-    /// A scale ≠ 1 reproduces the prompt's prefill and shrinks its miss (`fit_repairs`).
+    /// A scale ≠ 1 reproduces the prompt's prefill and shrinks its miss (`fit_repairs`). The fit
+    /// is taken on the whole prompt, whose last row reads earlier chunks' cache when any prefix
+    /// does: with those multi-chunk rows failing and the single-chunk ones passing, a scale
+    /// that lifts it absorbs the cached columns' failure (SmolLM2 `mask=left-valid@prefill`,
+    /// L 47, P 11: ×0.671 reached 0.983), which no attention scale of the graph explains.
     pub fn prefill_scale_hit(&self) -> Option<&ScaleFit> {
+        if self.multi.count > 0 && !Self::rows_ok(&self.multi) {
+            return None;
+        }
         self.prefill_scale.as_ref().filter(|f| {
             f.best_cosine >= POSITION_REPRODUCES && fit_repairs(f.unit_cosine, f.best_cosine)
         })
