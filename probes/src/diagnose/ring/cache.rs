@@ -249,9 +249,17 @@ fn position_shift(f: &RingFacts) -> Option<Cause> {
         "→ position-mismatch: sending position pos{:+} reproduces the reference ({:.4} vs {:.4}): the tbt graph's positional input is wired {:+} off",
         ps.best_delta, ps.best_cosine, ps.baseline_cosine, -ps.best_delta
     ));
+    // a mask variant that repairs more precisely names the cause (SmolLM2
+    // `mask=left-valid@prefill,tbt` wrapping: δ −1 0.976, the left-valid mask 0.998)
+    let mask_closer = f
+        .maskconv
+        .as_ref()
+        .and_then(mask_variant_fault)
+        .is_some_and(|v| v.comparison.cosine > ps.best_cosine);
     Some(match precise_binding(f) {
         _ if f.writer_blamed() => cause.ranked_after(WRITER_LAYOUT),
         Some(b) if b > ps.best_cosine => cause.ranked_after(KV_BINDING),
+        _ if mask_closer => cause.ranked_after(MASK_CONVENTION),
         _ => cause,
     })
 }
@@ -292,9 +300,12 @@ fn mask_convention(f: &RingFacts) -> Option<Cause> {
     })
 }
 
-/// The cosine of the injection's K↔V repair when it reaches the reference as precisely as the
-/// controls: a mask variant that only comes near it (SmolLM2 `kv-swap`: golden rings swapped
-/// 1.0000, the `shift-1` mask 0.942 over the ring mask's 0.920) is the binding's side effect.
+/// The cosine of the injection's K↔V repair when the binding is shown, not only fitted: the
+/// swap reaches the reference as precisely as the controls, or the step's own writes land
+/// crosswise. A mask variant that only comes near it is the binding's side effect (SmolLM2
+/// `kv-swap`: golden rings swapped 1.0000, the `shift-1` mask 0.942 over the ring mask's
+/// 0.920; `kv-swap` on layers 2, 5, 19: layer 2's writes crossed, its swap 0.996, the
+/// `shift+1` mask 0.956).
 fn precise_binding(f: &RingFacts) -> Option<f64> {
     let inj = f.inject.as_ref().filter(|i| i.blame == "binding")?;
     let best = inj
@@ -303,7 +314,7 @@ fn precise_binding(f: &RingFacts) -> Option<f64> {
         .map_or(inj.golden_swapped.cosine, |p| {
             p.comparison.cosine.max(inj.golden_swapped.cosine)
         });
-    golden_variant_repairs(f, inj, best).then_some(best)
+    (golden_variant_repairs(f, inj, best) || !inj.crossed_writes.is_empty()).then_some(best)
 }
 
 /// f. Golden rings fail but swapped K↔V (on every layer, or on some layers only) reproduce.
@@ -958,6 +969,29 @@ mod tests {
     }
 
     #[test]
+    fn a_position_shift_ranks_after_a_mask_that_repairs_more_precisely() {
+        let with = |mask: f64| RingFacts {
+            positions: Some(positions(0.9458, -1, 0.976)),
+            maskconv: Some(maskconv(0.9477, &[("left-valid", mask)])),
+            ..failing()
+        };
+        let conclude = |f: &RingFacts| {
+            let mut e = Engine::new();
+            e.apply(CACHE_PATH, f);
+            let c = e.conclude();
+            (c.verdict, c.also)
+        };
+        assert_eq!(
+            conclude(&with(0.9976)),
+            (Verdict::MaskConvention, vec![Verdict::PositionMismatch])
+        );
+        assert_eq!(
+            conclude(&with(0.97)),
+            (Verdict::PositionMismatch, vec![Verdict::MaskConvention])
+        );
+    }
+
+    #[test]
     fn a_mask_variant_near_a_precise_swap_ranks_after_the_binding() {
         // SmolLM2 `kv-swap` on every layer: golden rings swapped reach the reference, the
         // `shift-1` mask lifts the device's step from 0.920 to 0.942
@@ -978,6 +1012,24 @@ mod tests {
         );
         // a swap no more precise than the mask variant leaves the mask's verdict first
         assert_eq!(conclude(&with(0.95)).0, Verdict::MaskConvention);
+        // writes seen crossed on a layer show the binding, its swap need not be precise
+        // (SmolLM2 `kv-swap@layer=2,layer=5,layer=19`: layer 2 crossed, swapped 0.996 where
+        // the controls' precision asked for 0.997)
+        let crossed = |layers: Vec<usize>| {
+            let mut inj = inject(0.9264, 0.9268, 0.2373, "binding");
+            inj.partial_swap = partial(&[2], 0.97);
+            inj.crossed_writes = layers;
+            RingFacts {
+                inject: Some(inj),
+                maskconv: Some(maskconv(0.9264, &[("shift+1", 0.956)])),
+                ..failing()
+            }
+        };
+        assert_eq!(
+            conclude(&crossed(vec![2])),
+            (Verdict::KvBinding, vec![Verdict::MaskConvention])
+        );
+        assert_eq!(conclude(&crossed(Vec::new())).0, Verdict::MaskConvention);
         // the same for a position shift that only comes near the swap's repair
         let shifted = RingFacts {
             maskconv: None,
