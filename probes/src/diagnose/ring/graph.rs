@@ -691,6 +691,13 @@ mod tests {
             ..prefill_broken()
         };
         assert!(fires_in("theta-convention", &near).is_none());
+        // 14-fold, but short of a repair (SmolLM2 `gqa-repeat=block@prefill,tbt`: the flip
+        // lifted the rows of a graph repeating the KV heads in blocks from 0.516 to 0.966)
+        let partial = RingFacts {
+            theta: Some(theta(0.5162, 0.9655)),
+            ..prefill_broken()
+        };
+        assert!(fires_in("theta-convention", &partial).is_none());
         // flipping cuts the miss only 5-fold (0.005 → 0.001), not 10-fold
         let small = RingFacts {
             theta: Some(theta(0.995, 0.999)),

@@ -11,6 +11,7 @@ mod cache;
 mod facts;
 mod fits;
 mod graph;
+mod reader;
 #[cfg(test)]
 pub(crate) mod testing;
 mod writer;
