@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds the test-only HailoRT stand-in (npu/standin): a libhailort.so that implements kvprobe's
-# HailoRT header subset over the KV-cache emulator. Never part of a default build.
+# HailoRT header subset over the KV-cache emulator. The .so is never part of a default build; the
+# emulator's staticlib it links is (npu/standin's second crate type).
+# STANDIN_FEATURES=onnx: build with the features the preceding test run used (CI), so that the
+# workspace build this runs finds everything compiled.
 #
 # Output: target/standin/lib/libhailort.so, target/standin/lib/pkgconfig/hailort.pc and the
 # header subset under npu/standin/include. Prints the environment a --features hailo build
