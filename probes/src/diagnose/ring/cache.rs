@@ -258,11 +258,14 @@ fn position_shift(f: &RingFacts) -> Option<Cause> {
         .as_ref()
         .and_then(mask_variant_fault)
         .is_some_and(|v| v.comparison.cosine > ps.best_cosine);
-    Some(match precise_binding(f) {
-        _ if f.writer_blamed() => cause.ranked_after(WRITER_LAYOUT),
-        Some(b) if b > ps.best_cosine => cause.ranked_after(KV_BINDING),
-        _ if mask_closer => cause.ranked_after(MASK_CONVENTION),
-        _ => cause,
+    Some(if f.writer_blamed() {
+        cause.ranked_after(WRITER_LAYOUT)
+    } else if shown_binding(f).is_some_and(|b| b > ps.best_cosine) {
+        cause.ranked_after(KV_BINDING)
+    } else if mask_closer {
+        cause.ranked_after(MASK_CONVENTION)
+    } else {
+        cause
     })
 }
 
@@ -296,10 +299,13 @@ fn mask_convention(f: &RingFacts) -> Option<Cause> {
         v.comparison.cosine,
         mc.variants.first().map_or(0.0, |r| r.comparison.cosine)
     ));
-    Some(match precise_binding(f) {
-        Some(b) if b > v.comparison.cosine => cause.ranked_after(KV_BINDING),
-        _ => cause,
-    })
+    Some(
+        if shown_binding(f).is_some_and(|b| b > v.comparison.cosine) {
+            cause.ranked_after(KV_BINDING)
+        } else {
+            cause
+        },
+    )
 }
 
 /// The cosine of the injection's K↔V repair when the binding is shown, not only fitted: the
@@ -308,14 +314,13 @@ fn mask_convention(f: &RingFacts) -> Option<Cause> {
 /// `kv-swap`: golden rings swapped 1.0000, the `shift-1` mask 0.942 over the ring mask's
 /// 0.920; `kv-swap` on layers 2, 5, 19: layer 2's writes crossed, its swap 0.996, the
 /// `shift+1` mask 0.956).
-fn precise_binding(f: &RingFacts) -> Option<f64> {
+fn shown_binding(f: &RingFacts) -> Option<f64> {
     let inj = f.inject.as_ref().filter(|i| i.blame == "binding")?;
     let best = inj
         .partial_swap
         .as_ref()
-        .map_or(inj.golden_swapped.cosine, |p| {
-            p.comparison.cosine.max(inj.golden_swapped.cosine)
-        });
+        .map_or(inj.golden_swapped.cosine, |p| p.comparison.cosine)
+        .max(inj.golden_swapped.cosine);
     (golden_variant_repairs(f, inj, best) || !inj.crossed_writes.is_empty()).then_some(best)
 }
 
@@ -489,6 +494,19 @@ mod tests {
     use crate::diagnose::engine::Engine;
     use kvprobe_schema::{CacheKind, ReaderEdgeLayout};
 
+    /// The conclusion of the cache-path phase alone on `f`.
+    fn conclude(f: &RingFacts) -> crate::diagnose::engine::Conclusion {
+        let mut e = Engine::new();
+        e.apply(CACHE_PATH, f);
+        e.conclude()
+    }
+
+    /// Its verdict and `also`.
+    fn ranked(f: &RingFacts) -> (Verdict, Vec<Verdict>) {
+        let c = conclude(f);
+        (c.verdict, c.also)
+    }
+
     fn fires_in(id: &str, f: &RingFacts) -> Option<Cause> {
         fires(&super::super::TABLE.concat(), id, f)
     }
@@ -627,11 +645,6 @@ mod tests {
             inject: Some(inject(0.96, 1.0, 0.9, blame)),
             layout: Some(layout(Layout::F8cr, 0, 0.98, &[])),
             ..failing()
-        };
-        let conclude = |f: &RingFacts| {
-            let mut e = Engine::new();
-            e.apply(CACHE_PATH, f);
-            e.conclude()
         };
         let c = conclude(&shifted("writer"));
         assert_eq!(c.verdict, Verdict::CacheLayoutMismatch);
@@ -793,11 +806,8 @@ mod tests {
             "→ cache-layout-mismatch (reader): golden token-major rings fail (0.9350, device rings 0.9300) but reproduce the reference (1.0000) re-encoded for a tbt reader that decodes K in f8cr on every layer"
         );
         // the shift that mimics it is evaluated later and ties go to the earlier rule
-        let mut e = Engine::new();
-        e.apply(CACHE_PATH, &f);
-        let c = e.conclude();
         assert_eq!(
-            (c.verdict, c.also),
+            ranked(&f),
             (
                 Verdict::CacheLayoutMismatch,
                 vec![Verdict::PositionMismatch]
@@ -866,18 +876,12 @@ mod tests {
             maskconv: Some(maskconv(0.9477, &[("left-valid", mask)])),
             ..failing()
         };
-        let conclude = |f: &RingFacts| {
-            let mut e = Engine::new();
-            e.apply(CACHE_PATH, f);
-            let c = e.conclude();
-            (c.verdict, c.also)
-        };
         assert_eq!(
-            conclude(&with(0.9976)),
+            ranked(&with(0.9976)),
             (Verdict::MaskConvention, vec![Verdict::PositionMismatch])
         );
         assert_eq!(
-            conclude(&with(0.97)),
+            ranked(&with(0.97)),
             (Verdict::PositionMismatch, vec![Verdict::MaskConvention])
         );
     }
@@ -891,18 +895,12 @@ mod tests {
             maskconv: Some(maskconv(0.9198, &[("shift-1", 0.9422)])),
             ..failing()
         };
-        let conclude = |f: &RingFacts| {
-            let mut e = Engine::new();
-            e.apply(CACHE_PATH, f);
-            let c = e.conclude();
-            (c.verdict, c.also)
-        };
         assert_eq!(
-            conclude(&with(0.99997)),
+            ranked(&with(0.99997)),
             (Verdict::KvBinding, vec![Verdict::MaskConvention])
         );
         // a swap no more precise than the mask variant leaves the mask's verdict first
-        assert_eq!(conclude(&with(0.95)).0, Verdict::MaskConvention);
+        assert_eq!(ranked(&with(0.95)).0, Verdict::MaskConvention);
         // writes seen crossed on a layer show the binding, its swap need not be precise
         // (SmolLM2 `kv-swap@layer=2,layer=5,layer=19`: layer 2 crossed, swapped 0.996 where
         // the controls' precision asked for 0.997)
@@ -917,10 +915,10 @@ mod tests {
             }
         };
         assert_eq!(
-            conclude(&crossed(vec![2])),
+            ranked(&crossed(vec![2])),
             (Verdict::KvBinding, vec![Verdict::MaskConvention])
         );
-        assert_eq!(conclude(&crossed(Vec::new())).0, Verdict::MaskConvention);
+        assert_eq!(ranked(&crossed(Vec::new())).0, Verdict::MaskConvention);
         // the same for a position shift that only comes near the swap's repair
         let shifted = RingFacts {
             maskconv: None,
@@ -928,7 +926,7 @@ mod tests {
             ..with(0.99997)
         };
         assert_eq!(
-            conclude(&shifted),
+            ranked(&shifted),
             (Verdict::KvBinding, vec![Verdict::PositionMismatch])
         );
     }
@@ -951,9 +949,7 @@ mod tests {
             "→ mask-convention: golden token-major rings read with the `left-valid` mask reproduce the reference (0.9999) where the ring mask gives -0.0300 on them and no mask reproduces on the device's own rings: the tbt graph takes the left-valid convention (and the prefill's multi-chunk rows, where they fail, wrote under it)"
         );
         // it heads the column map's reader-layout reading of the same facts
-        let mut e = Engine::new();
-        e.apply(CACHE_PATH, &f);
-        assert_eq!(e.conclude().verdict, Verdict::MaskConvention);
+        assert_eq!(conclude(&f).verdict, Verdict::MaskConvention);
         assert!(fires_in("golden-left-valid", &with(0.97, "reader")).is_none());
         assert!(fires_in("golden-left-valid", &with(0.9999, "binding")).is_none());
         // golden rings that beat the device's without reaching the reference blame the writer

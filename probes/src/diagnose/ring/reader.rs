@@ -22,10 +22,11 @@ pub(super) fn reader_mixes(f: &RingFacts) -> Option<bool> {
 
 /// b'. Golden rings re-encoded over the tbt read window for a reader that decodes some edges in
 /// another named layout reproduce the reference, as precisely as the controls, where
-/// token-major golden rings do not (whatever `inject` blamed but the binding: golden rings
-/// that beat the device's without reaching the reference blame the writer): that
-/// repair names the reader's layout, before any output-level discriminator (a K read in
-/// feature-major on one layer can look like a position shift).
+/// token-major golden rings do not (whatever `inject` blamed: golden rings that beat the
+/// device's without reaching the reference blame the writer; a binding only when a partial
+/// swap, not the whole-device one or crossed writes, blamed it): that repair names the
+/// reader's layout, before any output-level discriminator (a K read in feature-major on one
+/// layer can look like a position shift).
 pub(super) fn reader_layout_repair(f: &RingFacts) -> Option<Cause> {
     let inj = f.inject.as_ref().filter(|i| i.crossed_writes.is_empty())?;
     let r = inj.reader_layout.as_ref()?;
