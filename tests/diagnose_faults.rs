@@ -402,3 +402,37 @@ fn multi_chunk_rows_read_a_writer_layout() {
         "{ev:?}"
     );
 }
+
+/// Session 16, two SmolLM2 sweep misses. A tbt writer that keeps 144 of 192 bytes of each K
+/// entry (seed 7531, #314: the prefill's entries are whole, so the zero tail shows only in the
+/// entries the tbt steps wrote) was `tbt-graph` by elimination. A ×1.65 tbt attention scale
+/// (seed 3690, #328: the tbt steps' own writes, computed under the wrong scale, let golden
+/// rings beat the device's, and an f8cr reader on one layer reached 0.981 against the scale
+/// fit's 0.997) was `cache-layout-mismatch`.
+#[test]
+fn smollm2_tbt_writer_truncation_and_attention_scale_behind_golden_rings() {
+    let Some(m) = smollm2() else { return };
+    let cases = [
+        (
+            geometry("37", "30", "34,35,28,216,34,36,28,216,34,37,28,216,34,38,28,216,34,39,28,216,34,40,28,216,34,41,28,216,35,32", "13"),
+            "truncate-entry=144@tbt,k",
+            "cache-truncation",
+            "every entry the first tbt steps wrote (the prefill's are whole) of only K rings (all layers) (entries keep 144 of 192 bytes)",
+        ),
+        (
+            geometry("45", "16", "35097,7742,28,9984,346,327,469,1686,30,2789,8567,553,719,21975,1834,284,868,11296,1127,1296,288,2531,1861,2009,30,8765,2770,468,585,346", "15"),
+            "tbt-attn-scale=1.65",
+            "tbt-graph",
+            "→ tbt-graph (attention scale)",
+        ),
+    ];
+    let results = par_map(&cases, |(geo, fault, ..)| diagnose_sim(&m, geo, fault));
+    let mut failures = Vec::new();
+    for ((_, fault, want, line), v) in cases.iter().zip(&results) {
+        let ev = evidence(v);
+        if verdict(v) != *want || !ev.iter().any(|e| e.contains(line)) {
+            failures.push(format!("{fault}: {} {ev:?}", verdict(v)));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

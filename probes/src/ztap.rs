@@ -28,6 +28,7 @@ pub fn run(s: &mut Session) -> Result<ZtapFinding> {
         .filter(|&j| g.first_window_position(j).is_none())
         .count();
     let mut caches = Vec::new();
+    let mut tbt_written = Vec::new();
     let source;
     if has_taps {
         source = "taps";
@@ -64,10 +65,11 @@ pub fn run(s: &mut Session) -> Result<ZtapFinding> {
         // a reset keeps the ring bytes (contract §2.10): entries earlier probes' steps wrote
         // past the prompt would otherwise fill the window and hide a truncated writer
         s.clear_rings()?;
-        s.prefill_prompt()?;
+        let prefill = s.prefill_prompt()?;
         s.progress.inc(1);
         let rings = s.dev.cache_buffers()?;
         s.progress.inc(1);
+        tbt_written = tbt_written_maps(s, &infos, &rings, &prefill.logits)?;
         let l = g.cache_len;
         // the first tbt step reads L − 1 entries from R = n + 1 (contract §1.5)
         let start = g.prompt_len + 1;
@@ -114,7 +116,61 @@ pub fn run(s: &mut Session) -> Result<ZtapFinding> {
         source: source.into(),
         caches,
         interpretation: interpretation.into(),
+        tbt_written,
     })
+}
+
+/// Tbt steps run after the prefill to read what the tbt writer leaves (a few entries: a tail
+/// that is zero in every one of them by chance is below 1e-8 per ring even for a byte that is
+/// zero one time in twenty).
+const TBT_STEPS: usize = 3;
+
+/// Greedy tbt steps after the prefill, then the zero map over the entries each step wrote, per
+/// ring. The written entries are found by difference from `before` (no slot convention
+/// assumed); a ring whose bytes did not change in exactly one entry per step (a writer that
+/// scatters bytes over many entries) gets no map, since its rows are not entries.
+fn tbt_written_maps(
+    s: &mut Session,
+    infos: &[crate::rings::CacheInfo],
+    before: &std::collections::BTreeMap<u32, Vec<u8>>,
+    prefill_logits: &[f32],
+) -> Result<Vec<ZtapCache>> {
+    if !s.has_tbt() {
+        return Ok(Vec::new());
+    }
+    let mut token = kvprobe_npu::argmax(prefill_logits);
+    for _ in 0..TBT_STEPS {
+        let out = s.driver.step(s.dev, token, &MaskMode::Ring)?;
+        token = kvprobe_npu::argmax(&out.logits);
+    }
+    let after = s.dev.cache_buffers()?;
+    let mut maps = Vec::new();
+    for info in infos {
+        let (Some(a), Some(b)) = (before.get(&info.cache_id), after.get(&info.cache_id)) else {
+            continue;
+        };
+        let (pad, width) = (info.padded_entry_size, info.entry_size);
+        let rows: Vec<&[u8]> = a
+            .chunks(pad)
+            .zip(b.chunks(pad))
+            .filter(|(x, y)| x != y)
+            .map(|(_, y)| &y[..width.min(y.len())])
+            .collect();
+        if rows.len() != TBT_STEPS || rows.iter().any(|r| r.len() != width) {
+            continue;
+        }
+        let zero_map: Vec<bool> = (0..width).map(|c| rows.iter().all(|r| r[c] == 0)).collect();
+        maps.push(finish(
+            info.cache_id,
+            info.layer,
+            info.kind,
+            TBT_STEPS,
+            width,
+            0,
+            zero_map,
+        ));
+    }
+    Ok(maps)
 }
 
 fn finish(

@@ -375,6 +375,7 @@ fn ztap(n: usize, faulty: bool, caches: &[(u32, usize, CacheKind)]) -> ZtapFindi
             })
             .collect(),
         interpretation: if faulty { "transposition" } else { "none" }.into(),
+        tbt_written: Vec::new(),
     }
 }
 

@@ -24,11 +24,13 @@ impl ProbeSection for Ztap {
             return Vec::new();
         };
         let mut s = "source,cache_id,layer,kind,entries,width,zero_columns,empty_entries,expected_transposed_zero_columns,interpretation\n".to_string();
-        for c in &f.caches {
+        let written = f.caches.iter().map(|c| (f.source.as_str(), c));
+        let tbt = f.tbt_written.iter().map(|c| ("tbt-written", c));
+        for (source, c) in written.chain(tbt) {
             let _ = writeln!(
                 s,
                 "{},{},{},{},{},{},{},{},{},{}",
-                csv_text(&f.source),
+                csv_text(source),
                 c.cache_id,
                 opt(c.layer),
                 kind_name(c.kind),
@@ -99,6 +101,7 @@ impl ProbeSection for Ztap {
             summary: kv_table(&[
                 ("source", html_visible(&f.source)),
                 ("interpretation", html_visible(&f.interpretation)),
+                ("entries the first tbt steps wrote", tbt_written_summary(f)),
             ]),
             chart: chart(charts, ZTAP_SVG, "zero-column map per cache"),
             detail: fold(
@@ -135,6 +138,22 @@ impl ProbeSection for Ztap {
             f.caches.len()
         )
     }
+}
+
+/// How many rings the tbt steps' entries were read from and which of them end in zero columns.
+fn tbt_written_summary(f: &ZtapFinding) -> String {
+    if f.tbt_written.is_empty() {
+        return "not read".into();
+    }
+    let cut = f
+        .tbt_written
+        .iter()
+        .filter(|c| c.interpretation == "truncation")
+        .count();
+    format!(
+        "{} rings read, {cut} with the same zero tail in every entry",
+        f.tbt_written.len()
+    )
 }
 
 pub fn zero_map_file(c: &ZtapCache) -> String {

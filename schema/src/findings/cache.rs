@@ -88,6 +88,11 @@ pub struct ZtapFinding {
     pub caches: Vec<ZtapCache>,
     /// Summary interpretation over all caches.
     pub interpretation: String,
+    /// Ring bytes only: the same map over the entries the first tbt steps wrote after the
+    /// prefill (a truncating tbt writer leaves the prefill's entries whole), per ring whose
+    /// bytes changed in exactly one entry per step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tbt_written: Vec<ZtapCache>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

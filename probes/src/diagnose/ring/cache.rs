@@ -7,6 +7,7 @@ use kvprobe_schema::{Layout, LayoutInferFinding, Verdict};
 
 use super::facts::SKIPPED;
 use super::facts::{clean_shift, mask_variant_fault, position_fault, scale_fault, RingFacts};
+use super::fits::ATTENTION_SCALE;
 use super::graph::cache_quantization;
 use super::reader::{
     golden_left_valid, golden_variant_repairs, reader_elimination, reader_layout,
@@ -50,7 +51,7 @@ pub const CACHE_PATH: &[R] = &[
         attention_scale_set_aside,
     ),
     R::new(
-        "attention-scale",
+        ATTENTION_SCALE,
         CACHE,
         Some(Verdict::TbtGraph),
         attention_scale,
@@ -189,31 +190,41 @@ const KV_BINDING: &str = "kv-binding";
 
 /// e. Byte-level evidence, ahead of the output-level discriminators: zeroed tails can make a
 /// shifted position look better.
+/// The prefill's entries first; then the entries the first tbt steps wrote, for a truncating
+/// tbt writer (its prefill-written bytes are whole).
 fn cache_truncation(f: &RingFacts) -> Option<Cause> {
     let zt = f.ztap.as_ref()?;
-    let cut = affected::truncated(&zt.caches);
-    if cut.is_empty() {
-        return None;
-    }
-    let kept = zt
-        .caches
+    let (caches, whose) = [
+        (&zt.caches, "every written entry"),
+        (
+            &zt.tbt_written,
+            "every entry the first tbt steps wrote (the prefill's are whole)",
+        ),
+    ]
+    .into_iter()
+    .find(|(c, _)| !affected::truncated(c).is_empty())?;
+    let cut = affected::truncated(caches);
+    let kept = caches
         .iter()
         .filter(|c| c.interpretation == "truncation")
         .map(|c| c.width - c.zero_columns)
         .min()
         .unwrap_or(0);
     Some(Cause::new(0.9).line(format!(
-        "→ cache-truncation: the same tail columns are zero in every written entry of {} (entries keep {} of {} bytes)",
-        affected::describe(&cut, zt.caches.len()),
+        "→ cache-truncation: the same tail columns are zero in {whose} of {} (entries keep {} of {} bytes)",
+        affected::describe(&cut, zt.caches.len().max(caches.len())),
         kept,
-        zt.caches.first().map_or(0, |c| c.width)
+        caches.first().map_or(0, |c| c.width)
     )))
 }
 
 /// Golden rings repairing the step show the tbt graph computes right on right bytes: a scale
-/// fit is then the wrong bytes mimicking a scale (a K ring scrambled by the writer).
+/// fit is then the wrong bytes mimicking a scale (a K ring scrambled by the writer). Not when
+/// the fit repairs better than golden rings that do not reproduce
+/// ([`RingFacts::scale_outdoes_golden`]).
 fn attention_scale_set_aside(f: &RingFacts) -> Option<Cause> {
-    let fit = scale_fault(f.positions.as_ref()?).filter(|_| f.writer_blamed())?;
+    let fit = scale_fault(f.positions.as_ref()?)
+        .filter(|_| f.writer_blamed() && f.scale_outdoes_golden().is_none())?;
     let inj = f.inject.as_ref()?;
     Some(Cause::note(format!(
         "attention-scale fit ×{:.3} ({:.5}) set aside: golden token-major rings repair the step ({:.4}), so the tbt graph is right on right bytes",
@@ -225,7 +236,8 @@ fn attention_scale_set_aside(f: &RingFacts) -> Option<Cause> {
 /// shift; a mask variant that does better still keeps the headline (its rule ranks first).
 fn attention_scale(f: &RingFacts) -> Option<Cause> {
     let ps = f.positions.as_ref()?;
-    let fit = scale_fault(ps).filter(|_| !f.writer_blamed())?;
+    let fit =
+        scale_fault(ps).filter(|_| !f.writer_blamed() || f.scale_outdoes_golden().is_some())?;
     let best_mask = f
         .maskconv
         .as_ref()
@@ -571,6 +583,17 @@ mod tests {
             "→ cache-truncation: the same tail columns are zero in every written entry of only K rings (all layers) (entries keep 48 of 64 bytes)"
         );
         assert!(fires_in("cache-truncation", &failing()).is_none());
+        // a tbt writer that cuts its entries: the prefill's entries are whole
+        let mut zt = ztap(&[], "none");
+        zt.tbt_written = ztap(&[1], "truncation").caches;
+        let tbt = RingFacts {
+            ztap: Some(zt),
+            ..failing()
+        };
+        assert_eq!(
+            line("cache-truncation", &tbt),
+            "→ cache-truncation: the same tail columns are zero in every entry the first tbt steps wrote (the prefill's are whole) of only V rings of layer 0 (entries keep 48 of 64 bytes)"
+        );
     }
 
     #[test]
@@ -867,6 +890,35 @@ mod tests {
             ..loose.clone()
         };
         assert!(fires_in("reader-layout-repair", &noisy_blamed_reader).is_some());
+    }
+
+    #[test]
+    fn an_attention_scale_outdoing_golden_rings_heads_a_reader_layout_despite_the_writer_blame() {
+        // SmolLM2 `tbt-attn-scale=1.65` (L 45, P 16): the tbt steps wrote keys computed under the
+        // wrong scale, so golden rings beat the device's (writer blamed) without reproducing, an
+        // f8cr reader on one layer lifts them, and the scale fit on the device's rings does best
+        let with = |fit: f64| {
+            let mut f = layout_read_as(&[(29, CacheKind::K, Layout::F8cr)], 0.998, "writer");
+            if let Some(ps) = f.positions.as_mut() {
+                ps.scale = Some(scale(0.93, fit, 1.9));
+            }
+            f
+        };
+        assert_eq!(
+            ranked(&with(0.9995)),
+            (Verdict::TbtGraph, vec![Verdict::CacheLayoutMismatch])
+        );
+        assert!(fires_in("attention-scale-set-aside", &with(0.9995)).is_none());
+        // a fit less precise than the reader's repair: the reader names it
+        assert_eq!(ranked(&with(0.99)).0, Verdict::CacheLayoutMismatch);
+        // golden rings that reproduce set the fit aside whatever its precision
+        let mut reproducing = with(0.9995);
+        if let Some(inj) = reproducing.inject.as_mut() {
+            inj.golden = kvprobe_schema::test_findings::comparison(0.99);
+            inj.reader_layout = None;
+        }
+        assert!(fires_in("attention-scale-set-aside", &reproducing).is_some());
+        assert!(fires_in(ATTENTION_SCALE, &reproducing).is_none());
     }
 
     #[test]

@@ -489,6 +489,17 @@ impl RingFacts {
         self.inject.as_ref().is_some_and(|i| i.blame == "writer")
     }
 
+    /// The attention-scale fit on the device's own rings repairs the first tbt step better than
+    /// golden rings do, and golden rings do not reproduce it: golden rings then beat the
+    /// device's only because the tbt steps wrote keys and values computed under the wrong scale
+    /// (SmolLM2 `tbt-attn-scale=1.65`, L 45 / P 16: golden 0.950, the fit 0.997), so the
+    /// writer's blame does not set the fit aside.
+    pub fn scale_outdoes_golden(&self) -> Option<&ScaleFit> {
+        let fit = scale_fault(self.positions.as_ref()?)?;
+        let golden = self.inject.as_ref()?.golden.cosine;
+        (golden < POSITION_REPRODUCES && fit.best_cosine > golden).then_some(fit)
+    }
+
     /// Mean token-major correlation at the predicted slots over the rings.
     pub fn token_major_score(&self) -> f64 {
         self.layout.as_ref().map_or(0.0, |ly| {

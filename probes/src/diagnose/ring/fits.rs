@@ -54,6 +54,9 @@ pub fn position_fault(ps: &PositionsFinding) -> bool {
         && scale_fault(ps).is_none_or(|f| f.best_cosine < ps.best_cosine)
 }
 
+/// The rule that names [`scale_fault`] (rules that rank after it name it).
+pub const ATTENTION_SCALE: &str = "attention-scale";
+
 /// Another attention scale reproduces the server-position first tbt step (positions' scale fit).
 pub fn scale_fault(ps: &PositionsFinding) -> Option<&ScaleFit> {
     ps.scale.as_ref().filter(|f| {

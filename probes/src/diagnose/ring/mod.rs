@@ -499,12 +499,21 @@ fn cache_probe_lines(
         "inject: device rings {:.4}, golden token-major rings {:.4}, golden K↔V swapped {:.4} → blame {}",
         inj.device_rings.cosine, inj.golden.cosine, inj.golden_swapped.cosine, inj.blame
     ));
+    let tbt_cut = affected::truncated(&zt.tbt_written).len();
     eng.line(format!(
-        "ztap ({}): {}; zero columns {} (transposed reader would show ≈ {:.1})",
+        "ztap ({}): {}; zero columns {} (transposed reader would show ≈ {:.1}){}",
         zt.source,
         zt.interpretation,
         zt.caches.iter().map(|c| c.zero_columns).sum::<usize>() / zt.caches.len().max(1),
-        mean(zt.caches.iter().map(|c| c.expected_transposed_zero_columns))
+        mean(zt.caches.iter().map(|c| c.expected_transposed_zero_columns)),
+        if zt.tbt_written.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; the first tbt steps' entries: {tbt_cut} of {} rings end in the same zero columns",
+                zt.tbt_written.len()
+            )
+        }
     ));
     eng.line(format!(
         "colmap: diagonal {:.3}, best off-diagonal {:.3}, best shift {:+} ({:.3}), {} clean / {} mixture rows, never-written rows {}",

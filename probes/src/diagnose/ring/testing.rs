@@ -211,6 +211,7 @@ pub fn ztap(cut: &[usize], interpretation: &str) -> ZtapFinding {
         source: "ring-bytes".into(),
         caches,
         interpretation: interpretation.into(),
+        tbt_written: Vec::new(),
     }
 }
 
