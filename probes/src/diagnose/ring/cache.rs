@@ -430,12 +430,16 @@ fn prefill_chunk_mask(f: &RingFacts) -> Option<Cause> {
 
 /// g'. The first tbt step reproduces on the rings prefill left (injection blames nothing) as
 /// precisely as the controls, yet later steps fail: they also read entries the tbt graph
-/// wrote. The catalogue's cause is a truncating tbt writer; ztap reads only prefill-written
-/// bytes, hence `also`.
+/// wrote. The catalogue's cause is a truncating tbt writer, hence `also`; not when `ztap` read
+/// the entries the tbt steps wrote and found them whole (SmolLM2 `tbt-attn-scale=1.9`, L 51 /
+/// P 13: the first step reads only the prompt, 0.9995, and 60 rings' tbt entries were whole).
 fn tbt_writer_truncation(f: &RingFacts) -> Option<Cause> {
     let inj = f.inject.as_ref().filter(|i| i.blame == "none")?;
     let precise = 1.0 - inj.device_rings.cosine <= (REL_RATIO * f.cache_noise()).min(REL_TBT_GAP);
-    if f.controls_pass() || !f.sm_ok() || !precise {
+    let tbt_entries_whole = f.ztap.as_ref().is_some_and(|z| {
+        !z.tbt_written.is_empty() && affected::truncated(&z.tbt_written).is_empty()
+    });
+    if f.controls_pass() || !f.sm_ok() || !precise || tbt_entries_whole {
         return None;
     }
     Some(Cause::new(0.65).also(Verdict::TbtGraph, 0.6).line(format!(
@@ -1107,6 +1111,15 @@ mod tests {
             ..failing()
         };
         assert!(fires_in("tbt-writer-truncation", &near).is_none());
+        // the tbt steps' entries were read and are whole: no truncating writer to suppose
+        let mut zt = ztap(&[], "none");
+        zt.tbt_written = ztap(&[], "none").caches;
+        let whole = RingFacts {
+            ztap: Some(zt),
+            ..f.clone()
+        };
+        assert!(fires_in("tbt-writer-truncation", &whole).is_none());
+        assert!(fires_in("tbt-graph-elimination", &whole).is_some());
     }
 
     #[test]
