@@ -79,6 +79,14 @@ pub const CACHE_PATH: &[R] = &[
     )
     .needs(Control::CacheReading),
     R::new(
+        "tbt-k-rotated",
+        CACHE,
+        Some(Verdict::PositionMismatch),
+        tbt_k_rotated,
+    )
+    .needs(Control::CacheReading)
+    .when(When::NothingYet),
+    R::new(
         MASK_CONVENTION,
         CACHE,
         Some(Verdict::MaskConvention),
@@ -129,14 +137,6 @@ pub const CACHE_LATE: &[R] = &[
         CACHE,
         Some(Verdict::MaskConvention),
         prefill_chunk_mask,
-    )
-    .needs(Control::CacheReading)
-    .when(When::NothingYet),
-    R::new(
-        "tbt-k-rotated",
-        CACHE,
-        Some(Verdict::PositionMismatch),
-        tbt_k_rotated,
     )
     .needs(Control::CacheReading)
     .when(When::NothingYet),
@@ -574,6 +574,27 @@ mod tests {
             ..rotated(true, 2)
         };
         assert!(fires_in("tbt-k-rotated", &learned).is_none());
+    }
+
+    #[test]
+    fn a_rotated_tbt_k_ranks_before_the_mask_it_mimics() {
+        // SmolLM2 `rope-k-tile=16@tbt` (sweep seed 2604): a `shift-1` mask lifts the step from
+        // 0.944 to 0.988, while kvdiff finds layer 0's K rotated after step 1
+        let f = RingFacts {
+            kvdiff: Some(kvdiff_rotation(true, 1)),
+            rope_table: true,
+            maskconv: Some(maskconv(0.9437, &[("shift-1", 0.9877)])),
+            ..failing()
+        };
+        assert_eq!(
+            ranked(&f),
+            (Verdict::PositionMismatch, vec![Verdict::MaskConvention])
+        );
+        let unexplained = RingFacts {
+            kvdiff: Some(kvdiff_rotation(false, 1)),
+            ..f.clone()
+        };
+        assert_eq!(ranked(&unexplained).0, Verdict::MaskConvention);
     }
 
     #[test]

@@ -414,15 +414,13 @@ fn cache_path(mut run: Run, mut f: RingFacts, opts: &DiagnoseOptions) -> Result<
     f.inject = Some(inj);
     f.ztap = Some(zt);
     f.colmap = Some(cm);
+    // every cache-path verdict carries kvdiff's line, and a rule reads the cache itself (a K
+    // the tbt graph rotated, ahead of the mask fits it can mimic): it runs once, here
+    cache_kvdiff(&mut run)?;
+    f.kvdiff = run.p.kvdiff.clone();
     run.eng.apply(CACHE_PATH, &f);
     if !run.eng.has_causes() && f.writer_blamed() {
         solve_layout(&mut run, &mut f)?;
-    }
-    if !run.eng.has_causes() {
-        // the late rules read the cache itself (a K the tbt graph rotated): kvdiff runs here
-        // once, and its line joins whatever verdict follows
-        cache_kvdiff(&mut run)?;
-        f.kvdiff = run.p.kvdiff.clone();
     }
     run.eng.apply(CACHE_LATE, &f);
     if run.eng.stopped() {
