@@ -1,7 +1,7 @@
 //! `--device ane-sim` end to end through the binary (issue 9): healthy and every ane fault get
 //! their verdict on the Llama fixture and SmolLM2; bad input is one line and exit 2.
 
-mod common;
+use crate::common;
 use common::*;
 
 const FAULTS: [(&str, &str); 6] = [

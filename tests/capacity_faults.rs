@@ -4,7 +4,7 @@
 //! the real limit N; healthy emulators refuse at their declared limits (a Hailo prompt of L
 //! tokens, contract §2.9; a Core ML step past max_ctx) and a wrapped Hailo ring slides.
 
-mod common;
+use crate::common;
 use common::*;
 
 use kvprobe_npu::families;

@@ -2,7 +2,7 @@
 //! fp32-minimum mask and the fp16 RMSNorm → numeric-overflow naming the mask or the layer, the
 //! state race past 16 rows per call → nondeterministic; healthy stays healthy.
 
-mod common;
+use crate::common;
 use common::*;
 
 /// Declared in the ANE fault table with these verdicts (tests/ane_diagnose.rs runs the others).

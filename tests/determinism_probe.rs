@@ -2,7 +2,7 @@
 //! and once in a second OS process (the CLI re-running itself), bit for bit, with its CSV, NPY,
 //! HTML section and text summary.
 
-mod common;
+use crate::common;
 use common::*;
 
 const IDS_20: &str = "5,17,99,3,250,41,7,8,120,64,33,2,90,11,13,19,23,29,31,37";

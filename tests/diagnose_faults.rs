@@ -5,7 +5,7 @@
 //! Fault magnitudes are chosen to matter on the tiny random-weight fixture (its logits are flat,
 //! so e.g. a ×2 attention scale moves them only a little); the diagnosis rules are the same.
 
-mod common;
+use crate::common;
 use common::*;
 
 /// (fault, expected verdict) — the issue-3 table.

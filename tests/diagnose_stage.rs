@@ -3,7 +3,7 @@
 //! stage first on at least 10 of the 14 public faults; healthy devices stay healthy; `unknown`
 //! verdicts carry the new probes' evidence; their CSV/NPY artefacts match results.json.
 
-mod common;
+use crate::common;
 use common::*;
 
 /// The 14 public faults (the README table's 13 rows, softmax split into its two verdicts) and

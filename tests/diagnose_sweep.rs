@@ -4,7 +4,7 @@
 //! every healthy case `healthy` (a miss passes only on a documented known limit whose verdict
 //! lists the expected cause in `also`); the expectations come from the fault table, not from the rules.
 
-mod common;
+use crate::common;
 use common::*;
 
 use kvprobe_testkit::sweep::{self, ModelSpec, TEXTS};

@@ -1,7 +1,7 @@
 //! Faults added through the fault tables (issue 17), end to end through the binary: each gets
 //! the verdict its table row declares.
 
-mod common;
+use crate::common;
 use common::*;
 
 use kvprobe_npu::families;

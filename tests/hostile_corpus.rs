@@ -4,7 +4,7 @@
 //! its documented exit code, one line on stderr when refused, no panic (101), no abort (a signal,
 //! e.g. an allocation past the limit), and no partial or temporary output left behind.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[path = "../reference/tests/gguf_support/mod.rs"]

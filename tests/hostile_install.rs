@@ -2,7 +2,7 @@
 //! `$KVPROBE_MODEL` or the user cache `scripts/fetch-model.sh` fills, and ships completions and a
 //! man page (issue 19).
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::path::Path;

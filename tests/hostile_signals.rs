@@ -1,7 +1,7 @@
 //! SIGINT/SIGTERM during a run (issue 19): the run ends with `verdict: incomplete` and exit 3, and
 //! leaves no hidden temporary folder or file and no half-written report, whenever it arrives.
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::path::Path;

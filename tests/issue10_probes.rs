@@ -1,7 +1,7 @@
 //! The stale, causality and splits probes through the binary on the Llama fixture: a healthy
 //! device shows nothing, and each fault class shows its own signature (issue 10).
 
-mod common;
+use crate::common;
 use common::*;
 
 const GEO: [&str; 8] = [

@@ -3,7 +3,7 @@
 //! says; the two RoPE faults are diagnosed as their fault-table row declares, with kvdiff's
 //! first-layer evidence; a cache-path verdict carries kvdiff's first divergent layer.
 
-mod common;
+use crate::common;
 use common::*;
 
 use kvprobe_npu::families;

@@ -1,7 +1,7 @@
 //! `kvdiff --out DIR`: results.json, the CSV table, the two `[layers, positions]` arrays and the
 //! K and V heatmaps agree with one another and with the run's geometry.
 
-mod common;
+use crate::common;
 use common::*;
 
 use ndarray_npy::ReadNpyExt;

@@ -3,7 +3,7 @@
 //! offset fault shows as a slot shift. Expected maps come from the emulator's own layout
 //! functions (npu/src/layout.rs) for the injected fault, never from the solver.
 
-mod common;
+use crate::common;
 use common::*;
 
 use kvprobe_npu::layout::{position_table, StreamShape};

@@ -2,7 +2,7 @@
 //! diagnoses on the exported fixture and SmolLM2, and bad input as one line with exit 2 or 3.
 #![cfg(feature = "onnx")]
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::path::{Path, PathBuf};

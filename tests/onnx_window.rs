@@ -4,7 +4,7 @@
 //! bad windowed folders as one line.
 #![cfg(feature = "onnx")]
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! only the device description — agree on a healthy device, and part ways under a fault; the
 //! three-way numbers and the near-tie fields reach results.json.
 
-mod common;
+use crate::common;
 use common::*;
 
 fn greedy(args: &[&str]) -> serde_json::Value {

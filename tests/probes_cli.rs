@@ -1,7 +1,7 @@
 //! The probe subcommands through the binary: healthy is healthy, controls behave as controls,
 //! bad input exits 2 with one line and no artefacts.
 
-mod common;
+use crate::common;
 use common::*;
 
 const GEOMETRIES: [[&str; 4]; 2] = [

@@ -2,7 +2,7 @@
 //! bit-identical on a healthy emulator, a state left over from the first request shows as a
 //! difference, and `diagnose` does not run it.
 
-mod common;
+use crate::common;
 use common::*;
 
 const IDS: &str = "1,5,9,22,41,17,3,99,150,200,12,7,8";

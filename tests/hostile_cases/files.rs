@@ -1,7 +1,7 @@
 //! The corpus itself: what each hostile input looks like and what kvprobe must answer.
 
 use super::{s, strings, Corpus};
-use crate::hef_encoder;
+use crate::hostile_corpus::hef_encoder;
 
 /// A GGUF v3 header: magic, version, tensor and metadata counts, then raw metadata bytes.
 fn gguf_bytes(version: u32, n_tensors: u64, n_kv: u64, kv: &[u8]) -> Vec<u8> {
@@ -94,15 +94,15 @@ pub fn gguf_files(c: &mut Corpus) {
     }
     // tensor dimensions that multiply past 2^64 or hold a zero (found by examples/fuzz: an
     // overflow, and undefined behaviour reading an empty tensor)
-    let vocab = crate::gguf_support::vocab().0.len();
+    let vocab = crate::hostile_corpus::gguf_support::vocab().0.len();
     for (name, dims) in [
         ("tensor-dims-overflow", vec![1u64 << 33, 1 << 33, 4]),
         ("tensor-dim-zero", vec![0, 32]),
     ] {
-        let mut tensors = crate::gguf_support::base_tensors(vocab, true);
+        let mut tensors = crate::hostile_corpus::gguf_support::base_tensors(vocab, true);
         tensors[1].dims = dims;
         let bytes =
-            crate::gguf_support::encode(&crate::gguf_support::base_meta("llama", vocab), &tensors);
+            crate::hostile_corpus::gguf_support::encode(&crate::hostile_corpus::gguf_support::base_meta("llama", vocab), &tensors);
         let p = c.file(&format!("{name}.gguf"), &bytes);
         c.refused_model(&format!("gguf {name}"), &p, None);
     }

@@ -1,0 +1,32 @@
+//! The root package's end-to-end tests as one binary: one link instead of one per file, and
+//! the slow files' tests share the test threads instead of running binary after binary. Each
+//! file is a module (`cargo test --test e2e diagnose_faults::` runs one). The HailoRT stand-in
+//! tests stay binaries of their own: CI runs them by name with the `hailo` feature.
+
+mod common;
+
+mod ane_diagnose;
+mod capacity_faults;
+mod determinism_ane;
+mod determinism_probe;
+mod diagnose_faults;
+mod diagnose_stage;
+mod diagnose_sweep;
+mod fault_table_cli;
+mod hostile_corpus;
+mod hostile_install;
+mod hostile_signals;
+mod inspect_cli;
+mod issue10_probes;
+mod kvdiff_faults;
+mod kvdiff_report;
+mod layout_infer_cli;
+mod np_reference_check;
+mod onnx_cli;
+mod onnx_window;
+mod precision_matched;
+mod probes_cli;
+mod ref_cli;
+mod report_cli;
+mod rerun_cli;
+mod structure;
