@@ -101,8 +101,10 @@ pub fn gguf_files(c: &mut Corpus) {
     ] {
         let mut tensors = crate::hostile_corpus::gguf_support::base_tensors(vocab, true);
         tensors[1].dims = dims;
-        let bytes =
-            crate::hostile_corpus::gguf_support::encode(&crate::hostile_corpus::gguf_support::base_meta("llama", vocab), &tensors);
+        let bytes = crate::hostile_corpus::gguf_support::encode(
+            &crate::hostile_corpus::gguf_support::base_meta("llama", vocab),
+            &tensors,
+        );
         let p = c.file(&format!("{name}.gguf"), &bytes);
         c.refused_model(&format!("gguf {name}"), &p, None);
     }

@@ -259,6 +259,14 @@ fn attention_scale(f: &RingFacts) -> Option<Cause> {
 /// (a prefill position fault, whose bytes stay token-major, keeps the headline).
 fn position_shift(f: &RingFacts) -> Option<Cause> {
     let ps = f.positions.as_ref().filter(|ps| position_fault(ps))?;
+    // golden rings that repair the step say the bytes are wrong; a shift that only edges past
+    // the server's position, without shrinking its miss as a position fit must, mimics them and
+    // leaves the late writer rules to name them (SmolLM2 `mask=left-valid@prefill`, L 56 / P 19,
+    // n 38: golden 0.9999, δ +2 0.974 from 0.968, 1.25-fold; a prefill wired 2 off on the same
+    // geometry: δ +2 0.9942 from 0.9720, 4.8-fold)
+    if f.writer_blamed() && !position_repairs(ps.baseline_cosine, ps.best_cosine) {
+        return None;
+    }
     let cause = Cause::new(0.9).line(format!(
         "→ position-mismatch: sending position pos{:+} reproduces the reference ({:.4} vs {:.4}): the tbt graph's positional input is wired {:+} off",
         ps.best_delta, ps.best_cosine, ps.baseline_cosine, -ps.best_delta
@@ -688,18 +696,24 @@ mod tests {
 
     #[test]
     fn a_shift_ranks_after_a_writer_layout_when_golden_rings_repair_the_step() {
-        let shifted = |blame: &str| RingFacts {
-            positions: Some(positions(0.96, -2, 0.978)),
+        let shifted = |blame: &str, best: f64| RingFacts {
+            positions: Some(positions(0.96, -2, best)),
             inject: Some(inject(0.96, 1.0, 0.9, blame)),
             layout: Some(layout(Layout::F8cr, 0, 0.98, &[])),
             ..failing()
         };
-        let c = conclude(&shifted("writer"));
+        let c = conclude(&shifted("writer", 0.995));
         assert_eq!(c.verdict, Verdict::CacheLayoutMismatch);
         assert_eq!(c.also, vec![Verdict::PositionMismatch]);
         // the tbt graph itself is blamed: the shift keeps the headline
-        let c = conclude(&shifted("none"));
+        let c = conclude(&shifted("none", 0.978));
         assert_eq!(c.verdict, Verdict::PositionMismatch);
+        // golden rings repair, the shift only edges past the server's position: no candidate
+        // (SmolLM2 `mask=left-valid@prefill`: δ +2 0.974 from 0.968, golden 0.9999)
+        assert!(fires_in("position-shift", &shifted("writer", 0.978)).is_none());
+        let mut plain = shifted("writer", 0.978);
+        plain.layout = Some(layout(Layout::TokenMajor, 0, 1.0, &[]));
+        assert_eq!(ranked(&plain).0, Verdict::Unknown);
     }
 
     #[test]
