@@ -150,6 +150,9 @@ fn tbt_written_maps(
             continue;
         };
         let (pad, width) = (info.padded_entry_size, info.entry_size);
+        if pad == 0 || width == 0 {
+            continue;
+        }
         let rows: Vec<&[u8]> = a
             .chunks(pad)
             .zip(b.chunks(pad))
