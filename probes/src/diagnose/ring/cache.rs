@@ -194,7 +194,7 @@ const KV_BINDING: &str = "kv-binding";
 /// tbt writer (its prefill-written bytes are whole).
 fn cache_truncation(f: &RingFacts) -> Option<Cause> {
     let zt = f.ztap.as_ref()?;
-    let (caches, whose) = [
+    let (caches, whose, cut) = [
         (&zt.caches, "every written entry"),
         (
             &zt.tbt_written,
@@ -202,8 +202,8 @@ fn cache_truncation(f: &RingFacts) -> Option<Cause> {
         ),
     ]
     .into_iter()
-    .find(|(c, _)| !affected::truncated(c).is_empty())?;
-    let cut = affected::truncated(caches);
+    .map(|(c, whose)| (c, whose, affected::truncated(c)))
+    .find(|(.., cut)| !cut.is_empty())?;
     let kept = caches
         .iter()
         .filter(|c| c.interpretation == "truncation")

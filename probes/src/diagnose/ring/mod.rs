@@ -66,8 +66,6 @@ struct Run<'s, 'a> {
     timings: Vec<Timing>,
     p: ProbeFindings,
     eng: Engine,
-    /// The cache path's bounded kvdiff ran (the graph stage's prefill-only one does not count).
-    cache_kvdiff_ran: bool,
 }
 
 impl Run<'_, '_> {
@@ -90,7 +88,6 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         timings: Vec::new(),
         p: ProbeFindings::default(),
         eng: Engine::new(),
-        cache_kvdiff_ran: false,
     };
     let repeat = repeat(&mut run)?;
     let mut f = controls(&mut run, opts)?;
@@ -424,20 +421,17 @@ fn cache_path(mut run: Run, mut f: RingFacts, opts: &DiagnoseOptions) -> Result<
     }
     run.eng.apply(CACHE_LATE, &f);
     if run.eng.stopped() {
-        cache_kvdiff(&mut run)?;
         return Ok(run.done(None));
     }
     if run.eng.has_causes() {
         run.eng.line(format!(
             "{SKIPPED}: a named rule already settled the verdict"
         ));
-        cache_kvdiff(&mut run)?;
         return Ok(run.done(None));
     }
     solve_layout(&mut run, &mut f)?;
     run.eng.apply(SOLVED, &f);
     if run.eng.has_causes() {
-        cache_kvdiff(&mut run)?;
         return Ok(run.done(None));
     }
     run.eng
@@ -452,10 +446,6 @@ fn cache_path(mut run: Run, mut f: RingFacts, opts: &DiagnoseOptions) -> Result<
 /// A cache-path verdict carries `kvdiff`'s first divergent layer and head (issue 20): run only
 /// here, bounded, so the graph verdicts and healthy runs pay nothing for it.
 fn cache_kvdiff(run: &mut Run) -> Result<()> {
-    if run.cache_kvdiff_ran {
-        return Ok(());
-    }
-    run.cache_kvdiff_ran = true;
     let opts = kvdiff::KvdiffOptions {
         steps: kvdiff::DIAGNOSE_STEPS,
     };
