@@ -21,6 +21,12 @@ use crate::thresholds::{
 use crate::Result;
 
 pub fn run(s: &mut Session) -> Result<InjectFinding> {
+    run_with(s, REL_TBT_GAP)
+}
+
+/// [`run`], searching reader layouts once golden rings miss the reference by more than
+/// `search_gap` (1 − cosine; `diagnose` passes what the device's declared precision allows).
+pub fn run_with(s: &mut Session, search_gap: f64) -> Result<InjectFinding> {
     s.require_tbt("inject")?;
     let g = s.geometry();
     let infos = cache_infos(s.describe())?;
@@ -91,7 +97,7 @@ pub fn run(s: &mut Session) -> Result<InjectFinding> {
     // rings must not stop the reader search (a K ring read feature-major or f8cr on SmolLM2: a
     // 10- or 16-layer swap reached 0.983 where the re-encoded golden rings reach the reference);
     // the rules keep the more precise repair.
-    let missing = 1.0 - golden.cosine > REL_TBT_GAP;
+    let missing = 1.0 - golden.cosine > search_gap.min(REL_TBT_GAP);
     let searched = swapped_blame != "binding" && crossed_writes.is_empty() && missing;
     let reader_layout = if searched {
         crate::inject_layout::search(

@@ -287,7 +287,7 @@ impl Search<'_> {
         }
         self.restore(s)?;
         Ok(best
-            .filter(|b| b.1.cosine >= golden + LAYER_SWAP_GAIN)
+            .filter(|b| b.1.cosine >= golden + LAYER_SWAP_GAIN || rings_repair(golden, b.1.cosine))
             .map(|(edits, comparison)| ReaderLayoutRepair {
                 edges: edits
                     .iter()

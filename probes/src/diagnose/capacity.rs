@@ -5,7 +5,7 @@
 //! (docs/diagnosis.md, `rules:capacity`): ring and stateful devices share it.
 
 use kvprobe_schema::{
-    CapacityFinding, CapacityOutcome, CapacityPhase, ProbeFindings, Timing, Verdict,
+    CapacityFinding, CapacityOutcome, CapacityPhase, ProbeFindings, QuantFinding, Timing, Verdict,
 };
 
 use super::engine::{Cause, Control, Controls, Engine, Rule, Tier};
@@ -15,6 +15,8 @@ use crate::{capacity, Result};
 
 pub struct CapacityFacts {
     pub finding: CapacityFinding,
+    /// The writer's and reader's declared cache quant infos (ring devices).
+    pub quant: Option<QuantFinding>,
 }
 
 impl Controls for CapacityFacts {
@@ -29,14 +31,24 @@ impl Controls for CapacityFacts {
 type R = Rule<CapacityFacts>;
 
 /// After the controls passed, before the healthy rule.
-pub const CAPACITY: &[R] = &[R::new(
-    "capacity-overflow",
-    Tier::CachePath,
-    Some(Verdict::CapacityOverflow),
-    capacity_overflow,
-)
-.needs(Control::Capacity)
-.stop()];
+pub const CAPACITY: &[R] = &[
+    R::new(
+        "capacity-quantization",
+        Tier::CachePath,
+        Some(Verdict::CacheQuantization),
+        capacity_quantization,
+    )
+    .needs(Control::Capacity)
+    .stop(),
+    R::new(
+        "capacity-overflow",
+        Tier::CachePath,
+        Some(Verdict::CapacityOverflow),
+        capacity_overflow,
+    )
+    .needs(Control::Capacity)
+    .stop(),
+];
 
 /// Every capacity rule, in evaluation order.
 pub const TABLE: &[&[R]] = &[CAPACITY];
@@ -46,6 +58,28 @@ fn what(phase: CapacityPhase, tokens: usize) -> String {
         CapacityPhase::Prompt => format!("a prompt of {tokens} tokens"),
         CapacityPhase::Generation => format!("the generation step that sees {tokens} tokens"),
     }
+}
+
+/// A generation step past a declared limit garbles while writer and reader declare different
+/// cache quant infos: the mismatch is there at every step, and the step that has lost the
+/// prompt's oldest entries shows it (SmolLM2 `tbt-cache-scale=1.5` on K of three layers, L 40:
+/// the steps that see 40 and 41 tokens miss the precision-matched reference by 0.0005 and
+/// 0.0007, the one that sees 42 by 0.035). The garbled step is the failing control, the
+/// declared infos name the cause; the runtime answering past its limit stays in `also`.
+fn capacity_quantization(f: &CapacityFacts) -> Option<Cause> {
+    let g = f.finding.garbled().next()?;
+    let cmp = g.comparison.as_ref()?;
+    let line = super::ring::graph::quant_mismatch(f.quant.as_ref()?)?;
+    Some(
+        Cause::new(0.85)
+            .line(format!(
+                "capacity: {} comes back garbled (cosine {:.4}) with no refusal",
+                what(g.phase, g.tokens),
+                cmp.cosine
+            ))
+            .line(line)
+            .also(Verdict::CapacityOverflow, 0.5),
+    )
 }
 
 fn capacity_overflow(f: &CapacityFacts) -> Option<Cause> {
@@ -114,13 +148,17 @@ pub(crate) fn phase(
     eng: &mut Engine,
     timings: &mut Vec<Timing>,
     probes: &mut ProbeFindings,
+    quant: Option<&QuantFinding>,
 ) -> Result<bool> {
     let finding = timed(timings, "capacity", || capacity::run(s, true))?;
     eng.line(summary(&finding));
     if let Ok(v) = serde_json::to_value(&finding) {
         probes.extra.insert("capacity".into(), v);
     }
-    let facts = CapacityFacts { finding };
+    let facts = CapacityFacts {
+        finding,
+        quant: quant.cloned(),
+    };
     eng.apply(CAPACITY, &facts);
     Ok(eng.stopped())
 }
@@ -167,6 +205,7 @@ mod tests {
                 silent_overflow,
                 quick: true,
             },
+            quant: None,
         }
     }
 
@@ -194,6 +233,38 @@ mod tests {
         e.apply(CAPACITY, &good);
         assert!(!e.stopped());
         assert_eq!(e.conclude().verdict, Verdict::Unknown);
+    }
+
+    #[test]
+    fn a_garbled_step_with_mismatched_declared_quant_infos_names_cache_quantization() {
+        let mut past = point(42, 0.9723, CapacityOutcome::Garbled);
+        past.phase = CapacityPhase::Generation;
+        past.beyond = vec![kvprobe_schema::LimitKind::CacheLen];
+        let garbled = facts(vec![point(23, 1.0, CapacityOutcome::Matches), past]);
+        let mismatched = CapacityFacts {
+            quant: Some(crate::diagnose::ring::testing::quant(&[1, 3])),
+            ..facts(garbled.finding.points.clone())
+        };
+        let mut e = Engine::new();
+        e.apply(CAPACITY, &mismatched);
+        assert!(e.stopped());
+        let c = e.conclude();
+        assert_eq!(c.verdict, Verdict::CacheQuantization);
+        assert_eq!(c.also, vec![Verdict::CapacityOverflow]);
+        assert!(
+            c.evidence[0].contains("the generation step that sees 42 tokens comes back garbled")
+        );
+        assert!(c.evidence[1].starts_with("→ cache-quantization: 2 of 4 caches"));
+        // consistent declarations: the garbled step is an overflow
+        let consistent = CapacityFacts {
+            quant: Some(crate::diagnose::ring::testing::quant(&[])),
+            ..facts(garbled.finding.points.clone())
+        };
+        for f in [garbled, consistent] {
+            let mut e = Engine::new();
+            e.apply(CAPACITY, &f);
+            assert_eq!(e.conclude().verdict, Verdict::CapacityOverflow);
+        }
     }
 
     /// A sliding cache past its documented refusal still looks close to the reference: the

@@ -500,7 +500,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     controls_and_state(&mut run, &mut f, opts)?;
     // every control passes: the cheap capacity check before the healthy rule (issue 20)
     if !f.fails(Control::Any)
-        && super::capacity::phase(run.s, &mut run.eng, &mut run.t, &mut run.p)?
+        && super::capacity::phase(run.s, &mut run.eng, &mut run.t, &mut run.p, None)?
     {
         return Ok(run.done());
     }

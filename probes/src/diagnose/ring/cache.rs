@@ -58,7 +58,7 @@ pub const CACHE_PATH: &[R] = &[
     )
     .needs(Control::CacheReading),
     R::new(
-        "position-shift",
+        POSITION_SHIFT,
         CACHE,
         Some(Verdict::PositionMismatch),
         position_shift,
@@ -78,6 +78,14 @@ pub const CACHE_PATH: &[R] = &[
         writer_slot_shift,
     )
     .needs(Control::CacheReading),
+    R::new(
+        "writer-partial-shift",
+        CACHE,
+        Some(Verdict::CacheOffset),
+        writer_partial_shift,
+    )
+    .needs(Control::CacheReading)
+    .when(When::NothingYet),
     R::new(
         "tbt-k-rotated",
         CACHE,
@@ -121,14 +129,6 @@ pub const CACHE_LATE: &[R] = &[
         CACHE,
         Some(Verdict::CacheLayoutMismatch),
         writer_layout_solved,
-    )
-    .needs(Control::CacheReading)
-    .when(When::NothingYet),
-    R::new(
-        "writer-partial-shift",
-        CACHE,
-        Some(Verdict::CacheOffset),
-        writer_partial_shift,
     )
     .needs(Control::CacheReading)
     .when(When::NothingYet),
@@ -185,6 +185,7 @@ pub const SOLVED: &[R] = &[R::new(
 .when(When::NothingYet)];
 
 const MASK_CONVENTION: &str = "mask-convention";
+const POSITION_SHIFT: &str = "position-shift";
 const WRITER_LAYOUT: &str = "writer-layout";
 const KV_BINDING: &str = "kv-binding";
 
@@ -243,11 +244,21 @@ fn attention_scale(f: &RingFacts) -> Option<Cause> {
         .as_ref()
         .and_then(mask_variant_fault)
         .map_or(0.0, |v| v.comparison.cosine);
+    // a position shift that reproduces more precisely names the cause (SmolLM2
+    // `tbt-position=-3`, L 61 / P 16: ×1.271 0.9938, δ +3 0.9985)
+    let shift_closer = position_fault(ps);
+    let versus = if shift_closer {
+        "the best position shift does better"
+    } else {
+        "better than any position shift"
+    };
     let cause = Cause::new(0.85).line(format!(
-        "→ tbt-graph (attention scale): the first tbt step at the server's position matches the reference with its attention scale ×{:.3} ({:.5} vs {:.5} at ×1), better than any position shift ({:.5})",
+        "→ tbt-graph (attention scale): the first tbt step at the server's position matches the reference with its attention scale ×{:.3} ({:.5} vs {:.5} at ×1); {versus} ({:.5})",
         fit.best_scale, fit.best_cosine, fit.unit_cosine, ps.best_cosine
     ));
-    Some(if fit.best_cosine > best_mask {
+    Some(if shift_closer {
+        cause.ranked_after(POSITION_SHIFT)
+    } else if fit.best_cosine > best_mask {
         cause
     } else {
         cause.ranked_after(MASK_CONVENTION)
@@ -267,9 +278,30 @@ fn position_shift(f: &RingFacts) -> Option<Cause> {
     if f.writer_blamed() && !position_repairs(ps.baseline_cosine, ps.best_cosine) {
         return None;
     }
+    // RoPE is relative: a prefill wired N positions off rotates every chunk's Q and K by the
+    // same N, so its multi-chunk rows still pass. Multi-chunk rows that fail while single-chunk
+    // ones pass say the later chunks read the cache wrongly, which the shift only mimics on the
+    // wrong bytes (SmolLM2 `mask=left-valid@prefill`, L 63 / P 20, n 40: multi-chunk rows
+    // −0.735, golden 1.0000, δ +4 0.981 from 0.907, 4.8-fold)
+    if f.writer_blamed() && f.pf_single_ok() && !f.pf_multi_ok() {
+        return None;
+    }
+    // golden rings that repair the step clear the tbt graph: the cached keys were rotated for
+    // positions δ off, so the prefill graph's positional input is the one wired δ off
+    let wired = if f.writer_blamed() {
+        format!(
+            "the prefill graph's positional input is wired {:+} off (golden rings repair the step, so the cached keys carry the shift)",
+            ps.best_delta
+        )
+    } else {
+        format!(
+            "the tbt graph's positional input is wired {:+} off",
+            -ps.best_delta
+        )
+    };
     let cause = Cause::new(0.9).line(format!(
-        "→ position-mismatch: sending position pos{:+} reproduces the reference ({:.4} vs {:.4}): the tbt graph's positional input is wired {:+} off",
-        ps.best_delta, ps.best_cosine, ps.baseline_cosine, -ps.best_delta
+        "→ position-mismatch: sending position pos{:+} reproduces the reference ({:.4} vs {:.4}): {wired}",
+        ps.best_delta, ps.best_cosine, ps.baseline_cosine
     ));
     // a mask variant that repairs more precisely names the cause (SmolLM2
     // `mask=left-valid@prefill,tbt` wrapping: δ −1 0.976, the left-valid mask 0.998)
@@ -644,7 +676,7 @@ mod tests {
         let c = fires_in("attention-scale", &with_scale("none", 0.999)).expect("fires");
         assert_eq!((c.confidence, c.ranked_after), (0.85, None));
         assert!(c.evidence[0].contains(
-            "×1.600 (0.99900 vs 0.90000 at ×1), better than any position shift (0.90000)"
+            "×1.600 (0.99900 vs 0.90000 at ×1); better than any position shift (0.90000)"
         ));
         let masked = RingFacts {
             maskconv: Some(maskconv(0.5, &[("left-valid", 0.9995)])),
@@ -653,6 +685,23 @@ mod tests {
         let c = fires_in("attention-scale", &masked).expect("fires");
         assert_eq!(c.ranked_after, Some(MASK_CONVENTION));
         assert!(fires_in("attention-scale", &with_scale("none", 0.96)).is_none());
+    }
+
+    #[test]
+    fn a_scale_fit_ranks_after_a_position_shift_that_reproduces_more_precisely() {
+        // SmolLM2 `tbt-position=-3`, L 61 / P 16: ×1.271 0.9938, δ +3 0.9985
+        let mut ps = positions(0.9598, 3, 0.9985);
+        ps.scale = Some(scale(0.9598, 0.9938, 1.271));
+        let f = RingFacts {
+            positions: Some(ps),
+            ..failing()
+        };
+        let c = fires_in("attention-scale", &f).expect("fires");
+        assert_eq!(c.ranked_after, Some(POSITION_SHIFT));
+        assert!(c.evidence[0].ends_with("the best position shift does better (0.99850)"));
+        let c = conclude(&f);
+        assert_eq!(c.verdict, Verdict::PositionMismatch);
+        assert_eq!(c.also, vec![Verdict::TbtGraph]);
     }
 
     #[test]
@@ -714,6 +763,16 @@ mod tests {
         let mut plain = shifted("writer", 0.978);
         plain.layout = Some(layout(Layout::TokenMajor, 0, 1.0, &[]));
         assert_eq!(ranked(&plain).0, Verdict::Unknown);
+        // a shift that repairs 4.8-fold, but the multi-chunk prefill rows fail while the
+        // single-chunk ones pass: a uniform prefill position fault cannot do that
+        let multi_failing = RingFacts {
+            multi: rows(-0.73, -0.86, 4),
+            ..shifted("writer", 0.995)
+        };
+        assert!(line("position-shift", &shifted("writer", 0.995)).ends_with(
+            "the prefill graph's positional input is wired -2 off (golden rings repair the step, so the cached keys carry the shift)"
+        ));
+        assert!(fires_in("position-shift", &multi_failing).is_none());
     }
 
     #[test]
@@ -1105,6 +1164,25 @@ mod tests {
             "→ cache-offset: golden rings repair the tbt step (0.9990 vs 0.5000) and the prompt's tokens sit mostly at slot shift +3 (correlation 0.620 vs 0.050 at the predicted slots)"
         );
         assert!(fires_in("writer-partial-shift", &multi_writer(0.45)).is_none());
+    }
+
+    #[test]
+    fn a_partial_slot_shift_heads_a_mask_variant_it_lines_up_with() {
+        // SmolLM2 `offset=after-run`, L 24 / P 5: tokens at shift −5 (0.618 vs 0.057), golden
+        // rings 1.0000, and the left-valid mask 0.9834 over the ring mask's −0.87
+        let f = RingFacts {
+            maskconv: Some(maskconv(-0.87, &[("left-valid", 0.9834)])),
+            ..multi_writer(0.62)
+        };
+        let c = conclude(&f);
+        assert_eq!(c.verdict, Verdict::CacheOffset);
+        assert_eq!(c.also, vec![Verdict::MaskConvention]);
+        // no partial shift shown: the mask variant names the cause
+        let unshifted = RingFacts {
+            maskconv: Some(maskconv(-0.87, &[("left-valid", 0.9834)])),
+            ..multi_writer(0.1)
+        };
+        assert_eq!(conclude(&unshifted).verdict, Verdict::MaskConvention);
     }
 
     #[test]

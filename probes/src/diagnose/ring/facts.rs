@@ -352,6 +352,16 @@ impl RingFacts {
     /// The miss the device's declared precision allows its tbt steps: the cache-free controls'
     /// miss (its graph's own arithmetic) plus the precision-matched reference's (its cache and
     /// edges), when that reference ran.
+    /// How far golden rings may miss the first tbt step before `inject` searches reader
+    /// layouts: what the declared precision allows (`PRECISION_RATIO` × the band), never below
+    /// the gain a repair must show, never above `REL_TBT_GAP` (SmolLM2 K of layer 17 read in
+    /// f8cr, L 42 / P 12: golden rings 0.9990 where the precision costs 0.0001).
+    pub fn reader_search_gap(&self) -> f64 {
+        self.precision_band()
+            .map_or(REL_TBT_GAP, |b| (PRECISION_RATIO * b).max(FIT_MIN_GAIN))
+            .min(REL_TBT_GAP)
+    }
+
     pub fn precision_band(&self) -> Option<f64> {
         let m = self.greedy.matched.as_ref()?;
         Some(self.graph_noise() + noise(m.reference_vs_matched))
@@ -538,5 +548,35 @@ impl Controls for RingFacts {
             .into_iter()
             .any(|c| self.fails(c)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+
+    #[test]
+    fn the_reader_search_gap_follows_the_declared_precision() {
+        let with_band = |reference_vs_matched: f64| {
+            let mut f = healthy_facts();
+            f.selfmask = Some(rows(1.0, 1.0, 4));
+            f.single = rows(1.0, 1.0, 4);
+            f.greedy.matched = Some(MatchedStats {
+                reference_vs_matched,
+                matched_vs_device: 0.9988,
+                steps: Vec::new(),
+            });
+            f
+        };
+        // SmolLM2, L 42 / P 12: the precision costs 1e-4, golden rings miss by 1e-3
+        let gap = with_band(0.9999).reader_search_gap();
+        assert!((gap - FIT_MIN_GAIN).abs() < 1e-9, "{gap}");
+        assert!(1.0 - 0.9990 > gap);
+        // a coarse precision keeps the fixed gap; no matched reference: the fixed gap
+        assert_eq!(with_band(0.99).reader_search_gap(), REL_TBT_GAP);
+        assert_eq!(healthy_facts().reader_search_gap(), REL_TBT_GAP);
+        let mid = with_band(0.9995).reader_search_gap();
+        assert!(mid > FIT_MIN_GAIN && mid < REL_TBT_GAP, "{mid}");
     }
 }

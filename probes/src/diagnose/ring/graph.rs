@@ -2,7 +2,7 @@
 //! stages, and the stop before the cache-path probes. Each phase is evaluated right after the
 //! probes it reads ran.
 
-use kvprobe_schema::Verdict;
+use kvprobe_schema::{QuantFinding, Verdict};
 
 use super::facts::{
     clean_shift, pct, position_fault, theta_fault, RingFacts, SKIPPED, SKIPPED_BOTH,
@@ -428,7 +428,11 @@ fn tbt_graph(f: &RingFacts) -> Option<Cause> {
 
 /// Writer and reader declare different quant infos for some rings (relative scale > 1e-3).
 pub(super) fn cache_quantization(f: &RingFacts) -> Option<Cause> {
-    let q = &f.quant;
+    Some(Cause::new(0.9).line(quant_mismatch(&f.quant)?))
+}
+
+/// The evidence line of writer and reader quant infos that differ, if any do.
+pub(crate) fn quant_mismatch(q: &QuantFinding) -> Option<String> {
     if q.inconsistent_caches == 0 {
         return None;
     }
@@ -443,13 +447,13 @@ pub(super) fn cache_quantization(f: &RingFacts) -> Option<Cause> {
         .filter(|c| !c.consistent)
         .map(|c| (c.layer, c.kind))
         .collect();
-    Some(Cause::new(0.9).line(format!(
+    Some(format!(
         "→ cache-quantization: {} of {} caches ({}) declare different quant infos for writer and reader (scale ratio up to {:.3})",
         q.inconsistent_caches,
         q.caches.len(),
         affected::describe(&off, q.caches.len()),
         worst
-    )))
+    ))
 }
 
 fn graph_stop(_: &RingFacts) -> Option<Cause> {

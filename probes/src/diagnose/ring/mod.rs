@@ -10,7 +10,7 @@
 mod cache;
 mod facts;
 mod fits;
-mod graph;
+pub(super) mod graph;
 mod reader;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -102,7 +102,13 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     quiet_checks(&mut run, &mut f)?;
     // every control passes: the cheap capacity check before the healthy rule (issue 20)
     if !f.fails(Control::Any)
-        && super::capacity::phase(run.s, &mut run.eng, &mut run.timings, &mut run.p)?
+        && super::capacity::phase(
+            run.s,
+            &mut run.eng,
+            &mut run.timings,
+            &mut run.p,
+            Some(&f.quant),
+        )?
     {
         return Ok(run.done(None));
     }
@@ -397,7 +403,8 @@ fn cache_path(mut run: Run, mut f: RingFacts, opts: &DiagnoseOptions) -> Result<
         None => run.timed("positions", positions::run)?,
     };
     let ly = run.timed("layout", layout::run)?;
-    let inj = run.timed("inject", inject::run)?;
+    let gap = f.reader_search_gap();
+    let inj = run.timed("inject", |s| inject::run_with(s, gap))?;
     let zt = run.timed("ztap", ztap::run)?;
     let cm = run.timed("colmap", |s| colmap::run(s, &opts.colmap))?;
     cache_probe_lines(&mut run.eng, &ps, &ly, &inj, &zt, &cm);
