@@ -326,7 +326,25 @@ impl RingFacts {
     }
 
     pub fn sm_ok(&self) -> bool {
-        self.selfmask.is_none_or(|f| stage_ok(f.mean, f.min))
+        self.selfmask.is_none_or(|f| stage_ok(f.mean, f.min)) && !self.selfmask_relative_miss()
+    }
+
+    /// Relative self-only control, the prefill one's mirror: self-only steps that pass the
+    /// absolute floors miss the reference ≥ `REL_RATIO` × further than the single-chunk prefill
+    /// rows on the same edges, and by ≥ `REL_TBT_GAP` (SmolLM2 `gqa-repeat=block@tbt`, L 52 /
+    /// P 4: self-only 0.966, min 0.924, prefill rows 1.0000; healthy devices 1.0000 on both).
+    /// On hardware whose prefill rows miss by ≥ 1e-3 it needs a 0.02 miss: silent by design.
+    pub fn selfmask_relative_miss(&self) -> bool {
+        let s = &self.single;
+        self.selfmask.is_some_and(|sm| {
+            let miss = 1.0 - sm.mean;
+            stage_ok(sm.mean, sm.min)
+                && s.count > 0
+                && Self::rows_ok(s)
+                && !self.prefill_relative_miss()
+                && miss >= REL_TBT_GAP
+                && miss >= REL_RATIO * noise(s.mean)
+        })
     }
 
     pub fn g_tbt_mean(&self) -> f64 {
@@ -555,6 +573,24 @@ impl Controls for RingFacts {
 mod tests {
     use super::super::testing::*;
     use super::*;
+
+    #[test]
+    fn self_only_steps_far_less_precise_than_the_prefill_rows_fail() {
+        let with = |sm: f64, single: f64| {
+            let mut f = healthy_facts();
+            f.selfmask = Some(rows(sm, sm - 0.04, 4));
+            f.single = rows(single, single, 4);
+            f
+        };
+        // SmolLM2 `gqa-repeat=block@tbt`: self-only 0.966 (min 0.924), prefill rows 1.0000
+        assert!(with(0.966, 0.99999).selfmask_relative_miss());
+        assert!(!with(0.966, 0.99999).sm_ok());
+        // prefill rows as imprecise (hardware-like): no failure
+        assert!(!with(0.966, 0.998).selfmask_relative_miss());
+        // under the gap: rounding
+        assert!(!with(0.9985, 0.99999).selfmask_relative_miss());
+        assert!(healthy_facts().sm_ok());
+    }
 
     #[test]
     fn the_reader_search_gap_follows_the_declared_precision() {

@@ -544,9 +544,11 @@ mod tests {
             c.evidence,
             ["stale/causality/splits skipped: every control passes"]
         );
-        // a control within 0.02 of the stage floor: healthy, less sure
+        // a control within 0.02 of the stage floor: healthy, less sure (prefill rows about as
+        // imprecise, or the relative self-only control fails)
         let narrow = RingFacts {
             selfmask: Some(rows(0.955, 0.95, 4)),
+            single: rows(0.997, 0.995, 4),
             ..healthy_facts()
         };
         assert_eq!(

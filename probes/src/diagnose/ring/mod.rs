@@ -225,6 +225,13 @@ fn relative_controls(run: &mut Run, f: &mut RingFacts) -> Result<()> {
             f.selfmask_noise().unwrap_or(0.0)
         ));
     }
+    if f.selfmask_relative_miss() {
+        run.eng.line(format!(
+            "tbt graph: self-only steps miss the reference by {:.4} (1 − mean cosine), ≥ {REL_RATIO}× the single-chunk prefill rows' {:.5} on the same edges",
+            f.selfmask_noise().unwrap_or(0.0),
+            1.0 - f.single.mean
+        ));
+    }
     if f.prefill_leaves_matched() {
         let n = f.single_matched.len() as f64;
         let (rm, md) = f
