@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 static WRITING: AtomicUsize = AtomicUsize::new(0);
+static IN_PLACE: AtomicBool = AtomicBool::new(false);
 
 /// Held while output is being written; nests (a run folder's files each take one too).
 #[derive(Debug)]
@@ -36,6 +37,17 @@ impl Drop for Writing {
 
 pub fn interrupted() -> bool {
     INTERRUPTED.load(SeqCst)
+}
+
+/// A writer calls this once its output is in place, whole, while it still holds its
+/// [`Writing`]: an interrupt that waited for that write then knows the output exists.
+pub fn put_in_place() {
+    IN_PLACE.store(true, SeqCst);
+}
+
+/// Whether this run put an output in place (a run folder or an output file).
+pub fn output_in_place() -> bool {
+    IN_PLACE.load(SeqCst)
 }
 
 /// Refuse every write from now on and wait until none is under way (each one either finished or

@@ -143,6 +143,7 @@ pub fn write_run_folder<E: From<Error>>(
         ))
         .into());
     }
+    crate::interrupt::put_in_place();
     if let Some((aside, _)) = old {
         discard(&aside);
     }

@@ -134,5 +134,6 @@ pub fn write_atomic(
             e.error
         ))
     })?;
+    kvprobe_reports::interrupt::put_in_place();
     Ok(())
 }

@@ -3,11 +3,12 @@
 //! (`kvprobe_reports::interrupt`), says the run is incomplete and exits with the device code 3.
 //! The default action killed the process mid-write and left a hidden temporary folder behind.
 
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 
 use kvprobe_schema::EXIT_DEVICE;
 
 static ANNOUNCED: AtomicBool = AtomicBool::new(false);
+static SIGNALS: AtomicUsize = AtomicUsize::new(0);
 
 /// Call first in `main`, before any thread exists: threads inherit the blocked mask.
 pub fn install() {
@@ -33,7 +34,7 @@ pub fn install() {
                 } else {
                     "SIGTERM"
                 };
-                finish(name);
+                on_signal(name);
             }
         });
     if spawned.is_err() {
@@ -45,13 +46,31 @@ pub fn install() {
     }
 }
 
+/// A signal refuses new writes and waits for the ones under way. If one of them put the run's
+/// output in place, the run has only its verdict left to print: it ends as it would have, with
+/// its own exit code (a signal landing just after the rename ended it with 3 and "no output was
+/// written" beside a whole run folder). A second signal ends it at once.
+fn on_signal(why: &str) {
+    kvprobe_reports::interrupt::interrupt();
+    if kvprobe_reports::interrupt::output_in_place() && SIGNALS.fetch_add(1, SeqCst) == 0 {
+        return;
+    }
+    finish(why)
+}
+
 /// Wait for the writes under way, say so once, and exit 3.
 pub fn finish(why: &str) -> ! {
     kvprobe_reports::interrupt::interrupt();
     if !ANNOUNCED.swap(true, SeqCst) {
-        eprintln!(
-            "verdict: incomplete (interrupted by {why}); no output was written or left half-written, run the command again"
-        );
+        if kvprobe_reports::interrupt::output_in_place() {
+            eprintln!(
+                "verdict: incomplete (interrupted by {why}); the output was already written whole, only what the run prints after it is cut short"
+            );
+        } else {
+            eprintln!(
+                "verdict: incomplete (interrupted by {why}); no output was written or left half-written, run the command again"
+            );
+        }
     }
     std::process::exit(EXIT_DEVICE.into())
 }
