@@ -763,7 +763,7 @@ mod tests {
         let mut plain = shifted("writer", 0.978);
         plain.layout = Some(layout(Layout::TokenMajor, 0, 1.0, &[]));
         assert_eq!(ranked(&plain).0, Verdict::Unknown);
-        // a shift that repairs 4.8-fold, but the multi-chunk prefill rows fail while the
+        // a shift that repairs 8-fold, but the multi-chunk prefill rows fail while the
         // single-chunk ones pass: a uniform prefill position fault cannot do that
         let multi_failing = RingFacts {
             multi: rows(-0.73, -0.86, 4),
