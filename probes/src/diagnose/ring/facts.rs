@@ -367,9 +367,6 @@ impl RingFacts {
         passes || (shared && !self.beyond_precision())
     }
 
-    /// The miss the device's declared precision allows its tbt steps: the cache-free controls'
-    /// miss (its graph's own arithmetic) plus the precision-matched reference's (its cache and
-    /// edges), when that reference ran.
     /// How far golden rings may miss the first tbt step before `inject` searches reader
     /// layouts: what the declared precision allows (`PRECISION_RATIO` × the band), never below
     /// the gain a repair must show, never above `REL_TBT_GAP` (SmolLM2 K of layer 17 read in
@@ -380,6 +377,9 @@ impl RingFacts {
             .min(REL_TBT_GAP)
     }
 
+    /// The miss the device's declared precision allows its tbt steps: the cache-free controls'
+    /// miss (its graph's own arithmetic) plus the precision-matched reference's (its cache and
+    /// edges), when that reference ran.
     pub fn precision_band(&self) -> Option<f64> {
         let m = self.greedy.matched.as_ref()?;
         Some(self.graph_noise() + noise(m.reference_vs_matched))
