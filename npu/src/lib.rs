@@ -13,9 +13,11 @@ pub mod hailo;
 pub mod layout;
 pub mod mask;
 pub mod onnx;
+pub mod openvino;
 pub mod quant;
 mod race;
 pub mod rope;
+pub mod token_rows;
 
 pub use buffer::Buffer;
 pub use contract::{device, Capabilities, Device, RunOutput};

@@ -8,6 +8,7 @@ use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::Args;
 use kvprobe_npu::ane::{AneDevice, AneOptions};
 use kvprobe_npu::onnx::{parse_ep_option, Ep, OnnxDevice, OnnxOptions};
+use kvprobe_npu::openvino::{OvDevice, OvOptions, OvTarget};
 use kvprobe_npu::sim::options::{SimFlags, SimOptions};
 use kvprobe_npu::sim::SimDevice;
 use kvprobe_npu::{families, Device};
@@ -70,6 +71,29 @@ pub struct DeviceArgs {
         requires = "onnx"
     )]
     pub ep_options: Vec<String>,
+    /// A stateful OpenVINO IR folder (openvino_model.xml/.bin: input_ids, attention_mask,
+    /// position_ids, beam_idx in, logits out, the K/V in states) run by OpenVINO (a build with
+    /// --features openvino; scripts/fetch-openvino.sh fetches the libraries). --model is the
+    /// model it was exported from.
+    #[arg(help_heading = "Device", long, value_name = "DIR", conflicts_with_all = ["sim", "hef", "device", "onnx"])]
+    pub openvino: Option<PathBuf>,
+    /// --openvino: the plugin, CPU (default), NPU (the NPU plugin's NPUW LLM pipeline, its
+    /// partitions on the CPU unless --ov-config NPUW_DEVICES says otherwise) or GPU.
+    #[arg(
+        help_heading = "OpenVINO (--openvino)",
+        long,
+        value_name = "DEVICE",
+        requires = "openvino"
+    )]
+    pub ov_device: Option<String>,
+    /// --openvino: a device property KEY=VALUE, repeatable, after the pipeline's own keys.
+    #[arg(
+        help_heading = "OpenVINO (--openvino)",
+        long = "ov-config",
+        value_name = "KEY=VALUE",
+        requires = "openvino"
+    )]
+    pub ov_config: Vec<String>,
 
     /// Emulator: cache length L.
     #[arg(
@@ -228,6 +252,8 @@ pub enum Backend {
     Ane(Box<AneDevice>),
     /// `--onnx DIR`: an ONNX Runtime GenAI folder run by ONNX Runtime (issue 22).
     Onnx(Box<OnnxDevice>),
+    /// `--openvino DIR`: a stateful OpenVINO IR on a plugin (issue 37).
+    OpenVino(Box<OvDevice>),
     /// A Hailo-10H through HailoRT, opened from `--hef` after the pairing check (issue 6).
     #[cfg(feature = "hailo")]
     Hailo(Box<HailoRun>),
@@ -257,6 +283,7 @@ impl Backend {
             Backend::Sim(s) => s.as_mut(),
             Backend::Ane(a) => a.as_mut(),
             Backend::Onnx(o) => o.as_mut(),
+            Backend::OpenVino(o) => o.as_mut(),
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => &mut h.device,
         }
@@ -267,6 +294,7 @@ impl Backend {
             Backend::Sim(s) => s.describe(),
             Backend::Ane(a) => a.describe(),
             Backend::Onnx(o) => o.describe(),
+            Backend::OpenVino(o) => o.describe(),
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => h.device.describe(),
         }
@@ -277,7 +305,7 @@ impl Backend {
         match self {
             Backend::Sim(s) => Some(s.manifest()),
             Backend::Ane(a) => Some(a.manifest()),
-            Backend::Onnx(_) => None,
+            Backend::Onnx(_) | Backend::OpenVino(_) => None,
             #[cfg(feature = "hailo")]
             Backend::Hailo(_) => None,
         }
@@ -285,7 +313,7 @@ impl Backend {
 
     pub fn hef_path(&self) -> Option<&Path> {
         match self {
-            Backend::Sim(_) | Backend::Ane(_) | Backend::Onnx(_) => None,
+            Backend::Sim(_) | Backend::Ane(_) | Backend::Onnx(_) | Backend::OpenVino(_) => None,
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => Some(&h.hef),
         }
@@ -296,7 +324,7 @@ impl Backend {
     pub fn prompt_tokenizer<'a>(&'a self, model: &'a Model) -> PromptTokenizer<'a> {
         match self {
             // --onnx: the folder's tokenizer.json is the model's (scripts/export-onnx.py copies it)
-            Backend::Sim(_) | Backend::Ane(_) | Backend::Onnx(_) => {
+            Backend::Sim(_) | Backend::Ane(_) | Backend::Onnx(_) | Backend::OpenVino(_) => {
                 let _ = model;
                 PromptTokenizer::Model
             }
@@ -314,11 +342,20 @@ impl DeviceArgs {
     /// then `--hef` without `--model` (exit 2), then no device at all (exit 2).
     pub fn check_device_flags(&self) -> anyhow::Result<()> {
         if let Some(n) = self.max_ctx {
-            if self.device.is_none() && self.onnx.is_none() {
+            if self.device.is_none() && self.onnx.is_none() && self.openvino.is_none() {
                 return Err(usage(format!(
-                    "--max-ctx {n}: only for --device ane-sim or --onnx DIR"
+                    "--max-ctx {n}: only for --device ane-sim, --onnx DIR or --openvino DIR"
                 )));
             }
+        }
+        if self.openvino.is_some() {
+            // the runtime and its plugins are real: no emulator faults
+            if let Some(f) = self.faults.first() {
+                return Err(usage(format!(
+                    "--fault {f}: --openvino runs OpenVINO's real plugins, which take no emulator faults; its faults are configurations (docs/openvino.md)"
+                )));
+            }
+            return Ok(());
         }
         if self.onnx.is_some() {
             // the host-driver faults of the windowed cache (npu/src/onnx/faults.rs); the model
@@ -364,7 +401,7 @@ impl DeviceArgs {
             match families::by_device(d) {
                 None => {
                     return Err(usage(format!(
-                        "--device {d}: unknown device; use {}, --sim (the Hailo emulator), --hef FILE or --onnx DIR",
+                        "--device {d}: unknown device; use {}, --sim (the Hailo emulator), --hef FILE, --onnx DIR or --openvino DIR",
                         families::device_choices()
                     )))
                 }
@@ -381,7 +418,7 @@ impl DeviceArgs {
             }
         } else if !self.sim {
             return Err(usage(
-                "no device: pass --sim (the Hailo emulator), --device ane-sim, --hef FILE or --onnx DIR",
+                "no device: pass --sim (the Hailo emulator), --device ane-sim, --hef FILE, --onnx DIR or --openvino DIR",
             ));
         }
         Ok(())
@@ -401,6 +438,9 @@ impl DeviceArgs {
         }
         if let Some(dir) = &self.onnx {
             return self.open_onnx(dir, model);
+        }
+        if let Some(dir) = &self.openvino {
+            return self.open_openvino(dir, model);
         }
         if self.device.is_some() {
             let max_ctx = self.max_ctx.unwrap_or(128);
@@ -463,6 +503,28 @@ impl DeviceArgs {
         };
         let dev = OnnxDevice::open(model, &opts).map_err(npu_error)?;
         Ok(Backend::Onnx(Box::new(dev)))
+    }
+
+    /// `--openvino DIR`: the IR compiled on the chosen plugin with every `--ov-config` key.
+    fn open_openvino(&self, dir: &Path, model: &Arc<Model>) -> anyhow::Result<Backend> {
+        let target = match &self.ov_device {
+            Some(d) => OvTarget::parse(d).map_err(npu_error)?,
+            None => OvTarget::Cpu,
+        };
+        let config = self
+            .ov_config
+            .iter()
+            .map(|s| kvprobe_npu::openvino::parse_config(s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(npu_error)?;
+        let opts = OvOptions {
+            dir: dir.to_path_buf(),
+            target,
+            config,
+            max_ctx: self.max_ctx,
+        };
+        let dev = OvDevice::open(model, &opts).map_err(npu_error)?;
+        Ok(Backend::OpenVino(Box::new(dev)))
     }
 
     /// Prompt token ids: --ids, else --prompt (or the default prompt) through the tokenizer.
