@@ -18,10 +18,13 @@ use std::process::Command;
 fn ir(gguf: &Path, name: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = root.join(".cache/openvino-ir").join(name);
+    // first: its own exported_once holds the same (non-reentrant) lock
+    let src = crate::onnx_cli::smollm2_genai(gguf);
     exported_once(&out, || {
-        let src = crate::onnx_cli::smollm2_genai(gguf);
         let mut cmd = Command::new("python3");
-        cmd.arg(root.join("scripts/export-openvino.py")).arg(&src).arg(&out);
+        cmd.arg(root.join("scripts/export-openvino.py"))
+            .arg(&src)
+            .arg(&out);
         if name.ends_with("no-state") {
             cmd.arg("--no-state");
         }

@@ -9,6 +9,7 @@ pub mod interrupt;
 pub mod probe_cmd;
 pub mod ref_cmd;
 pub mod report;
+mod runtime_devices;
 pub mod second_process;
 pub mod shell;
 

@@ -13,7 +13,9 @@ use kvprobe_schema::{DeviceDescription, DeviceLimit, GroupKind, LimitKind, PastL
 #[cfg(feature = "openvino")]
 use super::describe::{description, Geometry};
 use super::describe::{MASK, POSITIONS, ROWS};
-use super::host::{self, NpuwContract};
+#[cfg(feature = "openvino")]
+use super::host;
+use super::host::NpuwContract;
 use super::{OvOptions, OvTarget, CAPABILITIES};
 use crate::token_rows::{attention_mask_from_rows, rows_from_additive, TokenLookup};
 use crate::{Buffer, Capabilities, Device, Error, Result, RunOutput};
@@ -23,6 +25,7 @@ pub struct OvDevice {
     lookup: TokenLookup,
     #[cfg(feature = "openvino")]
     rt: super::runtime::Runtime,
+    #[cfg_attr(not(feature = "openvino"), allow(dead_code))]
     target: OvTarget,
     /// Every configuration key the plugin was given, in order (provenance).
     config: Vec<(String, String)>,
@@ -35,6 +38,7 @@ pub struct OvDevice {
 }
 
 /// The IR file in `dir` (optimum-intel and scripts/export-openvino.sh write openvino_model.xml).
+#[cfg_attr(not(feature = "openvino"), allow(dead_code))]
 pub fn ir_path(dir: &Path) -> Result<PathBuf> {
     let xml = dir.join("openvino_model.xml");
     for p in [&xml, &xml.with_extension("bin")] {

@@ -295,7 +295,6 @@ fn state_offset(f: &StatefulFacts) -> Option<Cause> {
 }
 
 fn healthy(f: &StatefulFacts) -> Option<Cause> {
-    // no state facts only where the device hides its states (the checks were not run, and said so)
     let states_ok = f.written_ok().unwrap_or(f.state.is_none());
     (states_ok && f.prefill_ok() && f.greedy_ok()).then(|| {
         Cause::new(0.9).line(if f.state.is_some() {
@@ -486,8 +485,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     }
     run.eng.line("back-to-back: the prompt after a reset gives bit-identical logits whatever request came before");
     if !run.s.dev.capabilities().read_cache {
-        // the runtime keeps its states out of reach (OpenVINO's C API): the checks that read
-        // them are named, not run; prefill, greedy, selfmask and capacity still judge the device
+        // states out of reach (OpenVINO's C API): the output checks and capacity judge the device
         hidden_states(&mut run);
         controls_and_state(&mut run, &mut f, opts)?;
         if !f.fails(Control::Any)
@@ -545,8 +543,8 @@ fn hidden_states(run: &mut Run) {
 /// experiments only when a control fails) where the device exposes its states.
 fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptions) -> Result<()> {
     let states = run.s.dev.capabilities().read_cache;
-    // occupancy now, before other probes move the states
     let written = if states {
+        // occupancy now, before other probes move the states
         run.timed("occupancy", statecheck::written_positions)?
     } else {
         Vec::new()
