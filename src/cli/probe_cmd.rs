@@ -67,19 +67,39 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let (outcome, compared) = {
         let mut s =
             Session::new(&model, backend.device(), ids.clone(), &bar).map_err(probe_error)?;
-        let outcome = run_probe(&cmd, &mut s);
+        let replay = super::replay::EmulatorReplay::for_run(args, &model, &argv)
+            .map(|r| std::sync::Arc::new(r) as std::sync::Arc<dyn kvprobe_probes::diagnose::replay::Replayer>);
+        let outcome = run_probe(&cmd, &mut s, replay);
         (outcome, std::mem::take(&mut s.compared))
     };
     bar.finish();
-    let (verdict, confidence, evidence, also, warnings, probes, probe_timings, stage) =
+    let (verdict, confidence, evidence, also, warnings, probes, probe_timings, stage, cause) =
         match outcome.map_err(probe_error)? {
             Ran::Diagnosis(d) => {
                 let (v, c) = (Some(d.verdict), Some(d.confidence));
                 (
-                    v, c, d.evidence, d.also, d.warnings, d.probes, d.timings, d.stage,
+                    v,
+                    c,
+                    d.evidence,
+                    d.also,
+                    d.warnings,
+                    d.probes,
+                    d.timings,
+                    d.stage,
+                    (d.hypothesis, d.reproducer),
                 )
             }
-            Ran::Probe(p, t) => (None, None, vec![], vec![], vec![], p, vec![t], None),
+            Ran::Probe(p, t) => (
+                None,
+                None,
+                vec![],
+                vec![],
+                vec![],
+                p,
+                vec![t],
+                None,
+                (None, None),
+            ),
         };
     timings.extend(probe_timings);
     timings.push(Timing {
@@ -101,6 +121,8 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         also,
         warnings,
         stage,
+        hypothesis: cause.0,
+        reproducer: cause.1,
         probes,
         provenance: Provenance {
             command: argv,
@@ -193,7 +215,11 @@ enum Ran {
     Probe(ProbeFindings, Timing),
 }
 
-fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran> {
+fn run_probe(
+    cmd: &ProbeCommand,
+    s: &mut Session,
+    replay: Option<std::sync::Arc<dyn kvprobe_probes::diagnose::replay::Replayer>>,
+) -> kvprobe_probes::Result<Ran> {
     use kvprobe_probes::{diagnose, diagnose_stateful, DiagnoseOptions, Error};
     let name = cmd.name();
     let args = &cmd.args;
@@ -214,6 +240,7 @@ fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran>
             steps,
             stage_only: args.stage_only,
             all_probes: args.all_probes,
+            replay,
             ..DiagnoseOptions::default()
         };
         return Ok(Ran::Diagnosis(diagnose(s, &opts)?));
