@@ -10,6 +10,7 @@ mod capacity_faults;
 mod determinism_ane;
 mod determinism_probe;
 mod diagnose_faults;
+mod diagnose_replay;
 mod diagnose_stage;
 mod diagnose_sweep;
 mod fault_table_cli;

@@ -67,8 +67,9 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let (outcome, compared) = {
         let mut s =
             Session::new(&model, backend.device(), ids.clone(), &bar).map_err(probe_error)?;
-        let replay = super::replay::EmulatorReplay::for_run(args, &model, &argv)
-            .map(|r| std::sync::Arc::new(r) as std::sync::Arc<dyn kvprobe_probes::diagnose::replay::Replayer>);
+        let replay = super::replay::EmulatorReplay::for_run(args, &model, &argv).map(|r| {
+            std::sync::Arc::new(r) as std::sync::Arc<dyn kvprobe_probes::diagnose::replay::Replayer>
+        });
         let outcome = run_probe(&cmd, &mut s, replay);
         (outcome, std::mem::take(&mut s.compared))
     };

@@ -129,9 +129,22 @@ mod tests {
     #[test]
     fn the_reproducer_keeps_device_and_prompt_and_swaps_faults_and_outputs() {
         let argv: Vec<String> = [
-            "/x/kvprobe", "diagnose", "--sim", "--cache-len", "64", "--fault", "kv-swap",
-            "--fault=mask=left-valid", "--out", "o", "--force", "--prompt", "Hi there", "--steps",
-            "8", "--json",
+            "/x/kvprobe",
+            "diagnose",
+            "--sim",
+            "--cache-len",
+            "64",
+            "--fault",
+            "kv-swap",
+            "--fault=mask=left-valid",
+            "--out",
+            "o",
+            "--force",
+            "--prompt",
+            "Hi there",
+            "--steps",
+            "8",
+            "--json",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -139,8 +152,17 @@ mod tests {
         assert_eq!(
             reproducer_argv(&argv, "tbt-position=+1", 8),
             [
-                "kvprobe", "greedy", "--sim", "--cache-len", "64", "--prompt", "Hi there",
-                "--fault", "tbt-position=+1", "--steps", "8"
+                "kvprobe",
+                "greedy",
+                "--sim",
+                "--cache-len",
+                "64",
+                "--prompt",
+                "Hi there",
+                "--fault",
+                "tbt-position=+1",
+                "--steps",
+                "8"
             ]
         );
     }

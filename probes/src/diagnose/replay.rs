@@ -243,8 +243,8 @@ fn replay_one(
     let text = fault.text();
     let mut dev = replayer.open(&text).map_err(|e| e.to_string())?;
     let progress = NoProgress;
-    let mut rs = Session::new(s.model, dev.as_mut(), s.ids.clone(), &progress)
-        .map_err(|e| e.to_string())?;
+    let mut rs =
+        Session::new(s.model, dev.as_mut(), s.ids.clone(), &progress).map_err(|e| e.to_string())?;
     let mut logits = vec![rs.prefill_prompt().map_err(|e| e.to_string())?.logits];
     for step in 1..device.len() {
         let token = tokens[step - 1];
@@ -274,7 +274,12 @@ pub fn attach(s: &Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     if matches!(d.verdict, Verdict::Healthy | Verdict::Unknown) {
         return;
     }
+    let t = std::time::Instant::now();
     let reproducer = reproduce(s, replayer, d);
+    d.timings.push(kvprobe_schema::Timing {
+        what: "replay".into(),
+        seconds: t.elapsed().as_secs_f64(),
+    });
     let reproduces = reproducer.replay.as_ref().is_some_and(|r| r.reproduces);
     if !reproduces {
         d.confidence = (d.confidence - 0.1).max(0.5).min(d.confidence);
@@ -298,7 +303,9 @@ fn reproduce(s: &Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosis) -
         note: Some(note.to_string()),
     };
     let Some(replayer) = replayer else {
-        return none("this device has no emulator to replay on (replays run for --sim and --device ane-sim)");
+        return none(
+            "this device has no emulator to replay on (replays run for --sim and --device ane-sim)",
+        );
     };
     let (Some(device), Some(greedy)) = (device_logits(s), d.probes.greedy.as_ref()) else {
         return none("no greedy run to compare a replay with");
@@ -325,12 +332,13 @@ fn reproduce(s: &Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosis) -
         .steps
         .iter()
         .map(|x| {
-            x.matched.map_or((Some(1.0 - x.comparison.cosine), None), |m| {
-                (
-                    Some(1.0 - m.matched_vs_device),
-                    Some(1.0 - m.reference_vs_matched),
-                )
-            })
+            x.matched
+                .map_or((Some(1.0 - x.comparison.cosine), None), |m| {
+                    (
+                        Some(1.0 - m.matched_vs_device),
+                        Some(1.0 - m.reference_vs_matched),
+                    )
+                })
         })
         .collect();
     let mut tried = Vec::new();
@@ -435,7 +443,11 @@ mod tests {
         // the median decides, not one step
         let r = judge(
             h(),
-            vec![step(0.0, 0.2, 1e-3), step(0.5, 0.2, 1e-3), step(0.0, 0.2, 1e-3)],
+            vec![
+                step(0.0, 0.2, 1e-3),
+                step(0.5, 0.2, 1e-3),
+                step(0.0, 0.2, 1e-3),
+            ],
         );
         assert!(r.reproduces && r.replay_miss == 0.0);
     }
