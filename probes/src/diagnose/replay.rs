@@ -14,13 +14,14 @@ use std::sync::Arc;
 use kvprobe_npu::contract::faults::{
     FaultDecl, FaultTable, FaultText, Scope, ScopeKind, SweepValue, Values,
 };
-use kvprobe_npu::{Device, MaskMode};
+use kvprobe_npu::Device;
 use kvprobe_schema::{
     CacheKind, FaultHypothesis, FaultValue, GroupKind, ProbeFindings, Replay, ReplayStep,
     Reproducer, Verdict,
 };
 
 use super::outcome::Diagnosis;
+use crate::determinism::record;
 use crate::metrics::cosine;
 use crate::progress::NoProgress;
 use crate::session::Session;
@@ -49,7 +50,8 @@ const FACTOR_FALLBACK: [f64; 2] = [0.5, 2.0];
 pub struct Fits {
     /// Attention-scale multipliers that fit the device better than 1 (tbt step, prefill).
     pub scales: Vec<f64>,
-    /// The position shift that fits the first tbt step best (0: none).
+    /// The position offset of the device's graph the position fit implies (0: none): the fit
+    /// finds the host-side shift that repairs the first tbt step, the fault is its inverse.
     pub shift: i64,
     /// Cache entry size in bytes and head dimension (for the byte- and width-valued faults).
     pub entry_bytes: usize,
@@ -72,7 +74,7 @@ impl Fits {
         }
         Fits {
             scales,
-            shift: p.positions.as_ref().map_or(0, |x| x.best_delta),
+            shift: p.positions.as_ref().map_or(0, |x| -x.best_delta),
             entry_bytes,
             head_dim,
         }
@@ -222,13 +224,15 @@ pub fn judge(fault: FaultHypothesis, steps: Vec<ReplayStep>) -> Replay {
     }
 }
 
-/// The device's greedy logits (`[steps][vocab]`) as the greedy probe kept them.
-fn device_logits(s: &Session) -> Option<Vec<Vec<f32>>> {
-    let c = s
-        .compared
-        .iter()
-        .find(|c| c.name == "greedy_device_logits")?;
-    Some(c.data.chunks(c.cols.max(1)).map(<[f32]>::to_vec).collect())
+/// 1 − cosine; a step with non-finite logits on either side (an overflow) is the largest miss,
+/// 2, so results.json stays finite and such a step never counts as reproduced.
+fn miss(replay: &[f32], device: &[f32]) -> f64 {
+    let m = 1.0 - cosine(replay, device);
+    if m.is_finite() {
+        m
+    } else {
+        2.0
+    }
 }
 
 /// One hypothesis replayed: prefill the prompt, step on the device's tokens, miss per step.
@@ -245,22 +249,16 @@ fn replay_one(
     let progress = NoProgress;
     let mut rs =
         Session::new(s.model, dev.as_mut(), s.ids.clone(), &progress).map_err(|e| e.to_string())?;
-    let mut logits = vec![rs.prefill_prompt().map_err(|e| e.to_string())?.logits];
-    for step in 1..device.len() {
-        let token = tokens[step - 1];
-        let out = rs
-            .driver
-            .step(rs.dev, token, &MaskMode::Ring)
-            .map_err(|e| e.to_string())?;
-        logits.push(out.logits);
-    }
+    let logits = record(&mut rs, device.len(), tokens)
+        .map_err(|e| e.to_string())?
+        .logits;
     let steps = logits
         .iter()
         .zip(device)
         .enumerate()
         .map(|(step, (r, d))| ReplayStep {
             step,
-            replay_miss: 1.0 - cosine(r, d),
+            replay_miss: miss(r, d),
             healthy_miss: healthy.get(step).and_then(|h| h.0),
             precision: healthy.get(step).and_then(|h| h.1),
         })
@@ -270,7 +268,7 @@ fn replay_one(
 
 /// Replays the verdict's hypotheses and attaches the closest as the reproducer; a verdict whose
 /// replay does not reproduce says so and loses 0.1 of confidence (floor 0.5).
-pub fn attach(s: &Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
+pub fn attach(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
     if matches!(d.verdict, Verdict::Healthy | Verdict::Unknown) {
         return;
     }
@@ -295,7 +293,7 @@ pub fn attach(s: &Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     d.reproducer = Some(reproducer);
 }
 
-fn reproduce(s: &Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosis) -> Reproducer {
+fn reproduce(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosis) -> Reproducer {
     let none = |note: &str| Reproducer {
         command: Vec::new(),
         replay: None,
@@ -307,8 +305,19 @@ fn reproduce(s: &Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosis) -
             "this device has no emulator to replay on (replays run for --sim and --device ane-sim)",
         );
     };
-    let (Some(device), Some(greedy)) = (device_logits(s), d.probes.greedy.as_ref()) else {
+    let Some(greedy) = d.probes.greedy.as_ref() else {
         return none("no greedy run to compare a replay with");
+    };
+    // The device's request again from a fresh start (reset, cleared rings), as the replay
+    // starts: the greedy probe ran after other probes, whose bytes a faulty reader may see in
+    // never-written slots, and no emulator can replay that history.
+    let device = match record(s, greedy.steps.len(), &greedy.device_ids) {
+        Ok(r) => r.logits,
+        Err(e) => {
+            return none(&format!(
+                "the device's request could not be recorded again: {e}"
+            ))
+        }
     };
     let desc = s.describe();
     let entry = desc
@@ -409,6 +418,7 @@ mod tests {
             .map(FaultHypothesis::text)
             .collect();
         assert!(p.contains(&"tbt-position=+1".to_string()), "{p:?}");
+        // the position fit found the host shift +2 repairing it: the graph is wired −2 off
         let shifted = Fits { shift: -2, ..fits };
         let p = candidates(&table, Verdict::PositionMismatch, &shifted);
         assert_eq!(p[0].text(), "tbt-position=-2");
@@ -430,6 +440,12 @@ mod tests {
             groups: vec![],
             kinds: vec![],
         }
+    }
+
+    #[test]
+    fn a_non_finite_step_is_the_largest_miss() {
+        assert_eq!(miss(&[f32::NAN, 1.0], &[1.0, 1.0]), 2.0);
+        assert_eq!(miss(&[1.0, 1.0], &[1.0, 1.0]), 0.0);
     }
 
     #[test]
