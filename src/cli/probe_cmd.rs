@@ -96,7 +96,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
                 vec![],
                 vec![],
                 vec![],
-                p,
+                *p,
                 vec![t],
                 None,
                 (None, None),
@@ -215,8 +215,8 @@ fn print_and_exit(results: &Results, json: bool) -> anyhow::Result<()> {
 
 /// What one command measured: a diagnosis, or one probe's findings and its time.
 enum Ran {
-    Diagnosis(kvprobe_probes::Diagnosis),
-    Probe(ProbeFindings, Timing),
+    Diagnosis(Box<kvprobe_probes::Diagnosis>),
+    Probe(Box<ProbeFindings>, Timing),
 }
 
 fn run_probe(
@@ -247,7 +247,7 @@ fn run_probe(
             replay,
             ..DiagnoseOptions::default()
         };
-        return Ok(Ran::Diagnosis(diagnose(s, &opts)?));
+        return Ok(Ran::Diagnosis(Box::new(diagnose(s, &opts)?)));
     };
     let mut p = ProbeFindings::default();
     let opts = ProbeOptions {
@@ -259,7 +259,7 @@ fn run_probe(
         what: name.to_string(),
         seconds: t.elapsed().as_secs_f64(),
     };
-    Ok(Ran::Probe(p, time))
+    Ok(Ran::Probe(Box::new(p), time))
 }
 
 /// Hex SHA-256 of a file (the HEF in the provenance).

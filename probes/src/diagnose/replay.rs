@@ -14,7 +14,7 @@ use std::sync::Arc;
 use kvprobe_npu::contract::faults::{
     FaultDecl, FaultTable, FaultText, Scope, ScopeKind, SweepValue, Values,
 };
-use kvprobe_npu::Device;
+use kvprobe_npu::{Device, HostState};
 use kvprobe_schema::{
     CacheKind, FaultHypothesis, FaultValue, GroupKind, ProbeFindings, Replay, ReplayStep,
     Reproducer, Verdict,
@@ -240,6 +240,7 @@ fn replay_one(
     s: &Session,
     replayer: &dyn Replayer,
     fault: &FaultHypothesis,
+    start: &HostState,
     device: &[Vec<f32>],
     tokens: &[u32],
     healthy: &[(Option<f64>, Option<f64>)],
@@ -249,6 +250,9 @@ fn replay_one(
     let progress = NoProgress;
     let mut rs =
         Session::new(s.model, dev.as_mut(), s.ids.clone(), &progress).map_err(|e| e.to_string())?;
+    // the host's ring window as the device's request started from it (a reset keeps it,
+    // contract §2.10): where in the ring the request sits is the driver's, not the hypothesis'
+    rs.driver.set_host_state(start.clone());
     let logits = record(&mut rs, device.len(), tokens)
         .map_err(|e| e.to_string())?
         .logits;
@@ -311,6 +315,7 @@ fn reproduce(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosi
     // The device's request again from a fresh start (reset, cleared rings), as the replay
     // starts: the greedy probe ran after other probes, whose bytes a faulty reader may see in
     // never-written slots, and no emulator can replay that history.
+    let start = s.driver.host_state();
     let device = match record(s, greedy.steps.len(), &greedy.device_ids) {
         Ok(r) => r.logits,
         Err(e) => {
@@ -357,7 +362,7 @@ fn reproduce(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosi
         if tried.len() >= MAX_REPLAYS {
             break;
         }
-        match replay_one(s, replayer.as_ref(), &h, &device, tokens, &healthy) {
+        match replay_one(s, replayer.as_ref(), &h, &start, &device, tokens, &healthy) {
             Ok(r) => {
                 tried.push((h.text(), r.replay_miss));
                 let done = r.reproduces;
