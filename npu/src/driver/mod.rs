@@ -384,8 +384,8 @@ impl Driver {
         }
     }
 
-    /// RoPE or position-id inputs for rows at `positions` (contract §2.6: cos/sin of θ·pos,
-    /// q `[T][NH][D]`, k `[T][NKV][D]`).
+    /// RoPE or position-id inputs for rows at `positions` (contract §2.6: cos/sin of θ·pos in
+    /// float32 as the server computes them, q `[T][NH][D]`, k `[T][NKV][D]`).
     fn position_inputs(
         &self,
         g: &GroupInputs,
@@ -402,11 +402,7 @@ impl Driver {
             let mut cos = vec![0f32; d];
             let mut sin = vec![0f32; d];
             for &pos in positions {
-                for c in 0..d {
-                    let a = theta[c] as f64 * pos as f64;
-                    cos[c] = a.cos() as f32;
-                    sin[c] = a.sin() as f32;
-                }
+                crate::rope::cos_sin_row(theta, pos, &mut cos, &mut sin);
                 for _ in 0..self.n_heads {
                     qc.extend_from_slice(&cos);
                     qs.extend_from_slice(&sin);
