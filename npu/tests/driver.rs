@@ -71,13 +71,14 @@ fn row_str(mask: &[u8], row: usize, heads: usize, keys: usize, head: usize) -> S
         .collect()
 }
 
-#[test]
-fn rope_tables_are_float32_angles_as_the_server_computes_them() {
-    // pre_process.cpp `angular_positional_embed`: `float angle = theta[c] * (float)pos`, then
-    // float cos/sin. Hand-derived here: the exact product θ·pos (an f32 times a small integer is
-    // exact in f64) rounded once to f32, its cos/sin in f64 rounded to f32 (≤ 1 ulp from the
-    // float functions). An f64 angle misses by up to hundreds of ulps where θ·pos is not exact.
-    let (_d, m) = tiny_llama(21);
+/// The tiny llama on the emulator (L 24, P 16) behind a recording device, and its driver.
+fn recorded_l24_p16() -> (
+    tempfile::TempDir,
+    std::sync::Arc<kvprobe_reference::Model>,
+    kvprobe_npu::Driver,
+    Rec,
+) {
+    let (d, m) = tiny_llama(21);
     let inner = SimDevice::new(
         m.clone(),
         kvprobe_npu::sim::SimOptions {
@@ -87,11 +88,21 @@ fn rope_tables_are_float32_angles_as_the_server_computes_them() {
         },
     )
     .unwrap();
-    let mut drv = inner.driver().unwrap();
-    let mut dev = Rec {
+    let drv = inner.driver().unwrap();
+    let dev = Rec {
         inner,
         runs: Vec::new(),
     };
+    (d, m, drv, dev)
+}
+
+#[test]
+fn rope_tables_are_float32_angles_as_the_server_computes_them() {
+    // pre_process.cpp `angular_positional_embed`: `float angle = theta[c] * (float)pos`, then
+    // float cos/sin. Hand-derived here: the exact product θ·pos (an f32 times a small integer is
+    // exact in f64) rounded once to f32, its cos/sin in f64 rounded to f32 (≤ 1 ulp from the
+    // float functions). An f64 angle misses by up to hundreds of ulps where θ·pos is not exact.
+    let (_d, m, mut drv, mut dev) = recorded_l24_p16();
     drv.prefill(&mut dev, &ids(20, m.config().vocab_size, 5))
         .unwrap();
     drv.step(&mut dev, 7, &MaskMode::Ring).unwrap();
@@ -134,23 +145,9 @@ fn rope_tables_are_float32_angles_as_the_server_computes_them() {
 
 #[test]
 fn remainder_first_chunks_update_before_run_masks_positions() {
-    let (_d, m) = tiny_llama(21);
     // quantised edges: M1 = q(1.0) = 255, embeddings are uint16 codes
-    let inner = SimDevice::new(
-        m.clone(),
-        kvprobe_npu::sim::SimOptions {
-            cache_len: 24,
-            prefill_len: 16,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let mut drv = inner.driver().unwrap();
+    let (_d, m, mut drv, mut dev) = recorded_l24_p16();
     assert_eq!(drv.m1(), 255);
-    let mut dev = Rec {
-        inner,
-        runs: Vec::new(),
-    };
     let prompt = ids(20, m.config().vocab_size, 5);
     drv.prefill(&mut dev, &prompt).unwrap();
     assert_eq!(dev.runs.len(), 2);
