@@ -249,3 +249,62 @@ pub fn cache_len(c: &mut Corpus) {
         &a,
     );
 }
+
+/// Flags a manifest or the device would not use are refused, never ignored (issue 38).
+pub fn unused_flags(c: &mut Corpus) {
+    let good = s(&c.root().join("good-manifest.json")); // written by `manifests`
+    for (name, extra, needle) in [
+        (
+            "manifest with another fault",
+            vec!["--fault", "kv-swap"],
+            "--fault kv-swap",
+        ),
+        ("ep without onnx", vec!["--ep", "qnn"], "--ep qnn"),
+    ] {
+        let mut e: Vec<&str> = extra;
+        if name.starts_with("manifest") {
+            e.extend(["--sim-manifest", &good]);
+        }
+        let a = c.sim_args(&name.replace(' ', "-"), &e);
+        c.add(&format!("cli {name}"), 2, Some(needle), &a);
+    }
+    let mut a = c.sim_args("manifest-other-cache-len", &["--sim-manifest", &good]);
+    let i = a
+        .iter()
+        .position(|x| x == "--cache-len")
+        .expect("a default flag");
+    a[i + 1] = "40".into();
+    c.add(
+        "cli manifest with another --cache-len",
+        2,
+        Some("cache_len 32"),
+        &a,
+    );
+    let a = ane(c, &["--cache-len", "64", "--ids", "1,5,9", "--steps", "2"]);
+    c.add("cli --cache-len on ane-sim", 2, Some("--max-ctx"), &a);
+}
+
+/// HEF edges whose scales are NaN, infinite, zero or negative lint as errors (exit 1), and
+/// `--emit-sim` writes no manifest from them (it wrote `"scale": null`).
+pub fn hef_scales(c: &mut Corpus) {
+    use crate::hostile_corpus::hef_encoder;
+    for (name, scale) in [
+        ("nan", f32::NAN),
+        ("inf", f32::INFINITY),
+        ("zero", 0.0),
+        ("negative", -0.5),
+    ] {
+        let mut spec = hef_encoder::healthy();
+        for g in &mut spec.groups {
+            for cache in &mut g.caches {
+                cache.quant.scale = scale;
+            }
+        }
+        let p = c.file(&format!("scale-{name}.hef"), &hef_encoder::encode(&spec));
+        let a = strings(&["inspect", &s(&p)]);
+        c.add(&format!("hef cache scale {name} (lint error)"), 1, None, &a);
+        let out = format!("scale-{name}-manifest.json");
+        let a = strings(&["inspect", &s(&p), "--emit-sim", &out]);
+        c.add(&format!("hef cache scale {name} --emit-sim"), 2, None, &a);
+    }
+}

@@ -49,6 +49,8 @@ impl Corpus {
         device::non_finite(&mut c);
         device::sizes(&mut c);
         device::cache_len(&mut c);
+        device::unused_flags(&mut c);
+        device::hef_scales(&mut c);
         c
     }
 
