@@ -140,7 +140,7 @@ impl Model {
             tokenizer,
         } = parts;
         check_config(&config, source)?;
-        check_finite(&weights, source)?;
+        crate::finite::check_weights(&weights, source)?;
         match config.family {
             Family::Llama => {
                 let g = WeightGetter::new(&weights, source);
@@ -534,22 +534,6 @@ fn ignorable(name: &str) -> bool {
     name == "lm_head.weight" || name.ends_with(".rotary_emb.inv_freq")
 }
 
-/// Every weight finite (issue 38): a NaN or infinite value makes every output garbage, and a
-/// diagnosis would blame the device for it. One pass over the stored values at load.
-fn check_finite(weights: &StoredWeights, path: &Path) -> Result<()> {
-    let mut names: Vec<&String> = weights.keys().collect();
-    names.sort();
-    for name in names {
-        if let Some(i) = weights[name].first_non_finite()? {
-            return Err(Error::Format {
-                path: path.to_path_buf(),
-                detail: format!("tensor `{name}` holds a NaN or infinite value (element {i}); the weights are corrupt, export or download them again"),
-            });
-        }
-    }
-    Ok(())
-}
-
 fn check_config(c: &ModelConfig, path: &Path) -> Result<()> {
     let fail = |detail: String| Error::Format {
         path: path.to_path_buf(),
@@ -572,29 +556,7 @@ fn check_config(c: &ModelConfig, path: &Path) -> Result<()> {
             c.hidden_size, c.head_dim, c.vocab_size, c.n_layers
         )));
     }
-    // a NaN, infinite or non-positive scalar makes every output garbage (issue 38)
-    let gguf = c.architecture.strip_prefix("gguf:");
-    let (eps_key, theta_key) = match (gguf, c.family) {
-        (Some(a), Family::Gpt2) => (format!("{a}.attention.layer_norm_epsilon"), String::new()),
-        (Some(a), _) => (
-            format!("{a}.attention.layer_norm_rms_epsilon"),
-            format!("{a}.rope.freq_base"),
-        ),
-        (None, Family::Gpt2) => ("layer_norm_epsilon".into(), String::new()),
-        (None, _) => ("rms_norm_eps".into(), "rope_theta".into()),
-    };
-    if !(c.norm_eps.is_finite() && c.norm_eps > 0.0) {
-        return Err(fail(format!(
-            "{eps_key} is {}; a norm epsilon must be a positive finite number, fix it",
-            c.norm_eps
-        )));
-    }
-    if c.family == Family::Llama && !(c.rope_theta.is_finite() && c.rope_theta > 0.0) {
-        return Err(fail(format!(
-            "{theta_key} is {}; the RoPE base must be a positive finite number, fix it",
-            c.rope_theta
-        )));
-    }
+    crate::finite::check_scalars(c, path)?;
     if let Some(f) = &c.rope_freq_factors {
         if f.len() != c.head_dim / 2 || f.iter().any(|x| !x.is_finite() || *x <= 0.0) {
             return Err(fail(format!(

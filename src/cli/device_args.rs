@@ -313,7 +313,17 @@ impl DeviceArgs {
     /// hear them: a build without HailoRT says so first (no flag fixes that; exit 3, issue 6),
     /// then `--hef` without `--model` (exit 2), then no device at all (exit 2).
     pub fn check_device_flags(&self) -> anyhow::Result<()> {
-        self.check_unused_flags()?;
+        super::unused_flags::check(&super::unused_flags::Given {
+            onnx: self.onnx.is_some(),
+            sim: self.sim,
+            device: self.device.is_some(),
+            ep: self.ep.as_deref(),
+            ep_option: self.ep_options.first().map(String::as_str),
+            cache_len: self.cache_len,
+            prefill_len: self.prefill_len,
+            sim_manifest: self.sim_manifest.as_deref(),
+            faults: &self.faults,
+        })?;
         if let Some(n) = self.max_ctx {
             if self.device.is_none() && self.onnx.is_none() {
                 return Err(usage(format!(
@@ -388,72 +398,19 @@ impl DeviceArgs {
         Ok(())
     }
 
-    /// Flags the chosen device or a manifest would not use are refused, never ignored (issue
-    /// 38): the run's provenance records the command line, so it must hold what ran.
-    fn check_unused_flags(&self) -> anyhow::Result<()> {
-        if self.onnx.is_none() {
-            if let Some(ep) = &self.ep {
-                return Err(usage(format!(
-                    "--ep {ep}: an execution provider applies to --onnx DIR only; drop it or add --onnx"
-                )));
-            }
-            if let Some(o) = self.ep_options.first() {
-                return Err(usage(format!(
-                    "--ep-option {o}: applies to --onnx DIR only; drop it or add --onnx"
-                )));
-            }
-        }
-        if !self.sim {
-            for (value, flag) in [
-                (self.cache_len, "--cache-len"),
-                (self.prefill_len, "--prefill-len"),
-            ] {
-                if let Some(n) = value {
-                    return Err(usage(format!(
-                        "{flag} {n}: applies to the Hailo emulator (--sim) only; {}",
-                        if self.device.is_some() {
-                            "ane-sim takes --max-ctx and --max-query"
-                        } else {
-                            "the device declares its own geometry, drop it"
-                        }
-                    )));
-                }
-            }
-        }
-        let Some(path) = &self.sim_manifest else {
-            return Ok(());
-        };
-        // an unreadable manifest is the device's to report, with its own message
-        let Ok(m) = kvprobe_npu::contract::manifest::read(path) else {
-            return Ok(());
-        };
-        let at = path.display();
-        for (given, recorded, flag, key) in [
-            (self.cache_len, m.cache_len, "--cache-len", "cache_len"),
-            (
-                self.prefill_len,
-                m.prefill_len,
-                "--prefill-len",
-                "prefill_len",
-            ),
-        ] {
-            if let Some(n) = given.filter(|&n| n != recorded) {
-                return Err(usage(format!(
-                    "{flag} {n}: the manifest {at} sets {key} {recorded} and reproduces its run with it; drop {flag}"
-                )));
-            }
-        }
-        let (mut given, mut recorded) = (self.faults.clone(), m.faults.clone());
-        given.sort();
-        recorded.sort();
-        if !given.is_empty() && given != recorded {
-            return Err(usage(format!(
-                "--fault {}: the manifest {at} sets the faults ({}) and reproduces its run with them; drop --fault",
-                given.join(" --fault "),
-                if recorded.is_empty() { "none".to_string() } else { recorded.join(", ") }
-            )));
-        }
-        Ok(())
+    /// The files and folders the run reads (model, HEF, ONNX folder, manifest): `--force` never
+    /// replaces a folder that holds one of them.
+    pub fn input_paths(&self) -> Vec<PathBuf> {
+        let model = resolve_model(self.model.as_deref()).ok();
+        [
+            model,
+            self.hef.clone(),
+            self.onnx.clone(),
+            self.sim_manifest.clone(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 
     pub fn load_model(&self) -> anyhow::Result<(PathBuf, Arc<Model>)> {
