@@ -24,6 +24,19 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
 #[error("{0}")]
 pub struct DeviceError(pub String);
 
+/// Writes what a command prints. A reader that went away (`| head`, `| true`) ends the output
+/// quietly, as Unix tools do: nothing is left to say to it, and the command keeps its own exit
+/// code (`println!` panicked). Any other failure (`> /dev/full`) is one line and exit 2.
+pub fn print_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(usage(format!(
+            "standard output: cannot write ({e}); check where it goes (a full disk, a closed file)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Print the error as one line on stderr and pick the exit code.
 pub fn report_error(e: &anyhow::Error) -> ExitCode {
     if super::interrupt::interrupted() {
