@@ -25,6 +25,22 @@ fn sim_run(model: &Path, out: &Path) -> Vec<OsString> {
     a
 }
 
+/// `ref generate` of two tokens on the model at `m`.
+fn generate(m: &str) -> Vec<OsString> {
+    [
+        "ref",
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "hi",
+        "--max-new",
+        "2",
+    ]
+    .map(OsString::from)
+    .to_vec()
+}
+
 fn run_with_stdout(args: &[OsString], stdout: Stdio) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvprobe"))
         .args(args)
@@ -67,21 +83,7 @@ fn a_closed_stdout_ends_quietly() {
     assert_eq!(o.status.code(), Some(0));
     let m = model.display().to_string();
     let cases: Vec<(Vec<OsString>, i32)> = vec![
-        (
-            [
-                "ref",
-                "generate",
-                "--model",
-                &m,
-                "--prompt",
-                "hi",
-                "--max-new",
-                "2",
-            ]
-            .map(OsString::from)
-            .to_vec(),
-            0,
-        ),
+        (generate(&m), 0),
         (vec!["report".into(), run.as_os_str().to_owned()], 0),
         (sim_run(&model, &tmp.path().join("run2")), 0),
     ];
@@ -104,17 +106,7 @@ fn an_unwritable_stdout_is_one_line() {
         return;
     };
     let m = fixture("llama", 7).display().to_string();
-    let args = [
-        "ref",
-        "generate",
-        "--model",
-        &m,
-        "--prompt",
-        "hi",
-        "--max-new",
-        "2",
-    ]
-    .map(OsString::from);
+    let args = generate(&m);
     let o = run_with_stdout(&args, Stdio::from(full));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");

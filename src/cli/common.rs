@@ -105,10 +105,7 @@ fn user_cache_model() -> Option<PathBuf> {
 /// link into a regular file (`--out /dev/null` replaced /dev/null).
 pub fn check_out_file(path: &Path, flag: &str) -> anyhow::Result<()> {
     let shown = path.display();
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = kvprobe_reports::folder_of(path);
     if !dir.is_dir() {
         return Err(usage(format!(
             "{}: the output folder does not exist; create it or choose another {flag}",
@@ -138,21 +135,9 @@ pub fn write_atomic(
     fill: impl FnOnce(&mut std::fs::File) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     check_out_file(path, flag)?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(".kvprobe-").suffix(".tmp");
-    #[cfg(unix)]
-    {
-        // what a plain create gives (0666 less the umask): the temporary file's 0600 would
-        // otherwise survive the rename and hide the output from the user's group
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o666));
-    }
+    let dir = kvprobe_reports::folder_of(path);
     let _writing = kvprobe_reports::interrupt::Writing::begin()?;
-    let mut tmp = builder.tempfile_in(dir).map_err(|e| {
+    let mut tmp = kvprobe_reports::exclusive_temp(dir).map_err(|e| {
         usage(format!(
             "{}: cannot create a file there ({e}); choose another {flag}",
             dir.display()
