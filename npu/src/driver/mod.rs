@@ -480,6 +480,57 @@ pub struct Trial {
 }
 
 /// First maximal index (the server's argmax, contract §2.8); NaN never wins.
+/// One run the host built inside the device's description: whatever the device answers (a
+/// refusal, an error mid-run, logits of another size than declared) is its behaviour, typed
+/// [`Error::ByDevice`] with the step named.
+fn run_on(
+    dev: &mut dyn Device,
+    group: GroupKind,
+    inputs: &[(String, Buffer)],
+    step: impl FnOnce() -> String,
+) -> Result<RunOutput> {
+    let out = dev.run(group, inputs).and_then(|o| declared_logits(dev, o));
+    out.map_err(|e| e.by_device(&dev.describe().backend, step()))
+}
+
+/// [`run_on`] for a batch of trial rows.
+fn run_batch_on(
+    dev: &mut dyn Device,
+    group: GroupKind,
+    batch: &[Vec<(String, Buffer)>],
+    step: impl FnOnce() -> String,
+) -> Result<Vec<RunOutput>> {
+    let outs = dev.run_batch(group, batch).and_then(|outs| {
+        if outs.len() != batch.len() {
+            return Err(Error::Device(format!(
+                "it answered {} rows for a batch of {}",
+                outs.len(),
+                batch.len()
+            )));
+        }
+        outs.into_iter().map(|o| declared_logits(dev, o)).collect()
+    });
+    outs.map_err(|e| e.by_device(&dev.describe().backend, step()))
+}
+
+/// A run returns one position's logits, `vocab_size` of them (contract §2.8).
+fn declared_logits(dev: &dyn Device, o: RunOutput) -> Result<RunOutput> {
+    let vocab = dev.describe().shape.vocab_size;
+    if o.logits.len() != vocab {
+        return Err(Error::Device(format!(
+            "it returned {} logits where its description declares one position of {vocab}",
+            o.logits.len()
+        )));
+    }
+    Ok(o)
+}
+
+/// [`Device::update_cache_offset`] as part of a step: a refusal is the device's.
+fn move_offset(dev: &mut dyn Device, delta: i32, step: impl FnOnce() -> String) -> Result<()> {
+    dev.update_cache_offset(delta)
+        .map_err(|e| e.by_device(&dev.describe().backend, step()))
+}
+
 pub fn argmax(v: &[f32]) -> u32 {
     let mut best = 0usize;
     let mut bv = f32::NEG_INFINITY;
