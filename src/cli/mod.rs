@@ -12,6 +12,7 @@ pub mod replay;
 pub mod report;
 pub mod second_process;
 pub mod shell;
+mod unused_flags;
 
 use std::process::ExitCode;
 
