@@ -85,6 +85,16 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<Outcome> {
         None => Vec::new(),
     };
     if let Some(path) = &args.emit_sim {
+        // a manifest cannot hold a NaN or infinite scale (JSON writes it as null) and the
+        // emulator would dequantise with it: nothing is written (issue 38)
+        if let Some(l) = lints.iter().find(|l| l.id == "quant-scale") {
+            anyhow::bail!(
+                "--emit-sim {}: no manifest from this HEF: {}; {}",
+                path.display(),
+                l.message,
+                l.fix
+            );
+        }
         let identity = match &model {
             Some(m) => kvprobe_npu::sim::manifest::model_identity(m)?,
             None => ModelIdentity {
@@ -156,15 +166,11 @@ fn print_json(o: &Outcome) -> anyhow::Result<()> {
         "device": description,
         "extracted": o.extracted,
     });
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, &doc)?;
-    writeln!(out)?;
-    Ok(())
+    let text = serde_json::to_string_pretty(&doc)?;
+    common::print_stdout(format!("{text}\n").as_bytes())
 }
 
 fn print_text(o: &Outcome) -> anyhow::Result<()> {
     let text = hef::summary::text(&o.inspection());
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    Ok(())
+    common::print_stdout(text.as_bytes())
 }

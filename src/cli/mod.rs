@@ -8,10 +8,12 @@ pub mod inspect;
 pub mod interrupt;
 pub mod probe_cmd;
 pub mod ref_cmd;
+pub mod replay;
 pub mod report;
 mod runtime_devices;
 pub mod second_process;
 pub mod shell;
+mod unused_flags;
 
 use std::process::ExitCode;
 

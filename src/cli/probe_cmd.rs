@@ -7,7 +7,6 @@
 mod args;
 mod bar;
 
-use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -22,7 +21,10 @@ pub use args::ProbeCommand;
 use bar::Bar;
 
 pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
-    let argv: Vec<String> = std::env::args().collect();
+    // std::env::args panics on a non-UTF-8 byte (a path); results.json records text
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let (name, args) = (cmd.name(), &cmd.args);
     check_args(name, args)?;
     let t0 = Instant::now();
@@ -67,19 +69,40 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let (outcome, compared) = {
         let mut s =
             Session::new(&model, backend.device(), ids.clone(), &bar).map_err(probe_error)?;
-        let outcome = run_probe(&cmd, &mut s);
+        let replay = super::replay::EmulatorReplay::for_run(args, &model, &argv).map(|r| {
+            std::sync::Arc::new(r) as std::sync::Arc<dyn kvprobe_probes::diagnose::replay::Replayer>
+        });
+        let outcome = run_probe(&cmd, &mut s, replay);
         (outcome, std::mem::take(&mut s.compared))
     };
     bar.finish();
-    let (verdict, confidence, evidence, also, warnings, probes, probe_timings, stage) =
+    let (verdict, confidence, evidence, also, warnings, probes, probe_timings, stage, cause) =
         match outcome.map_err(probe_error)? {
             Ran::Diagnosis(d) => {
                 let (v, c) = (Some(d.verdict), Some(d.confidence));
                 (
-                    v, c, d.evidence, d.also, d.warnings, d.probes, d.timings, d.stage,
+                    v,
+                    c,
+                    d.evidence,
+                    d.also,
+                    d.warnings,
+                    d.probes,
+                    d.timings,
+                    d.stage,
+                    (d.hypothesis, d.reproducer),
                 )
             }
-            Ran::Probe(p, t) => (None, None, vec![], vec![], vec![], p, vec![t], None),
+            Ran::Probe(p, t) => (
+                None,
+                None,
+                vec![],
+                vec![],
+                vec![],
+                *p,
+                vec![t],
+                None,
+                (None, None),
+            ),
         };
     timings.extend(probe_timings);
     timings.push(Timing {
@@ -101,6 +124,8 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         also,
         warnings,
         stage,
+        hypothesis: cause.0,
+        reproducer: cause.1,
         probes,
         provenance: Provenance {
             command: argv,
@@ -174,14 +199,12 @@ fn check_args(name: &str, args: &DeviceArgs) -> anyhow::Result<()> {
 
 /// `--json` or the text summary on stdout, then exit code 1 when a fault was diagnosed.
 fn print_and_exit(results: &Results, json: bool) -> anyhow::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    if json {
-        writeln!(stdout, "{}", serde_json::to_string(results)?)?;
+    let text = if json {
+        format!("{}\n", serde_json::to_string(results)?)
     } else {
-        write!(stdout, "{}", kvprobe_reports::summary(results))?;
-    }
-    stdout.flush()?;
-    drop(stdout);
+        kvprobe_reports::summary(results)
+    };
+    super::common::print_stdout(text.as_bytes())?;
     let outcome = RunOutcome::of_verdict(results.verdict);
     if outcome != RunOutcome::Done {
         // a fault diagnosed (or unknown); everything is written and flushed
@@ -192,11 +215,15 @@ fn print_and_exit(results: &Results, json: bool) -> anyhow::Result<()> {
 
 /// What one command measured: a diagnosis, or one probe's findings and its time.
 enum Ran {
-    Diagnosis(kvprobe_probes::Diagnosis),
-    Probe(ProbeFindings, Timing),
+    Diagnosis(Box<kvprobe_probes::Diagnosis>),
+    Probe(Box<ProbeFindings>, Timing),
 }
 
-fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran> {
+fn run_probe(
+    cmd: &ProbeCommand,
+    s: &mut Session,
+    replay: Option<std::sync::Arc<dyn kvprobe_probes::diagnose::replay::Replayer>>,
+) -> kvprobe_probes::Result<Ran> {
     use kvprobe_probes::{diagnose, diagnose_stateful, DiagnoseOptions, Error};
     let name = cmd.name();
     let args = &cmd.args;
@@ -217,9 +244,10 @@ fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran>
             steps,
             stage_only: args.stage_only,
             all_probes: args.all_probes,
+            replay,
             ..DiagnoseOptions::default()
         };
-        return Ok(Ran::Diagnosis(diagnose(s, &opts)?));
+        return Ok(Ran::Diagnosis(Box::new(diagnose(s, &opts)?)));
     };
     let mut p = ProbeFindings::default();
     let opts = ProbeOptions {
@@ -231,7 +259,7 @@ fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran>
         what: name.to_string(),
         seconds: t.elapsed().as_secs_f64(),
     };
-    Ok(Ran::Probe(p, time))
+    Ok(Ran::Probe(Box::new(p), time))
 }
 
 /// Hex SHA-256 of a file (the HEF in the provenance).

@@ -39,6 +39,156 @@ pub fn rewind(past: &[f32], heads: usize, len: usize, hd: usize, new_len: usize)
     out
 }
 
+<<<<<<< HEAD
+=======
+/// GenAI's shared buffer after a run (H12): past and present are one `[H, len, D]` buffer that
+/// the graph writes in place, so it holds what the run's present holds over the request's first
+/// `total` positions; the positions past it are not part of the request and keep what they held
+/// (kvprobe feeds the past and reads the present as two tensors, so this copy is the in-place
+/// write).
+pub fn write_in_place(
+    buf: &mut [f32],
+    present: &[f32],
+    heads: usize,
+    len: usize,
+    hd: usize,
+    total: usize,
+) {
+    for h in 0..heads {
+        let o = h * len * hd;
+        buf[o..o + total * hd].copy_from_slice(&present[o..o + total * hd]);
+    }
+}
+
+/// The 2-D `attention_mask` that reproduces the driver's per-row masks, or an error when no
+/// `[1, total]` mask does. `rows[i]` are the allowed absolute columns (of `max_ctx`) of the query
+/// at position `first + i`; the graph applies `mask[j] ∧ j ≤ position` (causal), so the rows must
+/// all be that shared mask cut at their own position. The ring mask of the generic driver (the
+/// request's context and the row itself) gives GenAI's all-ones mask.
+pub fn attention_mask_from_rows(rows: &[Vec<bool>], first: usize) -> Result<Vec<i64>> {
+    let total = first + rows.len();
+    let last = rows
+        .last()
+        .ok_or_else(|| Error::InvalidArgument("a run with no query rows".into()))?;
+    if let Some(j) = (total..last.len()).find(|&j| last[j]) {
+        return Err(Error::InvalidArgument(format!(
+            "mask allows column {j}, past the {total} positions of the request; a GenAI attention_mask is [1, total]"
+        )));
+    }
+    let mask: Vec<i64> = (0..total)
+        .map(|j| i64::from(last.get(j).copied().unwrap_or(false)))
+        .collect();
+    for (i, row) in rows.iter().enumerate() {
+        let pos = first + i;
+        let ok =
+            (0..total).all(|j| row.get(j).copied().unwrap_or(false) == (mask[j] == 1 && j <= pos));
+        if !ok {
+            return Err(Error::InvalidArgument(format!(
+                "query row at position {pos} has a mask that is not the shared [1, total] attention_mask cut causally; a GenAI decoder cannot express it"
+            )));
+        }
+    }
+    Ok(mask)
+}
+
+/// fp16 additive mask rows `[q, max_ctx]` (0 attends, −inf blocks) as booleans.
+pub fn rows_from_additive(bits: &[u16], q: usize) -> Result<Vec<Vec<bool>>> {
+    if q == 0 || !bits.len().is_multiple_of(q) {
+        return Err(Error::InvalidArgument(format!(
+            "mask of {} values is not {q} whole rows",
+            bits.len()
+        )));
+    }
+    let w = bits.len() / q;
+    Ok(bits
+        .chunks_exact(w)
+        .map(|r| {
+            r.iter()
+                .map(|&b| half::f16::from_bits(b) == half::f16::ZERO)
+                .collect()
+        })
+        .collect())
+}
+
+/// Embedding row → token id. The generic driver sends the rows of the reference's embedding
+/// table; a GenAI graph gathers its own table by id. Rows are matched bit for bit. Two ids
+/// with bit-identical rows are interchangeable for the graph only when its table has them equal
+/// too, which holds for an export of the same weights (scripts/export-onnx.py); the first id
+/// wins.
+pub struct TokenLookup {
+    hidden: usize,
+    by_hash: HashMap<u64, u32>,
+    /// The reference's own table (a shared handle, no copy): a hash hit is checked against it.
+    table: EmbeddingRows,
+}
+
+fn row_hash(row: &[f32]) -> u64 {
+    // FNV-1a over the bit patterns: exact equality is checked after the lookup
+    row.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ u64::from(x.to_bits())).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Rows hashed per read of the table: a block's f32 copy stays small (a 151936 × 1536 table
+/// would otherwise take 0.9 GB for the moment of the build).
+const HASH_BLOCK_ROWS: usize = 1024;
+
+impl TokenLookup {
+    pub fn new(table: EmbeddingRows) -> Result<TokenLookup> {
+        let (rows, hidden) = table.dims();
+        if hidden == 0 {
+            return Err(Error::InvalidArgument(
+                "embedding table with rows of no values".into(),
+            ));
+        }
+        let mut by_hash = HashMap::with_capacity(rows);
+        let mut block = Vec::new();
+        for r0 in (0..rows).step_by(HASH_BLOCK_ROWS) {
+            let r1 = (r0 + HASH_BLOCK_ROWS).min(rows);
+            table.rows_into(r0, r1, &mut block)?;
+            for (i, row) in block.chunks_exact(hidden).enumerate() {
+                by_hash.entry(row_hash(row)).or_insert((r0 + i) as u32);
+            }
+        }
+        Ok(TokenLookup {
+            hidden,
+            by_hash,
+            table,
+        })
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// The ids of `rows` (`[q, hidden]`), or an error naming the first row of no token.
+    pub fn ids(&self, rows: &[f32]) -> Result<Vec<u32>> {
+        if !rows.len().is_multiple_of(self.hidden) {
+            return Err(Error::InvalidArgument(format!(
+                "embedding input of {} values is not whole rows of {}",
+                rows.len(),
+                self.hidden
+            )));
+        }
+        let mut known = vec![0f32; self.hidden];
+        rows.chunks_exact(self.hidden)
+            .enumerate()
+            .map(|(i, row)| {
+                if let Some(&id) = self.by_hash.get(&row_hash(row)) {
+                    self.table.row_into(id as usize, &mut known)?;
+                    if known.as_slice() == row {
+                        return Ok(id);
+                    }
+                }
+                Err(Error::InvalidArgument(format!(
+                    "embedding row {i} is no row of the model's table; a GenAI decoder takes token ids only"
+                )))
+            })
+            .collect()
+    }
+}
+
+>>>>>>> main
 #[cfg(test)]
 mod tests {
     use super::*;
