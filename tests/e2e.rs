@@ -26,6 +26,7 @@ mod onnx_cli;
 mod onnx_window;
 mod precision_matched;
 mod probes_cli;
+mod qnn_htp;
 mod ref_cli;
 mod report_cli;
 mod rerun_cli;

@@ -70,6 +70,10 @@ pub struct DeviceArgs {
         requires = "onnx"
     )]
     pub ep_options: Vec<String>,
+    /// --ep qnn: let nodes QNN cannot compile run on ONNX Runtime's CPU EP; every output then says
+    /// "partial NPU". Off, such a graph is refused in one line naming the nodes.
+    #[arg(help_heading = "ONNX Runtime (--onnx)", long, requires = "onnx")]
+    pub allow_cpu_fallback: bool,
 
     /// Emulator: cache length L.
     #[arg(
@@ -460,6 +464,7 @@ impl DeviceArgs {
                 .map(|f| kvprobe_npu::onnx::faults::parse(f))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(npu_error)?,
+            allow_cpu_fallback: self.allow_cpu_fallback,
         };
         let dev = OnnxDevice::open(model, &opts).map_err(npu_error)?;
         Ok(Backend::Onnx(Box::new(dev)))

@@ -61,6 +61,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let manifest = backend.sim_manifest().cloned();
     let desc = backend.describe().clone();
     let versions = backend.device().versions().into_iter().collect();
+    let device_warnings = backend.device().warnings();
     let hef_path = backend.hef_path().map(Path::to_path_buf);
     let bar = Bar::new();
     let t2 = Instant::now();
@@ -81,6 +82,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
             }
             Ran::Probe(p, t) => (None, None, vec![], vec![], vec![], p, vec![t], None),
         };
+    let warnings: Vec<String> = device_warnings.into_iter().chain(warnings).collect();
     timings.extend(probe_timings);
     timings.push(Timing {
         what: "probes total".into(),

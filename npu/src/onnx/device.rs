@@ -365,7 +365,7 @@ impl Device for OnnxDevice {
     fn versions(&self) -> Vec<(String, String)> {
         #[cfg(feature = "onnx")]
         {
-            vec![
+            let mut v: Vec<(String, String)> = vec![
                 ("onnxruntime".into(), super::runtime::loaded_version()),
                 ("onnxruntime library".into(), {
                     let lib = super::runtime::library_path();
@@ -382,9 +382,22 @@ impl Device for OnnxDevice {
                         env!("CARGO_PKG_VERSION")
                     ),
                 ),
-            ]
+            ];
+            if let Some(q) = &self.rt.qnn {
+                v.extend(q.versions());
+            }
+            v
         }
         #[cfg(not(feature = "onnx"))]
+        Vec::new()
+    }
+
+    /// A QNN session with nodes on the CPU says "partial NPU" in every output.
+    fn warnings(&self) -> Vec<String> {
+        #[cfg(feature = "onnx")]
+        if let Some(p) = self.rt.qnn.as_ref().and_then(|q| q.partial()) {
+            return vec![p];
+        }
         Vec::new()
     }
 

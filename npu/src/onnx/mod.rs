@@ -19,8 +19,12 @@ mod device;
 pub mod export;
 pub mod faults;
 pub mod host;
+pub mod qnn;
+#[cfg(feature = "onnx")]
+mod qnn_session;
 #[cfg(feature = "onnx")]
 mod runtime;
+pub mod static_graphs;
 mod wcache;
 pub mod window;
 
@@ -132,6 +136,9 @@ pub struct OnnxOptions {
     pub max_ctx: Option<usize>,
     /// `--fault`: host-driver faults of the windowed cache (faults.rs).
     pub faults: Vec<faults::WinFault>,
+    /// `--allow-cpu-fallback` (`--ep qnn`): nodes QNN cannot take run on ONNX Runtime's CPU EP,
+    /// and every output says "partial NPU"; off, such a graph is refused (qnn.rs).
+    pub allow_cpu_fallback: bool,
 }
 
 impl OnnxOptions {

@@ -34,13 +34,13 @@ pub fn library_path() -> PathBuf {
         .unwrap_or(rel)
 }
 
-fn device(msg: String) -> Error {
+pub(super) fn device(msg: String) -> Error {
     Error::Device(crate::error::one_line(&msg))
 }
 
 /// The process's one environment (ONNX Runtime allows one per process): loads the library
 /// (`ort` keeps the first it loads) and builds it on first use; later devices share it.
-fn environment() -> Result<ort::environment::Environment> {
+pub(super) fn environment() -> Result<ort::environment::Environment> {
     static ENV: std::sync::Mutex<Option<ort::environment::Environment>> =
         std::sync::Mutex::new(None);
     let mut env = ENV
@@ -126,10 +126,8 @@ fn provider(
 ) -> Result<Option<ep::ExecutionProviderDispatch>> {
     let (available, dispatch) = match ep_kind {
         Ep::Cpu => return Ok(None),
-        Ep::Qnn => (
-            ep::QNN::is_available(),
-            with_options(ep::QNN::default(), opts).build(),
-        ),
+        // the plugin library of onnxruntime-qnn, through the EP-device API (qnn_session.rs)
+        Ep::Qnn => return Ok(None),
         Ep::OpenVino => (
             ep::OpenVINO::is_available(),
             with_options(ep::OpenVINO::default(), opts).build(),
@@ -180,6 +178,10 @@ pub(super) struct Runtime {
     /// attention_mask and position_ids share one type (G:pos).
     positions: IdType,
     inputs: Vec<String>,
+    /// Static-shape folders: the decode graph (one token); `session` is then the prefill graph.
+    decode: Option<Session>,
+    /// `--ep qnn`: what the provider compiled and with which options (provenance, warnings).
+    pub(super) qnn: Option<super::qnn_session::QnnInfo>,
 }
 
 fn id_type(v: &ValueType, name: &str, path: &Path) -> Result<IdType> {
@@ -210,9 +212,47 @@ impl Runtime {
             .flat_map(|(_, kv)| kv.clone())
             .collect::<Vec<_>>();
         ep_opts.extend(opts.ep_options.iter().cloned());
+        let graphs = super::static_graphs::StaticGraphs::load(
+            dir,
+            cfg.window.as_ref().map(|w| w.window_size),
+            cfg.context_length,
+        )?;
+        let Some(graphs) = graphs else {
+            let (session, qnn) = Self::session(&env, &model, &ep_opts, opts)?;
+            let mut rt = Self::checked(session, cfg, &model)?;
+            rt.qnn = qnn;
+            return Ok(rt);
+        };
+        // static shapes: the prompt chunks on the prefill graph, the tokens on the decode graph
+        let (session, qnn) = Self::session(&env, &graphs.prefill, &ep_opts, opts)?;
+        let mut rt = Self::checked(session, cfg, &graphs.prefill)?;
+        let (decode, dq) = Self::session(&env, &graphs.decode, &ep_opts, opts)?;
+        let decode = Self::checked(decode, cfg, &graphs.decode)?.session;
+        rt.qnn = match (qnn, dq) {
+            (Some(mut p), Some(d)) => {
+                p.merge(d);
+                Some(p)
+            }
+            (p, d) => p.or(d),
+        };
+        rt.decode = Some(decode);
+        Ok(rt)
+    }
+
+    /// One session of `model` on the chosen execution provider (QNN: the plugin, qnn_session.rs).
+    fn session(
+        env: &ort::environment::Environment,
+        model: &Path,
+        ep_opts: &[(String, String)],
+        opts: &OnnxOptions,
+    ) -> Result<(Session, Option<super::qnn_session::QnnInfo>)> {
+        if opts.ep == Ep::Qnn {
+            let (s, info) = super::qnn_session::open(env, model, ep_opts, opts)?;
+            return Ok((s, Some(info)));
+        }
         let mut builder =
-            Session::builder(&env).map_err(|e| device(format!("session options: {e}")))?;
-        if let Some(d) = provider(opts.ep, &ep_opts)? {
+            Session::builder(env).map_err(|e| device(format!("session options: {e}")))?;
+        if let Some(d) = provider(opts.ep, ep_opts)? {
             builder = builder.with_execution_providers([d]).map_err(|e| {
                 device(format!(
                     "--ep {}: the execution provider failed to register ({e})",
@@ -220,11 +260,11 @@ impl Runtime {
                 ))
             })?;
         }
-        let session = builder.commit_from_file(&model).map_err(|e| Error::Io {
-            path: model.clone(),
+        let session = builder.commit_from_file(model).map_err(|e| Error::Io {
+            path: model.to_path_buf(),
             detail: crate::error::one_line(&format!("ONNX Runtime cannot open it: {e}")),
         })?;
-        Self::checked(session, cfg, &model)
+        Ok((session, None))
     }
 
     /// The graph against the config: every name GenAI feeds is a graph input, KV inputs are
@@ -286,6 +326,8 @@ impl Runtime {
             ids,
             positions,
             inputs,
+            decode: None,
+            qnn: None,
         })
     }
 
@@ -387,7 +429,11 @@ impl Runtime {
                 kv_value([self.heads, 1, p, self.hd], v)?,
             ));
         }
-        let out = self.session.run(feed).map_err(ort_err)?;
+        let session = match &mut self.decode {
+            Some(d) if q == 1 => d,
+            _ => &mut self.session,
+        };
+        let out = session.run(feed).map_err(ort_err)?;
         let (lshape, logits) = out
             .get(&self.names.logits)
             .ok_or_else(|| device(format!("the graph has no output `{}`", self.names.logits)))?
