@@ -68,8 +68,38 @@ fn run(case: &Case, root: &Path) -> (Option<i32>, String, Vec<u8>) {
     }
 }
 
+/// What a path is: its kind, a link's target, a file's bytes, a folder's entries (recursively).
+fn snapshot(p: &Path) -> String {
+    let Ok(meta) = std::fs::symlink_metadata(p) else {
+        return "absent".into();
+    };
+    let t = meta.file_type();
+    if t.is_symlink() {
+        return format!("link to {:?}", std::fs::read_link(p).ok());
+    }
+    if t.is_dir() {
+        let mut names: Vec<_> = std::fs::read_dir(p)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        names.sort();
+        let inner: Vec<String> = names
+            .iter()
+            .map(|n| format!("{:?}: {}", n.file_name().unwrap_or_default(), snapshot(n)))
+            .collect();
+        return format!("folder [{}]", inner.join(", "));
+    }
+    if t.is_file() {
+        use std::hash::{Hash, Hasher};
+        let bytes = std::fs::read(p).unwrap_or_default();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        bytes.hash(&mut h);
+        return format!("file of {} bytes, hash {:x}", bytes.len(), h.finish());
+    }
+    format!("{t:?}")
+}
+
 /// Hidden files kvprobe writes while working (`.kvprobe-out-*`, `.NAME.tmp`), anywhere under `dir`.
-fn temporaries(dir: &Path) -> Vec<String> {
+fn temporaries(dir: &Path, intact: &[std::path::PathBuf]) -> Vec<String> {
     let mut found = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -78,7 +108,9 @@ fn temporaries(dir: &Path) -> Vec<String> {
         };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(".kvprobe") || name.ends_with(".tmp") {
+            if (name.starts_with(".kvprobe") || name.ends_with(".tmp"))
+                && !intact.iter().any(|i| i == &e.path())
+            {
                 found.push(e.path().display().to_string());
             }
             if e.file_type().is_ok_and(|t| t.is_dir()) {
@@ -96,7 +128,14 @@ fn hostile_inputs_end_in_one_line_and_a_documented_code() {
     let corpus = Corpus::build(root.path(), &fixture("llama", 7));
     assert!(corpus.cases.len() >= 60, "{} cases", corpus.cases.len());
     let mut failures = Vec::new();
+    // a planted `.NAME.tmp` link is the user's (a case's intact path), not a temporary
+    let planted: Vec<_> = corpus.cases.iter().flat_map(|c| c.intact.clone()).collect();
     for case in &corpus.cases {
+        if let Some(prepare) = &case.prepare {
+            prepare();
+        }
+        let before: Vec<String> = case.intact.iter().map(|p| snapshot(p)).collect();
+        let out_existed = case.out.as_ref().is_some_and(|o| o.exists());
         let (code, err, out) = run(case, root.path());
         let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
         let mut why = Vec::new();
@@ -115,7 +154,7 @@ fn hostile_inputs_end_in_one_line_and_a_documented_code() {
                 why.push("wrote to stdout".into());
             }
             if let Some(o) = &case.out {
-                if o.exists() && !case.out_existed {
+                if o.exists() && !out_existed {
                     why.push(format!("left {}", o.display()));
                 }
             }
@@ -125,7 +164,13 @@ fn hostile_inputs_end_in_one_line_and_a_documented_code() {
                 why.push(format!("stderr lacks `{n}`"));
             }
         }
-        let left = temporaries(root.path());
+        for (p, was) in case.intact.iter().zip(&before) {
+            let now = snapshot(p);
+            if &now != was {
+                why.push(format!("changed {}: was {was}, now {now}", p.display()));
+            }
+        }
+        let left = temporaries(root.path(), &planted);
         if !left.is_empty() {
             why.push(format!("temporaries left: {left:?}"));
             for l in left {

@@ -337,7 +337,8 @@ fn force_never_deletes_what_is_not_an_earlier_run() {
             .collect();
         assert!(leftovers.is_empty(), "--out {out}: {leftovers:?}");
     }
-    // an earlier run's folder is still replaced, and nothing is left beside it
+    // an earlier run's folder is still replaced (when it holds only what kvprobe wrote), and
+    // nothing is left beside it
     let run = tmp.path().join("run");
     let r = forced_quant_in(tmp.path(), "run");
     assert_eq!(
@@ -346,7 +347,6 @@ fn force_never_deletes_what_is_not_an_earlier_run() {
         "{}",
         String::from_utf8_lossy(&r.stderr)
     );
-    std::fs::write(run.join("stale.txt"), "from the first run's folder").unwrap();
     let r = forced_quant_in(tmp.path(), "run");
     assert_eq!(
         r.status.code(),
@@ -354,7 +354,13 @@ fn force_never_deletes_what_is_not_an_earlier_run() {
         "{}",
         String::from_utf8_lossy(&r.stderr)
     );
-    assert!(run.join("results.json").is_file() && !run.join("stale.txt").exists());
+    assert!(run.join("results.json").is_file() && run.join("kvprobe-run.json").is_file());
+    // issue 38: a file kvprobe did not write makes the folder someone else's too
+    std::fs::write(run.join("notes.txt"), "added by the user").unwrap();
+    let r = forced_quant_in(tmp.path(), "run");
+    assert_eq!(r.status.code(), Some(2));
+    assert!(run.join("notes.txt").is_file());
+    std::fs::remove_file(run.join("notes.txt")).unwrap();
     #[cfg(unix)]
     {
         // issue 19: the run folder kept the temporary folder's 0700; the test binary runs under

@@ -476,7 +476,7 @@ fn extract_writes_each_resource() {
     let s = healthy();
     let h = parse(&s);
     let dir = tempfile::tempdir().unwrap();
-    let written = h.extract(dir.path()).unwrap();
+    let written = h.extract(dir.path(), false).unwrap();
     assert_eq!(written.len(), 4);
     for (name, bytes) in &s.resources {
         assert_eq!(

@@ -1,36 +1,42 @@
-//! File writes that never leave half a file behind: write a hidden temp file in the same folder,
-//! then rename over the target (a rename within one folder is atomic on POSIX).
+//! File writes that never leave half a file behind and never follow a link: the bytes go to a
+//! temporary file created exclusively (`O_EXCL`, a random name) in the target's folder, then
+//! renamed over the target (a rename within one folder is atomic on POSIX, and replaces a link
+//! rather than writing through it). A fixed temporary name (`.report.html.tmp`) let whoever could
+//! write into a run folder plant a link there and have `kvprobe report` overwrite any file.
 
 use crate::error::{Error, Result};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let _writing = crate::interrupt::Writing::begin()?;
-    let tmp = temp_path(path);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".kvprobe-").suffix(".tmp");
+    #[cfg(unix)]
+    {
+        // what a plain create gives (0666 less the umask), not a temporary file's 0600
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
     let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+        let mut tmp = builder.tempfile_in(dir)?;
+        tmp.write_all(bytes)?;
+        tmp.as_file().sync_all()?;
         if crate::interrupt::interrupted() {
             return Err(std::io::Error::other("interrupted"));
         }
-        std::fs::rename(&tmp, path)
+        tmp.persist(path).map(drop).map_err(|e| e.error)
     })();
     if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
+        // the temporary file is gone: NamedTempFile removes it when dropped unpersisted
         crate::interrupt::check()?;
         return Err(Error::io(path, e));
     }
     Ok(())
-}
-
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp"))
 }
 
 /// A regular file of at most `max` bytes, refused before reading otherwise (a pipe or a device

@@ -16,6 +16,7 @@ pub mod html;
 mod index;
 pub mod interrupt;
 pub mod markdown;
+pub mod marker;
 mod npy;
 pub mod render;
 pub mod run_folder;
@@ -27,6 +28,7 @@ mod validate;
 
 pub use arrays::{ArrayData, NamedArray};
 pub use error::{Error, Result};
+pub use marker::MARKER;
 pub use render::{
     load_results, render_compare, render_markdown, render_report, write_artifacts, COMPARE_HTML,
     REPORT_HTML, RESULTS_JSON, SUMMARY_MD,

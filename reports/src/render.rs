@@ -112,6 +112,9 @@ pub fn render_report(dir: &Path) -> Result<()> {
     let results = load_results(dir)?;
     let svgs = charts(&results)?;
     let html = page::report(&results, &svgs);
+    let mut names: Vec<&str> = svgs.iter().map(|(n, _)| *n).collect();
+    names.push(REPORT_HTML);
+    crate::marker::add(dir, &names)?;
     for (name, svg) in &svgs {
         write_atomic(&dir.join(name), svg.as_bytes())?;
     }
@@ -124,6 +127,7 @@ pub const SUMMARY_MD: &str = "summary.md";
 /// Write `dir/summary.md` from its results.json (`crate::markdown`).
 pub fn render_markdown(dir: &Path) -> Result<()> {
     let results = load_results(dir)?;
+    crate::marker::add(dir, &[SUMMARY_MD])?;
     write_atomic(
         &dir.join(SUMMARY_MD),
         crate::markdown::summary(&results).as_bytes(),

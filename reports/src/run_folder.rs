@@ -1,15 +1,24 @@
 //! A run's `--out` folder: refused early when unusable, written to a temporary sibling and
 //! renamed into place only when complete, so a failed run leaves nothing behind; `--force`
-//! replaces an earlier run's folder and nothing else.
+//! replaces a folder kvprobe can prove it wrote (`crate::marker`) and nothing else.
 
 use std::path::{Path, PathBuf};
 
 use kvprobe_schema::Results;
 
 use crate::error::{Error, Result};
-use crate::{write_artifacts, NamedArray, RESULTS_JSON};
+use crate::{write_artifacts, NamedArray};
 
-pub fn check_out_dir(out: &Path, force: bool) -> Result<()> {
+/// Refuses an `--out` that cannot take the run: a link, a file, a non-empty folder without
+/// `--force`, or with it one kvprobe cannot prove it wrote or one that holds an input of the run
+/// (`inputs`: the model, the HEF, a manifest).
+pub fn check_out_dir(out: &Path, force: bool, inputs: &[&Path]) -> Result<()> {
+    if std::fs::symlink_metadata(out).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(Error::OutFolder(format!(
+            "{}: is a link; kvprobe never replaces or writes through a link, pass the folder itself or choose another --out",
+            out.display()
+        )));
+    }
     if out.exists() {
         if !out.is_dir() {
             return Err(Error::OutFolder(format!(
@@ -27,7 +36,7 @@ pub fn check_out_dir(out: &Path, force: bool) -> Result<()> {
             )));
         }
         if non_empty {
-            check_replaceable(out)?;
+            check_replaceable(out, inputs)?;
         }
     }
     // Missing parents are created only once the run has succeeded (write_run_folder), so a failed run
@@ -48,10 +57,11 @@ pub fn check_out_dir(out: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-/// `--force` replaces an earlier run's folder, never anything else: not a folder without the
-/// results.json a run writes, and never the working folder or one of its parents (replacing
-/// `--out .` used to delete the working folder's files).
-fn check_replaceable(out: &Path) -> Result<()> {
+/// `--force` replaces an earlier run's folder, never anything else: not a folder whose marker
+/// does not account for everything in it, never one that holds an input of the run (the model's
+/// folder with a stray results.json used to go, weights and all), and never the working folder or
+/// one of its parents (replacing `--out .` used to delete the working folder's files).
+fn check_replaceable(out: &Path, inputs: &[&Path]) -> Result<()> {
     let real = out.canonicalize().map_err(|e| {
         Error::OutFolder(format!(
             "{}: cannot resolve it ({e}); choose another --out",
@@ -65,14 +75,19 @@ fn check_replaceable(out: &Path) -> Result<()> {
             out.display()
         )));
     }
-    if !real.join(RESULTS_JSON).is_file() {
-        return Err(Error::OutFolder(format!(
-            "{}: not an earlier kvprobe output folder (no {}); --force replaces only those, choose a new --out folder",
-            out.display(),
-            RESULTS_JSON
-        )));
+    for input in inputs {
+        if input.canonicalize().is_ok_and(|i| i.starts_with(&real)) {
+            return Err(Error::OutFolder(format!(
+                "{}: holds {}, an input of this run; --force never replaces it, choose a new --out folder",
+                out.display(),
+                input.display()
+            )));
+        }
     }
-    Ok(())
+    match crate::marker::not_ours(&real) {
+        Some(why) => Err(Error::OutFolder(why)),
+        None => Ok(()),
+    }
 }
 
 /// The folder that holds `out` (resolved through links and `..` when `out` exists, so the
@@ -97,12 +112,13 @@ fn parent_of(out: &Path) -> PathBuf {
 pub fn write_run_folder<E: From<Error>>(
     out: &Path,
     force: bool,
+    inputs: &[&Path],
     results: &Results,
     arrays: &[NamedArray],
     extra: impl FnOnce(&Path) -> std::result::Result<(), E>,
 ) -> std::result::Result<(), E> {
     let _writing = crate::interrupt::Writing::begin()?;
-    check_out_dir(out, force)?;
+    check_out_dir(out, force, inputs)?;
     std::fs::create_dir_all(parent_of(out)).map_err(|e| {
         Error::OutFolder(format!(
             "{}: cannot create its parent folder ({e}); choose another --out",
@@ -114,6 +130,9 @@ pub fn write_run_folder<E: From<Error>>(
         .map_err(|e| Error::OutFolder(format!("{}: {e}", out.display())))
         .inspect_err(|_| discard(&tmp))?;
     extra(&tmp).inspect_err(|_| discard(&tmp))?;
+    crate::marker::write_for(&tmp)
+        .map_err(|e| Error::OutFolder(format!("{}: {e}", out.display())))
+        .inspect_err(|_| discard(&tmp))?;
     crate::interrupt::check().inspect_err(|_| discard(&tmp))?;
     let old = if out.exists() {
         let aside =

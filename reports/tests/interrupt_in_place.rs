@@ -12,17 +12,17 @@ fn only_a_run_folder_in_place_sets_the_flag() {
     std::fs::create_dir(&out).unwrap();
     std::fs::write(out.join("mine.txt"), "not a run").unwrap();
     // refused (a folder that is not an earlier run, no --force): nothing put in place
-    let refused = write_run_folder::<Error>(&out, false, &healthy_results(), &[], |_| Ok(()));
+    let refused = write_run_folder::<Error>(&out, false, &[], &healthy_results(), &[], |_| Ok(()));
     assert!(refused.is_err());
     assert!(!output_in_place());
     // an `extra` step that fails discards the temporary folder: still nothing in place
     let fresh = parent.path().join("fresh");
-    let failed = write_run_folder::<Error>(&fresh, false, &healthy_results(), &[], |_| {
+    let failed = write_run_folder::<Error>(&fresh, false, &[], &healthy_results(), &[], |_| {
         Err(Error::OutFolder("extra failed".into()))
     });
     assert!(failed.is_err() && !fresh.exists());
     assert!(!output_in_place());
-    write_run_folder::<Error>(&fresh, false, &healthy_results(), &[], |_| Ok(())).unwrap();
+    write_run_folder::<Error>(&fresh, false, &[], &healthy_results(), &[], |_| Ok(())).unwrap();
     assert!(fresh.join("results.json").is_file());
     assert!(output_in_place());
 }

@@ -87,22 +87,48 @@ fn user_cache_model() -> Option<PathBuf> {
     Some(cache.join("kvprobe/models").join(name))
 }
 
-/// Write `path` through a temporary file in the same folder, renamed into place only when `fill`
-/// succeeded: a failed run never leaves a partial or stale-looking output file.
-pub fn write_atomic(
-    path: &Path,
-    fill: impl FnOnce(&mut std::fs::File) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
+/// Refuses an output file path before the run: its folder must exist, and if the path exists it
+/// must be a regular file. The result is renamed over it, which turned a device node, a FIFO or a
+/// link into a regular file (`--out /dev/null` replaced /dev/null).
+pub fn check_out_file(path: &Path, flag: &str) -> anyhow::Result<()> {
+    let shown = path.display();
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     if !dir.is_dir() {
         return Err(usage(format!(
-            "{}: the output folder does not exist; create it or choose another --out",
+            "{}: the output folder does not exist; create it or choose another {flag}",
             dir.display()
         )));
     }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(usage(format!(
+            "{shown}: is a link; kvprobe never replaces or writes through a link, pass the file itself or choose another {flag}"
+        ))),
+        Ok(m) if m.is_dir() => Err(usage(format!(
+            "{shown}: is a folder; {flag} takes a file path, choose another"
+        ))),
+        Ok(m) if !m.is_file() => Err(usage(format!(
+            "{shown}: is not a regular file (a device, a pipe or a socket); {flag} replaces only regular files, choose another path"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Write `path` through a temporary file in the same folder, renamed into place only when `fill`
+/// succeeded: a failed run never leaves a partial or stale-looking output file. `flag` names the
+/// option the path came from, for the messages.
+pub fn write_atomic(
+    path: &Path,
+    flag: &str,
+    fill: impl FnOnce(&mut std::fs::File) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    check_out_file(path, flag)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
     let mut builder = tempfile::Builder::new();
     builder.prefix(".kvprobe-").suffix(".tmp");
     #[cfg(unix)]
@@ -115,7 +141,7 @@ pub fn write_atomic(
     let _writing = kvprobe_reports::interrupt::Writing::begin()?;
     let mut tmp = builder.tempfile_in(dir).map_err(|e| {
         usage(format!(
-            "{}: cannot create a file there ({e}); choose another --out",
+            "{}: cannot create a file there ({e}); choose another {flag}",
             dir.display()
         ))
     })?;
@@ -127,9 +153,11 @@ pub fn write_atomic(
         ))
     })?;
     kvprobe_reports::interrupt::check()?;
+    // again: the path may have been replaced while the run went on
+    check_out_file(path, flag)?;
     tmp.persist(path).map_err(|e| {
         usage(format!(
-            "{}: cannot write ({}); choose another --out",
+            "{}: cannot write ({}); choose another {flag}",
             path.display(),
             e.error
         ))

@@ -391,6 +391,21 @@ impl DeviceArgs {
         Ok(())
     }
 
+    /// The files and folders the run reads (model, HEF, ONNX folder, manifest): `--force` never
+    /// replaces a folder that holds one of them.
+    pub fn input_paths(&self) -> Vec<PathBuf> {
+        let model = resolve_model(self.model.as_deref()).ok();
+        [
+            model,
+            self.hef.clone(),
+            self.onnx.clone(),
+            self.sim_manifest.clone(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
     pub fn load_model(&self) -> anyhow::Result<(PathBuf, Arc<Model>)> {
         let path = resolve_model(self.model.as_deref())?;
         let model = Model::load(&path).map_err(|e| usage(e.to_string()))?;

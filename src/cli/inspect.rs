@@ -23,9 +23,14 @@ pub struct InspectArgs {
     /// Check that the HEF belongs to this model (Hugging Face folder or .gguf).
     #[arg(long, value_name = "DIR|FILE.gguf")]
     pub model: Option<PathBuf>,
-    /// Write the embedded resources (hailo-config.json, tokenizer.json, ...) into this folder.
+    /// Write the embedded resources (hailo-config.json, tokenizer.json, ...) into this folder
+    /// (new or empty; see --force).
     #[arg(long, value_name = "DIR")]
     pub extract: Option<PathBuf>,
+    /// With --extract: write into a non-empty folder, replacing files of the resources' names
+    /// (never through a link) and keeping every other file.
+    #[arg(long, requires = "extract")]
+    pub force: bool,
     /// Write a sim manifest mirroring this HEF's geometry, quant infos and declared layouts.
     #[arg(long, value_name = "FILE")]
     pub emit_sim: Option<PathBuf>,
@@ -55,6 +60,9 @@ impl Outcome {
 
 /// Reads, lints, optionally pairs/extracts/emits. Errors are unreadable input (exit 2).
 pub fn inspect(args: &InspectArgs) -> anyhow::Result<Outcome> {
+    if let Some(path) = &args.emit_sim {
+        common::check_out_file(path, "--emit-sim")?;
+    }
     let hef = Hef::open(&args.hef).map_err(|e| match e {
         hef::HefError::Read { .. } => anyhow::Error::from(e),
         other => anyhow::Error::from(other).context(args.hef.display().to_string()),
@@ -69,7 +77,11 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<Outcome> {
         .map(|m| pairing::pair(&hef, m))
         .unwrap_or_default();
     let extracted = match &args.extract {
-        Some(dir) => hef.extract(dir)?,
+        Some(dir) => {
+            // an interrupt waits for the extraction (and its temporary files) to finish
+            let _writing = kvprobe_reports::interrupt::Writing::begin()?;
+            hef.extract(dir, args.force)?
+        }
         None => Vec::new(),
     };
     if let Some(path) = &args.emit_sim {
@@ -82,7 +94,7 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<Outcome> {
             },
         };
         let manifest = describe::to_sim_manifest(&hef, identity)?;
-        common::write_atomic(path, |f| {
+        common::write_atomic(path, "--emit-sim", |f| {
             serde_json::to_writer_pretty(&mut *f, &manifest)?;
             f.write_all(b"\n")?;
             Ok(())

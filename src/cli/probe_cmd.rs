@@ -130,7 +130,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
             .into_iter()
             .map(|c| NamedArray::f32(c.name, vec![c.rows, c.cols], c.data))
             .collect();
-        write_out(out, args.force, &results, &arrays, &backend)?;
+        write_out(out, args, &results, &arrays, &backend)?;
     }
     print_and_exit(&results, args.json)
 }
@@ -166,7 +166,10 @@ fn check_args(name: &str, args: &DeviceArgs) -> anyhow::Result<()> {
     }
     args.check_device_flags()?;
     if let Some(out) = &args.out {
-        kvprobe_reports::check_out_dir(out, args.force).map_err(|e| usage(e.to_string()))?;
+        let inputs = args.input_paths();
+        let inputs: Vec<&Path> = inputs.iter().map(|p| p.as_path()).collect();
+        kvprobe_reports::check_out_dir(out, args.force, &inputs)
+            .map_err(|e| usage(e.to_string()))?;
     }
     Ok(())
 }
@@ -256,18 +259,28 @@ fn host() -> String {
 /// The run folder with the emulator's manifest beside the artefacts (what reproduces the run).
 fn write_out(
     out: &std::path::Path,
-    force: bool,
+    args: &DeviceArgs,
     results: &Results,
     arrays: &[NamedArray],
     backend: &Backend,
 ) -> anyhow::Result<()> {
-    kvprobe_reports::write_run_folder(out, force, results, arrays, |tmp| -> anyhow::Result<()> {
-        if let Some(m) = backend.sim_manifest() {
-            kvprobe_npu::contract::manifest::write(m, &tmp.join("sim-manifest.json"))
-                .map_err(npu_error)?;
-        }
-        Ok(())
-    })
+    let inputs = args.input_paths();
+    let inputs: Vec<&Path> = inputs.iter().map(|p| p.as_path()).collect();
+    let force = args.force;
+    kvprobe_reports::write_run_folder(
+        out,
+        force,
+        &inputs,
+        results,
+        arrays,
+        |tmp| -> anyhow::Result<()> {
+            if let Some(m) = backend.sim_manifest() {
+                kvprobe_npu::contract::manifest::write(m, &tmp.join("sim-manifest.json"))
+                    .map_err(npu_error)?;
+            }
+            Ok(())
+        },
+    )
     .map_err(|e| match e.downcast::<kvprobe_reports::Error>() {
         Ok(r) => usage(r.to_string()),
         Err(other) => other,

@@ -190,6 +190,7 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
 fn logits(a: LogitsArgs) -> anyhow::Result<()> {
     // Validate what needs no model first, so a bad flag fails fast.
     let given_ids = a.ids.as_deref().map(parse_ids).transpose()?;
+    super::common::check_out_file(&a.out, "--out")?;
     let model = load(&a.model)?;
     let ids = match (given_ids, &a.prompt) {
         (Some(ids), _) => ids,
@@ -223,7 +224,7 @@ fn logits(a: LogitsArgs) -> anyhow::Result<()> {
 
 fn write_npy(path: &Path, arr: &ndarray::Array2<f32>) -> anyhow::Result<()> {
     use ndarray_npy::WriteNpyExt;
-    write_atomic(path, |f| {
+    write_atomic(path, "--out", |f| {
         let w = std::io::BufWriter::new(f);
         arr.write_npy(w).map_err(|e| {
             usage(format!(

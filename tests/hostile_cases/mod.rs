@@ -4,6 +4,7 @@
 
 mod files;
 mod more;
+mod outputs;
 
 use std::path::{Path, PathBuf};
 
@@ -12,10 +13,15 @@ pub struct Case {
     pub args: Vec<String>,
     pub code: i32,
     pub needle: Option<&'static str>,
-    /// The `--out` folder of the case: a refused case must not leave it behind.
+    /// The `--out` folder of the case: a refused case must not leave it behind (unless it
+    /// existed before the case ran: then it is the user's, and stays).
     pub out: Option<PathBuf>,
-    /// It existed before the case ran (then it is the user's, and stays).
-    pub out_existed: bool,
+    /// The user's files and folders the case must leave as they were (contents, kind, link
+    /// target), whatever its exit code; they are never counted as temporaries.
+    pub intact: Vec<PathBuf>,
+    /// Run just before the case (the corpus runs in order: a case can set up on an earlier
+    /// case's output).
+    pub prepare: Option<Box<dyn Fn()>>,
 }
 
 pub struct Corpus {
@@ -44,6 +50,7 @@ impl Corpus {
         files::results(&mut c);
         files::cli_values(&mut c);
         files::out_folders(&mut c);
+        outputs::data_loss(&mut c);
         c
     }
 
@@ -92,15 +99,30 @@ impl Corpus {
             .position(|a| a == "--out")
             .and_then(|i| args.get(i + 1))
             .map(|o| self.root.join(o));
-        let out_existed = out.as_ref().is_some_and(|o| o.exists());
         self.cases.push(Case {
             name: name.to_string(),
             args: args.to_vec(),
             code,
             needle,
             out,
-            out_existed,
+            intact: Vec::new(),
+            prepare: None,
         });
+    }
+
+    /// A case that must leave `intact` as it was, with `prepare` run just before it.
+    pub fn guarded(
+        &mut self,
+        name: &str,
+        code: i32,
+        args: &[String],
+        intact: &[PathBuf],
+        prepare: impl Fn() + 'static,
+    ) {
+        self.add(name, code, None, args);
+        let case = self.cases.last_mut().expect("just added");
+        case.intact = intact.to_vec();
+        case.prepare = Some(Box::new(prepare));
     }
 
     /// A model load: `ref generate` on `model`, refused with exit 2.

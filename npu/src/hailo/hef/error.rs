@@ -37,6 +37,9 @@ pub enum HefError {
     NotDescribable(String),
     #[error("{path}: cannot write extracted resource: {err}; check the directory")]
     Write { path: PathBuf, err: std::io::Error },
+    /// An `--extract` folder refused before anything is written; the detail says why and what to do.
+    #[error("{}: {detail}", dir.display())]
+    Extract { dir: PathBuf, detail: String },
 }
 
 pub type Result<T> = std::result::Result<T, HefError>;

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod describe;
 pub mod error;
+mod extract;
 pub mod formats;
 pub mod geometry;
 pub mod header;

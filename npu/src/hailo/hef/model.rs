@@ -190,32 +190,6 @@ impl Hef {
     pub fn group(&self, name: &str) -> Option<&Group> {
         self.groups.iter().find(|g| g.name == name)
     }
-
-    /// Writes every readable resource into `dir` (created if needed); returns the paths.
-    pub fn extract(&self, dir: &Path) -> Result<Vec<std::path::PathBuf>> {
-        std::fs::create_dir_all(dir).map_err(|err| super::HefError::Write {
-            path: dir.to_path_buf(),
-            err,
-        })?;
-        let mut written = Vec::new();
-        for r in &self.resources {
-            let Some(bytes) = self.resource(&r.name) else {
-                continue;
-            };
-            // Resource names come from the file: keep only the final component.
-            let file_name = Path::new(&r.name)
-                .file_name()
-                .map(|n| n.to_os_string())
-                .unwrap_or_else(|| "resource.bin".into());
-            let path = dir.join(file_name);
-            std::fs::write(&path, bytes).map_err(|err| super::HefError::Write {
-                path: path.clone(),
-                err,
-            })?;
-            written.push(path);
-        }
-        Ok(written)
-    }
 }
 
 /// Group name as `Hef::get_network_groups_names()` reports it (§5.2).
