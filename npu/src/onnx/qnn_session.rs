@@ -127,7 +127,7 @@ fn symbolic_inputs(env: &Environment, model: &Path) -> Vec<String> {
         .collect();
     let s = match Session::builder(env)
         .and_then(|b| b.with_devices(cpu, None).map_err(Into::into))
-        .and_then(|mut b| b.commit_from_file(model).map_err(Into::into))
+        .and_then(|mut b| b.commit_from_file(model))
     {
         Ok(s) => s,
         Err(e) => return vec![format!("(the graph's inputs unread: {e})")],
