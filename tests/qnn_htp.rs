@@ -116,7 +116,7 @@ fn the_static_fixture_compiles_entirely_on_htp() {
     );
     let backend = ver["qnn backend"].as_str().unwrap_or("");
     assert!(
-        backend.contains("HTP_QTI_AISW") && backend.contains("build v2.51.0"),
+        backend.contains("interface 2.40.0") && backend.contains("build v2.51.0"),
         "{backend}"
     );
     let opts = ver["qnn options"].as_str().unwrap_or("");
