@@ -4,6 +4,8 @@
 #   CONVENTION=b (default): the NPU style, GenAI's windowed cache: window 16, cache / context 128,
 #     KV=uint8 (default, QDQ cache I/O) or KV=float32
 #   CONVENTION=a: the default decoder (dynamic past/present, fp32), --max-ctx 128
+#   CONVENTION=builder PRECISION=fp32|int4|fp16: onnxruntime-genai's own model builder export
+#     (scripts/export-builder.sh smollm2 PRECISION; GroupQueryAttention, shared buffer), --max-ctx 128
 # Extra arguments go to diagnose (e.g. --ep qnn --ep-option backend_path=QnnHtp.dll).
 # PROFILE=dev uses the dev-profile binary (optimised too, see Cargo.toml) instead of a release
 # build. Needs GNU time (scripts/ensure-gnu-time.sh).
@@ -18,6 +20,9 @@ PROFILE=${PROFILE:-release}
 scripts/fetch-onnxruntime.sh >/dev/null
 if [ "$CONVENTION" = a ]; then
   DIR="$(scripts/export-onnx.sh | tail -1)"
+  EXTRA=(--max-ctx 128)
+elif [ "$CONVENTION" = builder ]; then
+  DIR="$(scripts/export-builder.sh smollm2 "${PRECISION:-fp32}" | tail -1)"
   EXTRA=(--max-ctx 128)
 else
   DIR="$(scripts/export-onnx.sh --window 16 --max-length 128 --kv-dtype "$KV" | tail -1)"

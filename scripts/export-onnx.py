@@ -366,6 +366,12 @@ def main():
         src = os.path.join(a.hf_dir, name)
         if os.path.exists(src):
             shutil.copy(src, os.path.join(tmp, name))
+    # onnx writes model.onnx.data 0600; every file gets what a plain create gives (0666 less the
+    # umask), like the other files, so the folder's group can read the weights
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in os.listdir(tmp):
+        os.chmod(os.path.join(tmp, name), 0o666 & ~mask)
     shutil.rmtree(a.out_dir, ignore_errors=True)
     os.rename(tmp, a.out_dir)
     print(f"export-onnx.py: wrote {a.out_dir} ({L_desc(cfg)})")

@@ -15,6 +15,7 @@ mod diagnose_sweep;
 mod fault_table_cli;
 mod hostile_corpus;
 mod hostile_install;
+mod hostile_process;
 mod hostile_signals;
 mod inspect_cli;
 mod issue10_probes;

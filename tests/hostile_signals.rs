@@ -35,6 +35,21 @@ fn interrupted_run(
     sig: libc::c_int,
     delay: Duration,
 ) -> (i32, String) {
+    let child = spawn_run(parent, model);
+    std::thread::sleep(delay);
+    // SAFETY: signalling our own child by its pid.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+    let o = child.wait_with_output().unwrap();
+    // killed by the signal's default action: only possible before main installed the handler,
+    // when nothing can have been written yet (checked by the caller like any other end)
+    let code = o.status.code().unwrap_or(-1);
+    (code, String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// `diagnose --all-probes` on `model` into `parent/run`.
+fn spawn_run(parent: &Path, model: &Path) -> std::process::Child {
     let out = parent.join("run");
     let mut args = vec![
         "diagnose".to_string(),
@@ -50,22 +65,59 @@ fn interrupted_run(
             .into_iter()
             .map(String::from),
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_kvprobe"))
+    Command::new(env!("CARGO_BIN_EXE_kvprobe"))
         .args(&args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run kvprobe");
-    std::thread::sleep(delay);
-    // SAFETY: signalling our own child by its pid.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, sig);
+        .expect("run kvprobe")
+}
+
+/// Whether the main thread of `pid` blocks SIGINT, i.e. kvprobe's main took the signals over
+/// (`SigBlk` in /proc: a hex mask, bit n-1 for signal n).
+fn handler_installed(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|m| m & (1 << (libc::SIGINT - 1)) != 0)
+}
+
+/// SIGHUP (the terminal closed) and SIGQUIT end a run as SIGTERM does (issue 38: they killed it,
+/// and a SIGHUP during the write left a hidden `.kvprobe-out-*` folder nothing cleaned). Sent
+/// once the handler is installed, so the default action would show as a kill.
+#[test]
+fn sighup_and_sigquit_end_a_run_like_sigterm() {
+    let model = fixture("llama", 7);
+    for sig in [libc::SIGHUP, libc::SIGQUIT] {
+        let parent = tempfile::tempdir().unwrap();
+        let mut child = spawn_run(parent.path(), &model);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !handler_installed(child.id()) && Instant::now() < deadline {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // SAFETY: signalling our own child by its pid.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, sig);
+        }
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        let code = o.status.code();
+        assert!(
+            matches!(code, Some(0 | 1 | 3)),
+            "signal {sig}: {:?}: {err}",
+            o.status
+        );
+        if code == Some(3) {
+            assert!(err.contains("verdict: incomplete"), "{err}");
+        }
+        let left = leftovers(parent.path());
+        assert!(left.is_empty(), "signal {sig} left {left:?}");
     }
-    let o = child.wait_with_output().unwrap();
-    // killed by the signal's default action: only possible before main installed the handler,
-    // when nothing can have been written yet (checked by the caller like any other end)
-    let code = o.status.code().unwrap_or(-1);
-    (code, String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
 /// Interrupts one run after each delay and checks how it ended; returns how many ended as

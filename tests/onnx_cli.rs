@@ -16,6 +16,22 @@ fn genai_fixture(seed: u64) -> (PathBuf, PathBuf) {
     (hf, out)
 }
 
+/// Every file of an export has what a plain create gives (0666 less the umask): onnx wrote
+/// model.onnx.data 0600, so the folder's group could not read the weights (issue 38).
+#[test]
+fn export_files_have_the_umask_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("genai");
+    export_onnx(&fixture("llama", 7), &out, &[]);
+    let plain = tmp.path().join("plain");
+    std::fs::write(&plain, "").unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for f in ["model.onnx", "model.onnx.data", "genai_config.json"] {
+        assert_eq!(mode(&out.join(f)), mode(&plain), "{f}");
+    }
+}
+
 /// SmolLM2 as a GenAI folder under .cache/onnx (what scripts/export-onnx.sh writes; exported
 /// here the same way when absent: the reference's f32 weights, then export-onnx.py).
 fn smollm2_genai(gguf: &Path) -> PathBuf {

@@ -7,9 +7,9 @@ use common::*;
 use std::sync::Arc;
 
 use kvprobe_npu::ane::{AneDevice, AneOptions};
-use kvprobe_npu::{argmax, Device, Driver, EmbeddingTable, Error, MaskMode};
+use kvprobe_npu::{argmax, Device, Driver, Error, MaskMode};
 use kvprobe_reference::Model;
-use kvprobe_schema::{GroupKind, InputRole, RuntimeKind};
+use kvprobe_schema::RuntimeKind;
 
 fn ane(
     model: &Arc<Model>,
@@ -27,17 +27,7 @@ fn ane(
         },
     )
     .expect("ane device");
-    let emb = dev
-        .describe()
-        .group(GroupKind::Prefill)
-        .unwrap()
-        .inputs
-        .iter()
-        .find(|i| i.role == Some(InputRole::Embeddings))
-        .unwrap()
-        .clone();
-    let table = EmbeddingTable::from_tensor(model.embedding_table(), &emb).unwrap();
-    let drv = Driver::new(&dev, table).unwrap();
+    let drv = driver_for(&dev, model);
     (dev, drv)
 }
 

@@ -11,9 +11,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use kvprobe_npu::onnx::{OnnxDevice, OnnxOptions};
-use kvprobe_npu::{argmax, Device, Driver, EmbeddingTable, MaskMode};
+use kvprobe_npu::{argmax, Device, Driver, MaskMode};
 use kvprobe_reference::{KeySet, Model};
-use kvprobe_schema::{GroupKind, InputRole};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -55,17 +54,7 @@ fn open(model: &Arc<Model>, dir: &Path, max_ctx: Option<usize>) -> (OnnxDevice, 
     let mut opts = OnnxOptions::new(dir);
     opts.max_ctx = max_ctx;
     let dev = OnnxDevice::open(model, &opts).expect("onnx device");
-    let emb = dev
-        .describe()
-        .group(GroupKind::Prefill)
-        .unwrap()
-        .inputs
-        .iter()
-        .find(|i| i.role == Some(InputRole::Embeddings))
-        .unwrap()
-        .clone();
-    let table = EmbeddingTable::from_tensor(model.embedding_table(), &emb).unwrap();
-    let drv = Driver::new(&dev, table).unwrap();
+    let drv = driver_for(&dev, model);
     (dev, drv)
 }
 
@@ -255,26 +244,7 @@ fn windowed_uint8_first_window_matches_the_genai_runtime() {
     let (mut dev, mut drv) = open(&model, &dir, None);
     let genai = |prompt: &[u32], steps: usize| {
         let npy = out.path().join(format!("w-{}-{steps}.npy", prompt.len()));
-        let o = Command::new("python3")
-            .arg(root().join("scripts/onnx-genai-logits.py"))
-            .arg(&dir)
-            .arg("--ids")
-            .arg(
-                prompt
-                    .iter()
-                    .map(|i| i.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            )
-            .arg("--steps")
-            .arg(steps.to_string())
-            .arg("--max-length")
-            .arg("64")
-            .arg("--out")
-            .arg(&npy)
-            .output()
-            .expect("python3");
-        (o, npy)
+        (genai_logits(&dir, prompt, steps, Some(64), &npy), npy)
     };
     // ids below 250 avoid the pad id (eos 268): GenAI takes a pad-valued prompt token for a pad
     for (salt, n) in [(4, 3), (5, 8), (6, 6)] {
@@ -331,23 +301,7 @@ fn host_side_matches_the_genai_runtime_step_by_step() {
         let prompt = ids(n, 300, salt);
         let npy = out.path().join(format!("genai-{n}.npy"));
         let steps = 10;
-        let o = Command::new("python3")
-            .arg(root().join("scripts/onnx-genai-logits.py"))
-            .arg(&dir)
-            .arg("--ids")
-            .arg(
-                prompt
-                    .iter()
-                    .map(|i| i.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            )
-            .arg("--steps")
-            .arg(steps.to_string())
-            .arg("--out")
-            .arg(&npy)
-            .output()
-            .expect("python3");
+        let o = genai_logits(&dir, &prompt, steps, None, &npy);
         if o.status.code() == Some(3) {
             eprintln!(
                 "onnxruntime-genai wheel absent: skipped ({})",

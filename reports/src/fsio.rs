@@ -8,22 +8,32 @@ use crate::error::{Error, Result};
 use std::io::Write;
 use std::path::Path;
 
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let _writing = crate::interrupt::Writing::begin()?;
-    let dir = match path.parent() {
+/// The folder that holds `path` (`.` for a bare name).
+pub fn folder_of(path: &Path) -> &Path {
+    match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
-    };
+    }
+}
+
+/// A new temporary file in `dir`: created exclusively under a random hidden name, with what a
+/// plain create gives (0666 less the umask; a temporary file's 0600 would survive the rename).
+pub fn exclusive_temp(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     let mut builder = tempfile::Builder::new();
     builder.prefix(".kvprobe-").suffix(".tmp");
     #[cfg(unix)]
     {
-        // what a plain create gives (0666 less the umask), not a temporary file's 0600
         use std::os::unix::fs::PermissionsExt;
         builder.permissions(std::fs::Permissions::from_mode(0o666));
     }
+    builder.tempfile_in(dir)
+}
+
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let _writing = crate::interrupt::Writing::begin()?;
+    let dir = folder_of(path);
     let result = (|| -> std::io::Result<()> {
-        let mut tmp = builder.tempfile_in(dir)?;
+        let mut tmp = exclusive_temp(dir)?;
         tmp.write_all(bytes)?;
         tmp.as_file().sync_all()?;
         if crate::interrupt::interrupted() {

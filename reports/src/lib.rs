@@ -28,6 +28,7 @@ mod validate;
 
 pub use arrays::{ArrayData, NamedArray};
 pub use error::{Error, Result};
+pub use fsio::{exclusive_temp, folder_of};
 pub use marker::MARKER;
 pub use render::{
     load_results, render_compare, render_markdown, render_report, write_artifacts, COMPARE_HTML,

@@ -44,11 +44,11 @@ pub fn summary(r: &Results) -> String {
     for w in &r.warnings {
         let _ = writeln!(s, "> warning: {}", cell(w));
     }
-    let _ = writeln!(
-        s,
-        "**Command**\n\n```sh\n{}\n```\n",
-        shell_join(&p.command).replace("```", "'''")
-    );
+    // the command exactly as a shell re-reads it: a fence longer than any backtick run inside,
+    // rather than an edit of the command (a prompt with ``` no longer reproduced)
+    let command = shell_join(&p.command);
+    let fence = "`".repeat(longest_backtick_run(&command).max(2) + 1);
+    let _ = writeln!(s, "**Command**\n\n{fence}sh\n{command}\n{fence}\n");
     let mut rows = vec![
         (
             "kvprobe",
@@ -128,7 +128,7 @@ fn prompt_table(s: &mut String, r: &Results) {
     s.push_str("| position | id | token |\n|---|---|---|\n");
     for (i, id) in p.prompt_ids.iter().enumerate().take(MAX_ROWS) {
         let tok = p.prompt_tokens.get(i).map(String::as_str).unwrap_or("");
-        let _ = writeln!(s, "| {i} | {id} | `{}` |", cell(tok).replace('`', "ˋ"));
+        let _ = writeln!(s, "| {i} | {id} | {} |", code_span(tok));
     }
     more(s, p.prompt_ids.len());
 }
@@ -193,6 +193,37 @@ fn csv_cells(line: &str) -> Vec<String> {
     cells
 }
 
+fn longest_backtick_run(t: &str) -> usize {
+    t.split(|c| c != '`').map(str::len).max().unwrap_or(0)
+}
+
+/// `t` as a code span in a table cell. A code span is literal (`&lt;` would show as typed), so
+/// only what ends the span or the cell changes: the fence is longer than any backtick run
+/// inside, a pipe is `\|`, a line break a space, a control character spelled out.
+fn code_span(t: &str) -> String {
+    let mut inner = String::with_capacity(t.len());
+    for c in t.chars() {
+        match c {
+            '|' => inner.push_str("\\|"),
+            '\n' | '\r' | '\t' => inner.push(' '),
+            c if c.is_control() => inner.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => inner.push(c),
+        }
+    }
+    if inner.is_empty() {
+        return String::new();
+    }
+    let fence = "`".repeat(longest_backtick_run(&inner) + 1);
+    // a space each side keeps a leading or trailing backtick from joining the fence (CommonMark
+    // strips one space each side when both are there)
+    let pad = if inner.starts_with('`') || inner.ends_with('`') || inner.starts_with(' ') {
+        " "
+    } else {
+        ""
+    };
+    format!("{fence}{pad}{inner}{pad}{fence}")
+}
+
 /// Text safe inside a Markdown table cell: no line breaks, pipes, HTML or control characters.
 fn cell(t: &str) -> String {
     let mut out = String::with_capacity(t.len());
@@ -226,14 +257,59 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("**greedy.csv**") || md.contains(".csv**"));
-        assert!(md.contains("a\\|b&lt;script&gt;"), "{md}");
-        // raw text only inside the command's code block, where Markdown renders no HTML
+        // a token is a code span, literal in Markdown: `<` stays `<` (it showed as `&lt;`)
+        assert!(md.contains("| `a\\|b<script> ` |"), "{md}");
+        r.provenance.prompt = "<script>".into();
+        let md = summary(&r);
+        // raw text only inside code, where Markdown renders no HTML
         let (before, rest) = md.split_once("```sh").unwrap();
         let after = rest.split_once("```").unwrap().1;
+        let outside_code: String = after.split('`').step_by(2).collect();
         assert!(
-            !before.contains("<script>") && !after.contains("<script>"),
+            !before.contains("<script>") && !outside_code.contains("<script>"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn code_spans_hold_backticks_and_pipes() {
+        assert_eq!(code_span("a<b"), "`a<b`");
+        assert_eq!(code_span("x`y"), "``x`y``");
+        assert_eq!(code_span("`"), "`` ` ``");
+        assert_eq!(code_span("a|b"), "`a\\|b`");
+        assert_eq!(code_span(""), "");
+    }
+
+    /// The command block, parsed back by a shell, gives the exact argv whatever the prompt holds
+    /// (a run of three backticks used to be rewritten to three quotes).
+    #[test]
+    fn command_block_reproduces_the_argv_in_a_shell() {
+        let mut r = crate::fixtures::faulty_results();
+        let prompt = "say `hi` <b> ```x``` $(id) 'q' \"d\" \\ ~ * !x\nnext ````";
+        r.provenance.command = ["kvprobe", "diagnose", "--prompt", prompt]
+            .map(String::from)
+            .to_vec();
+        let md = summary(&r);
+        let mut lines = md
+            .lines()
+            .skip_while(|l| !(l.starts_with("```") && l.ends_with("sh")));
+        let open = lines.next().expect("a command block");
+        let fence = open.trim_end_matches("sh");
+        let body: Vec<&str> = lines.take_while(|l| *l != fence).collect();
+        let script = format!("set -- {}; printf '%s\\0' \"$@\"", body.join("\n"));
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .output()
+            .expect("run sh");
+        assert!(out.status.success(), "{script}");
+        let argv: Vec<String> = out
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        assert_eq!(argv, r.provenance.command, "{md}");
     }
 
     #[test]

@@ -13,6 +13,14 @@ use crate::{write_artifacts, NamedArray};
 /// `--force`, or with it one kvprobe cannot prove it wrote or one that holds an input of the run
 /// (`inputs`: the model, the HEF, a manifest).
 pub fn check_out_dir(out: &Path, force: bool, inputs: &[&Path]) -> Result<()> {
+    if ends_in_dots(out) {
+        // `x/.` and `x/sub/..` name a folder that cannot be renamed into place: the run failed
+        // only once it was over, and left its folders behind
+        return Err(Error::OutFolder(format!(
+            "{}: ends in `.` or `..`; name the folder itself (--force never replaces the working folder or its parents)",
+            out.display()
+        )));
+    }
     if std::fs::symlink_metadata(out).is_ok_and(|m| m.file_type().is_symlink()) {
         return Err(Error::OutFolder(format!(
             "{}: is a link; kvprobe never replaces or writes through a link, pass the folder itself or choose another --out",
@@ -55,6 +63,14 @@ pub fn check_out_dir(out: &Path, force: bool, inputs: &[&Path]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether the last component of `out` as typed is `.` or `..` (`Path::components` drops a
+/// trailing `.`, so the bytes are read).
+fn ends_in_dots(out: &Path) -> bool {
+    let text = out.as_os_str().to_string_lossy();
+    let last = text.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+    last == "." || last == ".."
 }
 
 /// `--force` replaces an earlier run's folder, never anything else: not a folder whose marker

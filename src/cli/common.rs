@@ -24,6 +24,19 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
 #[error("{0}")]
 pub struct DeviceError(pub String);
 
+/// Writes what a command prints. A reader that went away (`| head`, `| true`) ends the output
+/// quietly, as Unix tools do: nothing is left to say to it, and the command keeps its own exit
+/// code (`println!` panicked). Any other failure (`> /dev/full`) is one line and exit 2.
+pub fn print_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(usage(format!(
+            "standard output: cannot write ({e}); check where it goes (a full disk, a closed file)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Print the error as one line on stderr and pick the exit code.
 pub fn report_error(e: &anyhow::Error) -> ExitCode {
     if super::interrupt::interrupted() {
@@ -92,10 +105,7 @@ fn user_cache_model() -> Option<PathBuf> {
 /// link into a regular file (`--out /dev/null` replaced /dev/null).
 pub fn check_out_file(path: &Path, flag: &str) -> anyhow::Result<()> {
     let shown = path.display();
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = kvprobe_reports::folder_of(path);
     if !dir.is_dir() {
         return Err(usage(format!(
             "{}: the output folder does not exist; create it or choose another {flag}",
@@ -125,21 +135,9 @@ pub fn write_atomic(
     fill: impl FnOnce(&mut std::fs::File) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     check_out_file(path, flag)?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(".kvprobe-").suffix(".tmp");
-    #[cfg(unix)]
-    {
-        // what a plain create gives (0666 less the umask): the temporary file's 0600 would
-        // otherwise survive the rename and hide the output from the user's group
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o666));
-    }
+    let dir = kvprobe_reports::folder_of(path);
     let _writing = kvprobe_reports::interrupt::Writing::begin()?;
-    let mut tmp = builder.tempfile_in(dir).map_err(|e| {
+    let mut tmp = kvprobe_reports::exclusive_temp(dir).map_err(|e| {
         usage(format!(
             "{}: cannot create a file there ({e}); choose another {flag}",
             dir.display()

@@ -156,15 +156,11 @@ fn print_json(o: &Outcome) -> anyhow::Result<()> {
         "device": description,
         "extracted": o.extracted,
     });
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, &doc)?;
-    writeln!(out)?;
-    Ok(())
+    let text = serde_json::to_string_pretty(&doc)?;
+    common::print_stdout(format!("{text}\n").as_bytes())
 }
 
 fn print_text(o: &Outcome) -> anyhow::Result<()> {
     let text = hef::summary::text(&o.inspection());
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    Ok(())
+    common::print_stdout(text.as_bytes())
 }

@@ -1,7 +1,9 @@
-//! SIGINT and SIGTERM end a run cleanly: both are blocked in every thread and taken by one thread
+//! SIGINT, SIGTERM, SIGHUP (the terminal closed) and SIGQUIT end a run cleanly: all four are
+//! blocked in every thread and taken by one thread
 //! of ours with `sigwait`, which lets the writes under way finish or discard their temporary files
 //! (`kvprobe_reports::interrupt`), says the run is incomplete and exits with the device code 3.
-//! The default action killed the process mid-write and left a hidden temporary folder behind.
+//! The default action killed the process mid-write and left a hidden temporary folder behind
+//! (SIGHUP and SIGQUIT still did until issue 38).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 
@@ -10,14 +12,27 @@ use kvprobe_schema::EXIT_DEVICE;
 static ANNOUNCED: AtomicBool = AtomicBool::new(false);
 static SIGNALS: AtomicUsize = AtomicUsize::new(0);
 
+/// The signals that end a run: each would otherwise kill it mid-write.
+const SIGNALS_TAKEN: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+fn signal_name(sig: libc::c_int) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
+        _ => "SIGTERM",
+    }
+}
+
 /// Call first in `main`, before any thread exists: threads inherit the blocked mask.
 pub fn install() {
     // SAFETY: plain libc calls on a local, zero-initialised signal set.
     let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
+        for sig in SIGNALS_TAKEN {
+            libc::sigaddset(&mut set, sig);
+        }
         if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
             return;
         }
@@ -29,12 +44,7 @@ pub fn install() {
             let mut sig: libc::c_int = 0;
             // SAFETY: `set` is an initialised signal set; `sig` is a valid out pointer.
             if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
-                let name = if sig == libc::SIGINT {
-                    "SIGINT"
-                } else {
-                    "SIGTERM"
-                };
-                on_signal(name);
+                on_signal(signal_name(sig));
             }
         });
     if spawned.is_err() {

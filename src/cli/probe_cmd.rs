@@ -7,7 +7,6 @@
 mod args;
 mod bar;
 
-use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -22,7 +21,10 @@ pub use args::ProbeCommand;
 use bar::Bar;
 
 pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
-    let argv: Vec<String> = std::env::args().collect();
+    // std::env::args panics on a non-UTF-8 byte (a path); results.json records text
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let (name, args) = (cmd.name(), &cmd.args);
     check_args(name, args)?;
     let t0 = Instant::now();
@@ -176,14 +178,12 @@ fn check_args(name: &str, args: &DeviceArgs) -> anyhow::Result<()> {
 
 /// `--json` or the text summary on stdout, then exit code 1 when a fault was diagnosed.
 fn print_and_exit(results: &Results, json: bool) -> anyhow::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    if json {
-        writeln!(stdout, "{}", serde_json::to_string(results)?)?;
+    let text = if json {
+        format!("{}\n", serde_json::to_string(results)?)
     } else {
-        write!(stdout, "{}", kvprobe_reports::summary(results))?;
-    }
-    stdout.flush()?;
-    drop(stdout);
+        kvprobe_reports::summary(results)
+    };
+    super::common::print_stdout(text.as_bytes())?;
     let outcome = RunOutcome::of_verdict(results.verdict);
     if outcome != RunOutcome::Done {
         // a fault diagnosed (or unknown); everything is written and flushed

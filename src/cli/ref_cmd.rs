@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use kvprobe_reference::{ForwardOptions, Model};
 
-use super::common::{resolve_model, usage, write_atomic};
+use super::common::{print_stdout, resolve_model, usage, write_atomic};
 
 #[derive(Debug, Args)]
 pub struct RefArgs {
@@ -180,11 +180,10 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
             "generated_ids": generated,
             "text": text,
         });
-        println!("{v}");
+        print_stdout(format!("{v}\n").as_bytes())
     } else {
-        println!("{text}");
+        print_stdout(format!("{text}\n").as_bytes())
     }
-    Ok(())
 }
 
 fn logits(a: LogitsArgs) -> anyhow::Result<()> {
@@ -259,18 +258,21 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
         token = kvprobe_reference::generate::argmax(&logits);
     }
     let decode_s = t2.elapsed().as_secs_f64();
-    println!("model {}", model.source().display());
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "model {}", model.source().display());
     // what one decode step reads (issue 21: its floor is these bytes / the copy bandwidth)
-    println!("weight_bytes {}", model.stored_weight_bytes());
-    println!("load_s {load_s:.3}");
-    println!("prefill_tokens {n}");
-    println!("prefill_s {prefill_s:.3}");
-    println!("prefill_tokens_per_s {:.1}", n as f64 / prefill_s);
-    println!("decode_steps {}", a.decode);
-    println!("decode_s {decode_s:.3}");
-    println!(
+    let _ = writeln!(out, "weight_bytes {}", model.stored_weight_bytes());
+    let _ = writeln!(out, "load_s {load_s:.3}");
+    let _ = writeln!(out, "prefill_tokens {n}");
+    let _ = writeln!(out, "prefill_s {prefill_s:.3}");
+    let _ = writeln!(out, "prefill_tokens_per_s {:.1}", n as f64 / prefill_s);
+    let _ = writeln!(out, "decode_steps {}", a.decode);
+    let _ = writeln!(out, "decode_s {decode_s:.3}");
+    let _ = writeln!(
+        out,
         "decode_tokens_per_s {:.1}",
         a.decode as f64 / decode_s.max(1e-9)
     );
-    Ok(())
+    print_stdout(out.as_bytes())
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::common::usage;
+use super::common::{print_stdout, usage};
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
@@ -36,14 +36,17 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
                 .map_err(|_| usage("--compare takes two folders: BEFORE AFTER"))?;
             kvprobe_reports::render_compare(&before, &after, &out)
                 .map_err(|e| usage(e.to_string()))?;
-            println!("{}", out.join(kvprobe_reports::COMPARE_HTML).display());
+            let page = out.join(kvprobe_reports::COMPARE_HTML);
+            print_stdout(format!("{}\n", page.display()).as_bytes())?;
         }
         (None, _, Some(dir)) => {
             kvprobe_reports::render_report(&dir).map_err(|e| usage(e.to_string()))?;
-            println!("{}", dir.join(kvprobe_reports::REPORT_HTML).display());
+            let page = dir.join(kvprobe_reports::REPORT_HTML);
+            print_stdout(format!("{}\n", page.display()).as_bytes())?;
             if args.markdown {
                 kvprobe_reports::render_markdown(&dir).map_err(|e| usage(e.to_string()))?;
-                println!("{}", dir.join(kvprobe_reports::SUMMARY_MD).display());
+                let md = dir.join(kvprobe_reports::SUMMARY_MD);
+                print_stdout(format!("{}\n", md.display()).as_bytes())?;
             }
         }
         _ => {

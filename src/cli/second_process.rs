@@ -63,7 +63,8 @@ pub struct Rerun;
 impl SecondProcess for Rerun {
     fn record(&self, steps: usize, tokens: &[u32]) -> kvprobe_probes::Result<Vec<u8>> {
         use kvprobe_probes::Error;
-        let argv: Vec<String> = std::env::args().collect();
+        // as the OS gave them: std::env::args panics on a non-UTF-8 byte (a path)
+        let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
         let at = argv
             .iter()
             .position(|a| a == "determinism")

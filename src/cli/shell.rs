@@ -1,8 +1,6 @@
 //! `kvprobe completions SHELL` and `kvprobe man`: generated from the same clap definition as the
 //! parser, so they never list a flag the binary does not take.
 
-use std::io::Write;
-
 use clap::CommandFactory;
 
 #[derive(Debug, clap::Args)]
@@ -27,8 +25,5 @@ pub fn man() -> anyhow::Result<()> {
 }
 
 fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(bytes)?;
-    out.flush()?;
-    Ok(())
+    super::common::print_stdout(bytes)
 }

@@ -256,4 +256,13 @@ pub fn out_folders(c: &mut Corpus) {
         &[],
     );
     sim(c, "out /, --force", 2, &[("--out", "/")], &["--force"]);
+    // refused before the run (they failed only after it, and left their folders)
+    sim(c, "out ends in /.", 2, &[("--out", "out-dot/.")], &[]);
+    sim(
+        c,
+        "out ends in sub/..",
+        2,
+        &[("--out", "out-dotdot/sub/..")],
+        &[],
+    );
 }

@@ -23,11 +23,12 @@ pub const MASK: &str = "attention_mask (as fp16 rows)";
 pub(super) fn description(
     name: String,
     cfg: &GenaiConfig,
+    kv_format: &str,
     ctx: usize,
     win: Option<&WindowCache>,
     u16_runner: bool,
 ) -> DeviceDescription {
-    let edges = cache_edges(cfg, ctx, win, u16_runner);
+    let edges = cache_edges(cfg, kv_format, ctx, win, u16_runner);
     let graph = StatefulGraph {
         model: &name,
         hidden: cfg.hidden_size,
@@ -67,6 +68,7 @@ pub(super) fn description(
 /// runner's past inputs disagree with the graph's presents, declared as outputs.
 fn cache_edges(
     cfg: &GenaiConfig,
+    kv_format: &str,
     ctx: usize,
     win: Option<&WindowCache>,
     u16_runner: bool,
@@ -79,8 +81,8 @@ fn cache_edges(
             cfg.context_length,
             if c.u8 { "uint8 (zero point 128)" } else { "f32" }
         ),
-        // the past is f32 [1, H, S, D]; cache_buffers shows it as the stateful contract's fp16
-        _ => "past/present [1, H, S, D] f32, shown as [kv_heads, max_ctx, head_dim] fp16".into(),
+        // the past is [1, H, S, D]; cache_buffers shows it as the stateful contract's fp16
+        _ => kv_format.to_string(),
     };
     let quant = |id: u32| match win {
         Some(c) if c.u8 => QuantInfo {

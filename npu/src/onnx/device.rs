@@ -30,9 +30,12 @@ pub struct OnnxDevice {
     /// The execution provider the session runs on (provenance).
     #[cfg(feature = "onnx")]
     ep: super::Ep,
-    /// Per cache id (2l K, 2l+1 V): `[H, past_len, D]` f32, GenAI's past.
+    /// Per cache id (2l K, 2l+1 V): `[H, stride, D]` f32, GenAI's past (`stride` = past_len with
+    /// separate buffers, the buffer's length with a shared one).
     past: Vec<Vec<f32>>,
     past_len: usize,
+    /// GenAI's shared past/present buffer (H12): its length S, or None for separate buffers.
+    shared: Option<usize>,
     /// Convention (b): GenAI's windowed bookkeeping and the entries (None for (a)).
     win: Option<(WindowState, WindowCache)>,
 }
@@ -78,6 +81,7 @@ impl OnnxDevice {
         let rt = super::runtime::Runtime::open(&opts.dir, &cfg, opts)?;
         // after the graph's own check, so a config that disagrees with its graph is named as such
         check_pairing(&cfg, model)?;
+        let shared = shared_length(&cfg, rt.fixed_seq, ctx)?;
         let name = opts
             .dir
             .file_name()
@@ -117,12 +121,17 @@ impl OnnxDevice {
             desc: description(
                 name,
                 &cfg,
+                &kv_format(rt.kv.name(), shared, rt.has_positions),
                 ctx,
                 win.as_ref().map(|w| &w.1),
                 opts.faults.contains(&WinFault::U16Runner),
             ),
-            past: vec![Vec::new(); 2 * cfg.n_layers],
+            past: vec![
+                vec![0.0; shared.unwrap_or(0) * cfg.n_kv_heads * cfg.head_size];
+                2 * cfg.n_layers
+            ],
             past_len: 0,
+            shared,
             ep: opts.ep,
             win,
             cfg,
@@ -275,6 +284,50 @@ impl OnnxDevice {
     fn shape(&self) -> (usize, usize, usize) {
         (self.cfg.n_kv_heads, self.desc.cache_len, self.cfg.head_size)
     }
+
+    /// Positions between one head's rows in a host past: the buffer's length when shared.
+    fn stride(&self) -> usize {
+        self.shared.unwrap_or(self.past_len)
+    }
+}
+
+/// The shared buffer's length (H12), or None for separate buffers (H6). GenAI shares the buffer
+/// when `search.past_present_share_buffer` is set (batch 1, greedy: what kvprobe drives, G:gen)
+/// or when every past input has the same fixed sequence dim (then the buffer is that long,
+/// G:kv `DetectAndConfigureFixedKvShape`); a context longer than the buffer cannot be driven.
+/// A buffer sized by `search.max_length` is allocated at the driven context instead (a deliberate
+/// difference, docs/onnx-genai.md H12: GroupQueryAttention reads positions below `seqlens_k + 1`
+/// only, so the length past the context changes no number the graph computes).
+#[cfg_attr(not(feature = "onnx"), allow(dead_code))]
+fn shared_length(cfg: &GenaiConfig, fixed: Option<usize>, ctx: usize) -> Result<Option<usize>> {
+    match fixed {
+        Some(s) if s < ctx => Err(Error::Io {
+            path: cfg.path.clone(),
+            detail: format!(
+                "the graph's past inputs are a fixed shared buffer of {s} positions, shorter than the context of {ctx} asked; pass --max-ctx {s} or less"
+            ),
+        }),
+        Some(s) => Ok(Some(s)),
+        None if cfg.share_buffer && cfg.window.is_none() => Ok(Some(ctx)),
+        None => Ok(None),
+    }
+}
+
+/// How the description names the cache the device keeps.
+#[cfg_attr(not(feature = "onnx"), allow(dead_code))]
+fn kv_format(dtype: &str, shared: Option<usize>, positions: bool) -> String {
+    let buffers = match shared {
+        Some(s) => format!("one shared past/present buffer [1, H, {s}, D] per K/V written in place at the request's length"),
+        None => "separate past [1, H, S, D] and present [1, H, S + new, D]".into(),
+    };
+    format!(
+        "{buffers}, {dtype}, {}; shown as [kv_heads, max_ctx, head_dim] fp16",
+        if positions {
+            "position_ids fed"
+        } else {
+            "positions implied by attention_mask (no position_ids input)"
+        }
+    )
 }
 
 /// The folder must be an export of `model`: every size GenAI reads from genai_config.json equals
@@ -430,9 +483,12 @@ impl Device for OnnxDevice {
         let (ids, mask, first) = self.genai_inputs(inputs)?;
         let (h, _, d) = self.shape();
         if first < self.past_len {
-            // the driver stepped back: GenAI's RewindTo(first)
-            for c in &mut self.past {
-                *c = host::rewind(c, h, self.past_len, d, first);
+            // the driver stepped back: GenAI's RewindTo(first); a shared buffer only moves its
+            // length (the entries past it are overwritten by the next run, G:kv)
+            if self.shared.is_none() {
+                for c in &mut self.past {
+                    *c = host::rewind(c, h, self.past_len, d, first);
+                }
             }
             self.past_len = first;
         }
@@ -445,10 +501,26 @@ impl Device for OnnxDevice {
         let positions = host::position_ids(total, ids.len());
         #[cfg(feature = "onnx")]
         {
-            let (logits, presents) =
-                self.rt
-                    .run(&ids, &mask, &positions, &self.past, self.past_len)?;
-            self.past = presents;
+            let stride = self.stride();
+            let (logits, presents, present_seq) =
+                self.rt.run(&ids, &mask, &positions, &self.past, stride)?;
+            match self.shared {
+                None if present_seq == total => self.past = presents,
+                Some(s) if present_seq == s => {
+                    // in place: the buffer takes what the run wrote over the request
+                    for (buf, p) in self.past.iter_mut().zip(&presents) {
+                        host::write_in_place(buf, p, h, s, d, total);
+                    }
+                }
+                _ => {
+                    return Err(Error::Device(format!(
+                        "the graph's presents hold {present_seq} positions after a run to length {total} over a {} past; GenAI's {} needs {}",
+                        stride,
+                        if self.shared.is_some() { "shared buffer" } else { "separate buffers" },
+                        self.shared.unwrap_or(total)
+                    )))
+                }
+            }
             self.past_len = total;
             Ok(RunOutput {
                 logits,
@@ -468,7 +540,11 @@ impl Device for OnnxDevice {
                 "init_cache({read_offset}): a GenAI request starts at 0 (there is no ring offset)"
             )));
         }
-        self.past.iter_mut().for_each(Vec::clear);
+        // a new request: separate buffers start empty, a shared one zero-filled (G:kv)
+        match self.shared {
+            None => self.past.iter_mut().for_each(Vec::clear),
+            Some(_) => self.past.iter_mut().for_each(|c| c.fill(0.0)),
+        }
         self.past_len = 0;
         if let Some((st, cache)) = &mut self.win {
             *st = WindowState::new(st.geom, st.faults.clone());
@@ -491,7 +567,7 @@ impl Device for OnnxDevice {
                 .map(|c| (c as u32, cache.view(st, c, ctx, pad)))
                 .collect());
         }
-        let n = self.past_len;
+        let (n, stride) = (self.past_len, self.stride());
         Ok(self
             .past
             .iter()
@@ -501,7 +577,7 @@ impl Device for OnnxDevice {
                 for hh in 0..h {
                     for t in 0..n {
                         for c in 0..d {
-                            let x = half::f16::from_f32(past[(hh * n + t) * d + c]);
+                            let x = half::f16::from_f32(past[(hh * stride + t) * d + c]);
                             let o = ((hh * ctx + t) * d + c) * 2;
                             st[o..o + 2].copy_from_slice(&x.to_le_bytes());
                         }
@@ -514,7 +590,7 @@ impl Device for OnnxDevice {
 
     fn write_cache_buffer(&mut self, cache_id: u32, bytes: &[u8]) -> Result<()> {
         let (h, ctx, d) = self.shape();
-        let n = self.past_len;
+        let (n, stride) = (self.past_len, self.stride());
         if bytes.len() != h * ctx * d * 2 {
             return Err(Error::InvalidArgument(format!(
                 "cache {cache_id}: {} bytes, the state is {h}×{ctx}×{d} fp16 = {} bytes",
@@ -535,7 +611,7 @@ impl Device for OnnxDevice {
             for t in 0..n {
                 for c in 0..d {
                     let o = ((hh * ctx + t) * d + c) * 2;
-                    past[(hh * n + t) * d + c] =
+                    past[(hh * stride + t) * d + c] =
                         half::f16::from_le_bytes([bytes[o], bytes[o + 1]]).to_f32();
                 }
             }

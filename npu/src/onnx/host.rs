@@ -43,6 +43,25 @@ pub fn rewind(past: &[f32], heads: usize, len: usize, hd: usize, new_len: usize)
     out
 }
 
+/// GenAI's shared buffer after a run (H12): past and present are one `[H, len, D]` buffer that
+/// the graph writes in place, so it holds what the run's present holds over the request's first
+/// `total` positions; the positions past it are not part of the request and keep what they held
+/// (kvprobe feeds the past and reads the present as two tensors, so this copy is the in-place
+/// write).
+pub fn write_in_place(
+    buf: &mut [f32],
+    present: &[f32],
+    heads: usize,
+    len: usize,
+    hd: usize,
+    total: usize,
+) {
+    for h in 0..heads {
+        let o = h * len * hd;
+        buf[o..o + total * hd].copy_from_slice(&present[o..o + total * hd]);
+    }
+}
+
 /// The 2-D `attention_mask` that reproduces the driver's per-row masks, or an error when no
 /// `[1, total]` mask does. `rows[i]` are the allowed absolute columns (of `max_ctx`) of the query
 /// at position `first + i`; the graph applies `mask[j] ∧ j ≤ position` (causal), so the rows must

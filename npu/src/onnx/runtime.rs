@@ -160,11 +160,26 @@ pub(super) enum IdType {
     I64,
 }
 
-/// Element type of the KV inputs: float32 (convention (a) and (b)), uint8 (the QDQ variant of (b)).
+/// Element type of the KV inputs: float32, float16 or bfloat16 (convention (a): the builder's
+/// `-p fp32|fp16|int4` exports and io dtypes; G:kv takes the type of the first past input),
+/// uint8 (the QDQ variant of (b)).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum KvType {
     F32,
+    F16,
+    Bf16,
     U8,
+}
+
+impl KvType {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Bf16 => "bf16",
+            KvType::U8 => "uint8",
+        }
+    }
 }
 
 pub(super) struct Runtime {
@@ -177,6 +192,12 @@ pub(super) struct Runtime {
     ids: IdType,
     /// attention_mask and position_ids share one type (G:pos).
     positions: IdType,
+    /// The graph takes `position_ids` (GenAI feeds it only then, G:pos `has_posid_input_`; the
+    /// builder's GroupQueryAttention exports derive positions from the mask's lengths instead).
+    pub(super) has_positions: bool,
+    /// Every past input's sequence dim is the same fixed number: GenAI then forces the shared
+    /// buffer at that length (G:kv `DetectAndConfigureFixedKvShape`).
+    pub(super) fixed_seq: Option<usize>,
     inputs: Vec<String>,
     /// Static-shape folders: the decode graph (one token); `session` is then the prefill graph.
     decode: Option<Session>,
@@ -290,7 +311,9 @@ impl Runtime {
         let mask_in = find(&n.attention_mask).ok_or_else(|| missing(&n.attention_mask))?;
         let ids = id_type(ids_in.dtype(), &n.input_ids, model)?;
         let positions = id_type(mask_in.dtype(), &n.attention_mask, model)?;
-        if find(&n.position_ids).is_none() {
+        let has_positions = find(&n.position_ids).is_some();
+        // the windowed cache (b) always gets positions (G:pos WindowedPositionInputs)
+        if !has_positions && cfg.window.is_some() {
             return Err(missing(&n.position_ids));
         }
         for l in 0..cfg.n_layers {
@@ -311,10 +334,44 @@ impl Runtime {
                 ),
             });
         }
+        let fed = |name: &str| {
+            [&n.input_ids, &n.attention_mask, &n.position_ids].contains(&&name.to_string())
+                || (0..cfg.n_layers).any(|l| {
+                    name == IoNames::layer(&n.past_key, l)
+                        || name == IoNames::layer(&n.past_value, l)
+                })
+        };
+        // GenAI's default decoder feeds these inputs only; another (inputs_embeds of an
+        // exclude_embeds export, cache_indirection, a quantised cache's scales, …) would be
+        // left unfed or fed by a rule kvprobe does not compute
+        if let Some(other) = inputs.iter().find(|i| !fed(i)) {
+            return Err(Error::Io {
+                path: model.to_path_buf(),
+                detail: format!(
+                    "graph input `{other}` is not one kvprobe feeds (input_ids, attention_mask, position_ids, the past K/V of genai_config.json's names); re-export without the option that adds it (e.g. the builder's exclude_embeds or a quantised KV cache)"
+                ),
+            });
+        }
         let first = IoNames::layer(&n.past_key, 0);
         let kv = match find(&first).and_then(|o| o.dtype().tensor_type()) {
             Some(TensorElementType::Uint8) => KvType::U8,
+            Some(TensorElementType::Float16) => KvType::F16,
+            Some(TensorElementType::Bfloat16) => KvType::Bf16,
             _ => KvType::F32,
+        };
+        let seq_dims: Vec<i64> = (0..cfg.n_layers)
+            .map(|l| {
+                find(&IoNames::layer(&n.past_key, l))
+                    .and_then(|o| o.dtype().tensor_shape().map(|s| s.to_vec()))
+                    .and_then(|d| d.get(2).copied())
+                    .unwrap_or(-1)
+            })
+            .collect();
+        let fixed_seq = match seq_dims.first() {
+            Some(&s) if cfg.window.is_none() && s > 0 && seq_dims.iter().all(|&x| x == s) => {
+                Some(s as usize)
+            }
+            _ => None,
         };
         Ok(Runtime {
             session,
@@ -325,22 +382,27 @@ impl Runtime {
             hd: cfg.head_size,
             ids,
             positions,
+            has_positions,
+            fixed_seq,
             inputs,
             decode: None,
             qnn: None,
         })
     }
 
-    /// One run: `ids` new tokens over a past of `past_len` positions (`past[c]` = `[H, past_len,
-    /// D]` for cache c = 2l (K), 2l + 1 (V)). Returns the last row's logits and the presents.
+    /// One run of the default decoder: `ids` new tokens; `past[c]` = `[H, past_seq, D]` for cache
+    /// c = 2l (K), 2l + 1 (V), held as f32 (an f16 / bf16 cache round-trips through f32 exactly)
+    /// and fed in the graph's KV type. `past_seq` is the request's length with separate buffers
+    /// and the buffer's length with a shared one. Returns the last row's logits, the presents
+    /// (`[H, present_seq, D]` as f32) and `present_seq`.
     pub(super) fn run(
         &mut self,
         ids: &[u32],
         mask: &[i64],
         positions: &[i64],
         past: &[Vec<f32>],
-        past_len: usize,
-    ) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+        past_seq: usize,
+    ) -> Result<(Vec<f32>, Vec<Vec<f32>>, usize)> {
         let s = ids.len();
         let mut feed: Vec<(String, DynValue)> = Vec::with_capacity(3 + past.len());
         let ids64: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
@@ -352,44 +414,59 @@ impl Runtime {
             self.names.attention_mask.clone(),
             int_value(self.positions, &[1, mask.len()], mask)?,
         ));
-        feed.push((
-            self.names.position_ids.clone(),
-            int_value(self.positions, &[1, s], positions)?,
-        ));
-        let shape = [1usize, self.heads, past_len, self.hd];
+        if self.has_positions {
+            feed.push((
+                self.names.position_ids.clone(),
+                int_value(self.positions, &[1, s], positions)?,
+            ));
+        }
+        let shape = [1usize, self.heads, past_seq, self.hd];
         for l in 0..self.layers {
             for (t, c) in [
                 (&self.names.past_key, 2 * l),
                 (&self.names.past_value, 2 * l + 1),
             ] {
-                let v = Tensor::from_array((shape, past[c].clone())).map_err(ort_err)?;
-                feed.push((IoNames::layer(t, l), v.into_dyn()));
+                feed.push((IoNames::layer(t, l), float_value(self.kv, shape, &past[c])?));
             }
         }
         let out = self.session.run(feed).map_err(ort_err)?;
-        let (lshape, logits) = out
-            .get(&self.names.logits)
-            .ok_or_else(|| device(format!("the graph has no output `{}`", self.names.logits)))?
-            .try_extract_tensor::<f32>()
-            .map_err(ort_err)?;
+        let (lshape, logits) = floats(
+            out.get(&self.names.logits).ok_or_else(|| {
+                device(format!("the graph has no output `{}`", self.names.logits))
+            })?,
+            &self.names.logits,
+        )?;
         let vocab = *lshape.last().unwrap_or(&0) as usize;
         if vocab == 0 || logits.len() < vocab {
             return Err(device(format!("logits of shape {lshape:?}")));
         }
         let last = logits[logits.len() - vocab..].to_vec();
         let mut presents = Vec::with_capacity(2 * self.layers);
+        let mut present_seq = None;
         for l in 0..self.layers {
             for t in [&self.names.present_key, &self.names.present_value] {
                 let name = IoNames::layer(t, l);
-                let (_, v) = out
-                    .get(&name)
-                    .ok_or_else(|| device(format!("the graph has no output `{name}`")))?
-                    .try_extract_tensor::<f32>()
-                    .map_err(ort_err)?;
-                presents.push(v.to_vec());
+                let (shape, v) = floats(
+                    out.get(&name)
+                        .ok_or_else(|| device(format!("the graph has no output `{name}`")))?,
+                    &name,
+                )?;
+                let ok = shape.len() == 4
+                    && shape[0] == 1
+                    && shape[1] as usize == self.heads
+                    && shape[3] as usize == self.hd
+                    && present_seq.is_none_or(|p| p == shape[2] as usize);
+                if !ok {
+                    return Err(device(format!(
+                        "output `{name}` has shape {shape:?}, not [1, {}, S, {}] like the other presents",
+                        self.heads, self.hd
+                    )));
+                }
+                present_seq = Some(shape[2] as usize);
+                presents.push(v);
             }
         }
-        Ok((last, presents))
+        Ok((last, presents, present_seq.unwrap_or(0)))
     }
 
     /// One run of convention (b): `past[c]` is cache c's past input as the graph takes it (K
@@ -452,11 +529,11 @@ impl Runtime {
                     .get(&name)
                     .ok_or_else(|| device(format!("the graph has no output `{name}`")))?;
                 presents.push(match self.kv {
-                    KvType::F32 => super::window::Elems::F32(
-                        o.try_extract_tensor::<f32>().map_err(ort_err)?.1.to_vec(),
-                    ),
                     KvType::U8 => super::window::Elems::U8(
                         o.try_extract_tensor::<u8>().map_err(ort_err)?.1.to_vec(),
+                    ),
+                    _ => super::window::Elems::F32(
+                        o.try_extract_tensor::<f32>().map_err(ort_err)?.1.to_vec(),
                     ),
                 });
             }
@@ -477,9 +554,12 @@ fn check_kv(v: &ValueType, name: &str, cfg: &GenaiConfig, model: &Path, key: boo
     if let Some(w) = &cfg.window {
         return check_window_kv(v, name, cfg, w.pad_value, key).map_err(bad);
     }
-    if v.tensor_type() != Some(TensorElementType::Float32) {
+    if !matches!(
+        v.tensor_type(),
+        Some(TensorElementType::Float32 | TensorElementType::Float16 | TensorElementType::Bfloat16)
+    ) {
         return Err(bad(format!(
-            "KV input `{name}` is {:?}, the default decoder's cache is float32",
+            "KV input `{name}` is {:?}; kvprobe drives a float32, float16 or bfloat16 cache (a quantised KV cache is not computed)",
             v.tensor_type()
         )));
     }
@@ -544,6 +624,54 @@ fn kv_value(shape: [usize; 4], e: &super::window::Elems) -> Result<DynValue> {
         super::window::Elems::U8(v) => Tensor::from_array((shape, v.clone()))
             .map_err(ort_err)?
             .into_dyn(),
+    })
+}
+
+/// A past input in the graph's KV type from the host's f32 copy (exact for f16 / bf16 values).
+fn float_value(t: KvType, shape: [usize; 4], v: &[f32]) -> Result<DynValue> {
+    Ok(match t {
+        KvType::F16 => Tensor::from_array((
+            shape,
+            v.iter()
+                .map(|&x| half::f16::from_f32(x))
+                .collect::<Vec<_>>(),
+        ))
+        .map_err(ort_err)?
+        .into_dyn(),
+        KvType::Bf16 => Tensor::from_array((
+            shape,
+            v.iter()
+                .map(|&x| half::bf16::from_f32(x))
+                .collect::<Vec<_>>(),
+        ))
+        .map_err(ort_err)?
+        .into_dyn(),
+        _ => Tensor::from_array((shape, v.to_vec()))
+            .map_err(ort_err)?
+            .into_dyn(),
+    })
+}
+
+/// A float output (f32, f16 or bf16: the builder's io dtype) as its shape and f32 values.
+fn floats(v: &DynValue, name: &str) -> Result<(Vec<i64>, Vec<f32>)> {
+    Ok(match v.dtype().tensor_type() {
+        Some(TensorElementType::Float32) => {
+            let (s, x) = v.try_extract_tensor::<f32>().map_err(ort_err)?;
+            (s.to_vec(), x.to_vec())
+        }
+        Some(TensorElementType::Float16) => {
+            let (s, x) = v.try_extract_tensor::<half::f16>().map_err(ort_err)?;
+            (s.to_vec(), x.iter().map(|h| h.to_f32()).collect())
+        }
+        Some(TensorElementType::Bfloat16) => {
+            let (s, x) = v.try_extract_tensor::<half::bf16>().map_err(ort_err)?;
+            (s.to_vec(), x.iter().map(|h| h.to_f32()).collect())
+        }
+        t => {
+            return Err(device(format!(
+                "output `{name}` is {t:?}, not a float tensor"
+            )))
+        }
     })
 }
 

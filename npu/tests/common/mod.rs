@@ -88,3 +88,49 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// The generic driver over `dev`, its embedding table read from the reference `model` in the
+/// layout the device's prefill embeddings input declares.
+pub fn driver_for(dev: &dyn kvprobe_npu::Device, model: &Model) -> Driver {
+    let emb = dev
+        .describe()
+        .group(kvprobe_schema::GroupKind::Prefill)
+        .unwrap()
+        .inputs
+        .iter()
+        .find(|i| i.role == Some(kvprobe_schema::InputRole::Embeddings))
+        .unwrap()
+        .clone();
+    let table = kvprobe_npu::EmbeddingTable::from_tensor(model.embedding_table(), &emb).unwrap();
+    Driver::new(dev, table).unwrap()
+}
+
+/// `scripts/onnx-genai-logits.py DIR --ids … --steps N [--max-length M] --out NPY`: the real GenAI
+/// runtime's per-step logits (into NPY) and greedy tokens (stdout JSON).
+pub fn genai_logits(
+    dir: &Path,
+    prompt: &[u32],
+    steps: usize,
+    max_length: Option<usize>,
+    npy: &Path,
+) -> std::process::Output {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/onnx-genai-logits.py"))
+        .arg(dir)
+        .arg("--ids")
+        .arg(
+            prompt
+                .iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        )
+        .arg("--steps")
+        .arg(steps.to_string())
+        .arg("--out")
+        .arg(npy);
+    if let Some(m) = max_length {
+        cmd.arg("--max-length").arg(m.to_string());
+    }
+    cmd.output().expect("python3")
+}
