@@ -9,6 +9,7 @@ mod ane_diagnose;
 mod capacity_faults;
 mod determinism_ane;
 mod determinism_probe;
+mod device_failures;
 mod diagnose_faults;
 mod diagnose_stage;
 mod diagnose_sweep;

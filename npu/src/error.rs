@@ -5,6 +5,13 @@ use std::path::PathBuf;
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Who an error is about (issue 38): the user's flags and files (exit 2) or the device (exit 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    User,
+    Device,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Geometry the device or the contract cannot hold (P ≥ L, zero lengths, ...).
@@ -75,6 +82,16 @@ pub enum Error {
     #[error("tensor computation failed: {0}")]
     Candle(String),
 
+    /// What the device answered to a run the host built inside the device's own description (a
+    /// refusal, an undeclared shape, a failure mid-run): the device's behaviour, evidence for a
+    /// verdict or an incomplete run (exit 3), never advice about the user's flags.
+    #[error("incomplete: the device ({device}) failed at the {step}, which the host built inside the device's description: {}", cause.device_detail())]
+    ByDevice {
+        device: String,
+        step: String,
+        cause: Box<Error>,
+    },
+
     /// A family registered as a skeleton (`Family::implemented == false`).
     #[error("{family}: {what} is not implemented yet")]
     NotImplemented { family: &'static str, what: String },
@@ -90,18 +107,73 @@ impl Error {
     /// A typed refusal of a request past a declared limit (issue 20): the prompt or the context
     /// does not fit. The `capacity` probe counts these as the runtime refusing, not garbling.
     pub fn is_capacity_refusal(&self) -> bool {
-        matches!(
-            self,
-            Error::PromptTooLong { .. } | Error::ContextTooLong { .. } | Error::ContextFull { .. }
-        )
+        match self {
+            Error::ByDevice { cause, .. } => cause.is_capacity_refusal(),
+            e => matches!(
+                e,
+                Error::PromptTooLong { .. }
+                    | Error::ContextTooLong { .. }
+                    | Error::ContextFull { .. }
+            ),
+        }
+    }
+
+    /// Who caused it: what the user gave (flags, files) or what the device did.
+    pub fn origin(&self) -> Origin {
+        match self {
+            Error::Device(_) | Error::Candle(_) | Error::ByDevice { .. } => Origin::Device,
+            _ => Origin::User,
+        }
     }
 
     /// CLI exit code: 2 for anything the user can fix on the command line, 3 for device failures.
     pub fn exit_code(&self) -> i32 {
+        match self.origin() {
+            Origin::User => 2,
+            Origin::Device => 3,
+        }
+    }
+
+    /// The error as the device's answer to the `step` the host built within the description:
+    /// from here on it is the device's behaviour, whatever its type said.
+    pub fn by_device(self, device: &str, step: impl Into<String>) -> Error {
         match self {
-            Error::Device(_) | Error::Candle(_) => 3,
-            Error::Reference(_) => 2,
-            _ => 2,
+            e @ Error::ByDevice { .. } => e,
+            cause => Error::ByDevice {
+                device: device.to_string(),
+                step: step.into(),
+                cause: Box::new(cause),
+            },
+        }
+    }
+
+    /// The step and what the device did there, for evidence lines.
+    pub fn what_device_did(&self) -> String {
+        match self {
+            Error::ByDevice {
+                device,
+                step,
+                cause,
+            } => {
+                format!("{device} at the {step}: {}", cause.device_detail())
+            }
+            e => e.device_detail(),
+        }
+    }
+
+    /// What the device did, without the advice a user-caused error carries.
+    pub fn device_detail(&self) -> String {
+        match self {
+            Error::ContextFull { max_ctx } => format!(
+                "it reported its context of {max_ctx} positions full before the host's positions reached its end"
+            ),
+            Error::ContextTooLong { tokens, max_ctx } => format!(
+                "it reported {tokens} positions past its context of {max_ctx}, more than the host sent"
+            ),
+            Error::PromptTooLong { tokens, cache_len } => format!(
+                "it reported {tokens} tokens past its cache of {cache_len} entries, more than the host sent"
+            ),
+            e => e.to_string(),
         }
     }
 }

@@ -20,7 +20,7 @@ pub mod rope;
 pub use buffer::Buffer;
 pub use contract::{device, Capabilities, Device, RunOutput};
 pub use driver::{argmax, Driver, EmbeddingTable, HostState, Trial};
-pub use error::{Error, Result};
+pub use error::{Error, Origin, Result};
 pub use families::{families, FAMILIES};
 pub use hailo::ring::{self, CacheRing, RingSet};
 pub use mask::MaskMode;

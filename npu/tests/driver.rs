@@ -71,10 +71,14 @@ fn row_str(mask: &[u8], row: usize, heads: usize, keys: usize, head: usize) -> S
         .collect()
 }
 
-#[test]
-fn remainder_first_chunks_update_before_run_masks_positions() {
-    let (_d, m) = tiny_llama(21);
-    // quantised edges: M1 = q(1.0) = 255, embeddings are uint16 codes
+/// The tiny llama on the emulator (L 24, P 16) behind a recording device, and its driver.
+fn recorded_l24_p16() -> (
+    tempfile::TempDir,
+    std::sync::Arc<kvprobe_reference::Model>,
+    kvprobe_npu::Driver,
+    Rec,
+) {
+    let (d, m) = tiny_llama(21);
     let inner = SimDevice::new(
         m.clone(),
         kvprobe_npu::sim::SimOptions {
@@ -84,12 +88,66 @@ fn remainder_first_chunks_update_before_run_masks_positions() {
         },
     )
     .unwrap();
-    let mut drv = inner.driver().unwrap();
-    assert_eq!(drv.m1(), 255);
-    let mut dev = Rec {
+    let drv = inner.driver().unwrap();
+    let dev = Rec {
         inner,
         runs: Vec::new(),
     };
+    (d, m, drv, dev)
+}
+
+#[test]
+fn rope_tables_are_float32_angles_as_the_server_computes_them() {
+    // pre_process.cpp `angular_positional_embed`: `float angle = theta[c] * (float)pos`, then
+    // float cos/sin. Hand-derived here: the exact product θ·pos (an f32 times a small integer is
+    // exact in f64) rounded once to f32, its cos/sin in f64 rounded to f32 (≤ 1 ulp from the
+    // float functions). An f64 angle misses by up to hundreds of ulps where θ·pos is not exact.
+    let (_d, m, mut drv, mut dev) = recorded_l24_p16();
+    drv.prefill(&mut dev, &ids(20, m.config().vocab_size, 5))
+        .unwrap();
+    drv.step(&mut dev, 7, &MaskMode::Ring).unwrap();
+    let theta = dev.describe().shape.rope_theta.clone().unwrap();
+    let d = theta.len();
+    let ulps = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).abs();
+    let mut inexact = 0;
+    // run 1: prefill chunk B, rows 0..16 = positions 4..20; run 2: tbt, position 20
+    for (run, first_pos, rows) in [(1usize, 4u64, 16usize), (2, 20, 1)] {
+        for (role, heads) in [
+            (InputRole::PeQCos, m.config().n_heads),
+            (InputRole::PeQSin, m.config().n_heads),
+            (InputRole::PeKCos, m.config().n_kv_heads),
+            (InputRole::PeKSin, m.config().n_kv_heads),
+        ] {
+            let Buffer::F32(got) = input(&dev, run, role) else {
+                panic!()
+            };
+            assert_eq!(got.len(), rows * heads * d);
+            for (i, &g) in got.iter().enumerate() {
+                let (row, c) = (i / (heads * d), i % d);
+                let pos = first_pos + row as u64;
+                let exact = theta[c] as f64 * pos as f64;
+                let angle = exact as f32;
+                inexact += usize::from(angle as f64 != exact);
+                let want = match role {
+                    InputRole::PeQCos | InputRole::PeKCos => (angle as f64).cos() as f32,
+                    _ => (angle as f64).sin() as f32,
+                };
+                assert!(
+                    ulps(g, want) <= 1,
+                    "run {run} {role:?} row {row} col {c}: {g} vs {want}"
+                );
+            }
+        }
+    }
+    // the check has teeth: many angles are not exact in f32
+    assert!(inexact > 100, "{inexact}");
+}
+
+#[test]
+fn remainder_first_chunks_update_before_run_masks_positions() {
+    // quantised edges: M1 = q(1.0) = 255, embeddings are uint16 codes
+    let (_d, m, mut drv, mut dev) = recorded_l24_p16();
+    assert_eq!(drv.m1(), 255);
     let prompt = ids(20, m.config().vocab_size, 5);
     drv.prefill(&mut dev, &prompt).unwrap();
     assert_eq!(dev.runs.len(), 2);

@@ -1,5 +1,7 @@
 //! Typed errors of the probes crate; the CLI maps them to exit codes (2 input, 3 device).
 
+pub use kvprobe_npu::Origin;
+
 pub type Result<T> = std::result::Result<T, Error>;
 
 #[derive(Debug, thiserror::Error)]
@@ -36,10 +38,18 @@ impl From<candle_core::Error> for Error {
 impl Error {
     /// CLI exit code (README): 2 usage or input, 3 device.
     pub fn exit_code(&self) -> i32 {
+        match self.origin() {
+            Origin::User => 2,
+            Origin::Device => 3,
+        }
+    }
+
+    /// Who caused it (issue 38): the user's input, or what the device did.
+    pub fn origin(&self) -> Origin {
         match self {
-            Error::Npu(e) => e.exit_code(),
-            Error::Reference(_) | Error::Input(_) => 2,
-            Error::Device(_) | Error::Candle(_) => 3,
+            Error::Npu(e) => e.origin(),
+            Error::Reference(_) | Error::Input(_) => Origin::User,
+            Error::Device(_) | Error::Candle(_) => Origin::Device,
         }
     }
 }

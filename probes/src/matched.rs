@@ -164,15 +164,9 @@ impl Precision {
         let d = theta.len();
         let (mut qc, mut qs, mut kc, mut ks) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for pos in rows {
-            // f64 angle, f32 value: as the genai host builds the tables
-            let cos: Vec<f32> = theta
-                .iter()
-                .map(|t| (*t as f64 * pos as f64).cos() as f32)
-                .collect();
-            let sin: Vec<f32> = theta
-                .iter()
-                .map(|t| (*t as f64 * pos as f64).sin() as f32)
-                .collect();
+            // as the genai host builds the tables (float32 angle and values)
+            let (mut cos, mut sin) = (vec![0f32; d], vec![0f32; d]);
+            kvprobe_npu::rope::cos_sin_row(theta, pos as u64, &mut cos, &mut sin);
             for _ in 0..c.n_heads {
                 qc.extend_from_slice(&cos);
                 qs.extend_from_slice(&sin);

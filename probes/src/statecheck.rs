@@ -164,12 +164,11 @@ pub fn back_to_back(s: &mut Session) -> Result<BackToBack> {
         let r = s.prefill(first).and_then(|_| s.prefill(&ids));
         match r {
             Ok(o) => outs.push(o.logits),
-            Err(Error::Npu(e @ kvprobe_npu::Error::ContextFull { .. }))
-            | Err(Error::Npu(e @ kvprobe_npu::Error::ContextTooLong { .. })) => {
+            Err(Error::Npu(e)) if e.is_capacity_refusal() => {
                 return Ok(BackToBack {
                     identical: false,
                     cosine: f64::NAN,
-                    refused: Some(e.to_string()),
+                    refused: Some(e.what_device_did()),
                     last: Vec::new(),
                 })
             }

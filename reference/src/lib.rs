@@ -8,6 +8,7 @@ mod blocks;
 pub mod config;
 pub mod error;
 pub mod export;
+mod finite;
 pub mod fixtures;
 pub mod fixtures_gguf;
 pub mod generate;

@@ -140,6 +140,7 @@ impl Model {
             tokenizer,
         } = parts;
         check_config(&config, source)?;
+        crate::finite::check_weights(&weights, source)?;
         match config.family {
             Family::Llama => {
                 let g = WeightGetter::new(&weights, source);
@@ -555,6 +556,7 @@ fn check_config(c: &ModelConfig, path: &Path) -> Result<()> {
             c.hidden_size, c.head_dim, c.vocab_size, c.n_layers
         )));
     }
+    crate::finite::check_scalars(c, path)?;
     if let Some(f) = &c.rope_freq_factors {
         if f.len() != c.head_dim / 2 || f.iter().any(|x| !x.is_finite() || *x <= 0.0) {
             return Err(fail(format!(

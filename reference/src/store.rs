@@ -326,6 +326,55 @@ impl Weight {
         Ok(())
     }
 
+    /// The index of the first NaN or infinite value, if any (issue 38: refused on load). Stored
+    /// floats are read as bit patterns (all exponent bits set), without a conversion; quantised
+    /// blocks are widened a tile at a time.
+    pub fn first_non_finite(&self) -> Result<Option<usize>> {
+        fn first<const N: usize>(b: &[u8], bad: impl Fn([u8; N]) -> bool) -> Option<usize> {
+            b.chunks_exact(N)
+                .position(|c| bad(c.try_into().unwrap_or([0; N])))
+        }
+        match &self.repr {
+            Repr::Tensor(_)
+            | Repr::Raw {
+                kind: Kind::F32, ..
+            } => {
+                if let Some(found) = self.with_f32(|v| v.iter().position(|x| !x.is_finite())) {
+                    return Ok(found);
+                }
+            }
+            Repr::Raw {
+                bytes,
+                kind: Kind::F16,
+            } => {
+                let exp = |c: [u8; 2]| u16::from_le_bytes(c) & 0x7c00 == 0x7c00;
+                return Ok(first(bytes.as_slice(), exp));
+            }
+            Repr::Raw {
+                bytes,
+                kind: Kind::Bf16,
+            } => {
+                let exp = |c: [u8; 2]| u16::from_le_bytes(c) & 0x7f80 == 0x7f80;
+                return Ok(first(bytes.as_slice(), exp));
+            }
+            Repr::Int8 { scales, .. } => {
+                return Ok(scales.iter().position(|x| !x.is_finite()));
+            }
+            Repr::Raw { .. } => {}
+        }
+        let mut found = None;
+        let cols = self.cols();
+        self.for_each_tile(|r0, rows| {
+            if found.is_none() {
+                found = rows
+                    .iter()
+                    .position(|x| !x.is_finite())
+                    .map(|i| r0 * cols + i);
+            }
+        })?;
+        Ok(found)
+    }
+
     /// The largest |w| (NaN ignored), read a tile of rows at a time.
     pub fn max_abs(&self) -> Result<f32> {
         let mut m = 0f32;

@@ -28,6 +28,46 @@ impl std::fmt::Debug for TextTokenizer {
 /// The largest tokenizer.json read: real ones are up to a few tens of megabytes.
 const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
 
+/// The most BPE merges read: real tokenizers hold up to about half a million (Llama 3: 280k);
+/// the tokenizers library needs about 0.8 KB of memory per merge (issue 38: 2M merges in a
+/// 34 MB file peaked at 1.6 GB).
+const MAX_MERGES: usize = 1_000_000;
+
+/// What the file implies kvprobe would allocate, bounded before the tokenizers library builds
+/// it (issue 38): the merges, and padding, which pads every prompt to a length of the file's
+/// choosing (1e8 tokens aborted at 1.9 GB). kvprobe runs one prompt as given, so a tokenizer
+/// that pads a single prompt is refused rather than run with pad tokens the reference attends to.
+fn size_refusal(json: &serde_json::Value) -> Option<String> {
+    let merges = json
+        .get("model")
+        .and_then(|m| m.get("merges"))
+        .and_then(|m| m.as_array())
+        .map_or(0, Vec::len);
+    if merges > MAX_MERGES {
+        return Some(format!(
+            "{merges} BPE merges, more than the {MAX_MERGES} kvprobe reads (real tokenizers hold up to about half a million); use the model's original tokenizer.json"
+        ));
+    }
+    let padding = json.get("padding").filter(|p| !p.is_null())?;
+    let fixed = padding
+        .get("strategy")
+        .and_then(|s| s.get("Fixed"))
+        .and_then(|f| f.as_u64());
+    let multiple = padding
+        .get("pad_to_multiple_of")
+        .and_then(|m| m.as_u64())
+        .filter(|&m| m > 1);
+    match (fixed, multiple) {
+        (Some(n), _) => Some(format!(
+            "padding.strategy pads every prompt to {n} tokens; kvprobe runs one prompt unpadded, set \"padding\": null"
+        )),
+        (None, Some(m)) => Some(format!(
+            "padding.pad_to_multiple_of pads every prompt to a multiple of {m} tokens; kvprobe runs one prompt unpadded, set \"padding\": null"
+        )),
+        (None, None) => None,
+    }
+}
+
 impl TextTokenizer {
     /// Load a `tokenizer.json`. The BOS default is guessed from the file's post-processor (does it add
     /// a leading special token?); HF loading overrides it with `tokenizer_config.json` when present.
@@ -60,6 +100,12 @@ impl TextTokenizer {
             return Err(bad(&format!(
                 "the BPE merge {merge:?} is shorter than the model's continuing_subword_prefix"
             )));
+        }
+        if let Some(detail) = size_refusal(&json) {
+            return Err(Error::Tokenizer {
+                path: path.to_path_buf(),
+                detail,
+            });
         }
         if let Some(missing) = json.get("post_processor").and_then(undefined_special_token) {
             // tokenizers 0.23 indexes its special-token map with every name in the template and

@@ -317,6 +317,17 @@ impl DeviceArgs {
     /// hear them: a build without HailoRT says so first (no flag fixes that; exit 3, issue 6),
     /// then `--hef` without `--model` (exit 2), then no device at all (exit 2).
     pub fn check_device_flags(&self) -> anyhow::Result<()> {
+        super::unused_flags::check(&super::unused_flags::Given {
+            onnx: self.onnx.is_some(),
+            sim: self.sim,
+            device: self.device.is_some(),
+            ep: self.ep.as_deref(),
+            ep_option: self.ep_options.first().map(String::as_str),
+            cache_len: self.cache_len,
+            prefill_len: self.prefill_len,
+            sim_manifest: self.sim_manifest.as_deref(),
+            faults: &self.faults,
+        })?;
         if let Some(n) = self.max_ctx {
             if self.device.is_none() && self.onnx.is_none() {
                 return Err(usage(format!(

@@ -85,6 +85,16 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<Outcome> {
         None => Vec::new(),
     };
     if let Some(path) = &args.emit_sim {
+        // a manifest cannot hold a NaN or infinite scale (JSON writes it as null) and the
+        // emulator would dequantise with it: nothing is written (issue 38)
+        if let Some(l) = lints.iter().find(|l| l.id == "quant-scale") {
+            anyhow::bail!(
+                "--emit-sim {}: no manifest from this HEF: {}; {}",
+                path.display(),
+                l.message,
+                l.fix
+            );
+        }
         let identity = match &model {
             Some(m) => kvprobe_npu::sim::manifest::model_identity(m)?,
             None => ModelIdentity {

@@ -11,6 +11,7 @@ pub mod ref_cmd;
 pub mod report;
 pub mod second_process;
 pub mod shell;
+mod unused_flags;
 
 use std::process::ExitCode;
 

@@ -2,6 +2,7 @@
 //! under the corpus root and says the command, the exit code the README documents for it and,
 //! where it matters, a word the one-line error must hold.
 
+mod device;
 mod files;
 mod more;
 mod outputs;
@@ -50,6 +51,12 @@ impl Corpus {
         files::results(&mut c);
         files::cli_values(&mut c);
         files::out_folders(&mut c);
+        device::device_failures(&mut c);
+        device::non_finite(&mut c);
+        device::sizes(&mut c);
+        device::cache_len(&mut c);
+        device::unused_flags(&mut c);
+        device::hef_scales(&mut c);
         outputs::data_loss(&mut c);
         c
     }

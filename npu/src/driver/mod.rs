@@ -384,8 +384,8 @@ impl Driver {
         }
     }
 
-    /// RoPE or position-id inputs for rows at `positions` (contract §2.6: cos/sin of θ·pos,
-    /// q `[T][NH][D]`, k `[T][NKV][D]`).
+    /// RoPE or position-id inputs for rows at `positions` (contract §2.6: cos/sin of θ·pos in
+    /// float32 as the server computes them, q `[T][NH][D]`, k `[T][NKV][D]`).
     fn position_inputs(
         &self,
         g: &GroupInputs,
@@ -402,11 +402,7 @@ impl Driver {
             let mut cos = vec![0f32; d];
             let mut sin = vec![0f32; d];
             for &pos in positions {
-                for c in 0..d {
-                    let a = theta[c] as f64 * pos as f64;
-                    cos[c] = a.cos() as f32;
-                    sin[c] = a.sin() as f32;
-                }
+                crate::rope::cos_sin_row(theta, pos, &mut cos, &mut sin);
                 for _ in 0..self.n_heads {
                     qc.extend_from_slice(&cos);
                     qs.extend_from_slice(&sin);
@@ -484,6 +480,57 @@ pub struct Trial {
 }
 
 /// First maximal index (the server's argmax, contract §2.8); NaN never wins.
+/// One run the host built inside the device's description: whatever the device answers (a
+/// refusal, an error mid-run, logits of another size than declared) is its behaviour, typed
+/// [`Error::ByDevice`] with the step named.
+fn run_on(
+    dev: &mut dyn Device,
+    group: GroupKind,
+    inputs: &[(String, Buffer)],
+    step: impl FnOnce() -> String,
+) -> Result<RunOutput> {
+    let out = dev.run(group, inputs).and_then(|o| declared_logits(dev, o));
+    out.map_err(|e| e.by_device(&dev.describe().backend, step()))
+}
+
+/// [`run_on`] for a batch of trial rows.
+fn run_batch_on(
+    dev: &mut dyn Device,
+    group: GroupKind,
+    batch: &[Vec<(String, Buffer)>],
+    step: impl FnOnce() -> String,
+) -> Result<Vec<RunOutput>> {
+    let outs = dev.run_batch(group, batch).and_then(|outs| {
+        if outs.len() != batch.len() {
+            return Err(Error::Device(format!(
+                "it answered {} rows for a batch of {}",
+                outs.len(),
+                batch.len()
+            )));
+        }
+        outs.into_iter().map(|o| declared_logits(dev, o)).collect()
+    });
+    outs.map_err(|e| e.by_device(&dev.describe().backend, step()))
+}
+
+/// A run returns one position's logits, `vocab_size` of them (contract §2.8).
+fn declared_logits(dev: &dyn Device, o: RunOutput) -> Result<RunOutput> {
+    let vocab = dev.describe().shape.vocab_size;
+    if o.logits.len() != vocab {
+        return Err(Error::Device(format!(
+            "it returned {} logits where its description declares one position of {vocab}",
+            o.logits.len()
+        )));
+    }
+    Ok(o)
+}
+
+/// [`Device::update_cache_offset`] as part of a step: a refusal is the device's.
+fn move_offset(dev: &mut dyn Device, delta: i32, step: impl FnOnce() -> String) -> Result<()> {
+    dev.update_cache_offset(delta)
+        .map_err(|e| e.by_device(&dev.describe().backend, step()))
+}
+
 pub fn argmax(v: &[f32]) -> u32 {
     let mut best = 0usize;
     let mut bv = f32::NEG_INFINITY;

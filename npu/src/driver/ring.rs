@@ -5,7 +5,7 @@
 
 use kvprobe_schema::GroupKind;
 
-use super::{Driver, GroupInputs, Trial};
+use super::{move_offset, run_batch_on, run_on, Driver, GroupInputs, Trial};
 use crate::mask::{encode_heads, encode_per_head, encode_tiled, ring_rows, tbt_row, MaskMode};
 use crate::{Buffer, Device, Error, Result, RunOutput};
 
@@ -45,8 +45,15 @@ impl Driver {
         inputs.push((g.mask.name.clone(), Buffer::U8(self.mask_buf.clone())));
         let pos = self.state.window_pos.clone();
         self.position_inputs(&g, &pos, &mut inputs)?;
-        dev.update_cache_offset(chunk.len() as i32)?;
-        dev.run(GroupKind::Prefill, &inputs)
+        let at = self.state.position.saturating_sub(1);
+        let step = || {
+            format!(
+                "prefill chunk of {} tokens ending at position {at}",
+                chunk.len()
+            )
+        };
+        move_offset(dev, chunk.len() as i32, step)?;
+        run_on(dev, GroupKind::Prefill, &inputs, step)
     }
 
     /// A new request whose prompt is one prefill chunk sent under a probe's mask: `per_head`
@@ -89,8 +96,9 @@ impl Driver {
         inputs.push((g.mask.name.clone(), Buffer::U8(self.mask_buf.clone())));
         let pos = self.state.window_pos.clone();
         self.position_inputs(&g, &pos, &mut inputs)?;
-        dev.update_cache_offset(ids.len() as i32)?;
-        let out = dev.run(GroupKind::Prefill, &inputs);
+        let step = || format!("masked prefill chunk of {} tokens", ids.len());
+        move_offset(dev, ids.len() as i32, step)?;
+        let out = run_on(dev, GroupKind::Prefill, &inputs, step);
         self.saved = None;
         out
     }
@@ -102,8 +110,10 @@ impl Driver {
         mode: &MaskMode,
     ) -> Result<RunOutput> {
         let inputs = self.tbt_inputs(token, mode)?;
-        dev.update_cache_offset(1)?;
-        dev.run(GroupKind::Tbt, &inputs)
+        let at = self.state.position;
+        let step = || format!("tbt step at position {}", at.saturating_sub(1));
+        move_offset(dev, 1, step)?;
+        run_on(dev, GroupKind::Tbt, &inputs, step)
     }
 
     /// Push `token` into the host window and build its tbt run's inputs under `mode`.
@@ -220,10 +230,12 @@ impl Driver {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        dev.update_cache_offset(1)?;
-        let outs = dev.run_batch(GroupKind::Tbt, &batch);
+        let at = start.position;
+        let step = || format!("batch of {} trial tbt steps at position {at}", batch.len());
+        move_offset(dev, 1, step)?;
+        let outs = run_batch_on(dev, GroupKind::Tbt, &batch, step);
         // every trial advanced R by one and was stepped back: undo the one advance
-        dev.update_cache_offset(-1)?;
+        move_offset(dev, -1, step)?;
         self.saved = None;
         outs
     }

@@ -8,7 +8,7 @@
 
 use kvprobe_schema::GroupKind;
 
-use super::{Driver, Trial};
+use super::{run_batch_on, run_on, Driver, Trial};
 use crate::mask::additive_fp16 as mask_value;
 use crate::mask::MaskMode;
 use crate::{Buffer, Device, Error, Result, RunOutput};
@@ -35,7 +35,13 @@ impl Driver {
                 .map(|&p| (0..max_ctx).map(|j| j <= p).collect())
                 .collect();
             let inputs = self.stateful_inputs(GroupKind::Prefill, chunk, &positions, &rows)?;
-            out = dev.run(GroupKind::Prefill, &inputs)?;
+            let step = || {
+                format!(
+                    "prefill chunk at positions {first}..{}",
+                    first + chunk.len()
+                )
+            };
+            out = run_on(dev, GroupKind::Prefill, &inputs, step)?;
             self.state.position += chunk.len() as u64;
             self.state.usage += chunk.len();
         }
@@ -53,7 +59,9 @@ impl Driver {
         let saved = self.state.clone();
         let pos = self.state.position as usize;
         let inputs = self.stateful_step_inputs(token, pos, mode)?;
-        let out = dev.run(GroupKind::Tbt, &inputs)?;
+        let out = run_on(dev, GroupKind::Tbt, &inputs, || {
+            format!("decode step at position {pos}")
+        })?;
         self.state.position += 1;
         self.state.usage += 1;
         self.saved = Some(saved);
@@ -158,6 +166,12 @@ impl Driver {
             return Ok(Vec::new());
         }
         self.saved = None;
-        dev.run_batch(GroupKind::Tbt, &batch)
+        let at = self.state.position;
+        run_batch_on(dev, GroupKind::Tbt, &batch, || {
+            format!(
+                "batch of {} trial decode steps at position {at}",
+                batch.len()
+            )
+        })
     }
 }

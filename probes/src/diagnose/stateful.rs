@@ -425,6 +425,11 @@ impl Run<'_, '_> {
             }
             // a cache kvdiff cannot compare (ONNX windowed): said, not fatal
             Err(crate::Error::Input(why)) => self.eng.line(format!("kvdiff not run: {why}")),
+            // the device failed a request the verdict already explains (a stale state running
+            // out of context): evidence beside the verdict, not the run's end
+            Err(crate::Error::Npu(e)) if e.origin() == kvprobe_npu::Origin::Device => self
+                .eng
+                .line(format!("kvdiff not run: {}", e.what_device_did())),
             Err(e) => return Err(e),
         }
         Ok(())
@@ -448,10 +453,24 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         },
         eng,
     };
-    let rp = run.timed("repeat", |s| determinism::repeat(s, REPEAT_STEPS))?;
-    run.p.determinism = Some(rp.clone());
+    let rp = match run.timed("repeat", |s| determinism::repeat(s, REPEAT_STEPS)) {
+        Ok(rp) => Some(rp),
+        // the same request again, after a reset, refused by the device: the back-to-back check
+        // names what it kept
+        Err(crate::Error::Npu(e))
+            if e.origin() == kvprobe_npu::Origin::Device && e.is_capacity_refusal() =>
+        {
+            run.eng.line(format!(
+                "repeat not compared: the device refused a request after a reset ({})",
+                e.what_device_did()
+            ));
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    run.p.determinism = rp.clone();
     let mut f = StatefulFacts {
-        repeat: Some(rp),
+        repeat: rp,
         back_to_back_identical: true,
         back_to_back_cosine: 1.0,
         back_to_back_refused: None,

@@ -279,6 +279,10 @@ fn no_value(f: &FaultText, kind: FaultKind) -> Result<FaultKind> {
     }
 }
 
+/// The range of a fault's factor (`tbt-cache-scale`, `*-attn-scale`, `rope-scaling`).
+const MIN_FACTOR: f32 = 1e-6;
+const MAX_FACTOR: f32 = 1e6;
+
 fn parse_factor(f: &FaultText) -> Result<f32> {
     let v = f.value.ok_or_else(|| f.bad("needs a value, e.g. =0.5"))?;
     let x: f32 = v
@@ -286,6 +290,14 @@ fn parse_factor(f: &FaultText) -> Result<f32> {
         .map_err(|_| f.bad(format!("`{v}` is not a number")))?;
     if !x.is_finite() || x <= 0.0 {
         return Err(f.bad("the factor must be a positive finite number"));
+    }
+    // the factor multiplies a scale, a score or a frequency that f32 products then square and
+    // sum over a head: past 10^±6 they overflow or underflow, and the emulator's own numbers
+    // (not the bug it emulates) turn non-finite (issue 38)
+    if !(MIN_FACTOR..=MAX_FACTOR).contains(&x) {
+        return Err(f.bad(format!(
+            "{x:e} is outside {MIN_FACTOR:e}..{MAX_FACTOR:e}: the emulator's f32 numbers would not stay finite; pick a factor in that range"
+        )));
     }
     Ok(x)
 }

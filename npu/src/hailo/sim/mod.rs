@@ -113,6 +113,24 @@ impl SimDevice {
         let from_manifest = compile::apply_manifest(&mut opts, &identity)?;
         opts.check_geometry()?;
         let (l, p) = (opts.cache_len, opts.prefill_len);
+        if l > cfg.max_position {
+            // a window past the model's context holds positions the model has no encoding for,
+            // and the probes' reference runs would allocate for all of them (issue 38)
+            let detail = format!(
+                "{l} entries pass the model's context of {} positions; use at most {}",
+                cfg.max_position, cfg.max_position
+            );
+            return Err(match from_manifest {
+                Some((_, path)) => Error::Manifest {
+                    path,
+                    detail: format!("cache_len {detail}"),
+                },
+                None => Error::BadOption {
+                    flag: "--cache-len".into(),
+                    detail,
+                },
+            });
+        }
         let heads = match opts.cache_heads {
             CacheHeads::Unexpanded => cfg.n_kv_heads,
             CacheHeads::Expanded => cfg.n_heads,

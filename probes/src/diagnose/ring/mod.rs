@@ -463,9 +463,17 @@ fn cache_kvdiff(run: &mut Run) -> Result<()> {
     let opts = kvdiff::KvdiffOptions {
         steps: kvdiff::DIAGNOSE_STEPS,
     };
-    let k = run.timed("kvdiff", |s| kvdiff::run(s, &opts))?;
-    run.eng.line(kvdiff::verdict_line(&k));
-    run.p.kvdiff = Some(k);
+    match run.timed("kvdiff", |s| kvdiff::run(s, &opts)) {
+        Ok(k) => {
+            run.eng.line(kvdiff::verdict_line(&k));
+            run.p.kvdiff = Some(k);
+        }
+        // the device failed a run the verdict already explains: evidence beside it
+        Err(crate::Error::Npu(e)) if e.origin() == kvprobe_npu::Origin::Device => run
+            .eng
+            .line(format!("kvdiff not run: {}", e.what_device_did())),
+        Err(e) => return Err(e),
+    }
     Ok(())
 }
 

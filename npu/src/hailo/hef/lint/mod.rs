@@ -87,6 +87,7 @@ pub const CHECKS: &[Check] = &[
     Check { id: "mask-shape", severity: E, what: "the mask input is uint8 with frame T·NH·KV", refs: &["§2.5", "§5.7.5", "F4"] },
     Check { id: "embeddings-input", severity: E, what: "the embeddings input is uint16 with T rows and F features in both groups", refs: &["§2.1", "§5.7.5", "F5"] },
     Check { id: "embeddings-table", severity: E, what: "embeddings.bin size is a multiple of 2F", refs: &["§2.11", "§5.7.5"] },
+    Check { id: "quant-scale", severity: E, what: "every edge's quantisation scale is a positive finite number", refs: &["§4"] },
 ];
 
 /// The genai resources the server loads (contract §5.6).
@@ -245,5 +246,38 @@ pub fn lint(hef: &Hef) -> Vec<Lint> {
     caches::caches(hef, &facts, &mut out);
     genai_config::config_checks(&facts, &mut out);
     io::io_checks(&facts, &mut out);
+    quant_scales(hef, &mut out);
     out.0
+}
+
+/// A NaN, infinite, zero or negative scale dequantises every value of the edge to garbage (or
+/// NaN) on the device and in the emulator (issue 38: such a HEF linted clean).
+/// An edge without quantisation parameters reads as scale 0 (a mask input is not dequantised),
+/// so a zero scale is an error only on a cache edge that declares its parameters.
+fn quant_scales(hef: &Hef, out: &mut Out) {
+    let corrupt = |x: f32| !x.is_finite() || x < 0.0;
+    for g in &hef.groups {
+        let layers = g.inputs.iter().chain(&g.outputs);
+        let mut bad: Vec<String> = layers
+            .filter(|l| corrupt(l.quant.scale))
+            .map(|l| format!("{}/{}: {}", g.name, l.name, l.quant.scale))
+            .collect();
+        bad.extend(
+            g.cache_edges
+                .iter()
+                .filter(|e| corrupt(e.quant.scale) || (e.numeric.is_some() && e.quant.scale == 0.0))
+                .map(|e| format!("{}/{}: {}", g.name, e.name, e.quant.scale)),
+        );
+        if !bad.is_empty() {
+            out.push(
+                "quant-scale",
+                format!(
+                    "{} edge(s) with a scale that is not a positive finite number: {}",
+                    bad.len(),
+                    bad.join(", ")
+                ),
+                "recompile the HEF; its quantisation parameters are corrupt",
+            );
+        }
+    }
 }
