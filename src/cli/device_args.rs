@@ -70,8 +70,7 @@ pub struct DeviceArgs {
         requires = "onnx"
     )]
     pub ep_options: Vec<String>,
-    /// --ep qnn: let nodes QNN cannot compile run on ONNX Runtime's CPU EP; every output then says
-    /// "partial NPU". Off, such a graph is refused in one line naming the nodes.
+    /// --ep qnn: nodes QNN cannot compile run on the CPU EP; every output says "partial NPU".
     #[arg(help_heading = "ONNX Runtime (--onnx)", long, requires = "onnx")]
     pub allow_cpu_fallback: bool,
 
@@ -469,10 +468,8 @@ impl DeviceArgs {
     /// `--onnx DIR`: the GenAI folder with the chosen execution provider; the driver sends the
     /// rows of `model`'s embedding table, which the device maps back to token ids.
     fn open_onnx(&self, dir: &Path, model: &Arc<Model>) -> anyhow::Result<Backend> {
-        let ep = match &self.ep {
-            Some(e) => Ep::parse(e).map_err(npu_error)?,
-            None => Ep::Cpu,
-        };
+        let ep = self.ep.as_deref().map_or(Ok(Ep::Cpu), Ep::parse);
+        let ep = ep.map_err(npu_error)?;
         let ep_options = self
             .ep_options
             .iter()

@@ -11,9 +11,12 @@ use ort::logging::LogLevel;
 use ort::session::Session;
 
 use super::qnn::{self, CompileLog, LogCapture, QnnOptions, EP_NAME, PLUGIN};
-use super::runtime::device;
 use super::OnnxOptions;
 use crate::{Error, Result};
+
+fn device(msg: String) -> Error {
+    Error::Device(crate::error::one_line(&msg))
+}
 
 /// What a QNN session was built with and what the provider said while compiling it.
 #[derive(Debug, Clone)]
