@@ -11,6 +11,7 @@ mod determinism_ane;
 mod determinism_probe;
 mod device_failures;
 mod diagnose_faults;
+mod diagnose_replay;
 mod diagnose_stage;
 mod diagnose_sweep;
 mod fault_table_cli;

@@ -30,6 +30,21 @@ pub fn summary(r: &Results) -> String {
             let _ = writeln!(s, "## kvprobe {}\n", cell(&r.command));
         }
     }
+    let head = crate::summary::Head::of(r);
+    if let Some(rule) = &head.rule {
+        let _ = writeln!(s, "**Cause** (rule `{}`)\n", cell(rule));
+        for d in &head.decisive {
+            let _ = writeln!(s, "- {}", cell(d));
+        }
+        s += "\n";
+    }
+    if let Some(l) = &head.replay {
+        s += "**Reproducer** (on the emulator, without the device)\n\n";
+        if let Some(c) = &head.command {
+            let _ = writeln!(s, "```sh\n{}\n```\n", c.replace("```", "'''"));
+        }
+        let _ = writeln!(s, "{}\n", cell(l));
+    }
     if !r.evidence.is_empty() {
         s += "**Evidence**\n\n";
         for e in &r.evidence {

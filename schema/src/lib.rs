@@ -20,5 +20,6 @@ pub use manifest::*;
 pub use outcome::{RunOutcome, EXIT_DEVICE, EXIT_FAULT_FOUND, EXIT_OK, EXIT_USAGE};
 
 /// Version of the on-disk artefact format (`results.json`, sim manifests).
-/// Readers refuse a newer version.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Readers refuse a newer version. 2: `Results.hypothesis` and `Results.reproducer` (issue 34;
+/// both optional, so version-1 files still read).
+pub const SCHEMA_VERSION: u32 = 2;

@@ -8,6 +8,7 @@ pub mod inspect;
 pub mod interrupt;
 pub mod probe_cmd;
 pub mod ref_cmd;
+pub mod replay;
 pub mod report;
 pub mod second_process;
 pub mod shell;

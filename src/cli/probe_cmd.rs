@@ -70,19 +70,40 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let (outcome, compared) = {
         let mut s =
             Session::new(&model, backend.device(), ids.clone(), &bar).map_err(probe_error)?;
-        let outcome = run_probe(&cmd, &mut s);
+        let replay = super::replay::EmulatorReplay::for_run(args, &model, &argv).map(|r| {
+            std::sync::Arc::new(r) as std::sync::Arc<dyn kvprobe_probes::diagnose::replay::Replayer>
+        });
+        let outcome = run_probe(&cmd, &mut s, replay);
         (outcome, std::mem::take(&mut s.compared))
     };
     bar.finish();
-    let (verdict, confidence, evidence, also, warnings, probes, probe_timings, stage) =
+    let (verdict, confidence, evidence, also, warnings, probes, probe_timings, stage, cause) =
         match outcome.map_err(probe_error)? {
             Ran::Diagnosis(d) => {
                 let (v, c) = (Some(d.verdict), Some(d.confidence));
                 (
-                    v, c, d.evidence, d.also, d.warnings, d.probes, d.timings, d.stage,
+                    v,
+                    c,
+                    d.evidence,
+                    d.also,
+                    d.warnings,
+                    d.probes,
+                    d.timings,
+                    d.stage,
+                    (d.hypothesis, d.reproducer),
                 )
             }
-            Ran::Probe(p, t) => (None, None, vec![], vec![], vec![], p, vec![t], None),
+            Ran::Probe(p, t) => (
+                None,
+                None,
+                vec![],
+                vec![],
+                vec![],
+                *p,
+                vec![t],
+                None,
+                (None, None),
+            ),
         };
     let warnings: Vec<String> = device_warnings.into_iter().chain(warnings).collect();
     timings.extend(probe_timings);
@@ -105,6 +126,8 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         also,
         warnings,
         stage,
+        hypothesis: cause.0,
+        reproducer: cause.1,
         probes,
         provenance: Provenance {
             command: argv,
@@ -194,11 +217,15 @@ fn print_and_exit(results: &Results, json: bool) -> anyhow::Result<()> {
 
 /// What one command measured: a diagnosis, or one probe's findings and its time.
 enum Ran {
-    Diagnosis(kvprobe_probes::Diagnosis),
-    Probe(ProbeFindings, Timing),
+    Diagnosis(Box<kvprobe_probes::Diagnosis>),
+    Probe(Box<ProbeFindings>, Timing),
 }
 
-fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran> {
+fn run_probe(
+    cmd: &ProbeCommand,
+    s: &mut Session,
+    replay: Option<std::sync::Arc<dyn kvprobe_probes::diagnose::replay::Replayer>>,
+) -> kvprobe_probes::Result<Ran> {
     use kvprobe_probes::{diagnose, diagnose_stateful, DiagnoseOptions, Error};
     let name = cmd.name();
     let args = &cmd.args;
@@ -219,9 +246,10 @@ fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran>
             steps,
             stage_only: args.stage_only,
             all_probes: args.all_probes,
+            replay,
             ..DiagnoseOptions::default()
         };
-        return Ok(Ran::Diagnosis(diagnose(s, &opts)?));
+        return Ok(Ran::Diagnosis(Box::new(diagnose(s, &opts)?)));
     };
     let mut p = ProbeFindings::default();
     let opts = ProbeOptions {
@@ -233,7 +261,7 @@ fn run_probe(cmd: &ProbeCommand, s: &mut Session) -> kvprobe_probes::Result<Ran>
         what: name.to_string(),
         seconds: t.elapsed().as_secs_f64(),
     };
-    Ok(Ran::Probe(p, time))
+    Ok(Ran::Probe(Box::new(p), time))
 }
 
 /// Hex SHA-256 of a file (the HEF in the provenance).

@@ -222,11 +222,14 @@ impl Cause {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 struct Named {
     verdict: Verdict,
     confidence: f64,
     tier: Tier,
+    /// The rule that named it and that rule's own evidence lines (the decisive ones).
+    rule: &'static str,
+    decisive: Vec<String>,
 }
 
 /// The engine's result: what `Diagnosis` carries from the rules.
@@ -237,6 +240,9 @@ pub struct Conclusion {
     pub evidence: Vec<String>,
     pub also: Vec<Verdict>,
     pub warnings: Vec<String>,
+    /// The rule heading the verdict and its own evidence lines; `None` for `unknown`.
+    pub rule: Option<&'static str>,
+    pub decisive: Vec<String>,
 }
 
 /// Evaluates rule phases one after the other and keeps what they found.
@@ -306,6 +312,7 @@ impl Engine {
 
     fn record<F>(&mut self, rule: &Rule<F>, cause: Cause) {
         self.fired.push(rule.id);
+        let decisive = cause.evidence.clone();
         self.evidence.extend(cause.evidence);
         self.warnings.extend(cause.warnings);
         if let Some(verdict) = rule.verdict {
@@ -315,7 +322,11 @@ impl Engine {
                     verdict,
                     confidence,
                     tier: rule.stage,
-                });
+                    rule: rule.id,
+                    decisive: decisive.clone(),
+                })
+                .collect::<Vec<_>>()
+                .into_iter();
             match cause.ranked_after {
                 Some(after) => self.held.extend(named.map(|n| (after, n))),
                 None => self.causes.extend(named),
@@ -366,7 +377,7 @@ impl Engine {
             .iter()
             .enumerate()
             .min_by_key(|(i, c)| (c.tier, *i))
-            .map(|(_, c)| *c)
+            .map(|(_, c)| c.clone())
         else {
             return Conclusion {
                 verdict: Verdict::Unknown,
@@ -374,6 +385,8 @@ impl Engine {
                 evidence,
                 also: Vec::new(),
                 warnings,
+                rule: None,
+                decisive: Vec::new(),
             };
         };
         let mut also: Vec<Verdict> = Vec::new();
@@ -389,6 +402,8 @@ impl Engine {
             evidence,
             also,
             warnings,
+            rule: Some(head.rule),
+            decisive: head.decisive,
         }
     }
 }
@@ -484,6 +499,7 @@ mod tests {
         );
         assert!((c.confidence - 0.6).abs() < 1e-12);
         assert_eq!(c.evidence, ["a", "b"]);
+        assert_eq!((c.rule, c.decisive), (Some("b"), vec!["b".to_string()]));
     }
 
     #[test]

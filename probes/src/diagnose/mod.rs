@@ -11,6 +11,7 @@ pub mod engine;
 mod invariant;
 mod outcome;
 mod repeat;
+pub mod replay;
 pub mod ring;
 pub mod stage;
 mod state_evidence;
@@ -28,6 +29,12 @@ fn runs_stateful(s: &Session) -> bool {
 }
 
 pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
+    let mut d = diagnose_runtime(s, opts)?;
+    replay::attach(s, opts.replay.as_ref(), &mut d);
+    Ok(d)
+}
+
+fn diagnose_runtime(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     if runs_stateful(s) {
         return stateful::diagnose(s, opts);
     }

@@ -2,9 +2,12 @@
 
 use std::time::Instant;
 
-use kvprobe_schema::{ProbeFindings, Stage, Timing, Verdict};
+use std::sync::Arc;
+
+use kvprobe_schema::{Hypothesis, ProbeFindings, Reproducer, Stage, Timing, Verdict};
 
 use super::engine::Conclusion;
+use super::replay::Replayer;
 use crate::colmap::ColmapOptions;
 use crate::prefill::PrefillOptions;
 use crate::Result;
@@ -26,6 +29,9 @@ pub struct DiagnoseOptions {
     /// verdict (their evidence, artefacts and stage join the named verdict, which they do not
     /// change).
     pub all_probes: bool,
+    /// Builds the emulator the verdict's hypothesis is replayed on (the CLI, which knows how the
+    /// device was opened); `None`: no replay, and the verdict says so.
+    pub replay: Option<Arc<dyn Replayer>>,
 }
 
 impl Default for DiagnoseOptions {
@@ -37,6 +43,7 @@ impl Default for DiagnoseOptions {
             colmap: ColmapOptions::default(),
             stage_only: false,
             all_probes: false,
+            replay: None,
         }
     }
 }
@@ -52,11 +59,20 @@ pub struct Diagnosis {
     pub timings: Vec<Timing>,
     /// Pipeline stage from the stale/causality/splits probes (on `unknown`, or `stage_only`).
     pub stage: Option<Stage>,
+    /// The cause as a typed hypothesis (the rule, its decisive lines, the replayed fault).
+    pub hypothesis: Option<Hypothesis>,
+    /// The replay's command and how close it came (fault verdicts).
+    pub reproducer: Option<Reproducer>,
 }
 
 impl Diagnosis {
     /// The engine's conclusion with the findings and timings of the probes that ran.
     pub(crate) fn from_rules(c: Conclusion, probes: ProbeFindings, timings: Vec<Timing>) -> Self {
+        let hypothesis = c.rule.map(|rule| Hypothesis {
+            rule: rule.to_string(),
+            decisive: c.decisive.clone(),
+            fault: None,
+        });
         Diagnosis {
             verdict: c.verdict,
             confidence: c.confidence,
@@ -66,6 +82,8 @@ impl Diagnosis {
             probes,
             timings,
             stage: None,
+            hypothesis,
+            reproducer: None,
         }
     }
 }

@@ -293,6 +293,8 @@ pub(crate) fn diagnose_stage_only(s: &mut Session, _opts: &DiagnoseOptions) -> R
         evidence,
         also: Vec::new(),
         warnings: Vec::new(),
+        rule: None,
+        decisive: Vec::new(),
     };
     let mut d = Diagnosis::from_rules(conclusion, probes, timings);
     d.stage = stage;

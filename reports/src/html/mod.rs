@@ -127,6 +127,26 @@ pub(crate) fn banner(r: &Results, heading: Option<&str>) -> String {
                 s.push_str(&format!(" · confidence {}", crate::text::num(c, 2)));
             }
             s.push_str("</div>");
+            let head = crate::summary::Head::of(r);
+            if let Some(rule) = &head.rule {
+                s.push_str(&format!(
+                    "<div class=\"meta\">Cause (rule <code>{}</code>): {}</div>",
+                    html(rule),
+                    crate::text::html_visible(&head.decisive.join(" · "))
+                ));
+            }
+            if let Some(c) = &head.command {
+                s.push_str(&format!(
+                    "<div class=\"meta\">Reproducer: <code>{}</code></div>",
+                    crate::text::html_visible(c)
+                ));
+            }
+            if let Some(l) = &head.replay {
+                s.push_str(&format!(
+                    "<div class=\"meta\">{}</div>",
+                    crate::text::html_visible(l)
+                ));
+            }
             if !r.also.is_empty() {
                 let also: Vec<&str> = r.also.iter().map(|v| v.name()).collect();
                 s.push_str(&format!(

@@ -6,6 +6,7 @@
 mod cache;
 mod capacity;
 mod determinism;
+mod hypothesis;
 mod kvdiff;
 mod logits;
 mod stage;
@@ -15,6 +16,7 @@ mod verdict;
 pub use cache::*;
 pub use capacity::*;
 pub use determinism::*;
+pub use hypothesis::*;
 pub use kvdiff::*;
 pub use logits::*;
 pub use stage::*;
@@ -143,6 +145,14 @@ pub struct Results {
     /// results.json files have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage: Option<Stage>,
+    /// The cause as a typed hypothesis: the rule that named it, its decisive lines, the fault
+    /// the replay tested (diagnose only; schema 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypothesis: Option<Hypothesis>,
+    /// The emulator command that reproduces a fault verdict, and how close its replay came
+    /// (diagnose only; schema 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reproducer: Option<Reproducer>,
     pub probes: ProbeFindings,
     pub provenance: Provenance,
 }

@@ -1,0 +1,475 @@
+//! Replay (issue 34): the verdict's cause as typed fault hypotheses of the emulator's grammar,
+//! each replayed on the emulator built to the device's description, driven on the device's own
+//! greedy tokens and compared per step with the device's logits. The closest replay becomes the
+//! verdict's reproducer: the command that produces the same failure without the hardware, and
+//! how close it came (docs/diagnosis.md, "Replay").
+//!
+//! The hypotheses come from the family's fault table (the faults whose declared verdict is the
+//! verdict named), their values from what the probes fitted (attention scale, position shift)
+//! or, for faults no probe fits, from the table's own sweep values. The emulator's fault list of
+//! the device under test is never read: the replayer gets only the hypothesis.
+
+use std::sync::Arc;
+
+use kvprobe_npu::contract::faults::{
+    FaultDecl, FaultTable, FaultText, Scope, ScopeKind, SweepValue, Values,
+};
+use kvprobe_npu::{Device, HostState};
+use kvprobe_schema::{
+    CacheKind, FaultHypothesis, FaultValue, GroupKind, ProbeFindings, Replay, ReplayStep,
+    Reproducer, Verdict,
+};
+
+use super::outcome::Diagnosis;
+use crate::determinism::record;
+use crate::metrics::cosine;
+use crate::progress::NoProgress;
+use crate::session::Session;
+use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
+
+/// What the CLI gives `diagnose` to replay a hypothesis: it knows how the device was opened.
+pub trait Replayer: std::fmt::Debug {
+    /// The fault table of the emulator the replays run on.
+    fn table(&self) -> FaultTable;
+    /// That emulator, built to the device's description, with `fault` (`--fault` text); an
+    /// error when the emulator refuses the fault (e.g. it changes nothing on this geometry).
+    fn open(&self, fault: &str) -> kvprobe_npu::Result<Box<dyn Device>>;
+    /// The argv that replays `fault` over `steps` greedy steps on the same prompt.
+    fn command(&self, fault: &str, steps: usize) -> Vec<String>;
+}
+
+/// At most this many hypotheses are replayed per diagnosis (each builds an emulator and runs
+/// the prompt and every greedy step): the `diagnose` benchmark's budget, not a decision.
+pub const MAX_REPLAYS: usize = 3;
+
+/// Values tried for a factor fault that no probe fitted: the sweep's range ends.
+const FACTOR_FALLBACK: [f64; 2] = [0.5, 2.0];
+
+/// What the probes fitted that can give a hypothesis its value.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Fits {
+    /// Attention-scale multipliers that fit the device better than 1 (tbt step, prefill).
+    pub scales: Vec<f64>,
+    /// The position offset of the device's graph the position fit implies (0: none): the fit
+    /// finds the host-side shift that repairs the first tbt step, the fault is its inverse.
+    pub shift: i64,
+    /// Cache entry size in bytes and head dimension (for the byte- and width-valued faults).
+    pub entry_bytes: usize,
+    pub head_dim: usize,
+}
+
+impl Fits {
+    pub fn of(p: &ProbeFindings, entry_bytes: usize, head_dim: usize) -> Fits {
+        let mut scales = Vec::new();
+        let fits = [
+            p.positions.as_ref().and_then(|x| x.scale.as_ref()),
+            p.prefill.as_ref().and_then(|x| x.scale.as_ref()),
+        ];
+        for f in fits.into_iter().flatten() {
+            // the grammar's resolution: two decimals
+            let s = (f.best_scale * 100.0).round() / 100.0;
+            if f.best_cosine > f.unit_cosine && (s - 1.0).abs() >= 0.01 && !scales.contains(&s) {
+                scales.push(s);
+            }
+        }
+        Fits {
+            scales,
+            shift: p.positions.as_ref().map_or(0, |x| -x.best_delta),
+            entry_bytes,
+            head_dim,
+        }
+    }
+}
+
+/// The values `decl` is hypothesised with, fitted ones first (`true` = fitted).
+fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
+    let words = |w: &[&str]| -> Vec<(FaultValue, bool)> {
+        w.iter()
+            .map(|w| (FaultValue::Word(w.to_string()), false))
+            .collect()
+    };
+    let numbers = |xs: Vec<f64>, fitted: bool| -> Vec<(FaultValue, bool)> {
+        xs.into_iter()
+            .map(|x| (FaultValue::Number(x), fitted))
+            .collect()
+    };
+    match (decl.sweep, decl.values) {
+        (_, Values::None) => vec![(FaultValue::None, false)],
+        (SweepValue::Fixed(w), Values::OneOf(_)) => words(&[w]),
+        (SweepValue::OneOf(w), _) => words(w),
+        (_, Values::OneOf(w)) => words(w),
+        (SweepValue::Factor, _) => {
+            let mut v = numbers(fits.scales.clone(), true);
+            v.extend(numbers(FACTOR_FALLBACK.to_vec(), false));
+            v
+        }
+        (SweepValue::SmallSigned, _) if fits.shift != 0 => numbers(vec![fits.shift as f64], true),
+        (SweepValue::SmallSigned, _) => numbers(vec![1.0, -1.0], false),
+        (SweepValue::EntryFraction, _) => numbers(
+            [1, 2, 3]
+                .iter()
+                .map(|k| (fits.entry_bytes * k / 4) as f64)
+                .filter(|&x| x > 0.0)
+                .collect(),
+            false,
+        ),
+        (SweepValue::HeadFraction, _) => numbers(
+            [4, 8]
+                .iter()
+                .map(|k| fits.head_dim / k)
+                .filter(|&w| w >= 2)
+                .map(|w| w as f64)
+                .collect(),
+            false,
+        ),
+        (SweepValue::RopeFactor, _) => numbers(vec![2.0, 4.0, 8.0], false),
+        (_, Values::OptionalNumber(_)) => vec![(FaultValue::None, false)],
+        // a number no probe fits and the sweep does not draw: not hypothesised
+        _ => Vec::new(),
+    }
+}
+
+/// The scopes a hypothesis tries: the declared default, then each group and each of K, V.
+fn scopes(decl: &FaultDecl) -> Vec<(Vec<GroupKind>, Vec<CacheKind>)> {
+    let groups: Vec<Vec<GroupKind>> = if decl.scopes.contains(&ScopeKind::Group) {
+        vec![vec![], vec![GroupKind::Prefill], vec![GroupKind::Tbt]]
+    } else {
+        vec![vec![]]
+    };
+    let kinds: Vec<Vec<CacheKind>> = if decl.scopes.contains(&ScopeKind::Kv) {
+        vec![vec![], vec![CacheKind::K], vec![CacheKind::V]]
+    } else {
+        vec![vec![]]
+    };
+    let mut out = Vec::new();
+    for g in &groups {
+        for k in &kinds {
+            out.push((g.clone(), k.clone()));
+        }
+    }
+    out
+}
+
+/// Every hypothesis of `table` whose declared verdict is `verdict`, fitted values first, then
+/// in table order.
+pub fn candidates(table: &FaultTable, verdict: Verdict, fits: &Fits) -> Vec<FaultHypothesis> {
+    let mut fitted: Vec<FaultHypothesis> = Vec::new();
+    let mut rest: Vec<FaultHypothesis> = Vec::new();
+    for decl in table.faults {
+        for (value, was_fitted) in values(decl, fits) {
+            for (groups, kinds) in scopes(decl) {
+                let h = FaultHypothesis {
+                    name: decl.name.to_string(),
+                    value: value.clone(),
+                    groups,
+                    kinds,
+                };
+                let text = h.text();
+                let f = FaultText::split(&text);
+                let expected = table
+                    .decl(&f)
+                    .ok()
+                    .filter(|d| d.name == decl.name)
+                    .and_then(|d| Scope::parse(&f, d).ok().map(|s| d.expected(&s)));
+                if expected != Some(verdict) {
+                    continue;
+                }
+                if fitted.iter().chain(&rest).any(|x| x.text() == text) {
+                    continue;
+                }
+                if was_fitted {
+                    fitted.push(h);
+                } else {
+                    rest.push(h);
+                }
+            }
+        }
+    }
+    fitted.extend(rest);
+    fitted
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// The rule of evidence for a replay: its median per-step miss against the device is within
+/// the declared precision (the matched reference's median miss against f32, at least the step
+/// noise floor) and at most 1/`PRECISION_RATIO` of the healthy hypothesis' median miss (the
+/// ratio a stage must leave the matched reference by to fail).
+pub fn judge(fault: FaultHypothesis, steps: Vec<ReplayStep>) -> Replay {
+    let replay_miss = median(steps.iter().map(|s| s.replay_miss).collect()).unwrap_or(1.0);
+    let healthy_miss = median(steps.iter().filter_map(|s| s.healthy_miss).collect());
+    let precision = median(steps.iter().filter_map(|s| s.precision).collect());
+    let within = replay_miss <= precision.unwrap_or(0.0).max(STEP_NOISE_FLOOR);
+    // no matched reference: the f32 reference is the healthy hypothesis; without either, only
+    // the precision decides
+    let better = healthy_miss.is_none_or(|h| replay_miss * PRECISION_RATIO <= h);
+    Replay {
+        fault,
+        steps,
+        replay_miss,
+        healthy_miss,
+        precision,
+        reproduces: within && better,
+    }
+}
+
+/// 1 − cosine; a step with non-finite logits on either side (an overflow) is the largest miss,
+/// 2, so results.json stays finite and such a step never counts as reproduced.
+fn miss(replay: &[f32], device: &[f32]) -> f64 {
+    let m = 1.0 - cosine(replay, device);
+    if m.is_finite() {
+        m
+    } else {
+        2.0
+    }
+}
+
+/// One hypothesis replayed: prefill the prompt, step on the device's tokens, miss per step.
+fn replay_one(
+    s: &Session,
+    replayer: &dyn Replayer,
+    fault: &FaultHypothesis,
+    start: &HostState,
+    device: &[Vec<f32>],
+    tokens: &[u32],
+    healthy: &[(Option<f64>, Option<f64>)],
+) -> Result<Replay, String> {
+    let text = fault.text();
+    let mut dev = replayer.open(&text).map_err(|e| e.to_string())?;
+    let progress = NoProgress;
+    let mut rs =
+        Session::new(s.model, dev.as_mut(), s.ids.clone(), &progress).map_err(|e| e.to_string())?;
+    // the host's ring window as the device's request started from it (a reset keeps it,
+    // contract §2.10): where in the ring the request sits is the driver's, not the hypothesis'
+    rs.driver.set_host_state(start.clone());
+    let logits = record(&mut rs, device.len(), tokens)
+        .map_err(|e| e.to_string())?
+        .logits;
+    let steps = logits
+        .iter()
+        .zip(device)
+        .enumerate()
+        .map(|(step, (r, d))| ReplayStep {
+            step,
+            replay_miss: miss(r, d),
+            healthy_miss: healthy.get(step).and_then(|h| h.0),
+            precision: healthy.get(step).and_then(|h| h.1),
+        })
+        .collect();
+    Ok(judge(fault.clone(), steps))
+}
+
+/// Replays the verdict's hypotheses and attaches the closest as the reproducer; a verdict whose
+/// replay does not reproduce says so and loses 0.1 of confidence (floor 0.5).
+pub fn attach(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
+    if matches!(d.verdict, Verdict::Healthy | Verdict::Unknown) {
+        return;
+    }
+    let t = std::time::Instant::now();
+    let reproducer = reproduce(s, replayer, d);
+    d.timings.push(kvprobe_schema::Timing {
+        what: "replay".into(),
+        seconds: t.elapsed().as_secs_f64(),
+    });
+    let reproduces = reproducer.replay.as_ref().is_some_and(|r| r.reproduces);
+    if !reproduces {
+        d.confidence = (d.confidence - 0.1).max(0.5).min(d.confidence);
+        d.warnings.push(format!(
+            "the {} verdict is not reproduced on the emulator ({})",
+            d.verdict.name(),
+            reproducer.line()
+        ));
+    }
+    if let (Some(h), Some(r)) = (&mut d.hypothesis, &reproducer.replay) {
+        h.fault = Some(r.fault.clone());
+    }
+    d.reproducer = Some(reproducer);
+}
+
+fn reproduce(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosis) -> Reproducer {
+    let none = |note: &str| Reproducer {
+        command: Vec::new(),
+        replay: None,
+        tried: Vec::new(),
+        note: Some(note.to_string()),
+    };
+    let Some(replayer) = replayer else {
+        return none(
+            "this device has no emulator to replay on (replays run for --sim and --device ane-sim)",
+        );
+    };
+    let Some(greedy) = d.probes.greedy.as_ref() else {
+        return none("no greedy run to compare a replay with");
+    };
+    // The device's request again from a fresh start (reset, cleared rings), as the replay
+    // starts: the greedy probe ran after other probes, whose bytes a faulty reader may see in
+    // never-written slots, and no emulator can replay that history.
+    let start = s.driver.host_state();
+    let device = match record(s, greedy.steps.len(), &greedy.device_ids) {
+        Ok(r) => r.logits,
+        Err(e) => {
+            return none(&format!(
+                "the device's request could not be recorded again: {e}"
+            ))
+        }
+    };
+    let desc = s.describe();
+    let entry = desc
+        .groups
+        .iter()
+        .flat_map(|g| &g.cache_edges)
+        .map(|e| e.entry_size)
+        .max()
+        .unwrap_or(0);
+    let fits = Fits::of(&d.probes, entry, desc.shape.head_dim);
+    let table = replayer.table();
+    let hyps = candidates(&table, d.verdict, &fits);
+    if hyps.is_empty() {
+        return none(&format!(
+            "no fault of the emulator's grammar states a {} cause",
+            d.verdict.name()
+        ));
+    }
+    let tokens = &greedy.device_ids;
+    let healthy: Vec<(Option<f64>, Option<f64>)> = greedy
+        .steps
+        .iter()
+        .map(|x| {
+            x.matched
+                .map_or((Some(1.0 - x.comparison.cosine), None), |m| {
+                    (
+                        Some(1.0 - m.matched_vs_device),
+                        Some(1.0 - m.reference_vs_matched),
+                    )
+                })
+        })
+        .collect();
+    let mut tried = Vec::new();
+    let mut best: Option<Replay> = None;
+    let mut refused = Vec::new();
+    for h in hyps {
+        if tried.len() >= MAX_REPLAYS {
+            break;
+        }
+        match replay_one(s, replayer.as_ref(), &h, &start, &device, tokens, &healthy) {
+            Ok(r) => {
+                tried.push((h.text(), r.replay_miss));
+                let done = r.reproduces;
+                if best.as_ref().is_none_or(|b| r.replay_miss < b.replay_miss) {
+                    best = Some(r);
+                }
+                if done {
+                    break;
+                }
+            }
+            // the emulator refuses a fault that changes nothing here: not a hypothesis
+            Err(e) => refused.push(format!("{}: {e}", h.text())),
+        }
+    }
+    let Some(best) = best else {
+        return none(&format!(
+            "the emulator refused every hypothesis ({})",
+            refused.join("; ")
+        ));
+    };
+    let note = (!best.reproduces).then(|| {
+        format!(
+            "closest of {} replayed hypotheses; the cause may lie outside the emulator's fault grammar",
+            tried.len()
+        )
+    });
+    Reproducer {
+        command: replayer.command(&best.fault.text(), device.len()),
+        replay: Some(best),
+        tried,
+        note,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_follow_the_table_and_put_fitted_values_first() {
+        let table = kvprobe_npu::sim::FAMILY.faults;
+        let fits = Fits {
+            scales: vec![0.85],
+            shift: 0,
+            entry_bytes: 64,
+            head_dim: 64,
+        };
+        let c: Vec<String> = candidates(&table, Verdict::TbtGraph, &fits)
+            .iter()
+            .map(FaultHypothesis::text)
+            .collect();
+        assert_eq!(c[0], "tbt-attn-scale=0.85", "{c:?}");
+        assert!(c.contains(&"tbt-attn-scale=0.5".to_string()), "{c:?}");
+        // a prefill-scoped graph fault is a prefill-graph hypothesis, never a tbt-graph one
+        assert!(c.iter().all(|t| !t.contains("@prefill")), "{c:?}");
+        let p: Vec<String> = candidates(&table, Verdict::PositionMismatch, &fits)
+            .iter()
+            .map(FaultHypothesis::text)
+            .collect();
+        assert!(p.contains(&"tbt-position=+1".to_string()), "{p:?}");
+        // the position fit found the host shift +2 repairing it: the graph is wired −2 off
+        let shifted = Fits { shift: -2, ..fits };
+        let p = candidates(&table, Verdict::PositionMismatch, &shifted);
+        assert_eq!(p[0].text(), "tbt-position=-2");
+    }
+
+    fn step(replay: f64, healthy: f64, precision: f64) -> ReplayStep {
+        ReplayStep {
+            step: 0,
+            replay_miss: replay,
+            healthy_miss: Some(healthy),
+            precision: Some(precision),
+        }
+    }
+
+    fn h() -> FaultHypothesis {
+        FaultHypothesis {
+            name: "kv-swap".into(),
+            value: FaultValue::None,
+            groups: vec![],
+            kinds: vec![],
+        }
+    }
+
+    #[test]
+    fn a_non_finite_step_is_the_largest_miss() {
+        assert_eq!(miss(&[f32::NAN, 1.0], &[1.0, 1.0]), 2.0);
+        assert_eq!(miss(&[1.0, 1.0], &[1.0, 1.0]), 0.0);
+    }
+
+    #[test]
+    fn a_replay_reproduces_within_precision_and_clearly_better_than_healthy() {
+        // exact on the emulator
+        assert!(judge(h(), vec![step(0.0, 0.2, 1e-3); 3]).reproduces);
+        // within precision, but no better than the healthy hypothesis: not a cause
+        assert!(!judge(h(), vec![step(5e-4, 6e-4, 1e-3); 3]).reproduces);
+        // far better than healthy but outside the declared precision
+        assert!(!judge(h(), vec![step(0.01, 0.3, 1e-3); 3]).reproduces);
+        // the median decides, not one step
+        let r = judge(
+            h(),
+            vec![
+                step(0.0, 0.2, 1e-3),
+                step(0.5, 0.2, 1e-3),
+                step(0.0, 0.2, 1e-3),
+            ],
+        );
+        assert!(r.reproduces && r.replay_miss == 0.0);
+    }
+}

@@ -1,0 +1,56 @@
+//! Issue 34: a fault verdict carries a reproducer whose replay on the emulator reproduces the
+//! device, and the reproducer's command, run on its own, gives the device's tokens again.
+
+use crate::common;
+use common::*;
+
+/// Diagnoses `fault` on the fixture, checks the replay reproduced it, runs the reproducer.
+fn replayed(fault: &str, want_verdict: &str) {
+    let f = fixture("llama", 7);
+    let m = f.to_str().unwrap();
+    let mut args = vec!["diagnose", "--sim", "--model", m];
+    args.extend(geometry("24", "8", IDS_REMAINDER, "8"));
+    args.extend(["--fault", fault]);
+    let (code, v, stderr) = kvprobe_json(&args);
+    assert_eq!((code, verdict(&v).as_str()), (1, want_verdict), "{stderr}");
+    assert_eq!(v["schema_version"], 2);
+    let rep = &v["reproducer"];
+    let replay = &rep["replay"];
+    assert_eq!(replay["reproduces"], true, "{rep}");
+    // the replay ran the prompt and every greedy step
+    assert_eq!(replay["steps"].as_array().map(Vec::len), Some(8), "{rep}");
+    let hypothesis = &v["hypothesis"];
+    assert!(hypothesis["rule"].as_str().is_some_and(|r| !r.is_empty()));
+    assert_eq!(hypothesis["fault"], replay["fault"]);
+    // the command, run as a user would, gives the device's tokens
+    let argv: Vec<String> = rep["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(&argv[..2], ["kvprobe", "greedy"]);
+    let rerun: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
+    let (code, g, stderr) = kvprobe_json(&rerun);
+    assert_eq!(code, 0, "{argv:?}: {stderr}");
+    assert_eq!(
+        g["probes"]["greedy"]["device_ids"], v["probes"]["greedy"]["device_ids"],
+        "{argv:?}"
+    );
+}
+
+#[test]
+fn a_kv_swap_verdict_is_replayed_and_its_command_reproduces_the_tokens() {
+    replayed("kv-swap", "kv-binding");
+}
+
+#[test]
+fn a_healthy_verdict_has_no_reproducer() {
+    let f = fixture("llama", 7);
+    let m = f.to_str().unwrap();
+    let mut args = vec!["diagnose", "--sim", "--model", m];
+    args.extend(geometry("24", "8", IDS_REMAINDER, "8"));
+    let (code, v, stderr) = kvprobe_json(&args);
+    assert_eq!((code, verdict(&v).as_str()), (0, "healthy"), "{stderr}");
+    assert!(v.get("reproducer").is_none(), "{v}");
+}
