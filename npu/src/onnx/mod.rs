@@ -19,12 +19,18 @@ mod device;
 pub mod export;
 pub mod faults;
 pub mod host;
+#[cfg(feature = "onnx")]
+mod kv_inputs;
+#[cfg(feature = "onnx")]
+mod open_checks;
 pub mod qnn;
 #[cfg(feature = "onnx")]
 mod qnn_session;
 #[cfg(feature = "onnx")]
 mod runtime;
 pub mod static_graphs;
+#[cfg(feature = "onnx")]
+mod values;
 mod wcache;
 pub mod window;
 

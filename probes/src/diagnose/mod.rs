@@ -12,6 +12,7 @@ mod invariant;
 mod outcome;
 mod repeat;
 pub mod replay;
+pub mod replayer;
 pub mod ring;
 pub mod stage;
 mod state_evidence;
