@@ -38,7 +38,12 @@ with the KV I/O float32 or, `--kv-dtype uint8`, QDQ uint8 (zero point 128 = pad_
 per layer and K/V, calibrated on the float32 graph, also written to kv_quant.json). GenAI itself
 runs only the uint8 variant (its windowed cache requires uint8).
 
-Usage: export-onnx.py HF_DIR OUT_DIR [--max-length N] [--window W [--kv-dtype float32|uint8]]
+`--static` (with --window) also writes the two static-shape graphs an NPU compiler needs (QNN HTP
+takes no symbolic axis; the shape of Qualcomm's LLM flows): model.prefill.onnx (sequence_length
+= W, past_sequence_length = C - W) and model.decode.onnx (1 and C - 1), the same graph with the
+axes fixed, sharing model.onnx.data; static_graphs.json names them (docs/qnn.md).
+
+Usage: export-onnx.py HF_DIR OUT_DIR [--max-length N] [--window W [--kv-dtype float32|uint8] [--static]]
 HF_DIR: config.json + model.safetensors (+ tokenizer.json), e.g. written by
 `cargo run -p kvprobe-npu --example onnx_weights -- MODEL HF_DIR` (the reference's f32 weights).
 """
@@ -317,7 +322,11 @@ def main():
                     help="convention (b): GenAI's windowed cache with window (chunk) W; context C = --max-length")
     ap.add_argument("--kv-dtype", choices=["float32", "uint8"], default="float32",
                     help="convention (b): the cache I/O type (uint8 = QDQ, scales calibrated on the export's own float run)")
+    ap.add_argument("--static", action="store_true",
+                    help="convention (b): also the static-shape prefill and decode graphs (docs/qnn.md)")
     a = ap.parse_args()
+    if a.static and a.window is None:
+        sys.exit("export-onnx.py: --static fixes the windowed graph's axes; it needs --window")
     cfg, w = load_hf_dir(a.hf_dir)
     if cfg.get("model_type") not in ("llama", "mistral", "qwen2"):
         sys.exit(f"export-onnx.py: {a.hf_dir}: model_type {cfg.get('model_type')!r} is not a Llama-family decoder")
@@ -345,6 +354,8 @@ def main():
     os.makedirs(tmp)
     onnx.save_model(model, os.path.join(tmp, "model.onnx"), save_as_external_data=True,
                     all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
+    if a.static:
+        write_static(tmp, a.window, max_len)
     if scales is not None:
         # GenAI only moves the cache's bytes; kvprobe reads the scales to show the states as fp16
         with open(os.path.join(tmp, "kv_quant.json"), "w") as f:
@@ -364,6 +375,31 @@ def main():
     shutil.rmtree(a.out_dir, ignore_errors=True)
     os.rename(tmp, a.out_dir)
     print(f"export-onnx.py: wrote {a.out_dir} ({L_desc(cfg)})")
+
+
+def write_static(folder, W, C):
+    """The windowed graph with its two symbolic axes fixed, once per run kind: a prompt chunk
+    (W new tokens over C - W past slots) and a token (1 over C - 1). Only the graph's I/O shapes
+    change; the initializers stay references into model.onnx.data, so the graphs share weights."""
+    m = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
+    graphs = {}
+    for kind, seq, past in (("prefill", W, C - W), ("decode", 1, C - 1)):
+        g = onnx.ModelProto()
+        g.CopyFrom(m)
+        fix = {"sequence_length": seq, "past_sequence_length": past}
+        for vi in list(g.graph.input) + list(g.graph.output):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.dim_param in fix:
+                    v = fix[d.dim_param]
+                    d.Clear()
+                    d.dim_value = v
+        # intermediate shapes were inferred with the symbols; ONNX Runtime infers them again
+        del g.graph.value_info[:]
+        name = f"model.{kind}.onnx"
+        onnx.save_model(g, os.path.join(folder, name))
+        graphs[kind] = {"filename": name, "sequence_length": seq, "past_sequence_length": past}
+    with open(os.path.join(folder, "static_graphs.json"), "w") as f:
+        json.dump(graphs, f, indent=1)
 
 
 def calibrate(fp32_model, cfg, C, W):

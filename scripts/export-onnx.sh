@@ -9,16 +9,20 @@
 #   scripts/export-onnx.sh --window W [--max-length C] [--kv-dtype float32|uint8]
 #       convention (b), the NPU-style windowed cache (C default 128, float32 default)
 #       → .cache/onnx/smollm2-135m-genai-w<W>-c<C>[-u8]
+#   ... --window W --static: also the static-shape prefill/decode graphs for QNN HTP (docs/qnn.md)
+#       → .cache/onnx/smollm2-135m-genai-w<W>-c<C>[-u8]-static
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX_LENGTH=""
 WINDOW=""
 KV=float32
+STATIC=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --max-length) MAX_LENGTH="$2"; shift 2 ;;
         --window) WINDOW="$2"; shift 2 ;;
         --kv-dtype) KV="$2"; shift 2 ;;
+        --static) STATIC=1; shift ;;
         *) echo "export-onnx.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
     esac
 done
@@ -32,6 +36,11 @@ else
     OUT=.cache/onnx/smollm2-135m-genai-w$WINDOW-c$MAX_LENGTH
     if [ "$KV" = uint8 ]; then OUT="$OUT-u8"; fi
     EXTRA=(--window "$WINDOW" --kv-dtype "$KV")
+    if [ -n "$STATIC" ]; then OUT="$OUT-static"; EXTRA+=(--static); fi
+fi
+if [ -n "$STATIC" ] && [ -z "$WINDOW" ]; then
+    echo "export-onnx.sh: --static needs --window W (the static graphs fix the windowed graph's axes)" >&2
+    exit 2
 fi
 if [ ! -f "$GGUF" ]; then
     echo "export-onnx.sh: $GGUF missing; run scripts/fetch-model.sh first" >&2

@@ -30,6 +30,7 @@ mod onnx_window;
 mod openvino_cli;
 mod precision_matched;
 mod probes_cli;
+mod qnn_htp;
 mod ref_cli;
 mod report_cli;
 mod rerun_cli;

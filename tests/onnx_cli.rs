@@ -183,16 +183,20 @@ fn bad_folders_and_libraries_are_one_line() {
     let not_lib = Path::new(hf).join("config.json");
     let out = run_env(&args(&a), ("ORT_DYLIB_PATH", not_lib.to_str().unwrap()));
     one_line(&out, 3, "cannot load ONNX Runtime");
+    // --ep qnn without the onnxruntime-qnn plugin's libraries (an empty KVPROBE_QNN_DIR)
+    let empty = tempfile::tempdir().unwrap();
+    let mut a = base(&dir);
+    a.extend(["--ep".into(), "qnn".into()]);
+    let out = run_env(
+        &args(&a),
+        ("KVPROBE_QNN_DIR", empty.path().to_str().unwrap()),
+    );
+    one_line(&out, 3, "the QNN execution provider plugin not found");
     // an execution provider the CPU-only library lacks
     let mut a = base(&dir);
-    a.extend([
-        "--ep".into(),
-        "qnn".into(),
-        "--ep-option".into(),
-        "backend_path=libQnnHtp.so".into(),
-    ]);
+    a.extend(["--ep".into(), "openvino".into()]);
     let out = kvprobe(&args(&a));
-    one_line(&out, 3, "without the QNN execution provider");
+    one_line(&out, 3, "without the OpenVINO execution provider");
     let mut a = base(&dir);
     a.extend(["--fault".into(), "kv-swap".into()]);
     one_line_exit_2(&args(&a), "belongs to --sim");

@@ -100,7 +100,10 @@ fn greedy_tokens_match_openvino_genai_on_cpu_and_npuw() {
 fn npuw_refuses_a_prompt_past_its_maximum() {
     let Some(m) = smollm2() else { return };
     let (dir, m) = (ir(&m, "smollm2-135m"), m.display().to_string());
-    // 65 ids: one past NPUW_LLM_MAX_PROMPT_LEN 64 (openvino.genai's NPU pipeline asserts it)
+    // 65 ids: one past NPUW_LLM_MAX_PROMPT_LEN 64 (openvino.genai's NPU pipeline asserts it).
+    // That limit is a configuration the pipeline declares (Device::limits, PromptLen refused), so
+    // the host refuses the user's prompt before anything runs: the user's input, exit 2, not
+    // device evidence (exit 3 is for a refusal inside the declared limits).
     let ids: Vec<String> = (0..65).map(|i| (100 + i).to_string()).collect();
     let ids = ids.join(",");
     let out = kvprobe(&[

@@ -11,6 +11,7 @@ mod cells;
 pub mod charts;
 pub mod error;
 pub mod fixtures;
+pub mod fixtures_replay;
 mod fsio;
 pub mod html;
 mod index;

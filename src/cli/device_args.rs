@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::Args;
 use kvprobe_npu::ane::{AneDevice, AneOptions};
 use kvprobe_npu::onnx::OnnxDevice;
@@ -15,6 +14,9 @@ use kvprobe_npu::{families, Device};
 use kvprobe_reference::{Model, TextTokenizer};
 use kvprobe_schema::{DeviceDescription, SimManifest};
 
+use super::choice_values::{
+    cache_bits_values, cache_values, ep_values, quant_values, rope_theta_values, weight_values,
+};
 use super::common::{resolve_model, usage, DeviceError};
 
 /// The prompt used when neither --prompt nor --ids is given.
@@ -94,6 +96,9 @@ pub struct DeviceArgs {
         requires = "openvino"
     )]
     pub ov_config: Vec<String>,
+    /// --ep qnn: nodes QNN cannot compile run on the CPU EP; every output says "partial NPU".
+    #[arg(help_heading = "ONNX Runtime (--onnx)", long, requires = "onnx")]
+    pub allow_cpu_fallback: bool,
 
     /// Emulator: cache length L.
     #[arg(
@@ -186,63 +191,6 @@ pub struct DeviceArgs {
     /// SmolLM2; the verdict is unchanged).
     #[arg(help_heading = "Output", long)]
     pub all_probes: bool,
-}
-
-// The choice flags stay strings for the libraries (which parse and refuse them too, for
-// manifests and library callers); clap lists the choices in `--help` and refuses a typo early.
-// Aliases are the spellings the libraries also accept.
-
-fn cache_bits_values() -> impl clap::builder::TypedValueParser<Value = u32> {
-    use clap::builder::TypedValueParser;
-    PossibleValuesParser::new([
-        PossibleValue::new("8").help("uint8 cache edges, as compiled HEFs ship them (default)"),
-        PossibleValue::new("16").help("uint16 cache edges"),
-    ])
-    .try_map(|s| s.parse::<u32>())
-}
-
-fn quant_values() -> PossibleValuesParser {
-    PossibleValuesParser::new([
-        PossibleValue::new("edges")
-            .alias("int")
-            .help("quantise every edge like a compiled HEF (default)"),
-        PossibleValue::new("none").help("every edge float"),
-    ])
-}
-
-fn cache_values() -> PossibleValuesParser {
-    PossibleValuesParser::new([
-        PossibleValue::new("un-expanded")
-            .alias("unexpanded")
-            .help("one entry per KV head (default)"),
-        PossibleValue::new("expanded").help("one entry per attention head"),
-    ])
-}
-
-fn weight_values() -> PossibleValuesParser {
-    PossibleValuesParser::new([
-        PossibleValue::new("f32").help("the model's weights (default)"),
-        PossibleValue::new("int8").help("per-channel int8 weights"),
-    ])
-}
-
-fn rope_theta_values() -> PossibleValuesParser {
-    PossibleValuesParser::new([
-        PossibleValue::new("plain").help("both halves positive (default)"),
-        PossibleValue::new("sign-folded").help("first half negated, HailoRT's fallback"),
-    ])
-}
-
-fn ep_values() -> PossibleValuesParser {
-    PossibleValuesParser::new([
-        PossibleValue::new("cpu").help("default"),
-        PossibleValue::new("qnn").help("Qualcomm Snapdragon NPU"),
-        PossibleValue::new("openvino").help("Intel Core Ultra NPU"),
-        PossibleValue::new("vitisai")
-            .alias("vitis")
-            .help("AMD Ryzen AI NPU"),
-        PossibleValue::new("coreml").help("Apple Neural Engine"),
-    ])
 }
 
 /// What a run drives.

@@ -50,6 +50,8 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         Some(p) => p,
         None => args.prompt_ids(&model, backend.prompt_tokenizer(&model))?,
     };
+    let limits = backend.device().limits();
+    kvprobe_npu::contract::limits::check_prompt(&limits, ids.len()).map_err(npu_error)?;
     if matches!(name, "greedy" | "diagnose") {
         check_steps_fit(args.steps, ids.len(), model.config().max_position)?;
     }
@@ -63,6 +65,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let manifest = backend.sim_manifest().cloned();
     let desc = backend.describe().clone();
     let versions = backend.device().versions().into_iter().collect();
+    let device_warnings = backend.device().warnings();
     let hef_path = backend.hef_path().map(Path::to_path_buf);
     let bar = Bar::new();
     let t2 = Instant::now();
@@ -76,35 +79,9 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         (outcome, std::mem::take(&mut s.compared))
     };
     bar.finish();
-    let (verdict, confidence, evidence, also, warnings, probes, probe_timings, stage, cause) =
-        match outcome.map_err(probe_error)? {
-            Ran::Diagnosis(d) => {
-                let (v, c) = (Some(d.verdict), Some(d.confidence));
-                (
-                    v,
-                    c,
-                    d.evidence,
-                    d.also,
-                    d.warnings,
-                    d.probes,
-                    d.timings,
-                    d.stage,
-                    (d.hypothesis, d.reproducer),
-                )
-            }
-            Ran::Probe(p, t) => (
-                None,
-                None,
-                vec![],
-                vec![],
-                vec![],
-                *p,
-                vec![t],
-                None,
-                (None, None),
-            ),
-        };
-    timings.extend(probe_timings);
+    let ran = RunParts::of(outcome.map_err(probe_error)?);
+    let warnings: Vec<String> = device_warnings.into_iter().chain(ran.warnings).collect();
+    timings.extend(ran.timings);
     timings.push(Timing {
         what: "probes total".into(),
         seconds: t2.elapsed().as_secs_f64(),
@@ -118,15 +95,15 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let results = Results {
         schema_version: SCHEMA_VERSION,
         command: name.to_string(),
-        verdict,
-        confidence,
-        evidence,
-        also,
+        verdict: ran.verdict,
+        confidence: ran.confidence,
+        evidence: ran.evidence,
+        also: ran.also,
         warnings,
-        stage,
-        hypothesis: cause.0,
-        reproducer: cause.1,
-        probes,
+        stage: ran.stage,
+        hypothesis: ran.hypothesis,
+        reproducer: ran.reproducer,
+        probes: ran.probes,
         provenance: Provenance {
             command: argv,
             kvprobe_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -156,6 +133,51 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         write_out(out, args, &results, &arrays, &backend)?;
     }
     print_and_exit(&results, args.json)
+}
+
+/// What one probe or a diagnosis gives results.json: a single probe has no verdict.
+struct RunParts {
+    verdict: Option<kvprobe_schema::Verdict>,
+    confidence: Option<f64>,
+    evidence: Vec<String>,
+    also: Vec<kvprobe_schema::Verdict>,
+    warnings: Vec<String>,
+    probes: ProbeFindings,
+    timings: Vec<Timing>,
+    stage: Option<kvprobe_schema::Stage>,
+    hypothesis: Option<kvprobe_schema::Hypothesis>,
+    reproducer: Option<kvprobe_schema::Reproducer>,
+}
+
+impl RunParts {
+    fn of(ran: Ran) -> RunParts {
+        match ran {
+            Ran::Diagnosis(d) => RunParts {
+                verdict: Some(d.verdict),
+                confidence: Some(d.confidence),
+                evidence: d.evidence,
+                also: d.also,
+                warnings: d.warnings,
+                probes: d.probes,
+                timings: d.timings,
+                stage: d.stage,
+                hypothesis: d.hypothesis,
+                reproducer: d.reproducer,
+            },
+            Ran::Probe(p, t) => RunParts {
+                verdict: None,
+                confidence: None,
+                evidence: vec![],
+                also: vec![],
+                warnings: vec![],
+                probes: *p,
+                timings: vec![t],
+                stage: None,
+                hypothesis: None,
+                reproducer: None,
+            },
+        }
+    }
 }
 
 /// The last generated token sits at position `prompt + steps − 2`: past the model's context the

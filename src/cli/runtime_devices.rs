@@ -35,6 +35,7 @@ impl DeviceArgs {
                 .map(|f| kvprobe_npu::onnx::faults::parse(f))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(npu_error)?,
+            allow_cpu_fallback: self.allow_cpu_fallback,
         };
         let dev = OnnxDevice::open(model, &opts).map_err(npu_error)?;
         Ok(Backend::Onnx(Box::new(dev)))

@@ -62,6 +62,12 @@ pub trait Device {
         Vec::new()
     }
 
+    /// What every output of a run on this device must say about it (e.g. "partial NPU" when
+    /// part of the graph ran on a CPU fallback): the run's warnings, first. Nothing by default.
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// The limits this device declares (prompt rows, cache, context, window, compiled prompt
     /// length) and what its documented runtime does past each (issue 20). The default reads
     /// `prefill_len` and `cache_len` by runtime (`contract::limits::declared`).

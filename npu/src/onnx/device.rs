@@ -14,6 +14,8 @@ use super::describe::description;
 use super::describe::{MASK, POSITIONS, ROWS};
 #[cfg(feature = "onnx")]
 use super::faults::WinFault;
+#[cfg(feature = "onnx")]
+use super::open_checks::{check_pairing, kv_format, kv_scales, shared_length};
 use super::wcache::WindowCache;
 use super::window::WindowState;
 #[cfg(feature = "onnx")]
@@ -291,112 +293,6 @@ impl OnnxDevice {
     }
 }
 
-/// The shared buffer's length (H12), or None for separate buffers (H6). GenAI shares the buffer
-/// when `search.past_present_share_buffer` is set (batch 1, greedy: what kvprobe drives, G:gen)
-/// or when every past input has the same fixed sequence dim (then the buffer is that long,
-/// G:kv `DetectAndConfigureFixedKvShape`); a context longer than the buffer cannot be driven.
-/// A buffer sized by `search.max_length` is allocated at the driven context instead (a deliberate
-/// difference, docs/onnx-genai.md H12: GroupQueryAttention reads positions below `seqlens_k + 1`
-/// only, so the length past the context changes no number the graph computes).
-#[cfg_attr(not(feature = "onnx"), allow(dead_code))]
-fn shared_length(cfg: &GenaiConfig, fixed: Option<usize>, ctx: usize) -> Result<Option<usize>> {
-    match fixed {
-        Some(s) if s < ctx => Err(Error::Io {
-            path: cfg.path.clone(),
-            detail: format!(
-                "the graph's past inputs are a fixed shared buffer of {s} positions, shorter than the context of {ctx} asked; pass --max-ctx {s} or less"
-            ),
-        }),
-        Some(s) => Ok(Some(s)),
-        None if cfg.share_buffer && cfg.window.is_none() => Ok(Some(ctx)),
-        None => Ok(None),
-    }
-}
-
-/// How the description names the cache the device keeps.
-#[cfg_attr(not(feature = "onnx"), allow(dead_code))]
-fn kv_format(dtype: &str, shared: Option<usize>, positions: bool) -> String {
-    let buffers = match shared {
-        Some(s) => format!("one shared past/present buffer [1, H, {s}, D] per K/V written in place at the request's length"),
-        None => "separate past [1, H, S, D] and present [1, H, S + new, D]".into(),
-    };
-    format!(
-        "{buffers}, {dtype}, {}; shown as [kv_heads, max_ctx, head_dim] fp16",
-        if positions {
-            "position_ids fed"
-        } else {
-            "positions implied by attention_mask (no position_ids input)"
-        }
-    )
-}
-
-/// The folder must be an export of `model`: every size GenAI reads from genai_config.json equals
-/// the reference's, so a wrong pairing (or a lying config) is one line before anything is sized
-/// from it.
-#[cfg_attr(not(feature = "onnx"), allow(dead_code))]
-fn check_pairing(cfg: &GenaiConfig, model: &Model) -> Result<()> {
-    let m = model.config();
-    let (rows, hidden) = model.embedding_dims();
-    let pairs = [
-        ("vocab_size", cfg.vocab_size, rows),
-        ("hidden_size", cfg.hidden_size, hidden),
-        ("num_hidden_layers", cfg.n_layers, m.n_layers),
-        ("num_attention_heads", cfg.n_heads, m.n_heads),
-        ("num_key_value_heads", cfg.n_kv_heads, m.n_kv_heads),
-        ("head_size", cfg.head_size, m.head_dim),
-    ];
-    match pairs.iter().find(|(_, a, b)| a != b) {
-        None => Ok(()),
-        Some((key, a, b)) => Err(Error::Io {
-            path: cfg.path.clone(),
-            detail: format!(
-                "{key} {a} but the reference model {} has {b}; pass the --model this folder was exported from",
-                model.source().display()
-            ),
-        }),
-    }
-}
-
-/// The uint8 cache's per-layer scales from `kv_quant.json` (scripts/export-onnx.py writes it
-/// next to the graph, whose QuantizeLinear / DequantizeLinear nodes hold the same numbers). GenAI
-/// itself only moves bytes; kvprobe needs the scales to show the states as fp16.
-#[cfg_attr(not(feature = "onnx"), allow(dead_code))]
-fn kv_scales(dir: &std::path::Path, layers: usize) -> Result<Vec<f32>> {
-    let path = dir.join("kv_quant.json");
-    let bad = |detail: String| Error::Io {
-        path: path.clone(),
-        detail,
-    };
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        bad(format!("cannot read it ({e}); a uint8 windowed folder needs the cache scales (scripts/export-onnx.py --kv-dtype uint8 writes them)"))
-    })?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON ({e})")))?;
-    let scales: Vec<f32> = v["scales"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .flat_map(|kv| {
-                    kv.as_array()
-                        .map(|p| {
-                            p.iter()
-                                .filter_map(|x| x.as_f64())
-                                .map(|x| x as f32)
-                                .collect::<Vec<_>>()
-                        })
-                        .unwrap_or_default()
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    if scales.len() != 2 * layers || scales.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
-        return Err(bad(format!(
-            "`scales` must be {layers} pairs [k, v] of positive numbers; re-export the folder"
-        )));
-    }
-    Ok(scales)
-}
-
 #[cfg(not(feature = "onnx"))]
 fn no_feature() -> Error {
     Error::Device("--onnx: built without ONNX Runtime support: rebuild with --features onnx".into())
@@ -418,7 +314,7 @@ impl Device for OnnxDevice {
     fn versions(&self) -> Vec<(String, String)> {
         #[cfg(feature = "onnx")]
         {
-            vec![
+            let mut v: Vec<(String, String)> = vec![
                 ("onnxruntime".into(), super::runtime::loaded_version()),
                 ("onnxruntime library".into(), {
                     let lib = super::runtime::library_path();
@@ -435,9 +331,22 @@ impl Device for OnnxDevice {
                         env!("CARGO_PKG_VERSION")
                     ),
                 ),
-            ]
+            ];
+            if let Some(q) = &self.rt.qnn {
+                v.extend(q.versions());
+            }
+            v
         }
         #[cfg(not(feature = "onnx"))]
+        Vec::new()
+    }
+
+    /// A QNN session with nodes on the CPU says "partial NPU" in every output.
+    fn warnings(&self) -> Vec<String> {
+        #[cfg(feature = "onnx")]
+        if let Some(p) = self.rt.qnn.as_ref().and_then(|q| q.partial()) {
+            return vec![p];
+        }
         Vec::new()
     }
 

@@ -20,7 +20,17 @@ pub mod export;
 pub mod faults;
 pub mod host;
 #[cfg(feature = "onnx")]
+mod kv_inputs;
+#[cfg(feature = "onnx")]
+mod open_checks;
+pub mod qnn;
+#[cfg(feature = "onnx")]
+mod qnn_session;
+#[cfg(feature = "onnx")]
 mod runtime;
+pub mod static_graphs;
+#[cfg(feature = "onnx")]
+mod values;
 mod wcache;
 pub mod window;
 
@@ -132,6 +142,9 @@ pub struct OnnxOptions {
     pub max_ctx: Option<usize>,
     /// `--fault`: host-driver faults of the windowed cache (faults.rs).
     pub faults: Vec<faults::WinFault>,
+    /// `--allow-cpu-fallback` (`--ep qnn`): nodes QNN cannot take run on ONNX Runtime's CPU EP,
+    /// and every output says "partial NPU"; off, such a graph is refused (qnn.rs).
+    pub allow_cpu_fallback: bool,
 }
 
 impl OnnxOptions {

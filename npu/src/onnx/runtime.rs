@@ -6,9 +6,12 @@ use std::path::{Path, PathBuf};
 
 use ort::ep::{self, ExecutionProvider};
 use ort::session::Session;
-use ort::value::{DynValue, Tensor, TensorElementType, ValueType};
+use ort::value::{DynValue, TensorElementType};
 
 use super::config::{GenaiConfig, IoNames};
+use super::kv_inputs::check_kv;
+use super::values::{float_value, floats, id_type, int_value, kv_value};
+pub(super) use super::values::{IdType, KvType};
 use super::{Ep, OnnxOptions};
 use crate::{Error, Result};
 
@@ -34,13 +37,13 @@ pub fn library_path() -> PathBuf {
         .unwrap_or(rel)
 }
 
-fn device(msg: String) -> Error {
+pub(super) fn device(msg: String) -> Error {
     Error::Device(crate::error::one_line(&msg))
 }
 
 /// The process's one environment (ONNX Runtime allows one per process): loads the library
 /// (`ort` keeps the first it loads) and builds it on first use; later devices share it.
-fn environment() -> Result<ort::environment::Environment> {
+pub(super) fn environment() -> Result<ort::environment::Environment> {
     static ENV: std::sync::Mutex<Option<ort::environment::Environment>> =
         std::sync::Mutex::new(None);
     let mut env = ENV
@@ -126,10 +129,8 @@ fn provider(
 ) -> Result<Option<ep::ExecutionProviderDispatch>> {
     let (available, dispatch) = match ep_kind {
         Ep::Cpu => return Ok(None),
-        Ep::Qnn => (
-            ep::QNN::is_available(),
-            with_options(ep::QNN::default(), opts).build(),
-        ),
+        // the plugin library of onnxruntime-qnn, through the EP-device API (qnn_session.rs)
+        Ep::Qnn => return Ok(None),
         Ep::OpenVino => (
             ep::OpenVINO::is_available(),
             with_options(ep::OpenVINO::default(), opts).build(),
@@ -155,35 +156,6 @@ fn provider(
     }
 }
 
-/// Element types of the graph's inputs GenAI fills.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum IdType {
-    I32,
-    I64,
-}
-
-/// Element type of the KV inputs: float32, float16 or bfloat16 (convention (a): the builder's
-/// `-p fp32|fp16|int4` exports and io dtypes; G:kv takes the type of the first past input),
-/// uint8 (the QDQ variant of (b)).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) enum KvType {
-    F32,
-    F16,
-    Bf16,
-    U8,
-}
-
-impl KvType {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            KvType::F32 => "f32",
-            KvType::F16 => "f16",
-            KvType::Bf16 => "bf16",
-            KvType::U8 => "uint8",
-        }
-    }
-}
-
 pub(super) struct Runtime {
     session: Session,
     pub(super) kv: KvType,
@@ -201,17 +173,10 @@ pub(super) struct Runtime {
     /// buffer at that length (G:kv `DetectAndConfigureFixedKvShape`).
     pub(super) fixed_seq: Option<usize>,
     inputs: Vec<String>,
-}
-
-fn id_type(v: &ValueType, name: &str, path: &Path) -> Result<IdType> {
-    match v.tensor_type() {
-        Some(TensorElementType::Int64) => Ok(IdType::I64),
-        Some(TensorElementType::Int32) => Ok(IdType::I32),
-        other => Err(Error::Io {
-            path: path.to_path_buf(),
-            detail: format!("input `{name}` is {other:?}; GenAI feeds it int32 or int64"),
-        }),
-    }
+    /// Static-shape folders: the decode graph (one token); `session` is then the prefill graph.
+    decode: Option<Session>,
+    /// `--ep qnn`: what the provider compiled and with which options (provenance, warnings).
+    pub(super) qnn: Option<super::qnn_session::QnnInfo>,
 }
 
 impl Runtime {
@@ -231,9 +196,47 @@ impl Runtime {
             .flat_map(|(_, kv)| kv.clone())
             .collect::<Vec<_>>();
         ep_opts.extend(opts.ep_options.iter().cloned());
+        let graphs = super::static_graphs::StaticGraphs::load(
+            dir,
+            cfg.window.as_ref().map(|w| w.window_size),
+            cfg.context_length,
+        )?;
+        let Some(graphs) = graphs else {
+            let (session, qnn) = Self::session(&env, &model, &ep_opts, opts)?;
+            let mut rt = Self::checked(session, cfg, &model)?;
+            rt.qnn = qnn;
+            return Ok(rt);
+        };
+        // static shapes: the prompt chunks on the prefill graph, the tokens on the decode graph
+        let (session, qnn) = Self::session(&env, &graphs.prefill, &ep_opts, opts)?;
+        let mut rt = Self::checked(session, cfg, &graphs.prefill)?;
+        let (decode, dq) = Self::session(&env, &graphs.decode, &ep_opts, opts)?;
+        let decode = Self::checked(decode, cfg, &graphs.decode)?.session;
+        rt.qnn = match (qnn, dq) {
+            (Some(mut p), Some(d)) => {
+                p.merge(d);
+                Some(p)
+            }
+            (p, d) => p.or(d),
+        };
+        rt.decode = Some(decode);
+        Ok(rt)
+    }
+
+    /// One session of `model` on the chosen execution provider (QNN: the plugin, qnn_session.rs).
+    fn session(
+        env: &ort::environment::Environment,
+        model: &Path,
+        ep_opts: &[(String, String)],
+        opts: &OnnxOptions,
+    ) -> Result<(Session, Option<super::qnn_session::QnnInfo>)> {
+        if opts.ep == Ep::Qnn {
+            let (s, info) = super::qnn_session::open(env, model, ep_opts, opts)?;
+            return Ok((s, Some(info)));
+        }
         let mut builder =
-            Session::builder(&env).map_err(|e| device(format!("session options: {e}")))?;
-        if let Some(d) = provider(opts.ep, &ep_opts)? {
+            Session::builder(env).map_err(|e| device(format!("session options: {e}")))?;
+        if let Some(d) = provider(opts.ep, ep_opts)? {
             builder = builder.with_execution_providers([d]).map_err(|e| {
                 device(format!(
                     "--ep {}: the execution provider failed to register ({e})",
@@ -241,11 +244,11 @@ impl Runtime {
                 ))
             })?;
         }
-        let session = builder.commit_from_file(&model).map_err(|e| Error::Io {
-            path: model.clone(),
+        let session = builder.commit_from_file(model).map_err(|e| Error::Io {
+            path: model.to_path_buf(),
             detail: crate::error::one_line(&format!("ONNX Runtime cannot open it: {e}")),
         })?;
-        Self::checked(session, cfg, &model)
+        Ok((session, None))
     }
 
     /// The graph against the config: every name GenAI feeds is a graph input, KV inputs are
@@ -345,6 +348,8 @@ impl Runtime {
             has_positions,
             fixed_seq,
             inputs,
+            decode: None,
+            qnn: None,
         })
     }
 
@@ -464,7 +469,11 @@ impl Runtime {
                 kv_value([self.heads, 1, p, self.hd], v)?,
             ));
         }
-        let out = self.session.run(feed).map_err(ort_err)?;
+        let session = match &mut self.decode {
+            Some(d) if q == 1 => d,
+            _ => &mut self.session,
+        };
+        let out = session.run(feed).map_err(ort_err)?;
         let (lshape, logits) = out
             .get(&self.names.logits)
             .ok_or_else(|| device(format!("the graph has no output `{}`", self.names.logits)))?
@@ -498,147 +507,6 @@ impl Runtime {
     pub(super) fn inputs(&self) -> &[String] {
         &self.inputs
     }
-}
-
-fn check_kv(v: &ValueType, name: &str, cfg: &GenaiConfig, model: &Path, key: bool) -> Result<()> {
-    let bad = |what: String| Error::Io {
-        path: cfg.path.clone(),
-        detail: format!("{what}; genai_config.json and {} disagree", model.display()),
-    };
-    if let Some(w) = &cfg.window {
-        return check_window_kv(v, name, cfg, w.pad_value, key).map_err(bad);
-    }
-    if !matches!(
-        v.tensor_type(),
-        Some(TensorElementType::Float32 | TensorElementType::Float16 | TensorElementType::Bfloat16)
-    ) {
-        return Err(bad(format!(
-            "KV input `{name}` is {:?}; kvprobe drives a float32, float16 or bfloat16 cache (a quantised KV cache is not computed)",
-            v.tensor_type()
-        )));
-    }
-    let dims: Vec<i64> = v.tensor_shape().map(|s| s.to_vec()).unwrap_or_default();
-    if dims.len() != 4 {
-        return Err(bad(format!(
-            "KV input `{name}` has {} dims, GenAI's are [B, H, S, D]",
-            dims.len()
-        )));
-    }
-    let (h, d) = (dims[1], dims[3]);
-    if (h >= 0 && h as usize != cfg.n_kv_heads) || (d >= 0 && d as usize != cfg.head_size) {
-        return Err(bad(format!(
-            "KV input `{name}` is [B, {h}, S, {d}] but the config says num_key_value_heads {} and head_size {}",
-            cfg.n_kv_heads, cfg.head_size
-        )));
-    }
-    Ok(())
-}
-
-/// Convention (b): uint8 (GenAI's windowed cache needs it, G:wkv) or float32 (kvprobe's fp32
-/// variant, which GenAI itself refuses), `[H, 1, D, S]` for K and `[H, 1, S, D]` for V.
-fn check_window_kv(
-    v: &ValueType,
-    name: &str,
-    cfg: &GenaiConfig,
-    pad_value: u8,
-    key: bool,
-) -> std::result::Result<(), String> {
-    match v.tensor_type() {
-        Some(TensorElementType::Uint8) => {}
-        Some(TensorElementType::Float32) if pad_value == 0 => {}
-        t => {
-            return Err(format!(
-                "windowed KV input `{name}` is {t:?}; the windowed cache is uint8 (or float32 with pad_value 0)"
-            ))
-        }
-    }
-    let dims: Vec<i64> = v.tensor_shape().map(|s| s.to_vec()).unwrap_or_default();
-    let want_d = if key { 2 } else { 3 };
-    let ok = dims.len() == 4
-        && (dims[0] < 0 || dims[0] as usize == cfg.n_kv_heads)
-        && (dims[1] < 0 || dims[1] == 1)
-        && (dims[want_d] < 0 || dims[want_d] as usize == cfg.head_size);
-    if !ok {
-        return Err(format!(
-            "windowed KV input `{name}` is {dims:?}, GenAI's windowed cache is {} with num_key_value_heads {} and head_size {}",
-            if key { "[H, 1, D, S]" } else { "[H, 1, S, D]" },
-            cfg.n_kv_heads,
-            cfg.head_size
-        ));
-    }
-    Ok(())
-}
-
-/// One windowed run's past input of one cache.
-fn kv_value(shape: [usize; 4], e: &super::window::Elems) -> Result<DynValue> {
-    Ok(match e {
-        super::window::Elems::F32(v) => Tensor::from_array((shape, v.clone()))
-            .map_err(ort_err)?
-            .into_dyn(),
-        super::window::Elems::U8(v) => Tensor::from_array((shape, v.clone()))
-            .map_err(ort_err)?
-            .into_dyn(),
-    })
-}
-
-/// A past input in the graph's KV type from the host's f32 copy (exact for f16 / bf16 values).
-fn float_value(t: KvType, shape: [usize; 4], v: &[f32]) -> Result<DynValue> {
-    Ok(match t {
-        KvType::F16 => Tensor::from_array((
-            shape,
-            v.iter()
-                .map(|&x| half::f16::from_f32(x))
-                .collect::<Vec<_>>(),
-        ))
-        .map_err(ort_err)?
-        .into_dyn(),
-        KvType::Bf16 => Tensor::from_array((
-            shape,
-            v.iter()
-                .map(|&x| half::bf16::from_f32(x))
-                .collect::<Vec<_>>(),
-        ))
-        .map_err(ort_err)?
-        .into_dyn(),
-        _ => Tensor::from_array((shape, v.to_vec()))
-            .map_err(ort_err)?
-            .into_dyn(),
-    })
-}
-
-/// A float output (f32, f16 or bf16: the builder's io dtype) as its shape and f32 values.
-fn floats(v: &DynValue, name: &str) -> Result<(Vec<i64>, Vec<f32>)> {
-    Ok(match v.dtype().tensor_type() {
-        Some(TensorElementType::Float32) => {
-            let (s, x) = v.try_extract_tensor::<f32>().map_err(ort_err)?;
-            (s.to_vec(), x.to_vec())
-        }
-        Some(TensorElementType::Float16) => {
-            let (s, x) = v.try_extract_tensor::<half::f16>().map_err(ort_err)?;
-            (s.to_vec(), x.iter().map(|h| h.to_f32()).collect())
-        }
-        Some(TensorElementType::Bfloat16) => {
-            let (s, x) = v.try_extract_tensor::<half::bf16>().map_err(ort_err)?;
-            (s.to_vec(), x.iter().map(|h| h.to_f32()).collect())
-        }
-        t => {
-            return Err(device(format!(
-                "output `{name}` is {t:?}, not a float tensor"
-            )))
-        }
-    })
-}
-
-fn int_value(t: IdType, shape: &[usize], v: &[i64]) -> Result<DynValue> {
-    let shape = shape.to_vec();
-    Ok(match t {
-        IdType::I64 => Tensor::from_array((shape, v.to_vec()))
-            .map_err(ort_err)?
-            .into_dyn(),
-        IdType::I32 => Tensor::from_array((shape, v.iter().map(|&x| x as i32).collect::<Vec<_>>()))
-            .map_err(ort_err)?
-            .into_dyn(),
-    })
 }
 
 fn ort_err(e: ort::Error) -> Error {

@@ -12,10 +12,12 @@ mod invariant;
 mod outcome;
 mod repeat;
 pub mod replay;
+pub mod replayer;
 pub mod ring;
 pub mod stage;
 mod state_evidence;
 pub mod stateful;
+mod stateful_na;
 
 pub use outcome::{DiagnoseOptions, Diagnosis};
 

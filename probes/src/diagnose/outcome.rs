@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kvprobe_schema::{Hypothesis, ProbeFindings, Reproducer, Stage, Timing, Verdict};
 
 use super::engine::Conclusion;
-use super::replay::Replayer;
+use super::replayer::Replayer;
 use crate::colmap::ColmapOptions;
 use crate::prefill::PrefillOptions;
 use crate::Result;

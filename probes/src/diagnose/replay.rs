@@ -14,29 +14,19 @@ use std::sync::Arc;
 use kvprobe_npu::contract::faults::{
     FaultDecl, FaultTable, FaultText, Scope, ScopeKind, SweepValue, Values,
 };
-use kvprobe_npu::{Device, HostState};
+use kvprobe_npu::HostState;
 use kvprobe_schema::{
     CacheKind, FaultHypothesis, FaultValue, GroupKind, ProbeFindings, Replay, ReplayStep,
     Reproducer, Verdict,
 };
 
 use super::outcome::Diagnosis;
+pub use super::replayer::Replayer;
 use crate::determinism::record;
 use crate::metrics::cosine;
 use crate::progress::NoProgress;
 use crate::session::Session;
 use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
-
-/// What the CLI gives `diagnose` to replay a hypothesis: it knows how the device was opened.
-pub trait Replayer: std::fmt::Debug {
-    /// The fault table of the emulator the replays run on.
-    fn table(&self) -> FaultTable;
-    /// That emulator, built to the device's description, with `fault` (`--fault` text); an
-    /// error when the emulator refuses the fault (e.g. it changes nothing on this geometry).
-    fn open(&self, fault: &str) -> kvprobe_npu::Result<Box<dyn Device>>;
-    /// The argv that replays `fault` over `steps` greedy steps on the same prompt.
-    fn command(&self, fault: &str, steps: usize) -> Vec<String>;
-}
 
 /// At most this many hypotheses are replayed per diagnosis (each builds an emulator and runs
 /// the prompt and every greedy step): the `diagnose` benchmark's budget, not a decision.

@@ -27,35 +27,13 @@ use kvprobe_schema::{
 use super::engine::{Cause, Control, Controls, Engine, Rule, Tier, When};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use super::state_evidence::{declared_quant_mismatch, ranges};
+pub use super::stateful_na::NOT_APPLICABLE;
+use super::stateful_na::{hidden_state_probes, na};
 use crate::thresholds::*;
 use crate::{determinism, greedy, prefill, selfmask, statecheck, Result};
 
 /// Steps of the repeat `diagnose` runs (the prefill and 3 tbt steps, twice, in this process).
 pub const REPEAT_STEPS: usize = 4;
-
-/// Probes that need the genai ring, with the reason (reported, never skipped silently).
-pub const NOT_APPLICABLE: &[(&str, &str)] = &[
-    ("quant", "the states and inputs are fp16/f32 without quant infos; there is nothing to compare"),
-    ("colmap", "single-key columns of a ring window; a stateful device's mask columns are absolute positions (the layout and mask state checks cover this)"),
-    ("ztap", "the device exposes no graph taps"),
-    ("maskconv", "the uint8 mask conventions of the genai server; the fp16 additive mask is checked by the self-only state check"),
-    ("positions", "ring read-offset/position wiring; positions are absolute inputs of every run"),
-    ("layout", "ring entry layouts written by the prefill group; the state layout check writes reference K/V in both state orders instead"),
-    ("inject", "golden ring windows at a read offset; the state layout check injects reference K/V into the states instead"),
-    ("stale", "ring slots outside the read window; the back-to-back rerun of the prefill check covers stale state"),
-    ("causality", "ring entries by slot; stateful slots are positions, checked by the occupancy state check"),
-    ("splits", "the handover between the genai prefill and tbt groups at every split; one graph serves both here (chunk continuation is the chunked-prefill property of npu/tests/ane_sim.rs)"),
-];
-
-fn na() -> Vec<NotApplicable> {
-    NOT_APPLICABLE
-        .iter()
-        .map(|(p, why)| NotApplicable {
-            probe: p.to_string(),
-            why: format!("not applicable on a stateful device: {why}"),
-        })
-        .collect()
-}
 
 /// What the state checks and the controls measured; `None` = not run (an earlier rule ended it).
 #[derive(Debug, Clone, PartialEq)]
@@ -548,12 +526,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
 
 /// The checks that read the states, listed as not applicable on a device that hides them.
 fn hidden_states(run: &mut Run) {
-    for probe in ["overflow", "state", "kvdiff"] {
-        run.p.not_applicable.push(NotApplicable {
-            probe: probe.into(),
-            why: "not applicable: the device does not expose its K/V states (read_cache is false; docs/openvino.md)".into(),
-        });
-    }
+    run.p.not_applicable.extend(hidden_state_probes());
     run.eng
         .line("overflow, state and kvdiff not run: the device does not expose its K/V states");
 }

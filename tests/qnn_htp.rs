@@ -1,0 +1,135 @@
+//! `--ep qnn` on Qualcomm's HTP simulator (issue 36): the onnxruntime-qnn 2.7.0 wheel's plugin and
+//! x86-64 HTP backend (`scripts/fetch-onnxruntime-qnn.sh`; CI fetches it, so a missing library
+//! fails here rather than skipping). The fixture exported with static shapes compiles entirely on
+//! HTP; the symbolic one is refused in one line naming the axes, or run partial NPU when allowed.
+#![cfg(feature = "onnx")]
+
+use crate::common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+
+/// The Llama fixture of `seed` exported under `name` with `extra` (once per target dir).
+fn exported(seed: u64, name: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
+    let hf = fixture("llama", seed);
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("qnn-{name}-{seed}"));
+    exported_once(&out, || export_onnx(&hf, &out, extra));
+    (hf, out)
+}
+
+fn run(dir: &Path, model: &Path, extra: &[&str]) -> std::process::Output {
+    let mut a = vec![
+        "diagnose",
+        "--onnx",
+        dir.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--ids",
+        "1,2,3,4,5,6,7,8,9,10,11",
+        "--steps",
+        "4",
+        "--ep",
+        "qnn",
+    ];
+    a.extend_from_slice(extra);
+    kvprobe(&a)
+}
+
+fn one_line(out: &std::process::Output, code: i32, needle: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains(needle), "`{needle}` not in {err}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn symbolic_graphs_and_bad_options_are_one_line() {
+    let (hf, dir) = exported(7, "window", &["--window", "8", "--max-length", "64"]);
+    // symbolic sequence_length / past_sequence_length: every node refused, the axes named
+    let out = run(&dir, &hf, &[]);
+    one_line(&out, 3, "fix the symbolic axes sequence_length (of input_ids), past_sequence_length (of past_key_values.0.key)");
+    // an architecture the simulator lacks: refused before the session (the provider only warns)
+    one_line(
+        &run(&dir, &hf, &["--ep-option", "htp_arch=99"]),
+        2,
+        "has no architecture v99",
+    );
+    // the wheel has no QNN CPU backend
+    one_line(
+        &run(&dir, &hf, &["--ep-option", "backend=cpu"]),
+        3,
+        "ships no QNN CPU backend",
+    );
+}
+
+#[test]
+fn a_partial_npu_run_says_so_in_every_output() {
+    let (hf, dir) = exported(7, "window", &["--window", "8", "--max-length", "64"]);
+    let out_dir = tempfile::tempdir().unwrap();
+    let o = out_dir.path().join("run");
+    let out = run(
+        &dir,
+        &hf,
+        &[
+            "--allow-cpu-fallback",
+            "--out",
+            o.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout not JSON ({e}): {err}"));
+    let first = v["warnings"][0].as_str().unwrap_or("");
+    assert!(first.starts_with("partial NPU: "), "{first}");
+    let placement = v["provenance"]["versions"]["qnn placement"]
+        .as_str()
+        .unwrap_or("");
+    assert!(placement.starts_with("partial NPU"), "{placement}");
+    let html = std::fs::read_to_string(o.join("report.html")).unwrap();
+    assert!(html.contains("partial NPU: "));
+    let saved = std::fs::read_to_string(o.join("results.json")).unwrap();
+    assert!(saved.contains("partial NPU: "));
+}
+
+#[test]
+fn the_static_fixture_compiles_entirely_on_htp() {
+    let (hf, dir) = exported(
+        7,
+        "static",
+        &["--window", "8", "--max-length", "64", "--static"],
+    );
+    let out = run(&dir, &hf, &["--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout not JSON ({e}): {err}"));
+    let ver = &v["provenance"]["versions"];
+    let placement = ver["qnn placement"].as_str().unwrap_or("");
+    assert!(
+        placement.starts_with("every node on QNN htp"),
+        "{placement}"
+    );
+    let backend = ver["qnn backend"].as_str().unwrap_or("");
+    assert!(
+        backend.contains("interface 2.40.0") && backend.contains("build v2.51.0"),
+        "{backend}"
+    );
+    let opts = ver["qnn options"].as_str().unwrap_or("");
+    assert!(
+        opts.contains("enable_htp_fp16_precision=1") && opts.contains("htp_arch=73"),
+        "{opts}"
+    );
+    assert!(v["warnings"].as_array().is_some_and(|w| w
+        .iter()
+        .all(|w| !w.as_str().unwrap_or("").contains("partial NPU"))));
+    eprintln!(
+        "static fixture on HTP: verdict {} ({})",
+        verdict(&v),
+        evidence(&v).join(" | ")
+    );
+}
