@@ -146,6 +146,11 @@ fn variants() -> Vec<(&'static str, MakeBytes)> {
         ),
         ("group-single-context", spec(|s| s.groups[1].contexts = 1)),
         ("cache-missing", spec(|s| s.groups[1].caches.clear())),
+        // a corrupt (negative) scale on a cache edge that declares its quantisation
+        (
+            "quant-scale",
+            spec(|s| s.groups[1].caches[0].quant.scale = -0.5),
+        ),
         (
             "cache-pairing",
             spec(|s| {
