@@ -41,7 +41,9 @@ pub fn summary(r: &Results) -> String {
     if let Some(l) = &head.replay {
         s += "**Reproducer** (on the emulator, without the device)\n\n";
         if let Some(c) = &head.command {
-            let _ = writeln!(s, "```sh\n{}\n```\n", c.replace("```", "'''"));
+            // the same fence rule as the command block below: never an edit of the command
+            let fence = "`".repeat(longest_backtick_run(c).max(2) + 1);
+            let _ = writeln!(s, "{fence}sh\n{c}\n{fence}\n");
         }
         let _ = writeln!(s, "{}\n", cell(l));
     }
@@ -305,8 +307,10 @@ mod tests {
             .map(String::from)
             .to_vec();
         let md = summary(&r);
+        // the run's command block, after the verdict's reproducer block
         let mut lines = md
             .lines()
+            .skip_while(|l| *l != "**Command**")
             .skip_while(|l| !(l.starts_with("```") && l.ends_with("sh")));
         let open = lines.next().expect("a command block");
         let fence = open.trim_end_matches("sh");
