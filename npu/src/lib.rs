@@ -4,6 +4,7 @@
 //! Domain rules cite `hailort-kv-contract.md` (contract §N).
 
 pub mod buffer;
+pub mod cache_lookup;
 pub mod contract;
 pub mod coreml;
 pub mod driver;

@@ -3,13 +3,10 @@
 //! maximum prompt on NPU), one tbt group, embedding rows in (the device turns them back into
 //! `input_ids`), and one cache edge per layer's K and V for the variables the runtime keeps.
 
-use kvprobe_schema::{
-    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupKind,
-    ModelShape, QuantInfo, RuntimeKind,
-};
+use kvprobe_schema::{DType, DeviceDescription, GroupKind, ModelShape, QuantInfo, RuntimeKind};
 
 use super::FAMILY;
-use crate::contract::describe::StatefulGraph;
+use crate::contract::describe::{state_edges, StatefulGraph};
 
 pub const ROWS: &str = "input_ids (as embedding rows)";
 pub const POSITIONS: &str = "position_ids";
@@ -28,26 +25,9 @@ pub struct Geometry {
 #[cfg_attr(not(feature = "openvino"), allow(dead_code))]
 pub fn description(name: String, shape: ModelShape, g: &Geometry) -> DeviceDescription {
     let entry = shape.n_kv_heads * shape.head_dim * 2;
-    let edges: Vec<CacheEdgeDescription> = (0..shape.n_layers)
-        .flat_map(|l| {
-            [
-                (2 * l as u32, CacheKind::K),
-                (2 * l as u32 + 1, CacheKind::V),
-            ]
-            .map(|(id, kind)| CacheEdgeDescription {
-                cache_id: id,
-                direction: CacheDirection::Input,
-                entry_size: entry,
-                padded_entry_size: entry,
-                length: g.ctx,
-                data_bytes: 2,
-                quant: QuantInfo::IDENTITY,
-                format: Some(g.format.clone()),
-                layer: Some(l),
-                kind: Some(kind),
-            })
-        })
-        .collect();
+    let edges = state_edges(shape.n_layers, entry, g.ctx, &g.format, |_| {
+        QuantInfo::IDENTITY
+    });
     let graph = StatefulGraph {
         model: &name,
         hidden: shape.hidden_size,

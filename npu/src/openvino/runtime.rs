@@ -25,15 +25,7 @@ pub fn library_path() -> PathBuf {
     let rel = PathBuf::from(".cache/openvino")
         .join(OV_VERSION)
         .join(format!("libopenvino_c.so.{SONAME}"));
-    let mut bases: Vec<PathBuf> = vec![PathBuf::from(".")];
-    if let Ok(exe) = std::env::current_exe() {
-        bases.extend(exe.ancestors().skip(1).take(4).map(Path::to_path_buf));
-    }
-    bases
-        .iter()
-        .map(|b| b.join(&rel))
-        .find(|p| p.is_file())
-        .unwrap_or(rel)
+    crate::cache_lookup::near_checkout(&rel, Path::is_file).unwrap_or(rel)
 }
 
 fn device(msg: String) -> Error {
