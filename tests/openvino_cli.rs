@@ -142,7 +142,10 @@ fn bad_input_is_one_line_with_its_exit_code() {
     // compute, refused rather than judged against f32 (NNCF's int8/int4 IRs likewise, checked by
     // hand: docs/openvino.md)
     let f16 = ir(Path::new(&m), "smollm2-135m-f16");
-    one_line_exit_2(&base(&m, &f16), "f16 (`model.embed_tokens.weight_compressed`");
+    one_line_exit_2(
+        &base(&m, &f16),
+        "f16 (`model.embed_tokens.weight_compressed`",
+    );
     let mut a = base(&m, &dir);
     a.extend(["--ov-config", "NOT_A_KEY=1"]);
     one_line_exit_2(&a, "--ov-config NOT_A_KEY=1");
