@@ -4,7 +4,8 @@
 //!
 //! 0. the same request twice from fresh (all-zero) states differs → nondeterministic;
 //! 1. the prompt after a reset depends on the request before it (back-to-back) → stale-cache;
-//! 2. non-finite logits or states after the prompt's prefill → numeric-overflow;
+//! 2. non-finite logits or states after the prompt's prefill, or non-finite logits at a greedy
+//!    step (a device failing mid-generation) → numeric-overflow;
 //! 3. the prefill wrote other slots than `0..n` → cache-offset;
 //! 4. prefill and greedy agree with the reference → healthy;
 //! 5. reference K/V written in `[ctx, kv_heads, d]` reproduce the reference and the documented
@@ -26,7 +27,7 @@ use kvprobe_schema::{
 
 use super::engine::{Cause, Control, Controls, Engine, Rule, Tier, When};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
-use super::state_evidence::{declared_quant_mismatch, ranges};
+use super::state_evidence::{declared_quant_mismatch, non_finite_decode, ranges};
 use crate::thresholds::*;
 use crate::{determinism, greedy, prefill, selfmask, statecheck, Result};
 
@@ -69,6 +70,8 @@ pub struct StatefulFacts {
     /// The device refused the second request (why).
     pub back_to_back_refused: Option<String>,
     pub overflow: Option<OverflowFinding>,
+    /// First greedy step (0 = the prefill's last row) whose device logits hold inf or NaN.
+    pub non_finite_step: Option<usize>,
     /// Prefill rows and greedy steps against the reference: (mean, min, top-1 agreement).
     pub prefill: Option<[f64; 3]>,
     pub greedy: Option<[f64; 3]>,
@@ -108,8 +111,17 @@ pub const OVERFLOW: &[R] = &[R::new(
 .needs(Control::Output)
 .stop()];
 
-/// After the controls and the state check.
+/// After the controls and the state check: a step that came back inf/NaN first (every
+/// comparison after it only says "no agreement").
 pub const STATE: &[R] = &[
+    R::new(
+        "non-finite-decode",
+        T,
+        Some(Verdict::NumericOverflow),
+        non_finite_decode,
+    )
+    .needs(Control::Output)
+    .stop(),
     R::new(
         "state-holes",
         T,
@@ -212,7 +224,7 @@ impl Controls for StatefulFacts {
             // the capacity check has facts of its own (diagnose::capacity)
             Control::Exempt | Control::Capacity => false,
             Control::Rerun => !self.back_to_back_identical || self.repeat_differs(),
-            Control::Output => self.overflowed(),
+            Control::Output => self.overflowed() || self.non_finite_step.is_some(),
             Control::StateWrites => self.written_ok() == Some(false),
             // a control that did not run has not failed
             Control::PrefillSingle | Control::PrefillMulti => {
@@ -475,6 +487,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         back_to_back_cosine: 1.0,
         back_to_back_refused: None,
         overflow: None,
+        non_finite_step: None,
         prefill: None,
         greedy: None,
         state: None,
@@ -558,6 +571,7 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         100.0 * gr.top1_agreement
     ));
     f.greedy = Some([gr.mean_cosine, gr.min_cosine, gr.top1_agreement]);
+    f.non_finite_step = greedy::first_non_finite_step(run.s);
     run.p.greedy = Some(gr);
     // the decode graph without the context: one-row runs whose mask allows only themselves
     let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
@@ -599,6 +613,7 @@ mod tests {
                 zero_rows: None,
                 logits_zero: false,
             }),
+            non_finite_step: None,
             prefill: Some([0.999, 0.998, 1.0]),
             greedy: Some([0.999, 0.998, 1.0]),
             state: Some(StateFinding {
@@ -668,6 +683,19 @@ mod tests {
         );
         assert!(check("numeric-overflow", &healthy_facts()).is_none());
         assert_eq!(conclude(&f), (Verdict::NumericOverflow, 0.95));
+    }
+
+    /// A device that fails mid-generation: finite prefill, NaN logits at greedy step 3.
+    #[test]
+    fn non_finite_decode_names_the_step() {
+        let mut f = failing([0.2, 0.2], 0.2);
+        f.non_finite_step = Some(3);
+        let c = check("non-finite-decode", &f).expect("fires");
+        assert!(c.evidence[0].starts_with(
+            "→ numeric-overflow: the device's logits at greedy step 3 (every earlier step finite) hold inf/NaN"
+        ));
+        assert_eq!(conclude(&f).0, Verdict::NumericOverflow);
+        assert!(check("non-finite-decode", &healthy_facts()).is_none());
     }
 
     #[test]
