@@ -34,7 +34,7 @@ fn export_files_have_the_umask_mode() {
 
 /// SmolLM2 as a GenAI folder under .cache/onnx (what scripts/export-onnx.sh writes; exported
 /// here the same way when absent: the reference's f32 weights, then export-onnx.py).
-fn smollm2_genai(gguf: &Path) -> PathBuf {
+pub(crate) fn smollm2_genai(gguf: &Path) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/onnx/smollm2-135m-genai");
     exported_once(&dir, || {
         let model = kvprobe_reference::Model::load(gguf).expect("SmolLM2");

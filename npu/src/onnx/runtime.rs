@@ -26,15 +26,7 @@ pub fn library_path() -> PathBuf {
         return PathBuf::from(p);
     }
     let rel = PathBuf::from(".cache/onnxruntime").join(format!("libonnxruntime.so.{ORT_VERSION}"));
-    let mut bases: Vec<PathBuf> = vec![PathBuf::from(".")];
-    if let Ok(exe) = std::env::current_exe() {
-        bases.extend(exe.ancestors().skip(1).take(4).map(Path::to_path_buf));
-    }
-    bases
-        .iter()
-        .map(|b| b.join(&rel))
-        .find(|p| p.is_file())
-        .unwrap_or(rel)
+    crate::cache_lookup::near_checkout(&rel, Path::is_file).unwrap_or(rel)
 }
 
 pub(super) fn device(msg: String) -> Error {

@@ -28,35 +28,13 @@ use kvprobe_schema::{
 use super::engine::{Cause, Control, Controls, Engine, Rule, Tier, When};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use super::state_evidence::{declared_quant_mismatch, non_finite_decode, ranges};
+pub use super::stateful_na::NOT_APPLICABLE;
+use super::stateful_na::{hidden_state_probes, na};
 use crate::thresholds::*;
 use crate::{determinism, greedy, prefill, selfmask, statecheck, Result};
 
 /// Steps of the repeat `diagnose` runs (the prefill and 3 tbt steps, twice, in this process).
 pub const REPEAT_STEPS: usize = 4;
-
-/// Probes that need the genai ring, with the reason (reported, never skipped silently).
-pub const NOT_APPLICABLE: &[(&str, &str)] = &[
-    ("quant", "the states and inputs are fp16/f32 without quant infos; there is nothing to compare"),
-    ("colmap", "single-key columns of a ring window; a stateful device's mask columns are absolute positions (the layout and mask state checks cover this)"),
-    ("ztap", "the device exposes no graph taps"),
-    ("maskconv", "the uint8 mask conventions of the genai server; the fp16 additive mask is checked by the self-only state check"),
-    ("positions", "ring read-offset/position wiring; positions are absolute inputs of every run"),
-    ("layout", "ring entry layouts written by the prefill group; the state layout check writes reference K/V in both state orders instead"),
-    ("inject", "golden ring windows at a read offset; the state layout check injects reference K/V into the states instead"),
-    ("stale", "ring slots outside the read window; the back-to-back rerun of the prefill check covers stale state"),
-    ("causality", "ring entries by slot; stateful slots are positions, checked by the occupancy state check"),
-    ("splits", "the handover between the genai prefill and tbt groups at every split; one graph serves both here (chunk continuation is the chunked-prefill property of npu/tests/ane_sim.rs)"),
-];
-
-fn na() -> Vec<NotApplicable> {
-    NOT_APPLICABLE
-        .iter()
-        .map(|(p, why)| NotApplicable {
-            probe: p.to_string(),
-            why: format!("not applicable on a stateful device: {why}"),
-        })
-        .collect()
-}
 
 /// What the state checks and the controls measured; `None` = not run (an earlier rule ended it).
 #[derive(Debug, Clone, PartialEq)]
@@ -307,8 +285,14 @@ fn state_offset(f: &StatefulFacts) -> Option<Cause> {
 }
 
 fn healthy(f: &StatefulFacts) -> Option<Cause> {
-    (f.written_ok() == Some(true) && f.prefill_ok() && f.greedy_ok())
-        .then(|| Cause::new(0.9).line("→ prefill, decode and the states agree with the reference"))
+    let states_ok = f.written_ok().unwrap_or(f.state.is_none());
+    (states_ok && f.prefill_ok() && f.greedy_ok()).then(|| {
+        Cause::new(0.9).line(if f.state.is_some() {
+            "→ prefill, decode and the states agree with the reference"
+        } else {
+            "→ prefill and decode agree with the reference (the states are not readable on this device: judged by its outputs only)"
+        })
+    })
 }
 
 fn state_layout_cosines(f: &StatefulFacts) -> Option<Cause> {
@@ -510,6 +494,18 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         return Ok(run.done());
     }
     run.eng.line("back-to-back: the prompt after a reset gives bit-identical logits whatever request came before");
+    if !run.s.dev.capabilities().read_cache {
+        // states out of reach (OpenVINO's C API): the output checks and capacity judge the device
+        hidden_states(&mut run);
+        controls_and_state(&mut run, &mut f, opts)?;
+        if !f.fails(Control::Any)
+            && super::capacity::phase(run.s, &mut run.eng, &mut run.t, &mut run.p, None)?
+        {
+            return Ok(run.done());
+        }
+        run.eng.apply(STATE, &f);
+        return Ok(run.done());
+    }
     // the back-to-back check left the device right after a reset and the prompt's prefill:
     // the states the overflow and occupancy checks read
     let ov = run.timed("overflow", |s| statecheck::overflow(s, &bb.last))?;
@@ -541,11 +537,23 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     Ok(run.done())
 }
 
+/// The checks that read the states, listed as not applicable on a device that hides them.
+fn hidden_states(run: &mut Run) {
+    run.p.not_applicable.extend(hidden_state_probes());
+    run.eng
+        .line("overflow, state and kvdiff not run: the device does not expose its K/V states");
+}
+
 /// Prefill, greedy and selfmask against the reference, then the state checks (their
-/// experiments only when a control fails).
+/// experiments only when a control fails) where the device exposes its states.
 fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptions) -> Result<()> {
-    // occupancy now, before other probes move the states
-    let written = run.timed("occupancy", statecheck::written_positions)?;
+    let states = run.s.dev.capabilities().read_cache;
+    let written = if states {
+        // occupancy now, before other probes move the states
+        run.timed("occupancy", statecheck::written_positions)?
+    } else {
+        Vec::new()
+    };
     // fewer prefixes than on a ring device: no chunk-boundary remainder rule to cover
     let popts = prefill::PrefillOptions {
         max_rows: opts.prefill.max_rows.min(4),
@@ -581,6 +589,9 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         sm.mean_cosine
     ));
     run.p.selfmask = Some(sm);
+    if !states {
+        return Ok(());
+    }
     let experiments = !(f.prefill_ok() && f.greedy_ok());
     let st = run.timed("state", |s| statecheck::run(s, written, experiments))?;
     run.eng.line(format!(
