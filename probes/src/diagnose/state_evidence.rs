@@ -2,7 +2,7 @@
 //! edges, and the state positions a prefill wrote.
 
 use super::engine::Cause;
-use super::stateful::StatefulFacts;
+use super::stateful_facts::StatefulFacts;
 
 /// The device answered a greedy step with inf or NaN logits after a finite prefill: it failed
 /// mid-generation (an overflow in the decode graph or a non-finite K/V entry it wrote), named
