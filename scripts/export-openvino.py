@@ -10,11 +10,14 @@ pipeline take, with OpenVINO's own Python API only (no torch, no optimum):
   3. `openvino._offline_transformations.apply_make_stateful_transformation` with the
      past → present pairs: each pair becomes a ReadValue/Assign variable, so the IR's inputs are
      input_ids, attention_mask, position_ids, beam_idx and its output logits;
-  4. `--weights int8|int4`: `nncf.compress_weights` where NNCF installs (optional), else refused;
+  4. `--weights int8|int4`: `nncf.compress_weights` (int8_asym per channel, int4_sym in groups of
+     64) where NNCF installs (optional), else refused: kvprobe refuses such an IR (the matched
+     reference does not read compressed weights), the export exists to check that refusal;
   5. `openvino.save_model` (xml + bin, f32 weights: compress_to_fp16=False, so the f32 reference is
-     the precision-matched one) with config.json / tokenizer.json copied beside it.
+     the precision-matched one; `--weights f16` keeps OpenVINO's default compress_to_fp16=True, f16
+     weights kvprobe refuses) with config.json / tokenizer.json copied beside it.
 
-usage: export-openvino.py GENAI_DIR OUT_DIR [--weights f32|int8|int4] [--no-state]
+usage: export-openvino.py GENAI_DIR OUT_DIR [--weights f32|f16|int8|int4] [--no-state]
   --no-state writes the IR without step 3 (the past/present tensors stay inputs/outputs): the
   bad-input IR kvprobe must refuse.
 """
@@ -58,7 +61,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("src")
     ap.add_argument("out")
-    ap.add_argument("--weights", default="f32", choices=["f32", "int8", "int4"])
+    ap.add_argument("--weights", default="f32", choices=["f32", "f16", "int8", "int4"])
     ap.add_argument("--no-state", action="store_true")
     a = ap.parse_args()
     src, out = Path(a.src), Path(a.out)
@@ -69,15 +72,18 @@ def main():
             sys.exit(f"export-openvino.py: {src}/model.onnx has no past_key_values inputs; export it with scripts/export-onnx.sh (convention (a))")
         add_beam_idx(model)
         apply_make_stateful_transformation(model, pp)
-    if a.weights != "f32":
+    if a.weights in ("int8", "int4"):
         try:
             import nncf
         except ImportError:
             sys.exit(f"export-openvino.py: --weights {a.weights} needs nncf (pip install nncf)")
-        mode = nncf.CompressWeightsMode.INT8_ASYM if a.weights == "int8" else nncf.CompressWeightsMode.INT4_SYM
-        model = nncf.compress_weights(model, mode=mode)
+        if a.weights == "int8":
+            model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+        else:
+            # groups of 64: NNCF's default 128 does not divide SmolLM2's 576-wide channels
+            model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_SYM, group_size=64)
     out.mkdir(parents=True, exist_ok=True)
-    ov.save_model(model, str(out / "openvino_model.xml"), compress_to_fp16=False)
+    ov.save_model(model, str(out / "openvino_model.xml"), compress_to_fp16=a.weights == "f16")
     for f in ["tokenizer.json", "tokenizer_config.json", "config.json", "genai_config.json"]:
         if (src / f).is_file():
             shutil.copy(src / f, out / f)
