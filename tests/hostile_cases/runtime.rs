@@ -71,6 +71,30 @@ pub fn device_outputs(c: &mut Corpus) {
     let a = run("diagnose", &dir, "out-onnx-v-nan-diagnose");
     c.add("onnx V cache NaN at step 4: diagnose", 1, None, &a);
     c.expect_stdout("logits at greedy step 4 (every earlier step finite) hold inf/NaN");
+    // a folder GenAI runs on another provider is never run on the CPU without a word: refused
+    // without --ep (it ran silently), said in every output with it
+    for (ep, needle) in [
+        ("qnn", "pass --ep qnn to run it there"),
+        ("cuda", "kvprobe has no --ep for cuda"),
+    ] {
+        let dir = root.join(format!("onnx-declares-{ep}"));
+        copy_with_provider(&clean, &dir, ep);
+        let mut a = run("diagnose", &dir, &format!("out-onnx-declares-{ep}"));
+        c.add(
+            &format!("onnx folder declaring {ep}, no --ep"),
+            2,
+            Some(needle),
+            &a,
+        );
+        a.extend(strings(&["--ep", "cpu"]));
+        c.add(
+            &format!("onnx folder declaring {ep}, --ep cpu"),
+            0,
+            None,
+            &a,
+        );
+        c.expect_stdout("warning: substitute execution provider");
+    }
     // a run ONNX Runtime refuses mid-generation: incomplete, the step named, one line (the
     // runtime's own log line made it two)
     let dir = poison("run-error", "logits", "error");
@@ -83,4 +107,18 @@ pub fn device_outputs(c: &mut Corpus) {
             &a,
         );
     }
+}
+
+/// A copy of the GenAI folder `src` whose genai_config.json declares the `ep` provider, as the
+/// builder writes it for `-e ep`.
+#[cfg(feature = "onnx")]
+fn copy_with_provider(src: &std::path::Path, dst: &std::path::Path, ep: &str) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap().flatten() {
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let p = dst.join("genai_config.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    v["model"]["decoder"]["session_options"]["provider_options"] = serde_json::json!([{ ep: {} }]);
+    std::fs::write(p, v.to_string()).unwrap();
 }
