@@ -36,6 +36,7 @@ impl DeviceArgs {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(npu_error)?,
             allow_cpu_fallback: self.allow_cpu_fallback,
+            ep_given: self.ep.is_some(),
         };
         let dev = OnnxDevice::open(model, &opts).map_err(npu_error)?;
         Ok(Backend::Onnx(Box::new(dev)))

@@ -63,10 +63,16 @@ fn new_environment() -> Result<ort::environment::Environment> {
             lib.display()
         ))
     })?;
-    builder
+    let env = builder
         .with_name("kvprobe")
         .build()
-        .map_err(|e| device(format!("ONNX Runtime environment: {e}")))
+        .map_err(|e| device(format!("ONNX Runtime environment: {e}")))?;
+    // a failed run's status already carries the runtime's message into kvprobe's one-line
+    // error: its own log line would be a second, coloured line on stderr (ORT_LOG still wins)
+    if std::env::var_os("ORT_LOG").is_none() {
+        env.set_log_level(ort::logging::LogLevel::Fatal);
+    }
+    Ok(env)
 }
 
 /// What the loaded library says it is: the release branch of its build info
