@@ -14,6 +14,7 @@ mod repeat;
 pub mod replay;
 pub mod replayer;
 pub mod ring;
+pub mod score;
 pub mod stage;
 mod state_evidence;
 pub mod stateful;
@@ -32,6 +33,7 @@ fn runs_stateful(s: &Session) -> bool {
 pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let mut d = diagnose_runtime(s, opts)?;
     replay::attach(s, opts.replay.as_ref(), &mut d);
+    score::compete(s, opts.replay.as_ref(), &mut d);
     Ok(d)
 }
 
