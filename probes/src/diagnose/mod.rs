@@ -18,6 +18,8 @@ pub mod score;
 pub mod stage;
 mod state_evidence;
 pub mod stateful;
+mod stateful_facts;
+mod stateful_na;
 
 pub use outcome::{DiagnoseOptions, Diagnosis};
 
