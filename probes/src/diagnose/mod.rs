@@ -7,6 +7,7 @@
 
 pub mod capacity;
 pub mod engine;
+pub mod evidence;
 #[cfg(test)]
 mod invariant;
 mod outcome;

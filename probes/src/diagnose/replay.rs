@@ -20,9 +20,9 @@ use kvprobe_schema::{
     ReplayStep, Reproducer, Verdict,
 };
 
+use super::evidence::{beats_healthy, MILD_FACTORS};
 use super::outcome::Diagnosis;
 pub use super::replayer::Replayer;
-use super::score::{beats_healthy, MILD_FACTORS};
 use crate::determinism::record;
 use crate::metrics::cosine;
 use crate::progress::NoProgress;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use kvprobe_npu::contract::faults::{FaultTable, FaultText, Scope, SweepValue};
 use kvprobe_schema::{FaultHypothesis, FaultValue, Hypothesis, Replay, Reproducer, Verdict};
 
+use super::evidence::{beats_healthy, MILD_FACTORS};
 use super::outcome::Diagnosis;
 use super::replay::{
     healthy_steps, median, replay_one, scopes, screen, Fits, Replayer, SCREEN_STEPS,
@@ -23,10 +24,6 @@ use super::replay::{
 use crate::determinism::record;
 use crate::session::Session;
 use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
-
-/// The factors a mild factor fault is tried at (beside the fitted attention scales): the
-/// catalogue's mild range, 15 % either side of 1 in two steps.
-pub(super) const MILD_FACTORS: [f64; 4] = [0.9, 1.1, 0.85, 1.15];
 
 /// Hypotheses replayed whole after the screen (a budget, not a decision).
 const FULL_REPLAYS: usize = 2;
@@ -77,13 +74,6 @@ pub fn mild(table: &FaultTable, fits: &Fits) -> Vec<FaultHypothesis> {
     out
 }
 
-/// A fault hypothesis beats the healthy one: its median miss reproduces the device within the
-/// declared precision and `PRECISION_RATIO` times more closely than the healthy hypothesis'.
-pub fn beats_healthy(fault_miss: f64, healthy_miss: f64, precision: f64) -> bool {
-    fault_miss <= precision.max(STEP_NOISE_FLOOR)
-        && fault_miss.max(STEP_NOISE_FLOOR) * PRECISION_RATIO <= healthy_miss
-}
-
 /// Lets the mild fault hypotheses compete with the healthy one on a `healthy` verdict; a fault
 /// that beats it becomes the verdict, with its replay as the reproducer.
 pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
@@ -126,20 +116,7 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
         &healthy,
     )
     .ok();
-    let per_step: Vec<f64> = healthy
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            let r = free
-                .as_ref()
-                .and_then(|f| f.steps.get(i))
-                .map(|x| x.replay_miss);
-            match (h.0, r) {
-                (Some(a), Some(b)) => a.min(b),
-                (a, b) => a.or(b).unwrap_or(1.0),
-            }
-        })
-        .collect();
+    let per_step = closer(&healthy, free.as_ref());
     // what every fault replay is judged against: the healthy hypothesis as scored
     let judged: Vec<(Option<f64>, Option<f64>)> = per_step
         .iter()
@@ -209,6 +186,22 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
     });
 }
 
+/// The healthy hypothesis per step: the closer to the device of the matched reference
+/// (`healthy[i].0`) and the fault-free emulator's replay.
+fn closer(healthy: &[(Option<f64>, Option<f64>)], free: Option<&Replay>) -> Vec<f64> {
+    healthy
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let r = free.and_then(|f| f.steps.get(i)).map(|x| x.replay_miss);
+            match (h.0, r) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => a.or(b).unwrap_or(1.0),
+            }
+        })
+        .collect()
+}
+
 /// Screens every mild hypothesis on the first steps, replays the best whole and returns the
 /// closest that beats the healthy hypothesis.
 fn score(
@@ -257,9 +250,9 @@ mod tests {
         let table = kvprobe_npu::sim::FAMILY.faults;
         let fits = Fits {
             scales: vec![1.18],
-            shift: 0,
             entry_bytes: 64,
             head_dim: 64,
+            ..Fits::default()
         };
         let m: Vec<String> = mild(&table, &fits).iter().map(|h| h.text()).collect();
         for want in [
@@ -275,17 +268,5 @@ mod tests {
         // the attention fit is no cache-scale value; a discrete fault is never mild
         assert!(!m.contains(&"tbt-cache-scale=1.18".to_string()), "{m:?}");
         assert!(m.iter().all(|t| !t.starts_with("kv-swap")), "{m:?}");
-    }
-
-    #[test]
-    fn a_fault_beats_healthy_only_within_precision_and_by_the_ratio() {
-        // exact replay, healthy misses by 1e-3: named
-        assert!(beats_healthy(0.0, 1e-3, 1e-3));
-        // an exact replay cannot beat a healthy hypothesis inside the ratio times the floor
-        assert!(!beats_healthy(0.0, 2e-4, 1e-3));
-        // closer, but not by the ratio
-        assert!(!beats_healthy(5e-4, 1e-3, 1e-3));
-        // by the ratio, but outside the declared precision
-        assert!(!beats_healthy(2e-3, 1e-2, 1e-3));
     }
 }
