@@ -188,3 +188,25 @@ fn builder_shared_buffer_rewinds_by_length() {
     let a2 = drv.step(&mut dev, t, &MaskMode::Ring).unwrap().logits;
     assert_eq!(max_abs_diff(&a, &a2), 0.0, "a new request");
 }
+
+/// GroupQueryAttention reads the mask as a length: the builder's folder says so and refuses a
+/// self-only or single-key row (the op would write the token at position 0 and read it alone),
+/// while the Ring mask it can express runs (issue 35).
+#[test]
+fn builder_graph_refuses_a_mask_with_holes() {
+    use kvprobe_npu::Device;
+    let (_hf, model) = tiny_llama(13);
+    let dir = builder_folder("fp32");
+    let (mut dev, mut drv) = open(&model, &dir, Some(64));
+    let why = dev.mask_by_length().expect("a GroupQueryAttention graph");
+    assert!(why.contains("GroupQueryAttention"), "{why}");
+    let prompt = ids(9, 300, 6);
+    drv.reset(&mut dev).unwrap();
+    let t = argmax(&drv.prefill(&mut dev, &prompt).unwrap().logits);
+    for mode in [MaskMode::SelfOnly, MaskMode::SingleKey(2)] {
+        let e = drv.trial_step(&mut dev, t, &mode).unwrap_err().to_string();
+        assert!(e.contains("a mask with holes"), "{mode:?}: {e}");
+    }
+    drv.trial_step(&mut dev, t, &MaskMode::Ring)
+        .expect("a length mask");
+}
