@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::matched;
 use crate::metrics::{compare, cosine, summarise, top1};
 use crate::session::Session;
-use crate::thresholds::{STAGE_MEAN_COSINE, STAGE_MIN_COSINE};
+use crate::thresholds::{STAGE_MEAN_COSINE, STAGE_MIN_COSINE, TOP1_IRRELEVANT_ABOVE};
 use crate::{Error, Result};
 
 /// The later turns' user messages: everyday follow-ups, short so that four turns fit a small
@@ -213,11 +213,14 @@ pub fn run(s: &mut Session, steps: usize) -> Result<ChatFinding> {
 }
 
 /// Why a compared row does not agree with the reference, if it does not: a top-1 flip the
-/// declared precision cannot explain (not a near tie), or a cosine under the stages' floors (a
+/// declared precision cannot explain (not a near tie) in a turn whose mean cosine is at most
+/// `TOP1_IRRELEVANT_ABOVE` (above it the flip is a near tie, as diagnose reads greedy: the CPU
+/// plugin flipped one at 0.999), or a cosine under the stages' floors (a
 /// row under `STAGE_MIN_COSINE`, or under `STAGE_MEAN_COSINE` in a turn whose mean is too).
 fn disagrees(st: &GreedyStep, turn_mean: f64) -> Option<String> {
     let c = &st.comparison;
-    if !c.top1_match && !st.near_tie {
+    // as diagnose reads greedy: above TOP1_IRRELEVANT_ABOVE mean cosine a flip is a near tie
+    if !c.top1_match && !st.near_tie && turn_mean <= TOP1_IRRELEVANT_ABOVE {
         return Some(format!(
             "top-1 {} where the reference gives {}, outside the precision band",
             c.device_top1, c.reference_top1
