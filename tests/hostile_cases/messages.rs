@@ -56,3 +56,62 @@ pub fn wrong_causes(c: &mut Corpus) {
         &a,
     );
 }
+
+/// GGUF files llama.cpp refuses are refused, naming the key or tensor (they loaded: a duplicate
+/// tensor's later copy won and the output changed).
+pub fn gguf_as_llama_cpp(c: &mut Corpus) {
+    use crate::hostile_corpus::gguf_support::{base_meta, base_tensors, encode, vocab, Meta};
+    let n = vocab().0.len();
+    let with = |key: &'static str, v: Meta| {
+        let mut m = base_meta("llama", n);
+        m.retain(|(k, _)| *k != key);
+        m.push((key, v));
+        m
+    };
+    let mut dup_key = base_meta("llama", n);
+    dup_key.push(("llama.block_count", Meta::U32(2)));
+    let mut dup_tensor = base_tensors(n, true);
+    let mut twin = base_tensors(n, true).swap_remove(1);
+    twin.data.iter_mut().for_each(|b| *b = 0);
+    dup_tensor.push(twin);
+    let cases = [
+        (
+            "align-3",
+            with("general.alignment", Meta::U32(3)),
+            base_tensors(n, true),
+            "`general.alignment` is 3",
+        ),
+        (
+            "align-i32",
+            with("general.alignment", Meta::I32(32)),
+            base_tensors(n, true),
+            "must be a uint32",
+        ),
+        (
+            "align-1m",
+            with("general.alignment", Meta::U32(1 << 20)),
+            base_tensors(n, true),
+            "not a multiple of the alignment",
+        ),
+        (
+            "dup-key",
+            dup_key,
+            base_tensors(n, true),
+            "key `llama.block_count` appears twice",
+        ),
+        (
+            "dup-tensor",
+            base_meta("llama", n),
+            dup_tensor,
+            "appears twice",
+        ),
+    ];
+    for (name, meta, tensors, needle) in cases {
+        let p = c.file(&format!("llamacpp-{name}.gguf"), &encode(&meta, &tensors));
+        c.refused_model(
+            &format!("gguf {name} (llama.cpp refuses it)"),
+            &p,
+            Some(needle),
+        );
+    }
+}

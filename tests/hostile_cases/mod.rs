@@ -64,6 +64,7 @@ impl Corpus {
         outputs::data_loss(&mut c);
         runtime::device_outputs(&mut c);
         messages::wrong_causes(&mut c);
+        messages::gguf_as_llama_cpp(&mut c);
         c
     }
 
