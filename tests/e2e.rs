@@ -27,6 +27,7 @@ mod layout_infer_cli;
 mod np_reference_check;
 mod onnx_cli;
 mod onnx_window;
+mod openvino_cli;
 mod precision_matched;
 mod probes_cli;
 mod qnn_htp;

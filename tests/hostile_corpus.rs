@@ -164,6 +164,11 @@ fn hostile_inputs_end_in_one_line_and_a_documented_code() {
                 why.push(format!("stderr lacks `{n}`"));
             }
         }
+        if let Some(n) = case.stdout_needle {
+            if !String::from_utf8_lossy(&out).contains(n) {
+                why.push(format!("stdout lacks `{n}`"));
+            }
+        }
         for (p, was) in case.intact.iter().zip(&before) {
             let now = snapshot(p);
             if &now != was {

@@ -34,7 +34,7 @@ fn export_files_have_the_umask_mode() {
 
 /// SmolLM2 as a GenAI folder under .cache/onnx (what scripts/export-onnx.sh writes; exported
 /// here the same way when absent: the reference's f32 weights, then export-onnx.py).
-fn smollm2_genai(gguf: &Path) -> PathBuf {
+pub(crate) fn smollm2_genai(gguf: &Path) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/onnx/smollm2-135m-genai");
     exported_once(&dir, || {
         let model = kvprobe_reference::Model::load(gguf).expect("SmolLM2");
@@ -221,4 +221,51 @@ fn smollm2_diagnoses_healthy_on_three_prompts() {
             "{prompt}: {err} {v}"
         );
     }
+}
+
+/// A folder whose genai_config.json declares another execution provider than the run uses is
+/// never a silent CPU run (issue 38: a QNN folder ran on the CPU without a word): refused
+/// without `--ep`, and with `--ep cpu` every output says the provider was substituted.
+#[test]
+fn a_declared_provider_is_never_a_silent_cpu_run() {
+    let (hf, dir) = genai_fixture(5);
+    let d = variant(&dir, "qnn-declared", |v| {
+        v["model"]["decoder"]["session_options"]["provider_options"] =
+            serde_json::json!([{"qnn": {"backend_path": "libQnnHtp.so"}}]);
+        true
+    });
+    let base = |extra: &[&str]| {
+        let mut a = vec!["diagnose", "--onnx", d.to_str().unwrap()];
+        a.extend([
+            "--model",
+            hf.to_str().unwrap(),
+            "--ids",
+            "1,2,3",
+            "--steps",
+            "4",
+        ]);
+        a.extend(extra);
+        kvprobe(&a)
+    };
+    one_line(&base(&[]), 2, "declares the qnn execution provider");
+    one_line(&base(&[]), 2, "pass --ep qnn to run it there, or --ep cpu");
+    let tmp = tempfile::tempdir().unwrap();
+    let o = tmp.path().join("run");
+    let out = base(&["--ep", "cpu", "--json", "--out", o.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let w = v["warnings"][0].as_str().unwrap_or("");
+    assert!(
+        w.starts_with("substitute execution provider: ") && w.contains("ONNX Runtime's CPU EP"),
+        "{v}"
+    );
+    for f in ["results.json", "report.html"] {
+        let saved = std::fs::read_to_string(o.join(f)).unwrap();
+        assert!(saved.contains("substitute execution provider: "), "{f}");
+    }
+    let text = base(&["--ep", "cpu"]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("warning: substitute execution provider")
+    );
 }

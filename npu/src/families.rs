@@ -9,6 +9,7 @@ pub const FAMILIES: &[Family] = &[
     crate::hailo::HEF_FAMILY,
     crate::coreml::FAMILY,
     crate::onnx::FAMILY,
+    crate::openvino::FAMILY,
 ];
 
 pub fn families() -> &'static [Family] {

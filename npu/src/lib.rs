@@ -4,6 +4,7 @@
 //! Domain rules cite `hailort-kv-contract.md` (contract §N).
 
 pub mod buffer;
+pub mod cache_lookup;
 pub mod contract;
 pub mod coreml;
 pub mod driver;
@@ -13,9 +14,11 @@ pub mod hailo;
 pub mod layout;
 pub mod mask;
 pub mod onnx;
+pub mod openvino;
 pub mod quant;
 mod race;
 pub mod rope;
+pub mod token_rows;
 
 pub use buffer::Buffer;
 pub use contract::{device, Capabilities, Device, RunOutput};

@@ -178,6 +178,19 @@ fn token_texts(s: &Session, steps: &[GreedyStep]) -> std::collections::BTreeMap<
     }))
 }
 
+/// The first greedy step (0 = the prefill's last row) whose device logits, as the session kept
+/// them, hold inf or NaN: the comparisons count such a step as a plain miss (metrics), so the
+/// diagnosis reads the logits themselves.
+pub fn first_non_finite_step(s: &Session) -> Option<usize> {
+    let c = s
+        .compared
+        .iter()
+        .find(|c| c.name == "greedy_device_logits")?;
+    c.data
+        .chunks(c.cols.max(1))
+        .position(|row| row.iter().any(|x| !x.is_finite()))
+}
+
 /// The compared logits, `[steps, vocab]` each, for the run's `.npy` files.
 fn keep_compared(
     s: &mut Session,

@@ -9,7 +9,9 @@
 //! [`BAND_RATIO`] × the mean band, or a quarter of its positions (at least two) do (a fault that
 //! moves only the entries tbt steps wrote).
 
-use kvprobe_schema::{CacheKind, KvdiffDivergence, KvdiffRotation, KvdiffStep};
+use kvprobe_schema::{
+    CacheKind, KvdiffDivergence, KvdiffRotation, KvdiffStep, KVDIFF_NON_FINITE as NON_FINITE,
+};
 
 use crate::kvdiff_cache::{KvRef, Rows};
 
@@ -77,21 +79,21 @@ pub fn norm(v: &[f32]) -> f64 {
         .sqrt()
 }
 
-/// ‖a − b‖ / max(‖b‖, tiny).
+/// ‖a − b‖ / max(‖b‖, tiny); [`kvprobe_schema::KVDIFF_NON_FINITE`] when `a` or `b` holds inf or NaN (the device's
+/// entry is as far as a number can be, and results.json can still hold it).
 pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let d: f64 = a
         .iter()
         .zip(b)
-        .map(|(&x, &y)| {
-            let e = x as f64 - y as f64;
-            if e.is_finite() {
-                e * e
-            } else {
-                f64::MAX / 4.0
-            }
-        })
+        .map(|(&x, &y)| x as f64 - y as f64)
+        .map(|e| e * e)
         .sum();
-    d.sqrt() / norm(b).max(1e-12)
+    let r = d.sqrt() / norm(b).max(1e-12);
+    if r.is_finite() {
+        r
+    } else {
+        NON_FINITE
+    }
 }
 
 /// Cells of the positions the device's rows hold (the references may hold more).

@@ -4,16 +4,19 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::Args;
 use kvprobe_npu::ane::{AneDevice, AneOptions};
-use kvprobe_npu::onnx::{parse_ep_option, Ep, OnnxDevice, OnnxOptions};
+use kvprobe_npu::onnx::OnnxDevice;
+use kvprobe_npu::openvino::OvDevice;
 use kvprobe_npu::sim::options::{SimFlags, SimOptions};
 use kvprobe_npu::sim::SimDevice;
 use kvprobe_npu::{families, Device};
 use kvprobe_reference::{Model, TextTokenizer};
 use kvprobe_schema::{DeviceDescription, SimManifest};
 
+use super::choice_values::{
+    cache_bits_values, cache_values, ep_values, quant_values, rope_theta_values, weight_values,
+};
 use super::common::{resolve_model, usage, DeviceError};
 
 /// The prompt used when neither --prompt nor --ids is given.
@@ -70,6 +73,29 @@ pub struct DeviceArgs {
         requires = "onnx"
     )]
     pub ep_options: Vec<String>,
+    /// A stateful OpenVINO IR folder (openvino_model.xml/.bin: input_ids, attention_mask,
+    /// position_ids, beam_idx in, logits out, the K/V in states) run by OpenVINO (a build with
+    /// --features openvino; scripts/fetch-openvino.sh fetches the libraries). --model is the
+    /// model it was exported from.
+    #[arg(help_heading = "Device", long, value_name = "DIR", conflicts_with_all = ["sim", "hef", "device", "onnx"])]
+    pub openvino: Option<PathBuf>,
+    /// --openvino: the plugin, CPU (default), NPU (the NPU plugin's NPUW LLM pipeline, its
+    /// partitions on the CPU unless --ov-config NPUW_DEVICES says otherwise) or GPU.
+    #[arg(
+        help_heading = "OpenVINO (--openvino)",
+        long,
+        value_name = "DEVICE",
+        requires = "openvino"
+    )]
+    pub ov_device: Option<String>,
+    /// --openvino: a device property KEY=VALUE, repeatable, after the pipeline's own keys.
+    #[arg(
+        help_heading = "OpenVINO (--openvino)",
+        long = "ov-config",
+        value_name = "KEY=VALUE",
+        requires = "openvino"
+    )]
+    pub ov_config: Vec<String>,
     /// --ep qnn: nodes QNN cannot compile run on the CPU EP; every output says "partial NPU".
     #[arg(help_heading = "ONNX Runtime (--onnx)", long, requires = "onnx")]
     pub allow_cpu_fallback: bool,
@@ -167,63 +193,6 @@ pub struct DeviceArgs {
     pub all_probes: bool,
 }
 
-// The choice flags stay strings for the libraries (which parse and refuse them too, for
-// manifests and library callers); clap lists the choices in `--help` and refuses a typo early.
-// Aliases are the spellings the libraries also accept.
-
-fn cache_bits_values() -> impl clap::builder::TypedValueParser<Value = u32> {
-    use clap::builder::TypedValueParser;
-    PossibleValuesParser::new([
-        PossibleValue::new("8").help("uint8 cache edges, as compiled HEFs ship them (default)"),
-        PossibleValue::new("16").help("uint16 cache edges"),
-    ])
-    .try_map(|s| s.parse::<u32>())
-}
-
-fn quant_values() -> PossibleValuesParser {
-    PossibleValuesParser::new([
-        PossibleValue::new("edges")
-            .alias("int")
-            .help("quantise every edge like a compiled HEF (default)"),
-        PossibleValue::new("none").help("every edge float"),
-    ])
-}
-
-fn cache_values() -> PossibleValuesParser {
-    PossibleValuesParser::new([
-        PossibleValue::new("un-expanded")
-            .alias("unexpanded")
-            .help("one entry per KV head (default)"),
-        PossibleValue::new("expanded").help("one entry per attention head"),
-    ])
-}
-
-fn weight_values() -> PossibleValuesParser {
-    PossibleValuesParser::new([
-        PossibleValue::new("f32").help("the model's weights (default)"),
-        PossibleValue::new("int8").help("per-channel int8 weights"),
-    ])
-}
-
-fn rope_theta_values() -> PossibleValuesParser {
-    PossibleValuesParser::new([
-        PossibleValue::new("plain").help("both halves positive (default)"),
-        PossibleValue::new("sign-folded").help("first half negated, HailoRT's fallback"),
-    ])
-}
-
-fn ep_values() -> PossibleValuesParser {
-    PossibleValuesParser::new([
-        PossibleValue::new("cpu").help("default"),
-        PossibleValue::new("qnn").help("Qualcomm Snapdragon NPU"),
-        PossibleValue::new("openvino").help("Intel Core Ultra NPU"),
-        PossibleValue::new("vitisai")
-            .alias("vitis")
-            .help("AMD Ryzen AI NPU"),
-        PossibleValue::new("coreml").help("Apple Neural Engine"),
-    ])
-}
-
 /// What a run drives.
 pub enum Backend {
     Sim(Box<SimDevice>),
@@ -231,6 +200,8 @@ pub enum Backend {
     Ane(Box<AneDevice>),
     /// `--onnx DIR`: an ONNX Runtime GenAI folder run by ONNX Runtime (issue 22).
     Onnx(Box<OnnxDevice>),
+    /// `--openvino DIR`: a stateful OpenVINO IR on a plugin (issue 37).
+    OpenVino(Box<OvDevice>),
     /// A Hailo-10H through HailoRT, opened from `--hef` after the pairing check (issue 6).
     #[cfg(feature = "hailo")]
     Hailo(Box<HailoRun>),
@@ -260,6 +231,7 @@ impl Backend {
             Backend::Sim(s) => s.as_mut(),
             Backend::Ane(a) => a.as_mut(),
             Backend::Onnx(o) => o.as_mut(),
+            Backend::OpenVino(o) => o.as_mut(),
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => &mut h.device,
         }
@@ -270,6 +242,7 @@ impl Backend {
             Backend::Sim(s) => s.describe(),
             Backend::Ane(a) => a.describe(),
             Backend::Onnx(o) => o.describe(),
+            Backend::OpenVino(o) => o.describe(),
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => h.device.describe(),
         }
@@ -280,7 +253,7 @@ impl Backend {
         match self {
             Backend::Sim(s) => Some(s.manifest()),
             Backend::Ane(a) => Some(a.manifest()),
-            Backend::Onnx(_) => None,
+            Backend::Onnx(_) | Backend::OpenVino(_) => None,
             #[cfg(feature = "hailo")]
             Backend::Hailo(_) => None,
         }
@@ -288,7 +261,7 @@ impl Backend {
 
     pub fn hef_path(&self) -> Option<&Path> {
         match self {
-            Backend::Sim(_) | Backend::Ane(_) | Backend::Onnx(_) => None,
+            Backend::Sim(_) | Backend::Ane(_) | Backend::Onnx(_) | Backend::OpenVino(_) => None,
             #[cfg(feature = "hailo")]
             Backend::Hailo(h) => Some(&h.hef),
         }
@@ -299,7 +272,7 @@ impl Backend {
     pub fn prompt_tokenizer<'a>(&'a self, model: &'a Model) -> PromptTokenizer<'a> {
         match self {
             // --onnx: the folder's tokenizer.json is the model's (scripts/export-onnx.py copies it)
-            Backend::Sim(_) | Backend::Ane(_) | Backend::Onnx(_) => {
+            Backend::Sim(_) | Backend::Ane(_) | Backend::Onnx(_) | Backend::OpenVino(_) => {
                 let _ = model;
                 PromptTokenizer::Model
             }
@@ -328,11 +301,20 @@ impl DeviceArgs {
             faults: &self.faults,
         })?;
         if let Some(n) = self.max_ctx {
-            if self.device.is_none() && self.onnx.is_none() {
+            if self.device.is_none() && self.onnx.is_none() && self.openvino.is_none() {
                 return Err(usage(format!(
-                    "--max-ctx {n}: only for --device ane-sim or --onnx DIR"
+                    "--max-ctx {n}: only for --device ane-sim, --onnx DIR or --openvino DIR"
                 )));
             }
+        }
+        if self.openvino.is_some() {
+            // the runtime and its plugins are real: no emulator faults
+            if let Some(f) = self.faults.first() {
+                return Err(usage(format!(
+                    "--fault {f}: --openvino runs OpenVINO's real plugins, which take no emulator faults; its faults are configurations (docs/openvino.md)"
+                )));
+            }
+            return Ok(());
         }
         if self.onnx.is_some() {
             // the host-driver faults of the windowed cache (npu/src/onnx/faults.rs); the model
@@ -378,7 +360,7 @@ impl DeviceArgs {
             match families::by_device(d) {
                 None => {
                     return Err(usage(format!(
-                        "--device {d}: unknown device; use {}, --sim (the Hailo emulator), --hef FILE or --onnx DIR",
+                        "--device {d}: unknown device; use {}, --sim (the Hailo emulator), --hef FILE, --onnx DIR or --openvino DIR",
                         families::device_choices()
                     )))
                 }
@@ -395,7 +377,7 @@ impl DeviceArgs {
             }
         } else if !self.sim {
             return Err(usage(
-                "no device: pass --sim (the Hailo emulator), --device ane-sim, --hef FILE or --onnx DIR",
+                "no device: pass --sim (the Hailo emulator), --device ane-sim, --hef FILE, --onnx DIR or --openvino DIR",
             ));
         }
         Ok(())
@@ -431,6 +413,9 @@ impl DeviceArgs {
         if let Some(dir) = &self.onnx {
             return self.open_onnx(dir, model);
         }
+        if let Some(dir) = &self.openvino {
+            return self.open_openvino(dir, model);
+        }
         if self.device.is_some() {
             let max_ctx = self.max_ctx.unwrap_or(128);
             let opts = AneOptions {
@@ -463,34 +448,6 @@ impl DeviceArgs {
         let dev = SimDevice::new(model.clone(), opts)
             .map_err(|e| npu_error(families::place_fault(&kvprobe_npu::sim::FAMILY, e)))?;
         Ok(Backend::Sim(Box::new(dev)))
-    }
-
-    /// `--onnx DIR`: the GenAI folder with the chosen execution provider; the driver sends the
-    /// rows of `model`'s embedding table, which the device maps back to token ids.
-    fn open_onnx(&self, dir: &Path, model: &Arc<Model>) -> anyhow::Result<Backend> {
-        let ep = self.ep.as_deref().map_or(Ok(Ep::Cpu), Ep::parse);
-        let ep = ep.map_err(npu_error)?;
-        let ep_options = self
-            .ep_options
-            .iter()
-            .map(|s| parse_ep_option(s))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(npu_error)?;
-        let opts = OnnxOptions {
-            dir: dir.to_path_buf(),
-            ep,
-            ep_options,
-            max_ctx: self.max_ctx,
-            faults: self
-                .faults
-                .iter()
-                .map(|f| kvprobe_npu::onnx::faults::parse(f))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(npu_error)?,
-            allow_cpu_fallback: self.allow_cpu_fallback,
-        };
-        let dev = OnnxDevice::open(model, &opts).map_err(npu_error)?;
-        Ok(Backend::Onnx(Box::new(dev)))
     }
 
     /// Prompt token ids: --ids, else --prompt (or the default prompt) through the tokenizer.

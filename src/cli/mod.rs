@@ -2,6 +2,7 @@
 //! model, atomic writes) lives in [`common`]. A new subcommand is a new module plus one variant of
 //! [`Command`] and one arm in [`run`].
 
+mod choice_values;
 pub mod common;
 pub mod device_args;
 pub mod inspect;
@@ -10,6 +11,7 @@ pub mod probe_cmd;
 pub mod ref_cmd;
 pub mod replay;
 pub mod report;
+mod runtime_devices;
 pub mod second_process;
 pub mod shell;
 mod unused_flags;

@@ -50,6 +50,8 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         Some(p) => p,
         None => args.prompt_ids(&model, backend.prompt_tokenizer(&model))?,
     };
+    let limits = backend.device().limits();
+    kvprobe_npu::contract::limits::check_prompt(&limits, ids.len()).map_err(npu_error)?;
     if matches!(name, "greedy" | "diagnose") {
         check_steps_fit(args.steps, ids.len(), model.config().max_position)?;
     }

@@ -75,6 +75,7 @@ impl Replayer for EmulatorReplay {
             Backend::Sim(d) => d,
             Backend::Ane(d) => d,
             Backend::Onnx(d) => d,
+            Backend::OpenVino(d) => d,
             #[cfg(feature = "hailo")]
             Backend::Hailo(_) => {
                 return Err(kvprobe_npu::Error::Device(

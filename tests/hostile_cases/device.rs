@@ -34,6 +34,7 @@ pub fn device_failures(c: &mut Corpus) {
             ],
         );
         c.add(&format!("ane stale state at max-ctx {ctx}"), 1, None, &a);
+        c.expect_stdout("verdict: stale-cache");
     }
 }
 

@@ -6,6 +6,7 @@ mod device;
 mod files;
 mod more;
 mod outputs;
+mod runtime;
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,8 @@ pub struct Case {
     pub args: Vec<String>,
     pub code: i32,
     pub needle: Option<&'static str>,
+    /// A word stdout must hold (a finding's verdict and the step it names).
+    pub stdout_needle: Option<&'static str>,
     /// The `--out` folder of the case: a refused case must not leave it behind (unless it
     /// existed before the case ran: then it is the user's, and stays).
     pub out: Option<PathBuf>,
@@ -58,6 +61,7 @@ impl Corpus {
         device::unused_flags(&mut c);
         device::hef_scales(&mut c);
         outputs::data_loss(&mut c);
+        runtime::device_outputs(&mut c);
         c
     }
 
@@ -111,10 +115,16 @@ impl Corpus {
             args: args.to_vec(),
             code,
             needle,
+            stdout_needle: None,
             out,
             intact: Vec::new(),
             prepare: None,
         });
+    }
+
+    /// The last case's stdout must hold `needle`.
+    pub fn expect_stdout(&mut self, needle: &'static str) {
+        self.cases.last_mut().expect("a case").stdout_needle = Some(needle);
     }
 
     /// A case that must leave `intact` as it was, with `prepare` run just before it.

@@ -2,7 +2,8 @@
 //! share.
 
 use kvprobe_schema::{
-    CacheEdgeDescription, DType, GroupDescription, GroupKind, InputRole, IoDescription, QuantInfo,
+    CacheDirection, CacheEdgeDescription, CacheKind, DType, GroupDescription, GroupKind, InputRole,
+    IoDescription, QuantInfo,
 };
 
 /// An unquantised input or output: `host` is what the host sends or reads, `dev` what the graph
@@ -82,4 +83,36 @@ impl StatefulGraph<'_> {
             taps: Vec::new(),
         }
     }
+}
+
+/// One fp16 input edge per layer's K (id `2l`) and V (id `2l + 1`), `ctx` positions of `entry`
+/// bytes, with the quantisation `quant(id)` gives and the storage `format` says.
+pub fn state_edges(
+    n_layers: usize,
+    entry: usize,
+    ctx: usize,
+    format: &str,
+    quant: impl Fn(u32) -> QuantInfo,
+) -> Vec<CacheEdgeDescription> {
+    (0..n_layers)
+        .flat_map(|l| {
+            [
+                (2 * l as u32, CacheKind::K),
+                (2 * l as u32 + 1, CacheKind::V),
+            ]
+            .map(|(id, kind)| (l, id, kind))
+        })
+        .map(|(l, id, kind)| CacheEdgeDescription {
+            cache_id: id,
+            direction: CacheDirection::Input,
+            entry_size: entry,
+            padded_entry_size: entry,
+            length: ctx,
+            data_bytes: 2,
+            quant: quant(id),
+            format: Some(format.to_string()),
+            layer: Some(l),
+            kind: Some(kind),
+        })
+        .collect()
 }

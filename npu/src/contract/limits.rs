@@ -22,6 +22,20 @@ pub fn limit(
     }
 }
 
+/// The host's check of a prompt against the prompt length the device declares it refuses past
+/// (`limits`: its [`Device::limits`](super::Device::limits)): a prompt of `value` tokens or more
+/// is the user's input past a declared configuration, refused before anything runs, so a refusal
+/// the device gives later is its own behaviour, not the user's.
+pub fn check_prompt(limits: &[DeviceLimit], tokens: usize) -> crate::Result<()> {
+    let refused = limits
+        .iter()
+        .filter(|l| l.kind == LimitKind::PromptLen && l.prompt == Some(PastLimit::Refused));
+    match refused.map(|l| l.value).min() {
+        Some(max_ctx) if tokens >= max_ctx => Err(crate::Error::ContextTooLong { tokens, max_ctx }),
+        _ => Ok(()),
+    }
+}
+
 /// The limits every device of a runtime has, read from its description: the prefill rows
 /// (`prefill_len`) and the cache (`cache_len`); `stateful` is the device's
 /// `Capabilities::stateful` (a state does not wrap).

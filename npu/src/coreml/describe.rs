@@ -2,13 +2,10 @@
 //! (`Prefill` up to `max_query` rows, `Tbt` 1 row) with fp16 states as cache edges.
 
 use kvprobe_reference::ModelConfig;
-use kvprobe_schema::{
-    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupKind,
-    ModelShape, QuantInfo, RuntimeKind,
-};
+use kvprobe_schema::{DType, DeviceDescription, GroupKind, ModelShape, QuantInfo, RuntimeKind};
 
 use super::{CAUSAL_MASK, EMBEDDINGS, POSITION_IDS};
-use crate::contract::describe::StatefulGraph;
+use crate::contract::describe::{state_edges, StatefulGraph};
 
 pub(super) fn description(
     name: String,
@@ -17,26 +14,13 @@ pub(super) fn description(
     qmax: usize,
 ) -> DeviceDescription {
     let entry = cfg.n_kv_heads * cfg.head_dim * 2;
-    let edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
-        .flat_map(|l| {
-            [
-                (2 * l as u32, CacheKind::K),
-                (2 * l as u32 + 1, CacheKind::V),
-            ]
-            .map(|(id, kind)| CacheEdgeDescription {
-                cache_id: id,
-                direction: CacheDirection::Input,
-                entry_size: entry,
-                padded_entry_size: entry,
-                length: ctx,
-                data_bytes: 2,
-                quant: QuantInfo::IDENTITY,
-                format: Some("state [kv_heads, max_ctx, head_dim] fp16".into()),
-                layer: Some(l),
-                kind: Some(kind),
-            })
-        })
-        .collect();
+    let edges = state_edges(
+        cfg.n_layers,
+        entry,
+        ctx,
+        "state [kv_heads, max_ctx, head_dim] fp16",
+        |_| QuantInfo::IDENTITY,
+    );
     let graph = StatefulGraph {
         model: &name,
         hidden: cfg.hidden_size,

@@ -3,14 +3,14 @@
 //! K/V per layer as cache edges (uint8 with its scale for a quantised windowed cache).
 
 use kvprobe_schema::{
-    CacheDirection, CacheEdgeDescription, CacheKind, DType, DeviceDescription, GroupKind,
-    ModelShape, QuantInfo, RuntimeKind,
+    CacheDirection, CacheEdgeDescription, DType, DeviceDescription, GroupKind, ModelShape,
+    QuantInfo, RuntimeKind,
 };
 
 use super::config::GenaiConfig;
 use super::wcache::{WindowCache, ZERO_POINT};
 use super::FAMILY;
-use crate::contract::describe::StatefulGraph;
+use crate::contract::describe::{state_edges, StatefulGraph};
 
 /// Names of the driver-side inputs in the description. The embeddings row input carries the
 /// rows the generic driver reads from the reference's table; the device turns them back into
@@ -93,26 +93,7 @@ fn cache_edges(
         },
         _ => QuantInfo::IDENTITY,
     };
-    let mut edges: Vec<CacheEdgeDescription> = (0..cfg.n_layers)
-        .flat_map(|l| {
-            [
-                (2 * l as u32, CacheKind::K),
-                (2 * l as u32 + 1, CacheKind::V),
-            ]
-            .map(|(id, kind)| CacheEdgeDescription {
-                cache_id: id,
-                direction: CacheDirection::Input,
-                entry_size: entry,
-                padded_entry_size: entry,
-                length: ctx,
-                data_bytes: 2,
-                quant: quant(id),
-                format: Some(format.clone()),
-                layer: Some(l),
-                kind: Some(kind),
-            })
-        })
-        .collect();
+    let mut edges = state_edges(cfg.n_layers, entry, ctx, &format, quant);
     if u16_runner {
         // win-u16-runner: the runner declares the past inputs it fills as uint16 (zero point
         // 32768) while the graph's presents are uint8 (zero point 128)

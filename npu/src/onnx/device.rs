@@ -15,7 +15,7 @@ use super::describe::{MASK, POSITIONS, ROWS};
 #[cfg(feature = "onnx")]
 use super::faults::WinFault;
 #[cfg(feature = "onnx")]
-use super::open_checks::{check_pairing, kv_format, kv_scales, shared_length};
+use super::open_checks::{check_pairing, declared_provider, kv_format, kv_scales, shared_length};
 use super::wcache::WindowCache;
 use super::window::WindowState;
 #[cfg(feature = "onnx")]
@@ -40,6 +40,8 @@ pub struct OnnxDevice {
     shared: Option<usize>,
     /// Convention (b): GenAI's windowed bookkeeping and the entries (None for (a)).
     win: Option<(WindowState, WindowCache)>,
+    /// The run's provider is not the one genai_config.json declares (open_checks.rs).
+    substitute: Option<String>,
 }
 
 impl OnnxDevice {
@@ -47,6 +49,7 @@ impl OnnxDevice {
     #[cfg(feature = "onnx")]
     pub fn open(model: &Model, opts: &OnnxOptions) -> Result<OnnxDevice> {
         let cfg = GenaiConfig::load(&opts.dir)?;
+        let substitute = declared_provider(&cfg, opts.ep, opts.ep_given)?;
         if cfg.window.is_none() && !opts.faults.is_empty() {
             return Err(Error::BadOption {
                 flag: "--fault".into(),
@@ -145,6 +148,7 @@ impl OnnxDevice {
             shared,
             ep: opts.ep,
             win,
+            substitute,
             cfg,
             lookup,
             rt,
@@ -351,12 +355,12 @@ impl Device for OnnxDevice {
     }
 
     /// A QNN session with nodes on the CPU says "partial NPU" in every output.
+    /// A run on another provider than genai_config.json declares says so too.
     fn warnings(&self) -> Vec<String> {
+        let v = self.substitute.iter().cloned();
         #[cfg(feature = "onnx")]
-        if let Some(p) = self.rt.qnn.as_ref().and_then(|q| q.partial()) {
-            return vec![p];
-        }
-        Vec::new()
+        let v = v.chain(self.rt.qnn.as_ref().and_then(|q| q.partial()));
+        v.collect()
     }
 
     fn limits(&self) -> Vec<DeviceLimit> {

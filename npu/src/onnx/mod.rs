@@ -145,6 +145,9 @@ pub struct OnnxOptions {
     /// `--allow-cpu-fallback` (`--ep qnn`): nodes QNN cannot take run on ONNX Runtime's CPU EP,
     /// and every output says "partial NPU"; off, such a graph is refused (qnn.rs).
     pub allow_cpu_fallback: bool,
+    /// `--ep` was given: a folder whose genai_config.json declares another provider runs on
+    /// `ep` with a warning in every output; without it, it is refused (never a silent CPU run).
+    pub ep_given: bool,
 }
 
 impl OnnxOptions {

@@ -112,3 +112,50 @@ pub(super) fn kv_scales(dir: &std::path::Path, layers: usize) -> Result<Vec<f32>
     }
     Ok(scales)
 }
+
+/// The execution providers genai_config.json declares (`decoder.session_options.
+/// provider_options`, the CPU excepted) against the one this run uses: GenAI runs the model on
+/// the declared one, so running it elsewhere without a word would report another stack's
+/// numbers as the model's. Without `--ep`, a folder declaring another provider is refused; with
+/// `--ep` naming another one, the run says so (a warning in every output).
+pub(super) fn declared_provider(
+    cfg: &GenaiConfig,
+    ep: super::Ep,
+    ep_given: bool,
+) -> Result<Option<String>> {
+    let declared: Vec<&str> = cfg
+        .provider_options
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .filter(|n| !n.eq_ignore_ascii_case("cpu"))
+        .collect();
+    let runs_declared = declared
+        .iter()
+        .any(|d| ep.config_names().iter().any(|n| n.eq_ignore_ascii_case(d)));
+    if declared.is_empty() || runs_declared {
+        return Ok(None);
+    }
+    let names = declared.join(", ");
+    if !ep_given {
+        let runs_here = |d: &&&str| super::Ep::parse(d).is_ok_and(|e| e != super::Ep::Cpu);
+        let fix = match declared.iter().find(runs_here) {
+            Some(d) => format!("pass --ep {} to run it there, or", d.to_ascii_lowercase()),
+            None => format!(
+                "kvprobe has no --ep for {names} (it runs {}); pass",
+                super::Ep::CHOICES
+            ),
+        };
+        return Err(Error::Io {
+            path: cfg.path.clone(),
+            detail: format!(
+                "decoder.session_options.provider_options declares the {names} execution provider, where GenAI runs this model, and kvprobe would run it on ONNX Runtime's CPU EP; {fix} --ep cpu to run it on the CPU knowingly (every output then says so)"
+            ),
+        });
+    }
+    Ok(Some(format!(
+        "substitute execution provider: {} declares {names} (decoder.session_options.provider_options), this run used ONNX Runtime's {} EP (--ep {}): the numbers are that provider's, not {names}'s",
+        cfg.path.display(),
+        ep.ort_name(),
+        ep.name()
+    )))
+}

@@ -33,15 +33,8 @@ pub fn plugin_dir() -> PathBuf {
     let rel = PathBuf::from(".cache/onnxruntime-qnn")
         .join(QNN_WHEEL_VERSION)
         .join("onnxruntime_qnn");
-    let mut bases: Vec<PathBuf> = vec![PathBuf::from(".")];
-    if let Ok(exe) = std::env::current_exe() {
-        bases.extend(exe.ancestors().skip(1).take(4).map(Path::to_path_buf));
-    }
     // absolute: ONNX Runtime resolves a relative plugin path against its own library's folder
-    bases
-        .iter()
-        .map(|b| b.join(&rel))
-        .find(|p| p.is_dir())
+    crate::cache_lookup::near_checkout(&rel, Path::is_dir)
         .and_then(|p| std::fs::canonicalize(p).ok())
         .unwrap_or(rel)
 }

@@ -26,15 +26,7 @@ pub fn library_path() -> PathBuf {
         return PathBuf::from(p);
     }
     let rel = PathBuf::from(".cache/onnxruntime").join(format!("libonnxruntime.so.{ORT_VERSION}"));
-    let mut bases: Vec<PathBuf> = vec![PathBuf::from(".")];
-    if let Ok(exe) = std::env::current_exe() {
-        bases.extend(exe.ancestors().skip(1).take(4).map(Path::to_path_buf));
-    }
-    bases
-        .iter()
-        .map(|b| b.join(&rel))
-        .find(|p| p.is_file())
-        .unwrap_or(rel)
+    crate::cache_lookup::near_checkout(&rel, Path::is_file).unwrap_or(rel)
 }
 
 pub(super) fn device(msg: String) -> Error {
@@ -71,10 +63,16 @@ fn new_environment() -> Result<ort::environment::Environment> {
             lib.display()
         ))
     })?;
-    builder
+    let env = builder
         .with_name("kvprobe")
         .build()
-        .map_err(|e| device(format!("ONNX Runtime environment: {e}")))
+        .map_err(|e| device(format!("ONNX Runtime environment: {e}")))?;
+    // a failed run's status already carries the runtime's message into kvprobe's one-line
+    // error: its own log line would be a second, coloured line on stderr (ORT_LOG still wins)
+    if std::env::var_os("ORT_LOG").is_none() {
+        env.set_log_level(ort::logging::LogLevel::Fatal);
+    }
+    Ok(env)
 }
 
 /// What the loaded library says it is: the release branch of its build info

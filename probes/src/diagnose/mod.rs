@@ -17,6 +17,8 @@ pub mod ring;
 pub mod stage;
 mod state_evidence;
 pub mod stateful;
+mod stateful_facts;
+mod stateful_na;
 
 pub use outcome::{DiagnoseOptions, Diagnosis};
 

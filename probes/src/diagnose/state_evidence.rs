@@ -1,6 +1,24 @@
 //! Evidence text for the stateful rules: what the device's description declares about its cache
 //! edges, and the state positions a prefill wrote.
 
+use super::engine::Cause;
+use super::stateful_facts::StatefulFacts;
+
+/// The device answered a greedy step with inf or NaN logits after a finite prefill: it failed
+/// mid-generation (an overflow in the decode graph or a non-finite K/V entry it wrote), named
+/// with its step.
+pub(super) fn non_finite_decode(f: &StatefulFacts) -> Option<Cause> {
+    let step = f.non_finite_step?;
+    let at = if step == 0 {
+        "the prefill's last row (greedy step 0)".to_string()
+    } else {
+        format!("greedy step {step} (every earlier step finite)")
+    };
+    Some(Cause::new(0.9).line(format!(
+        "→ numeric-overflow: the device's logits at {at} hold inf/NaN; the comparisons count them as no agreement, so no later rule can tell more"
+    )))
+}
+
 /// The first cache whose edges disagree on element size or quantisation, as evidence text.
 pub(super) fn declared_quant_mismatch(d: &kvprobe_schema::DeviceDescription) -> Option<String> {
     let edges: Vec<_> = d.groups.iter().flat_map(|g| g.cache_edges.iter()).collect();

@@ -4,7 +4,8 @@
 //!
 //! 0. the same request twice from fresh (all-zero) states differs → nondeterministic;
 //! 1. the prompt after a reset depends on the request before it (back-to-back) → stale-cache;
-//! 2. non-finite logits or states after the prompt's prefill → numeric-overflow;
+//! 2. non-finite logits or states after the prompt's prefill, or non-finite logits at a greedy
+//!    step (a device failing mid-generation) → numeric-overflow;
 //! 3. the prefill wrote other slots than `0..n` → cache-offset;
 //! 4. prefill and greedy agree with the reference → healthy;
 //! 5. reference K/V written in `[ctx, kv_heads, d]` reproduce the reference and the documented
@@ -19,64 +20,19 @@
 //!    the documented order do not repair the step → cache-layout-mismatch (0.6);
 //! 10. otherwise unknown.
 
-use kvprobe_schema::{
-    DeterminismFinding, NotApplicable, OverflowFinding, ProbeFindings, StateFinding, Timing,
-    Verdict,
-};
+use kvprobe_schema::{NotApplicable, ProbeFindings, Timing, Verdict};
 
 use super::engine::{Cause, Control, Controls, Engine, Rule, Tier, When};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
-use super::state_evidence::{declared_quant_mismatch, ranges};
+use super::state_evidence::{declared_quant_mismatch, non_finite_decode, ranges};
+pub use super::stateful_facts::StatefulFacts;
+pub use super::stateful_na::NOT_APPLICABLE;
+use super::stateful_na::{hidden_state_probes, na};
 use crate::thresholds::*;
 use crate::{determinism, greedy, prefill, selfmask, statecheck, Result};
 
 /// Steps of the repeat `diagnose` runs (the prefill and 3 tbt steps, twice, in this process).
 pub const REPEAT_STEPS: usize = 4;
-
-/// Probes that need the genai ring, with the reason (reported, never skipped silently).
-pub const NOT_APPLICABLE: &[(&str, &str)] = &[
-    ("quant", "the states and inputs are fp16/f32 without quant infos; there is nothing to compare"),
-    ("colmap", "single-key columns of a ring window; a stateful device's mask columns are absolute positions (the layout and mask state checks cover this)"),
-    ("ztap", "the device exposes no graph taps"),
-    ("maskconv", "the uint8 mask conventions of the genai server; the fp16 additive mask is checked by the self-only state check"),
-    ("positions", "ring read-offset/position wiring; positions are absolute inputs of every run"),
-    ("layout", "ring entry layouts written by the prefill group; the state layout check writes reference K/V in both state orders instead"),
-    ("inject", "golden ring windows at a read offset; the state layout check injects reference K/V into the states instead"),
-    ("stale", "ring slots outside the read window; the back-to-back rerun of the prefill check covers stale state"),
-    ("causality", "ring entries by slot; stateful slots are positions, checked by the occupancy state check"),
-    ("splits", "the handover between the genai prefill and tbt groups at every split; one graph serves both here (chunk continuation is the chunked-prefill property of npu/tests/ane_sim.rs)"),
-];
-
-fn na() -> Vec<NotApplicable> {
-    NOT_APPLICABLE
-        .iter()
-        .map(|(p, why)| NotApplicable {
-            probe: p.to_string(),
-            why: format!("not applicable on a stateful device: {why}"),
-        })
-        .collect()
-}
-
-/// What the state checks and the controls measured; `None` = not run (an earlier rule ended it).
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatefulFacts {
-    /// The same request twice from fresh states, in this process.
-    pub repeat: Option<DeterminismFinding>,
-    /// The prompt after a reset gave bit-identical logits whatever request came before.
-    pub back_to_back_identical: bool,
-    /// Cosine of the two back-to-back runs (NaN when refused).
-    pub back_to_back_cosine: f64,
-    /// The device refused the second request (why).
-    pub back_to_back_refused: Option<String>,
-    pub overflow: Option<OverflowFinding>,
-    /// Prefill rows and greedy steps against the reference: (mean, min, top-1 agreement).
-    pub prefill: Option<[f64; 3]>,
-    pub greedy: Option<[f64; 3]>,
-    pub state: Option<StateFinding>,
-    /// Cache edges that declare different element types or quantisations for one cache
-    /// (the description's, e.g. a uint16 runner input over a uint8 graph output).
-    pub declared_quant_mismatch: Option<String>,
-}
 
 type R = Rule<StatefulFacts>;
 const T: Tier = Tier::CachePath;
@@ -108,8 +64,17 @@ pub const OVERFLOW: &[R] = &[R::new(
 .needs(Control::Output)
 .stop()];
 
-/// After the controls and the state check.
+/// After the controls and the state check: a step that came back inf/NaN first (every
+/// comparison after it only says "no agreement").
 pub const STATE: &[R] = &[
+    R::new(
+        "non-finite-decode",
+        T,
+        Some(Verdict::NumericOverflow),
+        non_finite_decode,
+    )
+    .needs(Control::Output)
+    .stop(),
     R::new(
         "state-holes",
         T,
@@ -170,76 +135,6 @@ pub const STATE: &[R] = &[
 /// Every stateful rule, in evaluation order.
 pub const TABLE: &[&[R]] = &[REPEAT, STALE, OVERFLOW, STATE];
 
-/// Passes the stage floors of the ring rules, top-1 ignored near identical logits.
-fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
-    mean >= STAGE_MEAN_COSINE
-        && min >= STAGE_MIN_COSINE
-        && (top1 >= top1_floor || mean >= TOP1_IRRELEVANT_ABOVE)
-}
-
-impl StatefulFacts {
-    pub fn prefill_ok(&self) -> bool {
-        self.prefill.is_some_and(|p| passes(p, PREFILL_TOP1))
-    }
-
-    pub fn greedy_ok(&self) -> bool {
-        self.greedy.is_some_and(|g| passes(g, GREEDY_TOP1))
-    }
-
-    pub fn overflowed(&self) -> bool {
-        self.overflow.as_ref().is_some_and(|ov| {
-            !ov.logits_finite || ov.layer.is_some() || ov.zero_rows.is_some() || ov.logits_zero
-        })
-    }
-
-    /// Two runs from all-zero states with identical inputs differed.
-    fn repeat_differs(&self) -> bool {
-        self.repeat
-            .as_ref()
-            .is_some_and(determinism::repeat_differs)
-    }
-
-    /// The prefill wrote exactly positions `0..n`.
-    fn written_ok(&self) -> Option<bool> {
-        let st = self.state.as_ref()?;
-        Some(st.written == (0..st.prompt_len).collect::<Vec<_>>())
-    }
-}
-
-impl Controls for StatefulFacts {
-    fn fails(&self, c: Control) -> bool {
-        match c {
-            // the capacity check has facts of its own (diagnose::capacity)
-            Control::Exempt | Control::Capacity => false,
-            Control::Rerun => !self.back_to_back_identical || self.repeat_differs(),
-            Control::Output => self.overflowed(),
-            Control::StateWrites => self.written_ok() == Some(false),
-            // a control that did not run has not failed
-            Control::PrefillSingle | Control::PrefillMulti => {
-                self.prefill.is_some_and(|p| !passes(p, PREFILL_TOP1))
-            }
-            Control::Greedy | Control::CacheReading => {
-                self.greedy.is_some_and(|g| !passes(g, GREEDY_TOP1))
-            }
-            Control::SelfOnly => self
-                .state
-                .as_ref()
-                .and_then(|st| st.selfonly_cosine)
-                .is_some_and(|own| own < REPRODUCES_COSINE),
-            Control::Any => [
-                Control::Rerun,
-                Control::Output,
-                Control::StateWrites,
-                Control::PrefillSingle,
-                Control::Greedy,
-                Control::SelfOnly,
-            ]
-            .into_iter()
-            .any(|c| self.fails(c)),
-        }
-    }
-}
-
 /// Identical inputs down to the states, different outputs: nothing before the request explains it.
 fn nondeterministic(f: &StatefulFacts) -> Option<Cause> {
     super::repeat::nondeterministic(f.repeat.as_ref()?)
@@ -295,8 +190,14 @@ fn state_offset(f: &StatefulFacts) -> Option<Cause> {
 }
 
 fn healthy(f: &StatefulFacts) -> Option<Cause> {
-    (f.written_ok() == Some(true) && f.prefill_ok() && f.greedy_ok())
-        .then(|| Cause::new(0.9).line("→ prefill, decode and the states agree with the reference"))
+    let states_ok = f.written_ok().unwrap_or(f.state.is_none());
+    (states_ok && f.prefill_ok() && f.greedy_ok()).then(|| {
+        Cause::new(0.9).line(if f.state.is_some() {
+            "→ prefill, decode and the states agree with the reference"
+        } else {
+            "→ prefill and decode agree with the reference (the states are not readable on this device: judged by its outputs only)"
+        })
+    })
 }
 
 fn state_layout_cosines(f: &StatefulFacts) -> Option<Cause> {
@@ -475,6 +376,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         back_to_back_cosine: 1.0,
         back_to_back_refused: None,
         overflow: None,
+        non_finite_step: None,
         prefill: None,
         greedy: None,
         state: None,
@@ -497,6 +399,18 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         return Ok(run.done());
     }
     run.eng.line("back-to-back: the prompt after a reset gives bit-identical logits whatever request came before");
+    if !run.s.dev.capabilities().read_cache {
+        // states out of reach (OpenVINO's C API): the output checks and capacity judge the device
+        hidden_states(&mut run);
+        controls_and_state(&mut run, &mut f, opts)?;
+        if !f.fails(Control::Any)
+            && super::capacity::phase(run.s, &mut run.eng, &mut run.t, &mut run.p, None)?
+        {
+            return Ok(run.done());
+        }
+        run.eng.apply(STATE, &f);
+        return Ok(run.done());
+    }
     // the back-to-back check left the device right after a reset and the prompt's prefill:
     // the states the overflow and occupancy checks read
     let ov = run.timed("overflow", |s| statecheck::overflow(s, &bb.last))?;
@@ -549,11 +463,23 @@ fn matched_facts<'a>(
     Some(m)
 }
 
+/// The checks that read the states, listed as not applicable on a device that hides them.
+fn hidden_states(run: &mut Run) {
+    run.p.not_applicable.extend(hidden_state_probes());
+    run.eng
+        .line("overflow, state and kvdiff not run: the device does not expose its K/V states");
+}
+
 /// Prefill, greedy and selfmask against the reference, then the state checks (their
-/// experiments only when a control fails).
+/// experiments only when a control fails) where the device exposes its states.
 fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptions) -> Result<()> {
-    // occupancy now, before other probes move the states
-    let written = run.timed("occupancy", statecheck::written_positions)?;
+    let states = run.s.dev.capabilities().read_cache;
+    let written = if states {
+        // occupancy now, before other probes move the states
+        run.timed("occupancy", statecheck::written_positions)?
+    } else {
+        Vec::new()
+    };
     // fewer prefixes than on a ring device: no chunk-boundary remainder rule to cover
     let popts = prefill::PrefillOptions {
         max_rows: opts.prefill.max_rows.min(4),
@@ -595,6 +521,7 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     ) {
         f.greedy = Some(m);
     }
+    f.non_finite_step = greedy::first_non_finite_step(run.s);
     run.p.greedy = Some(gr);
     // the decode graph without the context: one-row runs whose mask allows only themselves
     let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
@@ -604,6 +531,9 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         sm.mean_cosine
     ));
     run.p.selfmask = Some(sm);
+    if !states {
+        return Ok(());
+    }
     let experiments = !(f.prefill_ok() && f.greedy_ok());
     let st = run.timed("state", |s| statecheck::run(s, written, experiments))?;
     run.eng.line(format!(
@@ -619,6 +549,7 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvprobe_schema::{DeterminismFinding, OverflowFinding, StateFinding};
 
     /// A healthy stateful run: every check ran, nothing is off.
     fn healthy_facts() -> StatefulFacts {
@@ -636,6 +567,7 @@ mod tests {
                 zero_rows: None,
                 logits_zero: false,
             }),
+            non_finite_step: None,
             prefill: Some([0.999, 0.998, 1.0]),
             greedy: Some([0.999, 0.998, 1.0]),
             state: Some(StateFinding {
@@ -705,6 +637,19 @@ mod tests {
         );
         assert!(check("numeric-overflow", &healthy_facts()).is_none());
         assert_eq!(conclude(&f), (Verdict::NumericOverflow, 0.95));
+    }
+
+    /// A device that fails mid-generation: finite prefill, NaN logits at greedy step 3.
+    #[test]
+    fn non_finite_decode_names_the_step() {
+        let mut f = failing([0.2, 0.2], 0.2);
+        f.non_finite_step = Some(3);
+        let c = check("non-finite-decode", &f).expect("fires");
+        assert!(c.evidence[0].starts_with(
+            "→ numeric-overflow: the device's logits at greedy step 3 (every earlier step finite) hold inf/NaN"
+        ));
+        assert_eq!(conclude(&f).0, Verdict::NumericOverflow);
+        assert!(check("non-finite-decode", &healthy_facts()).is_none());
     }
 
     #[test]

@@ -6,6 +6,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::CacheKind;
 
+/// The relative L2 of a head vector that holds inf or NaN (JSON holds no non-finite number).
+pub const KVDIFF_NON_FINITE: f64 = f64::MAX;
+
+/// A relative L2 as the evidence prints it.
+fn rel_l2_text(x: f64) -> String {
+    if x >= KVDIFF_NON_FINITE {
+        "non-finite (inf/NaN in the device's entry)".into()
+    } else {
+        format!("{x:.4}")
+    }
+}
+
 /// One comparison point: the cache after the prefill (step 0) or after greedy step `step`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KvdiffStep {
@@ -101,7 +113,7 @@ impl KvdiffFinding {
                 self.steps.len()
             ),
             Some(d) => format!(
-                "kvdiff: first divergent layer {} (KV head {}, {}) {} at position {}: relative L2 {:.4} against the f32 reference, {:.4} against the precision-matched one (band {:.4}), {} positions outside",
+                "kvdiff: first divergent layer {} (KV head {}, {}) {} at position {}: relative L2 {} against the f32 reference, {} against the precision-matched one (band {:.4}), {} positions outside",
                 d.layer,
                 d.kv_head,
                 match d.kind {
@@ -114,8 +126,8 @@ impl KvdiffFinding {
                     format!("after greedy step {}", d.step)
                 },
                 d.position,
-                d.rel_l2,
-                d.matched_rel_l2,
+                rel_l2_text(d.rel_l2),
+                rel_l2_text(d.matched_rel_l2),
                 d.band,
                 d.positions_outside
             ),

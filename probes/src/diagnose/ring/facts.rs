@@ -248,16 +248,7 @@ impl RingFacts {
                 first_divergence: greedy.first_divergence,
                 matched: MatchedStats::of(greedy),
             },
-            // the comparisons count non-finite logits as a plain miss (metrics): read the logits
-            non_finite_step: s
-                .compared
-                .iter()
-                .find(|c| c.name == "greedy_device_logits")
-                .and_then(|c| {
-                    c.data
-                        .chunks(c.cols.max(1))
-                        .position(|row| row.iter().any(|x| !x.is_finite()))
-                }),
+            non_finite_step: crate::greedy::first_non_finite_step(s),
             ..RingFacts::default()
         }
     }

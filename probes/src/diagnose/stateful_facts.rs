@@ -1,0 +1,101 @@
+//! What the stateful diagnosis measured ([`StatefulFacts`]) and which of its controls failed:
+//! the facts the rules of [`super::stateful`] and their evidence text read.
+
+use kvprobe_schema::{DeterminismFinding, OverflowFinding, StateFinding};
+
+use super::engine::{Control, Controls};
+use crate::determinism;
+use crate::thresholds::*;
+
+/// What the state checks and the controls measured; `None` = not run (an earlier rule ended it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatefulFacts {
+    /// The same request twice from fresh states, in this process.
+    pub repeat: Option<DeterminismFinding>,
+    /// The prompt after a reset gave bit-identical logits whatever request came before.
+    pub back_to_back_identical: bool,
+    /// Cosine of the two back-to-back runs (NaN when refused).
+    pub back_to_back_cosine: f64,
+    /// The device refused the second request (why).
+    pub back_to_back_refused: Option<String>,
+    pub overflow: Option<OverflowFinding>,
+    /// First greedy step (0 = the prefill's last row) whose device logits hold inf or NaN.
+    pub non_finite_step: Option<usize>,
+    /// Prefill rows and greedy steps against the reference: (mean, min, top-1 agreement).
+    pub prefill: Option<[f64; 3]>,
+    pub greedy: Option<[f64; 3]>,
+    pub state: Option<StateFinding>,
+    /// Cache edges that declare different element types or quantisations for one cache
+    /// (the description's, e.g. a uint16 runner input over a uint8 graph output).
+    pub declared_quant_mismatch: Option<String>,
+}
+
+/// Passes the stage floors of the ring rules, top-1 ignored near identical logits.
+fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
+    mean >= STAGE_MEAN_COSINE
+        && min >= STAGE_MIN_COSINE
+        && (top1 >= top1_floor || mean >= TOP1_IRRELEVANT_ABOVE)
+}
+
+impl StatefulFacts {
+    pub fn prefill_ok(&self) -> bool {
+        self.prefill.is_some_and(|p| passes(p, PREFILL_TOP1))
+    }
+
+    pub fn greedy_ok(&self) -> bool {
+        self.greedy.is_some_and(|g| passes(g, GREEDY_TOP1))
+    }
+
+    pub fn overflowed(&self) -> bool {
+        self.overflow.as_ref().is_some_and(|ov| {
+            !ov.logits_finite || ov.layer.is_some() || ov.zero_rows.is_some() || ov.logits_zero
+        })
+    }
+
+    /// Two runs from all-zero states with identical inputs differed.
+    pub(super) fn repeat_differs(&self) -> bool {
+        self.repeat
+            .as_ref()
+            .is_some_and(determinism::repeat_differs)
+    }
+
+    /// The prefill wrote exactly positions `0..n`.
+    pub(super) fn written_ok(&self) -> Option<bool> {
+        let st = self.state.as_ref()?;
+        Some(st.written == (0..st.prompt_len).collect::<Vec<_>>())
+    }
+}
+
+impl Controls for StatefulFacts {
+    fn fails(&self, c: Control) -> bool {
+        match c {
+            // the capacity check has facts of its own (diagnose::capacity)
+            Control::Exempt | Control::Capacity => false,
+            Control::Rerun => !self.back_to_back_identical || self.repeat_differs(),
+            Control::Output => self.overflowed() || self.non_finite_step.is_some(),
+            Control::StateWrites => self.written_ok() == Some(false),
+            // a control that did not run has not failed
+            Control::PrefillSingle | Control::PrefillMulti => {
+                self.prefill.is_some_and(|p| !passes(p, PREFILL_TOP1))
+            }
+            Control::Greedy | Control::CacheReading => {
+                self.greedy.is_some_and(|g| !passes(g, GREEDY_TOP1))
+            }
+            Control::SelfOnly => self
+                .state
+                .as_ref()
+                .and_then(|st| st.selfonly_cosine)
+                .is_some_and(|own| own < REPRODUCES_COSINE),
+            Control::Any => [
+                Control::Rerun,
+                Control::Output,
+                Control::StateWrites,
+                Control::PrefillSingle,
+                Control::Greedy,
+                Control::SelfOnly,
+            ]
+            .into_iter()
+            .any(|c| self.fails(c)),
+        }
+    }
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Wall time and peak RSS of `kvprobe diagnose --openvino` on SmolLM2 (issue 37), on DEVICE=NPU
+# (default: the NPU plugin's NPUW pipeline with its partitions on the CPU) or DEVICE=CPU. Prints
+# each run, the median of RUNS (default 3) and the largest peak RSS. Extra arguments go to
+# diagnose. PROFILE=dev uses the dev-profile binary (optimised too) instead of a release build.
+# Needs GNU time (scripts/ensure-gnu-time.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${MODEL:-.cache/models/smollm2-135m-instruct-q4_1.gguf}
+RUNS=${RUNS:-3}
+DEVICE=${DEVICE:-NPU}
+PROFILE=${PROFILE:-release}
+[ -f "$MODEL" ] || scripts/fetch-model.sh
+scripts/fetch-openvino.sh >/dev/null
+DIR="$(scripts/export-openvino.sh | tail -1)"
+scripts/ensure-gnu-time.sh bench-openvino >/dev/null
+if [ "$PROFILE" = dev ]; then
+  cargo build --quiet --features openvino --bin kvprobe
+  BIN=./target/debug/kvprobe
+else
+  cargo build --release --quiet --features openvino
+  BIN=./target/release/kvprobe
+fi
+times=()
+rss=0
+for i in $(seq "$RUNS"); do
+  log="$(mktemp)"
+  start=$(date +%s.%N)
+  /usr/bin/time -f '%M' -o "$log" "$BIN" diagnose --openvino "$DIR" --ov-device "$DEVICE" \
+      --model "$MODEL" "$@" >/dev/null || true
+  end=$(date +%s.%N)
+  t=$(echo "$end - $start" | bc -l)
+  kb=$(tail -1 "$log"); rm -f "$log"
+  [ "$kb" -gt "$rss" ] && rss=$kb
+  times+=("$t")
+  printf 'run %d: %.2f s, peak RSS %d MB\n' "$i" "$t" "$((kb / 1024))"
+done
+printf '%s\n' "${times[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median of %d: %.2f s\n", NR, a[int((NR+1)/2)]}'
+echo "largest peak RSS: $((rss / 1024)) MB"
