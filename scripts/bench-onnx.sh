@@ -36,19 +36,6 @@ else
   cargo build --release --quiet --features onnx
   BIN=./target/release/kvprobe
 fi
-times=()
-rss=0
-for i in $(seq "$RUNS"); do
-  log="$(mktemp)"
-  start=$(date +%s.%N)
-  /usr/bin/time -f '%M' -o "$log" "$BIN" diagnose --onnx "$DIR" --model "$MODEL" \
-      --steps 32 ${EXTRA[@]+"${EXTRA[@]}"} "$@" >/dev/null || true
-  end=$(date +%s.%N)
-  t=$(echo "$end - $start" | bc -l)
-  kb=$(tail -1 "$log"); rm -f "$log"
-  [ "$kb" -gt "$rss" ] && rss=$kb
-  times+=("$t")
-  printf 'run %d: %.2f s, peak RSS %d MB\n' "$i" "$t" "$((kb / 1024))"
-done
-printf '%s\n' "${times[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median of %d: %.2f s\n", NR, a[int((NR+1)/2)]}'
-echo "largest peak RSS: $((rss / 1024)) MB"
+. scripts/lib/timed-runs.sh
+timed_runs "$RUNS" "$BIN" diagnose --onnx "$DIR" --model "$MODEL" \
+    --steps 32 ${EXTRA[@]+"${EXTRA[@]}"} "$@"

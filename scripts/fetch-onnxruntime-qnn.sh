@@ -23,36 +23,13 @@ if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
     exit 3
 fi
 
-if [ ! -s "$DEST/.complete" ]; then
-    mkdir -p "$DEST"
-    tmp="$(mktemp -d)"
-    trap 'rm -rf "$tmp"' EXIT
-    python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-        --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_35_x86_64 \
-        -d "$tmp" "onnxruntime-qnn==${VERSION}" >&2
-    got="$(sha256sum "$tmp/$WHEEL" | cut -d' ' -f1)"
-    if [ "$got" != "$SHA256" ]; then
-        echo "fetch-onnxruntime-qnn.sh: $WHEEL has sha256 $got, expected $SHA256; refusing it" >&2
-        exit 3
-    fi
-    # the shared libraries only (not libGenie.so, Qualcomm's own LLM runner, which kvprobe does not use)
-    python3 - "$tmp/$WHEEL" "$DEST" <<'PY'
-import os, sys, zipfile, shutil
-wheel, dest = sys.argv[1:]
-with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-        base = os.path.basename(name)
-        if ".so" not in base or base == "libGenie.so":
-            continue
-        out = os.path.join(dest, name)
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        with z.open(name) as src, open(out + ".part", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.chmod(out + ".part", 0o755)
-        os.replace(out + ".part", out)
-PY
-    echo "onnxruntime-qnn $VERSION $SHA256" > "$DEST/.complete"
-fi
+# the shared libraries only (not libGenie.so, Qualcomm's own LLM runner, which kvprobe does not use),
+# in the wheel's layout: they find their C++ runtime through their RPATH
+python3 scripts/lib/pinned_wheel.py --script fetch-onnxruntime-qnn.sh \
+    --requirement "onnxruntime-qnn==${VERSION}" --platform manylinux_2_35_x86_64 \
+    --wheel "$WHEEL" --sha256 "$SHA256" --dest "$DEST" \
+    --member "*.so" --member "*.so.*" --skip libGenie.so \
+    --expect onnxruntime_qnn/libonnxruntime_providers_qnn.so
 
 if [ "${1:-}" = "--env" ]; then
     echo "export KVPROBE_QNN_DIR=$(pwd)/$DEST/onnxruntime_qnn"

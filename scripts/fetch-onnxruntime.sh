@@ -21,26 +21,10 @@ if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
     exit 3
 fi
 
-if [ ! -s "$LIB" ]; then
-    mkdir -p "$DEST"
-    tmp="$(mktemp -d)"
-    trap 'rm -rf "$tmp"' EXIT
-    python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-        --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_28_x86_64 \
-        -d "$tmp" "onnxruntime==${VERSION}" >&2
-    got="$(sha256sum "$tmp/$WHEEL" | cut -d' ' -f1)"
-    if [ "$got" != "$SHA256" ]; then
-        echo "fetch-onnxruntime.sh: $WHEEL has sha256 $got, expected $SHA256; refusing it" >&2
-        exit 3
-    fi
-    python3 - "$tmp/$WHEEL" "$LIB" "$VERSION" <<'PY'
-import sys, zipfile, shutil
-wheel, out, ver = sys.argv[1:]
-with zipfile.ZipFile(wheel) as z, z.open(f"onnxruntime/capi/libonnxruntime.so.{ver}") as src, open(out + ".part", "wb") as dst:
-    shutil.copyfileobj(src, dst)
-PY
-    mv "$LIB.part" "$LIB"
-fi
+python3 scripts/lib/pinned_wheel.py --script fetch-onnxruntime.sh \
+    --requirement "onnxruntime==${VERSION}" --platform manylinux_2_28_x86_64 \
+    --wheel "$WHEEL" --sha256 "$SHA256" --dest "$DEST" --flatten \
+    --member "onnxruntime/capi/libonnxruntime.so.${VERSION}" --expect "libonnxruntime.so.${VERSION}"
 
 if [ "${1:-}" = "--env" ]; then
     echo "export ORT_DYLIB_PATH=$(pwd)/$LIB"

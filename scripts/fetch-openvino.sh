@@ -24,32 +24,10 @@ if [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
     exit 3
 fi
 
-if [ ! -s "$LIB" ] || [ "$(cat "$DEST/.sha256" 2>/dev/null)" != "$SHA256" ]; then
-    tmp="$(mktemp -d)"
-    trap 'rm -rf "$tmp"' EXIT
-    python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-        --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_28_x86_64 \
-        -d "$tmp" "openvino==${VERSION}" >&2
-    got="$(sha256sum "$tmp/$WHEEL" | cut -d' ' -f1)"
-    if [ "$got" != "$SHA256" ]; then
-        echo "fetch-openvino.sh: $WHEEL has sha256 $got, expected $SHA256; refusing it" >&2
-        exit 3
-    fi
-    rm -rf "$DEST.part"
-    mkdir -p "$DEST.part"
-    python3 - "$tmp/$WHEEL" "$DEST.part" <<'PY'
-import os, shutil, sys, zipfile
-wheel, out = sys.argv[1:]
-with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-        if name.startswith("openvino/libs/") and not name.endswith("/"):
-            with z.open(name) as src, open(os.path.join(out, os.path.basename(name)), "wb") as dst:
-                shutil.copyfileobj(src, dst)
-PY
-    echo "$SHA256" > "$DEST.part/.sha256"
-    rm -rf "$DEST"
-    mv "$DEST.part" "$DEST"
-fi
+python3 scripts/lib/pinned_wheel.py --script fetch-openvino.sh \
+    --requirement "openvino==${VERSION}" --platform manylinux_2_28_x86_64 \
+    --wheel "$WHEEL" --sha256 "$SHA256" --dest "$DEST" --flatten \
+    --member "openvino/libs/*" --expect "libopenvino_c.so.$SONAME"
 
 if [ "${1:-}" = "--env" ]; then
     echo "export KVPROBE_OPENVINO_LIB=$(pwd)/$LIB"

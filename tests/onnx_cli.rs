@@ -269,3 +269,59 @@ fn a_declared_provider_is_never_a_silent_cpu_run() {
         String::from_utf8_lossy(&text.stdout).contains("warning: substitute execution provider")
     );
 }
+
+/// GroupQueryAttention (the model builder's exports) reads the mask as a length, so a self-only
+/// or single-key mask cannot be expressed: the probes that need one are `not_applicable` with
+/// that reason, never a pass for the wrong reason (issue 35: selfmask passed on builder exports,
+/// the op having written the token at position 0 and read it alone). Our exporter's graph, which
+/// applies the mask per key column, is the control: selfmask still runs there.
+#[test]
+fn a_length_only_mask_makes_the_self_only_probes_not_applicable() {
+    let hf = fixture("llama", 13);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/builder/tiny-fp32");
+    assert!(
+        dir.join("genai_config.json").is_file(),
+        "{}: run scripts/export-builder.sh tiny fp32 first",
+        dir.display()
+    );
+    let (hf, dir) = (hf.to_str().unwrap(), dir.to_str().unwrap());
+    let ids = "1,5,9,22,7,3";
+    let (code, v, err) = kvprobe_json(&[
+        "diagnose", "--onnx", dir, "--model", hf, "--ids", ids, "--steps", "6",
+    ]);
+    assert_eq!(code, 0, "{err} {v}");
+    let na = v["probes"]["not_applicable"].as_array().expect("a list");
+    let why = na
+        .iter()
+        .find(|n| n["probe"] == "selfmask")
+        .and_then(|n| n["why"].as_str())
+        .unwrap_or_else(|| panic!("selfmask not listed as not applicable: {na:?}"));
+    assert!(
+        why.contains("GroupQueryAttention") && why.contains("length"),
+        "{why}"
+    );
+    assert!(
+        v["probes"]["selfmask"].is_null(),
+        "{}",
+        v["probes"]["selfmask"]
+    );
+    let out = kvprobe(&["selfmask", "--onnx", dir, "--model", hf, "--ids", ids]);
+    one_line(&out, 2, "`selfmask` is not applicable");
+    one_line(&out, 2, "GroupQueryAttention");
+    let (own_hf, own) = genai_fixture(5);
+    let out = kvprobe(&[
+        "selfmask",
+        "--onnx",
+        own.to_str().unwrap(),
+        "--model",
+        own_hf.to_str().unwrap(),
+        "--ids",
+        ids,
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

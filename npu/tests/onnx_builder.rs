@@ -227,3 +227,25 @@ fn builder_int4_weights_are_computed_as_onnx_runtime_computes_them() {
         "f32: {worst_f32} vs {worst_matched}"
     );
 }
+
+/// GroupQueryAttention reads the mask as a length: the builder's folder says so and refuses a
+/// self-only or single-key row (the op would write the token at position 0 and read it alone),
+/// while the Ring mask it can express runs (issue 35).
+#[test]
+fn builder_graph_refuses_a_mask_with_holes() {
+    use kvprobe_npu::Device;
+    let (_hf, model) = tiny_llama(13);
+    let dir = builder_folder("fp32");
+    let (mut dev, mut drv) = open(&model, &dir, Some(64));
+    let why = dev.mask_by_length().expect("a GroupQueryAttention graph");
+    assert!(why.contains("GroupQueryAttention"), "{why}");
+    let prompt = ids(9, 300, 6);
+    drv.reset(&mut dev).unwrap();
+    let t = argmax(&drv.prefill(&mut dev, &prompt).unwrap().logits);
+    for mode in [MaskMode::SelfOnly, MaskMode::SingleKey(2)] {
+        let e = drv.trial_step(&mut dev, t, &mode).unwrap_err().to_string();
+        assert!(e.contains("a mask with holes"), "{mode:?}: {e}");
+    }
+    drv.trial_step(&mut dev, t, &MaskMode::Ring)
+        .expect("a length mask");
+}

@@ -16,6 +16,11 @@ use crate::Result;
 /// (varied, real tokens of this prompt).
 pub fn run(s: &mut Session, steps: usize) -> Result<SelfmaskFinding> {
     s.require_tbt("selfmask")?;
+    if let Some(why) = s.dev.mask_by_length() {
+        return Err(crate::Error::Input(format!(
+            "`selfmask` is not applicable on this device: {why}"
+        )));
+    }
     let steps = steps.max(1);
     s.progress.phase("selfmask", steps as u64 + 1);
     let n = s.ids.len();

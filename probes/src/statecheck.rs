@@ -264,17 +264,25 @@ pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<St
     }
     f.layout_cosines = Some(cos);
     s.prefill_prompt()?;
-    let outs = s
-        .driver
-        .trial_steps(s.dev, first.query, &[MaskMode::Ring, MaskMode::SelfOnly])?;
-    let alone = s.model.step(
-        &s.model.empty_state()?,
+    // a device that reads the mask as a length cannot run the self-only step: no cosine, so
+    // no rule reads one it did not measure
+    let length_mask = s.dev.mask_by_length().is_some();
+    let modes = [MaskMode::Ring, MaskMode::SelfOnly];
+    let outs = s.driver.trial_steps(
+        s.dev,
         first.query,
-        first.position,
-        &KeySet::None,
+        &modes[..if length_mask { 1 } else { 2 }],
     )?;
     f.full_cosine = Some(cosine(&outs[0].logits, &first.reference));
-    f.selfonly_cosine = Some(cosine(&outs[1].logits, &alone));
+    if let Some(own) = outs.get(1) {
+        let alone = s.model.step(
+            &s.model.empty_state()?,
+            first.query,
+            first.position,
+            &KeySet::None,
+        )?;
+        f.selfonly_cosine = Some(cosine(&own.logits, &alone));
+    }
     // the full-context step against the reference with its query moved by δ (the prompt's keys
     // where they are): a runner that feeds a wrong position id is reproduced by its δ
     let mut shifts = Vec::new();

@@ -62,6 +62,14 @@ pub trait Device {
         Vec::new()
     }
 
+    /// Why this device cannot apply a mask with holes (a self-only or single-key row): it reads
+    /// the mask as a length (ONNX Runtime's GroupQueryAttention). The probes that need such a
+    /// mask are then `not_applicable` with this reason. None (the default): it applies the mask
+    /// per key column.
+    fn mask_by_length(&self) -> Option<String> {
+        None
+    }
+
     /// What every output of a run on this device must say about it (e.g. "partial NPU" when
     /// part of the graph ran on a CPU fallback): the run's warnings, first. Nothing by default.
     fn warnings(&self) -> Vec<String> {

@@ -42,6 +42,9 @@ pub struct OnnxDevice {
     win: Option<(WindowState, WindowCache)>,
     /// The run's provider is not the one genai_config.json declares (open_checks.rs).
     substitute: Option<String>,
+    /// The graph reads the mask as a length (GroupQueryAttention, graph_ops.rs): why a mask
+    /// with holes is refused.
+    length_mask: Option<String>,
 }
 
 impl OnnxDevice {
@@ -84,6 +87,7 @@ impl OnnxDevice {
         };
         let lookup = host::TokenLookup::new(model.embedding_source())?;
         let rt = super::runtime::Runtime::open(&opts.dir, &cfg, opts)?;
+        let length_mask = super::graph_ops::mask_by_length(&opts.dir.join(&cfg.filename))?;
         // after the graph's own check, so a config that disagrees with its graph is named as such
         check_pairing(&cfg, model)?;
         let shared = shared_length(&cfg, rt.fixed_seq, ctx)?;
@@ -149,6 +153,7 @@ impl OnnxDevice {
             ep: opts.ep,
             win,
             substitute,
+            length_mask,
             cfg,
             lookup,
             rt,
@@ -355,6 +360,10 @@ impl Device for OnnxDevice {
     }
 
     /// A QNN session with nodes on the CPU says "partial NPU" in every output.
+    fn mask_by_length(&self) -> Option<String> {
+        self.length_mask.clone()
+    }
+
     /// A run on another provider than genai_config.json declares says so too.
     fn warnings(&self) -> Vec<String> {
         let v = self.substitute.iter().cloned();
@@ -390,6 +399,11 @@ impl Device for OnnxDevice {
             return self.run_window(inputs);
         }
         let (ids, mask, first) = self.genai_inputs(inputs)?;
+        if let Some(why) = self.length_mask.as_ref().filter(|_| mask.contains(&0)) {
+            // the host never builds this for a probe (they check mask_by_length first): a
+            // caller that does gets a refusal, never the op's answer to another request
+            return Err(Error::InvalidArgument(format!("a mask with holes: {why}")));
+        }
         let (h, _, d) = self.shape();
         if first < self.past_len {
             // the driver stepped back: GenAI's RewindTo(first); a shared buffer only moves its

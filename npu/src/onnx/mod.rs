@@ -18,6 +18,8 @@ mod describe;
 mod device;
 pub mod export;
 pub mod faults;
+#[cfg(feature = "onnx")]
+mod graph_ops;
 pub mod host;
 #[cfg(feature = "onnx")]
 mod kv_inputs;

@@ -524,13 +524,21 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     f.non_finite_step = greedy::first_non_finite_step(run.s);
     run.p.greedy = Some(gr);
     // the decode graph without the context: one-row runs whose mask allows only themselves
-    let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
-    run.eng.line(format!(
-        "selfmask: {} self-only steps, mean cosine {:.4} against the token alone",
-        sm.steps.len(),
-        sm.mean_cosine
-    ));
-    run.p.selfmask = Some(sm);
+    if let Some(why) = run.s.dev.mask_by_length() {
+        run.eng.line(format!("selfmask and the self-only state check: not applicable ({why}); prefill, greedy, the state layout and position checks and kvdiff judge the cache"));
+        run.p.not_applicable.push(NotApplicable {
+            probe: "selfmask".into(),
+            why: format!("not applicable: {why}"),
+        });
+    } else {
+        let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
+        run.eng.line(format!(
+            "selfmask: {} self-only steps, mean cosine {:.4} against the token alone",
+            sm.steps.len(),
+            sm.mean_cosine
+        ));
+        run.p.selfmask = Some(sm);
+    }
     if !states {
         return Ok(());
     }
