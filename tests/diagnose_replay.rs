@@ -54,3 +54,30 @@ fn a_healthy_verdict_has_no_reproducer() {
     assert_eq!((code, verdict(&v).as_str()), (0, "healthy"), "{stderr}");
     assert!(v.get("reproducer").is_none(), "{v}");
 }
+
+/// A mild fault the controls do not fail by more than the precision (SmolLM2, L 32 / P 16: the
+/// matched reference misses the device by 1.1e-3 against a declared precision of 6.6e-4, and every
+/// rule answers `healthy`) is named by the replay score: its replay reproduces the device and
+/// the healthy hypothesis does not.
+#[test]
+fn a_mild_attention_scale_is_named_by_the_replay_score() {
+    let Some(m) = smollm2() else { return };
+    let m = m.to_str().unwrap();
+    let mut args = vec!["diagnose", "--sim", "--model", m];
+    args.extend(["--cache-len", "32", "--prefill-len", "16", "--steps", "16"]);
+    args.extend(["--fault", "tbt-attn-scale=0.85"]);
+    let (code, v, stderr) = kvprobe_json(&args);
+    assert_eq!((code, verdict(&v).as_str()), (1, "tbt-graph"), "{stderr}");
+    assert_eq!(v["hypothesis"]["rule"], "replay-score", "{v}");
+    let replay = &v["reproducer"]["replay"];
+    assert_eq!(replay["reproduces"], true, "{replay}");
+    assert_eq!(replay["fault"]["name"], "tbt-attn-scale", "{replay}");
+    // the healthy hypothesis competed and lost
+    let tried = v["reproducer"]["tried"].as_array().unwrap();
+    assert_eq!(tried[0][0], "healthy", "{tried:?}");
+    let healthy = tried[0][1].as_f64().unwrap();
+    assert!(
+        replay["replay_miss"].as_f64().unwrap() * 2.5 <= healthy,
+        "{tried:?}"
+    );
+}

@@ -7,6 +7,7 @@ mod common;
 
 mod ane_diagnose;
 mod capacity_faults;
+mod chat_probe;
 mod determinism_ane;
 mod determinism_probe;
 mod device_failures;

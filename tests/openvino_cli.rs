@@ -170,3 +170,34 @@ fn bad_input_is_one_line_with_its_exit_code() {
     assert!(err.contains("scripts/fetch-openvino.sh"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+/// The chat probe on both plugins: four turns appended to one request without a reset agree with
+/// the reference turn by turn (NPU: each turn fed after the prompt in pieces of
+/// NPUW_LLM_MAX_GENERATION_TOKEN_LEN = 1 token, the most NPUW's KV-cache model takes a run, and
+/// the provenance says so).
+#[test]
+fn a_chat_appended_to_one_request_agrees_on_cpu_and_npuw() {
+    let Some(m) = smollm2() else { return };
+    let (dir, m) = (ir(&m, "smollm2-135m"), m.display().to_string());
+    let runs = par_map(&["CPU", "NPU"], |dev| {
+        kvprobe_json(&[
+            "chat",
+            "--model",
+            &m,
+            "--openvino",
+            &dir,
+            "--ov-device",
+            dev,
+            "--steps",
+            "6",
+        ])
+    });
+    for (dev, (code, v, err)) in ["CPU", "NPU"].iter().zip(&runs) {
+        assert_eq!(*code, 0, "{dev}: {err}");
+        let c = &v["probes"]["extra"]["chat"];
+        assert_eq!(c["turns"].as_array().map(Vec::len), Some(4), "{dev}: {c}");
+        assert!(c["first_divergence"].is_null(), "{dev}: {c}");
+        let pieces = &v["provenance"]["versions"]["openvino npuw continuation"];
+        assert_eq!(pieces.is_string(), *dev == "NPU", "{dev}: {pieces}");
+    }
+}

@@ -7,6 +7,7 @@
 pub mod affected;
 pub mod capacity;
 pub mod causality;
+pub mod chat;
 pub mod colmap;
 pub mod determinism;
 pub mod diagnose;
@@ -68,6 +69,7 @@ pub static PROBES: &[&dyn Probe] = &[
     &rerun::RerunProbe,
     &capacity::CapacityProbe,
     &determinism::DeterminismProbe,
+    &chat::ChatProbe,
     &kvdiff::KvdiffProbe,
 ];
 

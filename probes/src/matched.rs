@@ -427,14 +427,34 @@ pub fn three_way(
     reference: &[&[f32]],
     steps: &mut [GreedyStep],
 ) -> Result<Option<MatchedSummary>> {
+    let positions: Vec<usize> = (0..device.len()).map(|i| n - 1 + i).collect();
+    three_way_at(model, desc, seq, n, &positions, device, reference, steps)
+}
+
+/// [`three_way`] for logits compared at some positions only (`positions[i]` ≥ `n − 1`, rising):
+/// the matched reference runs the prompt of `n` tokens, then every later token of `seq` one row
+/// at a time up to the last compared position (a chat's later turns fed as single rows: a
+/// stateful device's K/V rounding does not depend on how many rows a run had).
+#[allow(clippy::too_many_arguments)]
+pub fn three_way_at(
+    model: &Model,
+    desc: &DeviceDescription,
+    seq: &[u32],
+    n: usize,
+    positions: &[usize],
+    device: &[Vec<f32>],
+    reference: &[&[f32]],
+    steps: &mut [GreedyStep],
+) -> Result<Option<MatchedSummary>> {
     let precision = Precision::of(desc, model)?;
+    let rows = positions.last().map_or(0, |&last| last + 2 - n);
     let matched = match &precision {
         Some(p) => Some(greedy_logits(
             model,
             p,
             seq,
             n,
-            device.len(),
+            rows,
             desc.cache_len,
             desc.prefill_len,
         )?),
@@ -445,7 +465,7 @@ pub fn three_way(
         let floor = F32_BAND * r.iter().fold(0f32, |a, x| a.max(x.abs())) as f64;
         let band = match &matched {
             Some(m) => {
-                let step = step(&m[i], r, &device[i]);
+                let step = step(&m[positions[i] + 1 - n], r, &device[i]);
                 st.matched = Some(step);
                 step.band.max(floor)
             }

@@ -67,7 +67,11 @@ impl Replayer for EmulatorReplay {
 
     fn open(&self, fault: &str) -> kvprobe_npu::Result<Box<dyn Device>> {
         let mut args = self.args.clone();
-        args.faults = vec![fault.to_string()];
+        // "": the healthy hypothesis, the emulator without a fault
+        args.faults = (!fault.is_empty())
+            .then(|| fault.to_string())
+            .into_iter()
+            .collect();
         let backend = args
             .open_device(&self.model)
             .map_err(|e| kvprobe_npu::Error::Device(e.to_string()))?;

@@ -35,6 +35,8 @@ pub struct OvDevice {
     prompt_len: usize,
     /// Runs replayed because a run started inside the request (provenance, timing).
     replays: usize,
+    /// Continuations NPUW took in pieces (NPUW_LLM_MAX_GENERATION_TOKEN_LEN).
+    split_runs: usize,
 }
 
 /// The IR file in `dir` (optimum-intel and scripts/export-openvino.sh write openvino_model.xml).
@@ -127,6 +129,7 @@ impl OvDevice {
             history: Vec::new(),
             prompt_len: 0,
             replays: 0,
+            split_runs: 0,
         })
     }
 
@@ -150,6 +153,11 @@ impl OvDevice {
 
     pub fn replays(&self) -> usize {
         self.replays
+    }
+
+    /// Continuations fed to NPUW in pieces of NPUW_LLM_MAX_GENERATION_TOKEN_LEN tokens.
+    pub fn split_runs(&self) -> usize {
+        self.split_runs
     }
 
     fn take<'a>(inputs: &'a [(String, Buffer)], name: &str) -> Result<&'a Buffer> {
@@ -207,6 +215,21 @@ impl OvDevice {
             });
         }
         let mask = mask.unwrap_or_else(|| host::attention_mask(total));
+        if let Some(c) = self
+            .npuw
+            .filter(|c| !self.history.is_empty() && ids.len() > c.max_generation)
+        {
+            // NPUW's KV-cache model takes at most NPUW_LLM_MAX_GENERATION_TOKEN_LEN tokens a
+            // run after the prompt: a longer continuation is fed in pieces of that many
+            let before = self.history.len();
+            let mut logits = Vec::new();
+            for r in c.continuation_pieces(ids.len()) {
+                let upto = before + r.end;
+                logits = self.append(&ids[r], Some(mask[..upto].to_vec()))?;
+            }
+            self.split_runs += 1;
+            return Ok(logits);
+        }
         let all = match self.rt.run(ids, mask, total) {
             // NPUW's own refusal of a step past its KV-cache: a typed refusal at the context it
             // held, which the capacity probe compares with the documented capacity
@@ -291,6 +314,12 @@ impl Device for OvDevice {
                     .iter()
                     .map(|(k, v)| (format!("openvino config {k}"), v.clone())),
             );
+            if let Some(c) = self.npuw {
+                out.push((
+                    "openvino npuw continuation".into(),
+                    format!("a run after the prompt is fed in pieces of at most {} tokens (NPUW_LLM_MAX_GENERATION_TOKEN_LEN)", c.max_generation),
+                ));
+            }
             out.push((
                 "host side".into(),
                 format!(

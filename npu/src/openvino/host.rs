@@ -16,6 +16,10 @@ pub const NPUW_ALIGN: usize = 64;
 /// NPUW's defaults when the keys are not given (`NPUW_LLM_MAX_PROMPT_LEN`, `..._MIN_RESPONSE_LEN`).
 pub const NPUW_DEFAULT_MAX_PROMPT: usize = 1024;
 pub const NPUW_DEFAULT_MIN_RESPONSE: usize = 128;
+/// NPUW's default `NPUW_LLM_MAX_GENERATION_TOKEN_LEN`: a run after the prompt takes one token
+/// (`llm_infer_request.cpp` refuses more: "Input prompt length is greater than output
+/// NPUW_LLM_MAX_GENERATION_TOKEN_LEN", measured with 2026.4.1).
+pub const NPUW_DEFAULT_MAX_GENERATION: usize = 1;
 
 /// `attention_mask` of a batch-1 request: `[1, total]`, all ones.
 pub fn attention_mask(total: usize) -> Vec<i64> {
@@ -43,6 +47,8 @@ pub struct NpuwContract {
     pub min_response: usize,
     /// The static KV-cache model's positions: prompt and generated tokens together.
     pub capacity: usize,
+    /// The most tokens one run after the prompt takes (the KV-cache model's input rows).
+    pub max_generation: usize,
 }
 
 impl NpuwContract {
@@ -52,6 +58,7 @@ impl NpuwContract {
             max_prompt,
             min_response,
             capacity: max_prompt + min_response,
+            max_generation: NPUW_DEFAULT_MAX_GENERATION,
         }
     }
 
@@ -66,10 +73,26 @@ impl NpuwContract {
                     .map_err(|_| format!("{key}={v}: not a whole number")),
             }
         };
-        Ok(NpuwContract::new(
+        let mut c = NpuwContract::new(
             get("NPUW_LLM_MAX_PROMPT_LEN", NPUW_DEFAULT_MAX_PROMPT)?,
             get("NPUW_LLM_MIN_RESPONSE_LEN", NPUW_DEFAULT_MIN_RESPONSE)?,
-        ))
+        );
+        c.max_generation = get(
+            "NPUW_LLM_MAX_GENERATION_TOKEN_LEN",
+            NPUW_DEFAULT_MAX_GENERATION,
+        )?
+        .max(1);
+        Ok(c)
+    }
+
+    /// How a run of `n` tokens after the prompt is fed: pieces of at most `max_generation`
+    /// tokens, in order (a chat turn appended to the kept state; the pieces see what one run
+    /// would, since each is appended to the state the one before left).
+    pub fn continuation_pieces(&self, n: usize) -> Vec<std::ops::Range<usize>> {
+        (0..n)
+            .step_by(self.max_generation)
+            .map(|a| a..(a + self.max_generation).min(n))
+            .collect()
     }
 
     /// Whether a prompt of `n` tokens is one the pipeline must refuse.
@@ -124,6 +147,14 @@ mod tests {
         assert!(!c.refuses_prompt(128) && c.refuses_prompt(129));
         let d = NpuwContract::from_config(&[]).unwrap();
         assert_eq!(d.capacity, 1024 + 128);
+        assert_eq!(d.continuation_pieces(3), vec![0..1, 1..2, 2..3]);
+        let cfg = vec![(
+            "NPUW_LLM_MAX_GENERATION_TOKEN_LEN".to_string(),
+            "16".to_string(),
+        )];
+        let g = NpuwContract::from_config(&cfg).unwrap();
+        assert_eq!(g.continuation_pieces(17), vec![0..16, 16..17]);
+        assert_eq!(g.continuation_pieces(16), vec![0..16]);
         let cfg = vec![("NPUW_LLM_MAX_PROMPT_LEN".to_string(), "x".to_string())];
         assert!(NpuwContract::from_config(&cfg)
             .unwrap_err()

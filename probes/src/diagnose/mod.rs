@@ -7,6 +7,7 @@
 
 pub mod capacity;
 pub mod engine;
+pub mod evidence;
 #[cfg(test)]
 mod invariant;
 mod outcome;
@@ -14,6 +15,7 @@ mod repeat;
 pub mod replay;
 pub mod replayer;
 pub mod ring;
+pub mod score;
 pub mod stage;
 mod state_evidence;
 pub mod stateful;
@@ -34,6 +36,7 @@ fn runs_stateful(s: &Session) -> bool {
 pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let mut d = diagnose_runtime(s, opts)?;
     replay::attach(s, opts.replay.as_ref(), &mut d);
+    score::compete(s, opts.replay.as_ref(), &mut d);
     Ok(d)
 }
 

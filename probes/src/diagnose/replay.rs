@@ -16,23 +16,24 @@ use kvprobe_npu::contract::faults::{
 };
 use kvprobe_npu::HostState;
 use kvprobe_schema::{
-    CacheKind, FaultHypothesis, FaultValue, GroupKind, ProbeFindings, Replay, ReplayStep,
-    Reproducer, Verdict,
+    CacheKind, FaultHypothesis, FaultValue, GreedyFinding, GroupKind, ProbeFindings, Replay,
+    ReplayStep, Reproducer, Verdict,
 };
 
+use super::evidence::{beats_healthy, MILD_FACTORS};
 use super::outcome::Diagnosis;
 pub use super::replayer::Replayer;
 use crate::determinism::record;
 use crate::metrics::cosine;
 use crate::progress::NoProgress;
 use crate::session::Session;
-use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
 
 /// At most this many hypotheses are replayed per diagnosis (each builds an emulator and runs
 /// the prompt and every greedy step): the `diagnose` benchmark's budget, not a decision.
 pub const MAX_REPLAYS: usize = 3;
 
-/// Values tried for a factor fault that no probe fitted: the sweep's range ends.
+/// Values tried for a factor fault that no probe fitted: the sweep's range ends and the mild
+/// factors (`score::MILD_FACTORS`).
 const FACTOR_FALLBACK: [f64; 2] = [0.5, 2.0];
 
 /// What the probes fitted that can give a hypothesis its value.
@@ -89,8 +90,15 @@ fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
         (SweepValue::OneOf(w), _) => words(w),
         (_, Values::OneOf(w)) => words(w),
         (SweepValue::Factor, _) => {
-            let mut v = numbers(fits.scales.clone(), true);
+            // the scale fits measure the attention scale; a cache scale has no fit
+            let fitted = if decl.name.ends_with("attn-scale") {
+                fits.scales.clone()
+            } else {
+                Vec::new()
+            };
+            let mut v = numbers(fitted, true);
             v.extend(numbers(FACTOR_FALLBACK.to_vec(), false));
+            v.extend(numbers(MILD_FACTORS.to_vec(), false));
             v
         }
         (SweepValue::SmallSigned, _) if fits.shift != 0 => numbers(vec![fits.shift as f64], true),
@@ -120,7 +128,7 @@ fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
 }
 
 /// The scopes a hypothesis tries: the declared default, then each group and each of K, V.
-fn scopes(decl: &FaultDecl) -> Vec<(Vec<GroupKind>, Vec<CacheKind>)> {
+pub(super) fn scopes(decl: &FaultDecl) -> Vec<(Vec<GroupKind>, Vec<CacheKind>)> {
     let groups: Vec<Vec<GroupKind>> = if decl.scopes.contains(&ScopeKind::Group) {
         vec![vec![], vec![GroupKind::Prefill], vec![GroupKind::Tbt]]
     } else {
@@ -179,7 +187,7 @@ pub fn candidates(table: &FaultTable, verdict: Verdict, fits: &Fits) -> Vec<Faul
     fitted
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+pub(super) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
@@ -200,17 +208,20 @@ pub fn judge(fault: FaultHypothesis, steps: Vec<ReplayStep>) -> Replay {
     let replay_miss = median(steps.iter().map(|s| s.replay_miss).collect()).unwrap_or(1.0);
     let healthy_miss = median(steps.iter().filter_map(|s| s.healthy_miss).collect());
     let precision = median(steps.iter().filter_map(|s| s.precision).collect());
-    let within = replay_miss <= precision.unwrap_or(0.0).max(STEP_NOISE_FLOOR);
     // no matched reference: the f32 reference is the healthy hypothesis; without either, only
     // the precision decides
-    let better = healthy_miss.is_none_or(|h| replay_miss * PRECISION_RATIO <= h);
+    let reproduces = beats_healthy(
+        replay_miss,
+        healthy_miss.unwrap_or(f64::INFINITY),
+        precision.unwrap_or(0.0),
+    );
     Replay {
         fault,
         steps,
         replay_miss,
         healthy_miss,
         precision,
-        reproduces: within && better,
+        reproduces,
     }
 }
 
@@ -227,7 +238,7 @@ fn miss(replay: &[f32], device: &[f32]) -> f64 {
 }
 
 /// One hypothesis replayed: prefill the prompt, step on the device's tokens, miss per step.
-fn replay_one(
+pub(super) fn replay_one(
     s: &Session,
     replayer: &dyn Replayer,
     fault: &FaultHypothesis,
@@ -288,6 +299,48 @@ pub fn attach(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Dia
     d.reproducer = Some(reproducer);
 }
 
+/// Per greedy step, the healthy hypothesis' miss against the device (the matched reference's,
+/// or the f32 reference's where the device declares no lower precision) and the declared
+/// precision (the matched reference's miss against f32).
+pub(super) fn healthy_steps(greedy: &GreedyFinding) -> Vec<(Option<f64>, Option<f64>)> {
+    greedy
+        .steps
+        .iter()
+        .map(|x| {
+            x.matched
+                .map_or((Some(1.0 - x.comparison.cosine), None), |m| {
+                    (
+                        Some(1.0 - m.matched_vs_device),
+                        Some(1.0 - m.reference_vs_matched),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Steps a hypothesis is screened on when there are more than can be replayed whole: the prefill
+/// and the first tbt steps, where a fault first shows (a budget, not a decision).
+pub(super) const SCREEN_STEPS: usize = 4;
+
+/// `hyps` ordered by their summed miss over the first `steps` steps (`run(h, k)`
+/// replays `h` over `k` steps), closest first; the ones the emulator refuses go to `refused`.
+pub(super) fn screen(
+    hyps: Vec<FaultHypothesis>,
+    steps: usize,
+    run: &dyn Fn(&FaultHypothesis, usize) -> Result<Replay, String>,
+    refused: &mut Vec<String>,
+) -> Vec<FaultHypothesis> {
+    let mut scored: Vec<(f64, FaultHypothesis)> = Vec::new();
+    for h in hyps {
+        match run(&h, steps) {
+            Ok(r) => scored.push((r.steps.iter().map(|x| x.replay_miss).sum(), h)),
+            Err(e) => refused.push(format!("{}: {e}", h.text())),
+        }
+    }
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+    scored.into_iter().map(|(_, h)| h).collect()
+}
+
 fn reproduce(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosis) -> Reproducer {
     let none = |note: &str| Reproducer {
         command: Vec::new(),
@@ -333,22 +386,26 @@ fn reproduce(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosi
         ));
     }
     let tokens = &greedy.device_ids;
-    let healthy: Vec<(Option<f64>, Option<f64>)> = greedy
-        .steps
-        .iter()
-        .map(|x| {
-            x.matched
-                .map_or((Some(1.0 - x.comparison.cosine), None), |m| {
-                    (
-                        Some(1.0 - m.matched_vs_device),
-                        Some(1.0 - m.reference_vs_matched),
-                    )
-                })
-        })
-        .collect();
+    let healthy = healthy_steps(greedy);
     let mut tried = Vec::new();
     let mut best: Option<Replay> = None;
     let mut refused = Vec::new();
+    let hyps = if hyps.len() > MAX_REPLAYS {
+        let run = |h: &FaultHypothesis, k: usize| {
+            replay_one(
+                s,
+                replayer.as_ref(),
+                h,
+                &start,
+                &device[..k],
+                tokens,
+                &healthy,
+            )
+        };
+        screen(hyps, SCREEN_STEPS.min(device.len()), &run, &mut refused)
+    } else {
+        hyps
+    };
     for h in hyps {
         if tried.len() >= MAX_REPLAYS {
             break;

@@ -11,6 +11,7 @@ pub trait Replayer: std::fmt::Debug {
     fn table(&self) -> FaultTable;
     /// That emulator, built to the device's description, with `fault` (`--fault` text); an
     /// error when the emulator refuses the fault (e.g. it changes nothing on this geometry).
+    /// `""` is the healthy hypothesis: the emulator without a fault.
     fn open(&self, fault: &str) -> kvprobe_npu::Result<Box<dyn Device>>;
     /// The argv that replays `fault` over `steps` greedy steps on the same prompt.
     fn command(&self, fault: &str, steps: usize) -> Vec<String>;

@@ -3,6 +3,7 @@
 
 mod capacity;
 mod causality;
+mod chat;
 mod colmap;
 mod determinism;
 mod greedy;
@@ -49,6 +50,7 @@ pub static SECTIONS: &[&dyn ProbeSection] = &[
     &rerun::Rerun,
     &capacity::Capacity,
     &determinism::Determinism,
+    &chat::Chat,
     &kvdiff::Kvdiff,
     &stateful::Overflow,
     &stateful::State,
