@@ -96,11 +96,12 @@ fn read_header(reader: &mut BufReader<File>, path: &Path) -> Result<Content> {
             detail: "not a GGUF file (no `GGUF` magic); pass a .gguf file or a Hugging Face model folder".into(),
         });
     }
-    // candle divides by the alignment without checking it (a panic); refuse it first
-    if crate::gguf_scan::zero_alignment(path) {
+    // what llama.cpp refuses and candle does not (an alignment of 0 is a panic in candle's
+    // division): refused first, so the file means what llama.cpp reads it to mean
+    if let Some(detail) = crate::gguf_scan::layout_defect(path) {
         return Err(Error::Format {
             path: path.to_path_buf(),
-            detail: "GGUF metadata `general.alignment` is 0 (it must be a power of two, 32 when absent); remove the key or convert the model again".into(),
+            detail,
         });
     }
     reader.seek(SeekFrom::Start(0)).map_err(|e| Error::Io {

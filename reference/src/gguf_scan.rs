@@ -1,6 +1,7 @@
 //! A minimal walk over the GGUF header, for what candle's reader cannot tell us: the tensor behind
-//! its "unknown dtype" error (it stops before naming it) and a `general.alignment` of 0 (it
-//! divides by it and panics).
+//! its "unknown dtype" error (it stops before naming it), and what llama.cpp refuses but candle
+//! reads (duplicate keys or tensor names, an alignment that is not a power of two, misaligned
+//! tensor offsets; an alignment of 0 made candle divide by it and panic).
 //!
 //! Every length is checked against the bytes left in the file before it is read or skipped, so a
 //! header claiming huge strings or arrays ends the walk instead of allocating or looping for them.
@@ -59,28 +60,54 @@ pub fn tensor_with_type(path: &Path, type_id: u32) -> Option<String> {
     None
 }
 
-/// The metadata sets `general.alignment` to 0 in a type candle reads (the last entry of the key
-/// wins, as in candle's map). False when the walk cannot finish: candle then reports the damage.
-pub fn zero_alignment(path: &Path) -> bool {
-    let walk = || -> Option<bool> {
-        let mut s = Scan::open(path)?;
-        let (_, n_kv) = s.counts()?;
-        let mut zero = false;
-        for _ in 0..n_kv {
-            let is_alignment = s.key_is(ALIGNMENT_KEY)?;
-            let t = s.u32()?;
-            if is_alignment {
-                zero = ALIGNMENT_TYPES.contains(&t) && s.int(t)? == 0;
-                if !ALIGNMENT_TYPES.contains(&t) {
-                    s.skip_value(t, 0)?;
-                }
-            } else {
+/// What llama.cpp's reader (ggml/src/gguf.cpp) refuses in a header that candle's accepts: a
+/// metadata key twice (candle keeps the last), `general.alignment` that is not a uint32 power of
+/// two (candle divides by a 0 and panics), a tensor name twice (candle keeps the last, and the
+/// output changes), a tensor offset that is not a multiple of the alignment. The defect as one
+/// line, or None (also when the walk cannot finish: candle then reports the damage).
+pub fn layout_defect(path: &Path) -> Option<String> {
+    let mut s = Scan::open(path)?;
+    let (n_tensors, n_kv) = s.counts()?;
+    let mut keys = std::collections::HashSet::new();
+    let mut alignment = 32u64;
+    for _ in 0..n_kv {
+        let key = s.string()?;
+        let t = s.u32()?;
+        if key.as_bytes() == ALIGNMENT_KEY {
+            if !ALIGNMENT_TYPES.contains(&t) {
                 s.skip_value(t, 0)?;
             }
+            let v = if ALIGNMENT_TYPES.contains(&t) {
+                s.int(t)?
+            } else {
+                -1
+            };
+            if t != 4 || v <= 0 || (v & (v - 1)) != 0 {
+                return Some(format!("GGUF metadata `general.alignment` is {} of type {}; it must be a uint32 power of two (32 when absent), as llama.cpp requires: remove the key or convert the model again", if v < 0 { "not an integer".to_string() } else { v.to_string() }, t));
+            }
+            alignment = v as u64;
+        } else {
+            s.skip_value(t, 0)?;
         }
-        Some(zero)
-    };
-    walk().unwrap_or(false)
+        if !keys.insert(key.clone()) {
+            return Some(format!("GGUF metadata key `{key}` appears twice (llama.cpp refuses the file; a reader that keeps one silently drops the other): convert the model again"));
+        }
+    }
+    let mut names = std::collections::HashSet::new();
+    for _ in 0..n_tensors {
+        let name = s.string()?;
+        let nd = s.u32()?;
+        s.skip(u64::from(nd).checked_mul(8)?)?;
+        s.u32()?;
+        let offset = s.u64()?;
+        if !names.insert(name.clone()) {
+            return Some(format!("GGUF tensor `{name}` appears twice (llama.cpp refuses the file; a reader that keeps the later one computes with other weights): convert the model again"));
+        }
+        if offset % alignment != 0 {
+            return Some(format!("GGUF tensor `{name}` starts at data offset {offset}, not a multiple of the alignment {alignment} (llama.cpp refuses the file): convert the model again"));
+        }
+    }
+    None
 }
 
 struct Scan {
@@ -147,19 +174,6 @@ impl Scan {
     fn skip_string(&mut self) -> Option<()> {
         let n = self.length()?;
         self.skip(n)
-    }
-
-    /// Reads a string and tells whether it is `key`, allocating nothing for other keys.
-    fn key_is(&mut self, key: &[u8]) -> Option<bool> {
-        let n = self.length()?;
-        if n != key.len() as u64 {
-            self.skip(n)?;
-            return Some(false);
-        }
-        let mut b = vec![0u8; key.len()];
-        self.r.read_exact(&mut b).ok()?;
-        self.pos += n;
-        Some(b == key)
     }
 
     /// An integer of GGUF type `t` (one of `ALIGNMENT_TYPES`).

@@ -26,13 +26,20 @@ pub fn load(dir: &Path) -> Result<LoadedParts> {
 
 /// [`load`] with the weights left in the mapped safetensors files, in their storage type.
 pub(crate) fn load_stored(dir: &Path) -> Result<StoredParts> {
+    // a folder kvprobe cannot list is not one without config.json
+    if let Err(e) = std::fs::read_dir(dir) {
+        return Err(Error::Format {
+            path: dir.to_path_buf(),
+            detail: format!("cannot read the model folder ({e}); make it readable"),
+        });
+    }
     let cfg_path = dir.join("config.json");
-    if !cfg_path.is_file() {
+    if !file_at(&cfg_path)? {
         return Err(missing(dir, "config.json", FOLDER_FIX));
     }
     let mut config = parse_config(&read_json(&cfg_path)?, &cfg_path)?;
     let tok_path = dir.join("tokenizer.json");
-    if !tok_path.is_file() {
+    if !file_at(&tok_path)? {
         return Err(missing(
             dir,
             "tokenizer.json",
@@ -42,7 +49,7 @@ pub(crate) fn load_stored(dir: &Path) -> Result<StoredParts> {
     let mut tokenizer = TextTokenizer::from_file(&tok_path)?;
     // tokenizer_config.json's add_bos_token wins over what the post-processor suggests.
     let tc = dir.join("tokenizer_config.json");
-    let explicit_bos = if tc.is_file() {
+    let explicit_bos = if file_at(&tc)? {
         read_json(&tc)?
             .get("add_bos_token")
             .and_then(Value::as_bool)
@@ -68,6 +75,31 @@ pub(crate) fn load_stored(dir: &Path) -> Result<StoredParts> {
         weights,
         tokenizer,
     })
+}
+
+/// Whether a regular file is at `p` (links followed): `false` when nothing is there, an error
+/// naming what is there instead (a folder, a device, a link that does not resolve), which "missing"
+/// would misname.
+fn file_at(p: &Path) -> Result<bool> {
+    let bad = |detail: String| Error::Format {
+        path: p.to_path_buf(),
+        detail,
+    };
+    match std::fs::symlink_metadata(p) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(bad(format!("cannot read it ({e})"))),
+        Ok(_) => {}
+    }
+    match std::fs::metadata(p) {
+        Ok(m) if m.is_file() => Ok(true),
+        Ok(m) if m.is_dir() => Err(bad("is a folder, not a file; put the file itself there".into())),
+        Ok(_) => Err(bad(
+            "is not a regular file (a device, FIFO or socket); put the file itself there".into(),
+        )),
+        Err(e) => Err(bad(format!(
+            "is a link that does not resolve ({e}); point it at the file or put the file itself there"
+        ))),
+    }
 }
 
 fn missing(dir: &Path, file: &str, fix: &str) -> Error {
@@ -332,9 +364,9 @@ pub fn load_weights(dir: &Path) -> Result<Weights> {
 fn load_stored_weights(dir: &Path) -> Result<StoredWeights> {
     let single = dir.join("model.safetensors");
     let index = dir.join("model.safetensors.index.json");
-    let files: Vec<PathBuf> = if single.is_file() {
+    let files: Vec<PathBuf> = if file_at(&single)? {
         vec![single]
-    } else if index.is_file() {
+    } else if file_at(&index)? {
         let v = read_json(&index)?;
         let map = v
             .get("weight_map")
@@ -367,7 +399,7 @@ fn load_stored_weights(dir: &Path) -> Result<StoredWeights> {
                 });
             }
             let p = dir.join(&n);
-            if !p.is_file() {
+            if !file_at(&p)? {
                 return Err(missing(
                     dir,
                     &n,

@@ -346,6 +346,71 @@ fn zero_alignment_is_a_format_error_not_a_panic() {
     }
 }
 
+/// What llama.cpp's gguf.cpp refuses is refused, naming the key or tensor (issue 38: candle kept
+/// the later duplicate and the output changed).
+#[test]
+fn files_llama_cpp_refuses_are_refused() {
+    let n = vocab_len();
+    /// metadata, tensors, what the error must say
+    type Case = (Vec<(&'static str, Meta)>, Vec<RawTensor>, &'static str);
+    let cases: Vec<Case> = vec![
+        (
+            meta_with("general.alignment", Meta::U32(3)),
+            base_tensors(n, false),
+            "is 3 of type 4",
+        ),
+        (
+            meta_with("general.alignment", Meta::I32(32)),
+            base_tensors(n, false),
+            "must be a uint32",
+        ),
+        // the writer pads to 32: the second tensor starts off a 1 MiB alignment
+        (
+            meta_with("general.alignment", Meta::U32(1 << 20)),
+            base_tensors(n, false),
+            "not a multiple of the alignment 1048576",
+        ),
+        (
+            {
+                let mut m = base_meta("llama", n);
+                m.push(("llama.block_count", Meta::U32(2)));
+                m
+            },
+            base_tensors(n, false),
+            "key `llama.block_count` appears twice",
+        ),
+        (
+            base_meta("llama", n),
+            {
+                let mut t = base_tensors(n, false);
+                let dup = RawTensor {
+                    name: t[1].name.clone(),
+                    dims: t[1].dims.clone(),
+                    type_id: t[1].type_id,
+                    data: t[1].data.clone(),
+                };
+                t.push(dup);
+                t
+            },
+            "appears twice",
+        ),
+    ];
+    for (meta, tensors, needle) in cases {
+        let e = load_err(&encode(&meta, &tensors));
+        assert!(matches!(e, Error::Format { .. }), "{e}");
+        assert!(e.to_string().contains(needle), "`{needle}` not in {e}");
+    }
+    // the control: the same writer's file at its own alignment loads
+    let ok = encode(
+        &meta_with("general.alignment", Meta::U32(32)),
+        &base_tensors(n, false),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ok.gguf");
+    std::fs::write(&p, ok).unwrap();
+    kvprobe_reference::Model::load(&p).expect("alignment 32 loads");
+}
+
 #[test]
 fn embedding_without_dimensions_is_a_bad_tensor_not_a_panic() {
     // issue 19: a tensor with no dimensions where a matrix is expected indexed dims()[0]

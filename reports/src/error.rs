@@ -11,6 +11,10 @@ pub enum Error {
     },
     #[error("{}: no results.json here; pass the --out folder of a kvprobe run", path.display())]
     MissingResults { path: PathBuf },
+    /// A file where a run folder was expected (`report FILE`): it exists, so "not found" would
+    /// misname it.
+    #[error("{}: a file, not a run folder; pass {fix}", path.display())]
+    NotAFolder { path: PathBuf, fix: String },
     #[error("{}: not a kvprobe results file ({source}); re-run kvprobe to regenerate it", path.display())]
     Json {
         path: PathBuf,

@@ -57,6 +57,19 @@ pub const MAX_RESULTS_BYTES: u64 = 256 << 20;
 pub fn load_results(dir: &Path) -> Result<Results> {
     let path = dir.join(RESULTS_JSON);
     if !path.is_file() {
+        if dir.is_file() {
+            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+            let fix = match parent {
+                Some(p) if dir.file_name().is_some_and(|n| n == RESULTS_JSON) => {
+                    format!("the folder that holds it ({})", p.display())
+                }
+                _ => "the --out folder of a kvprobe run (it holds results.json)".into(),
+            };
+            return Err(Error::NotAFolder {
+                path: dir.to_path_buf(),
+                fix,
+            });
+        }
         if !dir.is_dir() {
             return Err(Error::io(
                 dir,

@@ -4,6 +4,7 @@
 
 mod device;
 mod files;
+mod messages;
 mod more;
 mod outputs;
 mod runtime;
@@ -62,6 +63,8 @@ impl Corpus {
         device::hef_scales(&mut c);
         outputs::data_loss(&mut c);
         runtime::device_outputs(&mut c);
+        messages::wrong_causes(&mut c);
+        messages::gguf_as_llama_cpp(&mut c);
         c
     }
 

@@ -1,0 +1,117 @@
+//! Corpus cases of issue 38 (f): a refusal names the real cause and its fix, never a
+//! neighbouring one ("missing" for a file that is there but is not a regular file, "folder not
+//! found" for a file that exists).
+
+use super::{s, strings, Corpus};
+
+pub fn wrong_causes(c: &mut Corpus) {
+    // model.safetensors that is there, but not a file of weights (each said "missing")
+    let weights = |c: &Corpus, name: &str, make: &dyn Fn(&std::path::Path)| {
+        c.model_copy(name, |d| {
+            let p = d.join("model.safetensors");
+            std::fs::remove_file(&p).unwrap();
+            make(&p);
+        })
+    };
+    let link = |to: &str| {
+        let to = to.to_string();
+        move |p: &std::path::Path| std::os::unix::fs::symlink(&to, p).unwrap()
+    };
+    for (name, make, needle) in [
+        (
+            "st-dev-zero",
+            Box::new(link("/dev/zero")) as Box<dyn Fn(&std::path::Path)>,
+            "is not a regular file (a device, FIFO or socket)",
+        ),
+        (
+            "st-folder",
+            Box::new(|p: &std::path::Path| std::fs::create_dir(p).unwrap()),
+            "is a folder, not a file",
+        ),
+        (
+            "st-link-loop",
+            Box::new(link("model.safetensors")),
+            "is a link that does not resolve",
+        ),
+        (
+            "st-dangling",
+            Box::new(link("gone.safetensors")),
+            "is a link that does not resolve",
+        ),
+    ] {
+        let m = weights(c, name, &*make);
+        c.refused_model(&format!("hf {name}"), &m, Some(needle));
+    }
+    // `report FILE`: a file is not "not found"
+    let a = strings(&["report", &s(&c.model().join("config.json"))]);
+    c.add("report on a file", 2, Some("a file, not a run folder"), &a);
+    let run = c.root().join("msg-run");
+    std::fs::create_dir_all(&run).unwrap();
+    let results = c.file("msg-run/results.json", b"{}");
+    let a = strings(&["report", &s(&results)]);
+    c.add(
+        "report on a run's results.json",
+        2,
+        Some("pass the folder that holds it"),
+        &a,
+    );
+}
+
+/// GGUF files llama.cpp refuses are refused, naming the key or tensor (they loaded: a duplicate
+/// tensor's later copy won and the output changed).
+pub fn gguf_as_llama_cpp(c: &mut Corpus) {
+    use crate::hostile_corpus::gguf_support::{base_meta, base_tensors, encode, vocab, Meta};
+    let n = vocab().0.len();
+    let with = |key: &'static str, v: Meta| {
+        let mut m = base_meta("llama", n);
+        m.retain(|(k, _)| *k != key);
+        m.push((key, v));
+        m
+    };
+    let mut dup_key = base_meta("llama", n);
+    dup_key.push(("llama.block_count", Meta::U32(2)));
+    let mut dup_tensor = base_tensors(n, true);
+    let mut twin = base_tensors(n, true).swap_remove(1);
+    twin.data.iter_mut().for_each(|b| *b = 0);
+    dup_tensor.push(twin);
+    let cases = [
+        (
+            "align-3",
+            with("general.alignment", Meta::U32(3)),
+            base_tensors(n, true),
+            "`general.alignment` is 3",
+        ),
+        (
+            "align-i32",
+            with("general.alignment", Meta::I32(32)),
+            base_tensors(n, true),
+            "must be a uint32",
+        ),
+        (
+            "align-1m",
+            with("general.alignment", Meta::U32(1 << 20)),
+            base_tensors(n, true),
+            "not a multiple of the alignment",
+        ),
+        (
+            "dup-key",
+            dup_key,
+            base_tensors(n, true),
+            "key `llama.block_count` appears twice",
+        ),
+        (
+            "dup-tensor",
+            base_meta("llama", n),
+            dup_tensor,
+            "appears twice",
+        ),
+    ];
+    for (name, meta, tensors, needle) in cases {
+        let p = c.file(&format!("llamacpp-{name}.gguf"), &encode(&meta, &tensors));
+        c.refused_model(
+            &format!("gguf {name} (llama.cpp refuses it)"),
+            &p,
+            Some(needle),
+        );
+    }
+}
