@@ -186,6 +186,11 @@ pub struct DeviceArgs {
     #[arg(long, hide = true)]
     pub stage_only: bool,
 
+    /// diagnose, test/research switch (leave-one-family-out): the replays' hypothesis set
+    /// leaves out this fault (repeatable), as if the emulator's grammar had no such fault.
+    #[arg(long = "leave-out", hide = true, value_name = "FAULT")]
+    pub leave_out: Vec<String>,
+
     /// diagnose: also run layout --infer, stale, causality and splits when a rule already
     /// settled the verdict (more evidence and heatmaps for a bug report, about 6 s more on
     /// SmolLM2; the verdict is unchanged).

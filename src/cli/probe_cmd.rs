@@ -202,6 +202,7 @@ fn check_args(name: &str, args: &DeviceArgs) -> anyhow::Result<()> {
     for (set, flag) in [
         (args.stage_only, "--stage-only"),
         (args.all_probes, "--all-probes"),
+        (!args.leave_out.is_empty(), "--leave-out"),
     ] {
         if set && name != "diagnose" {
             return Err(usage(format!(

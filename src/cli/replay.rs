@@ -12,7 +12,13 @@ use super::device_args::{Backend, DeviceArgs};
 
 /// Flags of this run that a reproducer leaves out (they take a value): the faults under test,
 /// the output folder, the step count (set again), a manifest (whose faults would win).
-const DROPPED_WITH_VALUE: &[&str] = &["--fault", "--out", "--steps", "--sim-manifest"];
+const DROPPED_WITH_VALUE: &[&str] = &[
+    "--fault",
+    "--out",
+    "--steps",
+    "--sim-manifest",
+    "--leave-out",
+];
 /// Flags without a value it leaves out.
 const DROPPED: &[&str] = &["--force", "--json", "--all-probes", "--stage-only"];
 
@@ -20,6 +26,8 @@ pub struct EmulatorReplay {
     args: DeviceArgs,
     model: Arc<Model>,
     table: FaultTable,
+    /// Faults the hypothesis set leaves out (`--leave-out`).
+    left_out: Vec<String>,
     /// argv of this run (the reproducer is built from it).
     argv: Vec<String>,
 }
@@ -49,12 +57,14 @@ impl EmulatorReplay {
             return None;
         };
         let mut args = args.clone();
+        let left_out = std::mem::take(&mut args.leave_out);
         args.faults.clear();
         args.out = None;
         Some(EmulatorReplay {
             args,
             model: model.clone(),
             table,
+            left_out,
             argv: argv.to_vec(),
         })
     }
@@ -87,6 +97,10 @@ impl Replayer for EmulatorReplay {
                 ))
             }
         })
+    }
+
+    fn leaves_out(&self, fault: &str) -> bool {
+        self.left_out.iter().any(|f| f == fault)
     }
 
     fn command(&self, fault: &str, steps: usize) -> Vec<String> {

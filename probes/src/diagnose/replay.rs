@@ -378,7 +378,8 @@ fn reproduce(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosi
         .unwrap_or(0);
     let fits = Fits::of(&d.probes, entry, desc.shape.head_dim);
     let table = replayer.table();
-    let hyps = candidates(&table, d.verdict, &fits);
+    let mut hyps = candidates(&table, d.verdict, &fits);
+    hyps.retain(|h| !replayer.leaves_out(&h.name));
     if hyps.is_empty() {
         return none(&format!(
             "no fault of the emulator's grammar states a {} cause",

@@ -13,6 +13,11 @@ pub trait Replayer: std::fmt::Debug {
     /// error when the emulator refuses the fault (e.g. it changes nothing on this geometry).
     /// `""` is the healthy hypothesis: the emulator without a fault.
     fn open(&self, fault: &str) -> kvprobe_npu::Result<Box<dyn Device>>;
+    /// Research switch (leave-one-family-out, `scripts/leave-one-out.sh`): a fault this
+    /// replayer's hypothesis set leaves out, as if the grammar had no such fault.
+    fn leaves_out(&self, _fault: &str) -> bool {
+        false
+    }
     /// The argv that replays `fault` over `steps` greedy steps on the same prompt.
     fn command(&self, fault: &str, steps: usize) -> Vec<String>;
 }

@@ -225,7 +225,9 @@ fn score(
     let k = SCREEN_STEPS.min(n);
     let run = |h: &FaultHypothesis, k: usize| replay(s, h, k);
     let mut refused = Vec::new();
-    let screened = screen(mild(&replayer.table(), &fits), k, &run, &mut refused);
+    let mut hyps = mild(&replayer.table(), &fits);
+    hyps.retain(|h| !replayer.leaves_out(&h.name));
+    let screened = screen(hyps, k, &run, &mut refused);
     let healthy_miss = median(healthy.to_vec()).unwrap_or(1.0);
     let mut best: Option<Replay> = None;
     for h in screened.into_iter().take(FULL_REPLAYS) {
