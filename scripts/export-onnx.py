@@ -43,7 +43,11 @@ takes no symbolic axis; the shape of Qualcomm's LLM flows): model.prefill.onnx (
 = W, past_sequence_length = C - W) and model.decode.onnx (1 and C - 1), the same graph with the
 axes fixed, sharing model.onnx.data; static_graphs.json names them (docs/qnn.md).
 
-Usage: export-onnx.py HF_DIR OUT_DIR [--max-length N] [--window W [--kv-dtype float32|uint8] [--static]]
+`--rmsnorm naive` writes RMSNorm as x*x straight into ReduceMean (the default divides each row by
+its max |x| first): the graph whose squares overflow fp16 on SmolLM2, kept as the regression case
+of the HTP garbage (docs/qnn.md).
+
+Usage: export-onnx.py HF_DIR OUT_DIR [--max-length N] [--window W [--kv-dtype float32|uint8] [--static]] [--rmsnorm scaled|naive]
 HF_DIR: config.json + model.safetensors (+ tokenizer.json), e.g. written by
 `cargo run -p kvprobe-npu --example onnx_weights -- MODEL HF_DIR` (the reference's f32 weights).
 """
@@ -71,6 +75,7 @@ OPSET = 17
 class Graph:
     def __init__(self):
         self.nodes, self.inits, self.n = [], [], 0
+        self.rmsnorm = "scaled"
 
     def name(self, base):
         self.n += 1
@@ -96,9 +101,27 @@ class Graph:
 
 
 def rms_norm(g, x, w_name, eps):
-    sq = g.op("Mul", [x, x])
-    mean = g.op("ReduceMean", [sq], axes=[-1], keepdims=1)
-    den = g.op("Sqrt", [g.op("Add", [mean, g.const(g.name("eps"), np.array(eps, np.float32))])])
+    """RMSNorm, x / sqrt(mean(x^2) + eps) * w. Scaled (the default): the statistic is taken on
+    y = x / sqrt(m), m = the row's max |x|, so no square exceeds m (itself an fp16 value), and x
+    is divided by sqrt(m) * sqrt(mean(y^2) + eps / m): the same function, inside fp16's range
+    where HTP computes in fp16. SmolLM2's residual stream reaches |x| ~ 770 from layer 3 on (2.5e4
+    on one channel from layer 12), whose square fp16 cannot hold: HTP saturates it and the naive
+    norm's output is garbage from there (docs/qnn.md, scripts/htp-bisect.py). Dividing by m itself
+    is not enough: 1 / 2.5e4 is below fp16's normal range, and HTP (measured) then loses y.
+    `naive` (--rmsnorm naive) keeps the overflowing graph as the regression case of the diagnosis."""
+    if g.rmsnorm == "naive":
+        sq = g.op("Mul", [x, x])
+        mean = g.op("ReduceMean", [sq], axes=[-1], keepdims=1)
+        den = g.op("Sqrt", [g.op("Add", [mean, g.const(g.name("eps"), np.array(eps, np.float32))])])
+        return g.op("Mul", [g.op("Div", [x, den]), w_name])
+    # m floored at fp16's smallest normal: an all-zero row stays 0 instead of 0/0
+    tiny = g.const(g.name("norm_floor"), np.array(2.0 ** -14, np.float32))
+    m = g.op("Max", [g.op("ReduceMax", [g.op("Abs", [x])], axes=[-1], keepdims=1), tiny])
+    r = g.op("Sqrt", [m])
+    y = g.op("Div", [x, r])
+    mean = g.op("ReduceMean", [g.op("Mul", [y, y])], axes=[-1], keepdims=1)
+    e = g.op("Div", [g.const(g.name("eps"), np.array(eps, np.float32)), m])
+    den = g.op("Mul", [r, g.op("Sqrt", [g.op("Add", [mean, e])])])
     return g.op("Mul", [g.op("Div", [x, den]), w_name])
 
 
@@ -155,14 +178,16 @@ def windowed_kv(g, i, k, v, scales):
     return g.op("Transpose", [kall], perm=[1, 0, 3, 2]), g.op("Transpose", [vall], perm=[1, 0, 2, 3])
 
 
-def build(cfg, w, inv_freq, max_len, window=None, kv_scales=None):
+def build(cfg, w, inv_freq, max_len, window=None, kv_scales=None, rmsnorm="scaled"):
     """window None: convention (a). window W: convention (b), GenAI's windowed cache (see the
-    module doc); kv_scales [(k_scale, v_scale)] per layer makes its cache I/O uint8 (QDQ)."""
+    module doc); kv_scales [(k_scale, v_scale)] per layer makes its cache I/O uint8 (QDQ);
+    rmsnorm "scaled" or "naive" (see rms_norm)."""
     H, NH = cfg["num_key_value_heads"], cfg["num_attention_heads"]
     hidden = cfg["hidden_size"]
     D = cfg.get("head_dim") or hidden // NH
     L, V, eps = cfg["num_hidden_layers"], cfg["vocab_size"], float(cfg["rms_norm_eps"])
     g = Graph()
+    g.rmsnorm = rmsnorm
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     # RoPE tables [rows, D/2]: angle = f32(pos) * f32(inv_freq) in f32, as HF and the reference;
     # the windowed graph's positions may pass C (generation past capacity, a fault to observe)
@@ -324,6 +349,8 @@ def main():
                     help="convention (b): the cache I/O type (uint8 = QDQ, scales calibrated on the export's own float run)")
     ap.add_argument("--static", action="store_true",
                     help="convention (b): also the static-shape prefill and decode graphs (docs/qnn.md)")
+    ap.add_argument("--rmsnorm", choices=["scaled", "naive"], default="scaled",
+                    help="naive = x*x straight into ReduceMean, which overflows fp16 on SmolLM2 (the HTP regression case, docs/qnn.md)")
     a = ap.parse_args()
     if a.static and a.window is None:
         sys.exit("export-onnx.py: --static fixes the windowed graph's axes; it needs --window")
@@ -343,10 +370,10 @@ def main():
         if a.window <= 1 or max_len < 2 * a.window:
             sys.exit(f"export-onnx.py: --window {a.window} with context {max_len}: GenAI needs W > 1 and C >= 2W")
         if a.kv_dtype == "uint8":
-            scales = calibrate(build(cfg, w, inv, max_len, a.window)[0], cfg, max_len, a.window)
+            scales = calibrate(build(cfg, w, inv, max_len, a.window, rmsnorm=a.rmsnorm)[0], cfg, max_len, a.window)
     elif a.kv_dtype != "float32":
         sys.exit("export-onnx.py: --kv-dtype uint8 is for convention (b) (--window)")
-    model, D = build(cfg, w, inv, max_len, a.window, scales)
+    model, D = build(cfg, w, inv, max_len, a.window, scales, a.rmsnorm)
     # a writer's own staging folder (two exports to one folder must not share it), renamed into
     # place whole so a reader never sees half a folder
     tmp = f"{a.out_dir.rstrip('/')}.part-{os.getpid()}"

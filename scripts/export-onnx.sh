@@ -11,18 +11,22 @@
 #       → .cache/onnx/smollm2-135m-genai-w<W>-c<C>[-u8]
 #   ... --window W --static: also the static-shape prefill/decode graphs for QNN HTP (docs/qnn.md)
 #       → .cache/onnx/smollm2-135m-genai-w<W>-c<C>[-u8]-static
+#   ... --rmsnorm naive: RMSNorm's squares unscaled, which overflow fp16 on HTP (the regression
+#       case of docs/qnn.md) → the same folder name with -naive-norm appended
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX_LENGTH=""
 WINDOW=""
 KV=float32
 STATIC=""
+RMSNORM=scaled
 while [ $# -gt 0 ]; do
     case "$1" in
         --max-length) MAX_LENGTH="$2"; shift 2 ;;
         --window) WINDOW="$2"; shift 2 ;;
         --kv-dtype) KV="$2"; shift 2 ;;
         --static) STATIC=1; shift ;;
+        --rmsnorm) RMSNORM="$2"; shift 2 ;;
         *) echo "export-onnx.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
     esac
 done
@@ -38,6 +42,11 @@ else
     EXTRA=(--window "$WINDOW" --kv-dtype "$KV")
     if [ -n "$STATIC" ]; then OUT="$OUT-static"; EXTRA+=(--static); fi
 fi
+case "$RMSNORM" in
+    scaled) ;;
+    naive) OUT="$OUT-naive-norm"; EXTRA+=(--rmsnorm naive) ;;
+    *) echo "export-onnx.sh: --rmsnorm $RMSNORM: scaled or naive" >&2; exit 2 ;;
+esac
 if [ -n "$STATIC" ] && [ -z "$WINDOW" ]; then
     echo "export-onnx.sh: --static needs --window W (the static graphs fix the windowed graph's axes)" >&2
     exit 2

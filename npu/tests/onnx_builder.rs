@@ -189,6 +189,45 @@ fn builder_shared_buffer_rewinds_by_length() {
     assert_eq!(max_abs_diff(&a, &a2), 0.0, "a new request");
 }
 
+/// Issue 35: the precision-matched reference reads the int4 export's MatMulNBits weights (levels,
+/// block scales, default zero point 8) and its `accuracy_level` 4 (inputs quantised to int8 per
+/// block) and computes them; against ONNX Runtime's own MatMulNBits on the CPU EP it is the same
+/// function up to the f32 order of the sums, while the checkpoint's f32 weights are not.
+#[test]
+fn builder_int4_weights_are_computed_as_onnx_runtime_computes_them() {
+    let (_hf, model) = tiny_llama(13);
+    let dir = builder_folder("int4");
+    let declared = model
+        .with_onnx_block_weights(&dir.join("model.onnx"))
+        .expect("the int4 export's weights");
+    let (mut dev, mut drv) = open(&model, &dir, None);
+    let (mut worst_matched, mut worst_f32) = (0f32, 0f32);
+    for (salt, n) in [(4, 6), (5, 17)] {
+        let mut seq = ids(n, 300, salt);
+        drv.reset(&mut dev).unwrap();
+        let mut rows = vec![drv.prefill(&mut dev, &seq).unwrap().logits];
+        for _ in 0..8 {
+            let t = argmax(rows.last().unwrap());
+            seq.push(t);
+            rows.push(drv.step(&mut dev, t, &MaskMode::Ring).unwrap().logits);
+        }
+        let opts = kvprobe_reference::ForwardOptions::default();
+        let m = declared.forward(&seq, &opts).unwrap();
+        let f = model.forward(&seq, &opts).unwrap();
+        for (k, ours) in rows.iter().enumerate() {
+            let scale = ours.iter().fold(0f32, |a, x| a.max(x.abs()));
+            worst_matched = worst_matched.max(max_abs_diff(ours, m.row(n - 1 + k)) / scale);
+            worst_f32 = worst_f32.max(max_abs_diff(ours, f.row(n - 1 + k)) / scale);
+        }
+    }
+    eprintln!("int4 export vs declared weights: max |Δ|/max|logit| {worst_matched:.2e}; vs f32 checkpoint {worst_f32:.2e}");
+    assert!(worst_matched < 1e-5, "declared weights: {worst_matched}");
+    assert!(
+        worst_f32 > 100.0 * worst_matched,
+        "f32: {worst_f32} vs {worst_matched}"
+    );
+}
+
 /// GroupQueryAttention reads the mask as a length: the builder's folder says so and refuses a
 /// self-only or single-key row (the op would write the token at position 0 and read it alone),
 /// while the Ring mask it can express runs (issue 35).

@@ -58,17 +58,24 @@ impl Precision {
     /// `None` when the device declares an fp32 path everywhere and the checkpoint's weights (the
     /// f32 reference is already precision-matched) or its caches cannot be mapped to layers.
     pub fn of(desc: &DeviceDescription, model: &Model) -> Result<Option<Precision>> {
-        let weights = match desc.weights {
-            DeclaredWeights::Checkpoint => None,
-            DeclaredWeights::Int8PerChannel => Some(model.int8_weights()?),
+        let (weights, said) = match &desc.weights {
+            DeclaredWeights::Checkpoint => (None, String::new()),
+            DeclaredWeights::Int8PerChannel => (
+                Some(model.int8_weights()?),
+                ", int8 per-channel weights as declared".to_string(),
+            ),
+            DeclaredWeights::Blocks {
+                model: file,
+                summary,
+            } => (
+                Some(model.onnx_block_weights(file)?),
+                format!(", weights as the model file declares them ({summary})"),
+            ),
         };
         let Some(mut p) = Precision::of_edges(desc, model, weights.is_some()) else {
             return Ok(None);
         };
-        if weights.is_some() {
-            p.describe
-                .push_str(", int8 per-channel weights as declared");
-        }
+        p.describe.push_str(&said);
         p.weights = weights;
         Ok(Some(p))
     }
@@ -501,6 +508,32 @@ pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f
             row
         })
         .collect())
+}
+
+/// The matched reference computes everything `desc` declares, so a miss against it is the
+/// device's own: a host-cache device (ONNX Runtime: f32 arithmetic, the declared weights
+/// computed as declared). Not a stateful fp16 device, whose inner fp16 arithmetic is not
+/// modelled (see the module doc).
+pub fn models_everything(desc: &DeviceDescription) -> bool {
+    desc.runtime == RuntimeKind::HostCache
+}
+
+/// (mean, min, top-1 agreement) of the device against the precision-matched reference over
+/// `points` = (its matched comparison, the device's top-1): None unless every point has one.
+/// What a stage's facts read when the device declares a precision (the f32 reference's miss is
+/// then the declared precision's cost, not the device's).
+pub fn against_matched<'a>(
+    points: impl Iterator<Item = (Option<&'a MatchedStep>, u32)>,
+) -> Option<[f64; 3]> {
+    let (mut sum, mut min, mut top1, mut n) = (0.0, f64::INFINITY, 0usize, 0usize);
+    for (m, device_top1) in points {
+        let m = m?;
+        sum += m.matched_vs_device;
+        min = min.min(m.matched_vs_device);
+        top1 += usize::from(m.matched_top1 == device_top1);
+        n += 1;
+    }
+    (n > 0).then(|| [sum / n as f64, min, top1 as f64 / n as f64])
 }
 
 /// How far the declared precision moves the gap between two logits at one step: twice the

@@ -33,6 +33,17 @@ impl Linear {
 
     /// The tensor form (a whole f32 weight per call when it is not f32 in memory: GPT-2's MLP).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.w.input_int8_block().is_some() {
+            // the int8 input path lives in forward_rows; one implementation of it
+            let mut dims = x.dims().to_vec();
+            let inp = dims.last().copied().unwrap_or(1).max(1);
+            let rows = x.elem_count() / inp;
+            let y = self.forward_rows(&x.flatten_all()?.to_vec1()?, rows)?;
+            if let Some(last) = dims.last_mut() {
+                *last = y.len() / rows.max(1);
+            }
+            return Ok(Tensor::from_vec(y, dims, x.device())?);
+        }
         let w = self.w.to_tensor()?;
         let y = if self.in_out {
             x.matmul(&w)?
@@ -49,6 +60,15 @@ impl Linear {
     /// (see `matmul`), bias added the same way.
     pub fn forward_rows(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
         let inp = x.len() / rows.max(1);
+        // a declared int8 input path (MatMulNBits accuracy_level 4) reads its rows on that grid
+        let quantised;
+        let x = match self.w.input_int8_block() {
+            Some(block) if !self.in_out => {
+                quantised = crate::blockquant::quantise_input_rows(x, inp, block);
+                &quantised[..]
+            }
+            _ => x,
+        };
         let (kind, out) = if self.in_out {
             (Rhs::Plain, self.w.cols())
         } else {

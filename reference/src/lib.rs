@@ -4,6 +4,7 @@
 //! forward, KV steps, emulator graph runs) goes through one engine, [`Model::run_graph`].
 
 pub mod arch_fixtures;
+pub mod blockquant;
 mod blocks;
 pub mod config;
 pub mod error;
@@ -27,6 +28,8 @@ pub mod llama;
 pub mod mask;
 mod matmul;
 pub mod model;
+mod onnx_proto;
+pub mod onnx_weights;
 mod store;
 mod streamed_gemv;
 pub mod support;

@@ -64,6 +64,8 @@ pub struct Model {
     pub(crate) lm_head_tied: bool,
     /// [`Model::int8_weights`], made once and shared by every clone of this model.
     pub(crate) int8: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<Model>>>,
+    /// [`Model::onnx_block_weights`]: the last model file's weights, shared the same way.
+    pub(crate) declared: crate::onnx_weights::DeclaredCache,
 }
 
 impl Model {
@@ -159,6 +161,7 @@ impl Model {
                     embed: p.embed,
                     embed_f32: Default::default(),
                     int8: Default::default(),
+                    declared: Default::default(),
                     wpe: None,
                     blocks: p.blocks,
                     final_norm: p.final_norm,
@@ -181,6 +184,7 @@ impl Model {
                     embed: p.wte,
                     embed_f32: Default::default(),
                     int8: Default::default(),
+                    declared: Default::default(),
                     wpe: Some(p.wpe),
                     inv_freq: None,
                     blocks: p.blocks,

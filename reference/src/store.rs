@@ -72,6 +72,9 @@ enum Repr {
         /// true = channels are columns (Conv1D `[in, out]`), false = rows.
         per_column: bool,
     },
+    /// Block-quantised levels with block scales and zero points (a device's declared weights:
+    /// ONNX `MatMulNBits`), widened per tile.
+    Blocks(Arc<crate::blockquant::BlockQuant>),
 }
 
 /// A weight as stored: `dims` as the forward sees it (`[rows, cols]` for matrices, rows being
@@ -95,6 +98,7 @@ impl fmt::Debug for Weight {
                 }
             ),
             Repr::Int8 { .. } => "int8 per channel".to_string(),
+            Repr::Blocks(q) => format!("{}-bit blocks of {}", q.bits, q.block),
         };
         write!(f, "Weight({:?}, {kind})", self.dims)
     }
@@ -113,6 +117,23 @@ impl Weight {
             repr: Repr::Tensor(t),
             dims,
         })
+    }
+
+    /// A block-quantised `[rows, cols]` matrix.
+    pub fn blocks(q: crate::blockquant::BlockQuant) -> Weight {
+        Weight {
+            dims: vec![q.rows, q.cols],
+            repr: Repr::Blocks(Arc::new(q)),
+        }
+    }
+
+    /// The block length of the int8 quantisation a block-quantised weight applies to its input
+    /// rows (`accuracy_level` 4), if any.
+    pub fn input_int8_block(&self) -> Option<usize> {
+        match &self.repr {
+            Repr::Blocks(q) if q.act_int8 => Some(q.block),
+            _ => None,
+        }
     }
 
     /// Raw stored values; the caller has checked that `bytes` holds exactly `dims` values of
@@ -143,7 +164,7 @@ impl Weight {
     /// The storage type, None for values already held as f32.
     pub fn kind(&self) -> Option<Kind> {
         match &self.repr {
-            Repr::Tensor(_) | Repr::Int8 { .. } => None,
+            Repr::Tensor(_) | Repr::Int8 { .. } | Repr::Blocks(_) => None,
             Repr::Raw { kind, .. } => Some(*kind),
         }
     }
@@ -151,7 +172,7 @@ impl Weight {
     /// Runs `f` on the stored bytes; None for values held as an f32 tensor or derived.
     pub fn raw_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         match &self.repr {
-            Repr::Tensor(_) | Repr::Int8 { .. } => None,
+            Repr::Tensor(_) | Repr::Int8 { .. } | Repr::Blocks(_) => None,
             Repr::Raw { bytes, .. } => Some(f(bytes.as_slice())),
         }
     }
@@ -162,6 +183,7 @@ impl Weight {
             Repr::Tensor(t) => 4 * t.elem_count(),
             Repr::Raw { bytes, .. } => bytes.as_slice().len(),
             Repr::Int8 { values, scales, .. } => values.len() + 4 * scales.len(),
+            Repr::Blocks(q) => q.stored_bytes(),
         }
     }
 
@@ -192,7 +214,7 @@ impl Weight {
                 (pre.is_empty() && post.is_empty() && cfg!(target_endian = "little"))
                     .then(|| f(vals))
             }
-            Repr::Raw { .. } | Repr::Int8 { .. } => None,
+            Repr::Raw { .. } | Repr::Int8 { .. } | Repr::Blocks(_) => None,
         }
     }
 
@@ -210,6 +232,10 @@ impl Weight {
             return Ok(());
         }
         let n = (r1 - r0) * cols;
+        if let Repr::Blocks(q) = &self.repr {
+            q.rows_into(r0, r1, out);
+            return Ok(());
+        }
         if let Repr::Int8 {
             values,
             scales,
@@ -360,6 +386,8 @@ impl Weight {
             Repr::Int8 { scales, .. } => {
                 return Ok(scales.iter().position(|x| !x.is_finite()));
             }
+            // scales checked finite when built (BlockQuant::new), levels are integers
+            Repr::Blocks(_) => return Ok(None),
             Repr::Raw { .. } => {}
         }
         let mut found = None;

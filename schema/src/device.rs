@@ -323,7 +323,7 @@ pub struct DeviceDescription {
 
 /// What a device declares about its weights; the precision-matched reference computes with
 /// what is declared, nothing else.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeclaredWeights {
     /// The checkpoint's values (or nothing declared: a HEF does not say how its compiler
@@ -333,6 +333,14 @@ pub enum DeclaredWeights {
     /// Per-output-channel symmetric int8, `max|w| / 127` a channel (the emulator's
     /// `--sim-weights int8`).
     Int8PerChannel,
+    /// Block-quantised linear weights (n-bit levels, one scale and zero point per block of input
+    /// features) as the model file `model` holds them: ONNX `MatMulNBits` (issue 35).
+    Blocks {
+        /// The model file the weights are read from.
+        model: std::path::PathBuf,
+        /// One line: how many, bits, block size, the input path (e.g. `accuracy_level` 4).
+        summary: String,
+    },
 }
 
 impl DeviceDescription {

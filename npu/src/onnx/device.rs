@@ -126,15 +126,24 @@ impl OnnxDevice {
                 ))
             }
         };
+        let mut desc = description(
+            name,
+            &cfg,
+            &kv_format(rt.kv.name(), shared, rt.has_positions),
+            ctx,
+            win.as_ref().map(|w| &w.1),
+            opts.faults.contains(&WinFault::U16Runner),
+        );
+        // the weights the graph computes with, for the precision-matched reference (issue 35)
+        let graph_file = opts.dir.join(&cfg.filename);
+        if let Some(summary) = kvprobe_reference::onnx_weights::declared(&graph_file)? {
+            desc.weights = kvprobe_schema::DeclaredWeights::Blocks {
+                model: graph_file,
+                summary,
+            };
+        }
         Ok(OnnxDevice {
-            desc: description(
-                name,
-                &cfg,
-                &kv_format(rt.kv.name(), shared, rt.has_positions),
-                ctx,
-                win.as_ref().map(|w| &w.1),
-                opts.faults.contains(&WinFault::U16Runner),
-            ),
+            desc,
             past: vec![
                 vec![0.0; shared.unwrap_or(0) * cfg.n_kv_heads * cfg.head_size];
                 2 * cfg.n_layers

@@ -442,6 +442,27 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     Ok(run.done())
 }
 
+/// A device that declares a lower precision (int4 weights, issue 35) is judged against the
+/// precision-matched reference, which computes what it declares: the f32 reference's miss is the
+/// declared precision's cost. One evidence line says so.
+fn matched_facts<'a>(
+    run: &mut Run,
+    points: impl Iterator<Item = (Option<&'a kvprobe_schema::MatchedStep>, u32)>,
+    what: &str,
+) -> Option<[f64; 3]> {
+    if !crate::matched::models_everything(run.s.describe()) {
+        return None;
+    }
+    let m = crate::matched::against_matched(points)?;
+    run.eng.line(format!(
+        "{what} against the precision-matched reference (the precision the device declares): mean cosine {:.4} (min {:.4}, top-1 {:.0}%)",
+        m[0],
+        m[1],
+        100.0 * m[2]
+    ));
+    Some(m)
+}
+
 /// The checks that read the states, listed as not applicable on a device that hides them.
 fn hidden_states(run: &mut Run) {
     run.p.not_applicable.extend(hidden_state_probes());
@@ -472,6 +493,14 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         pf.rerun_cosine
     ));
     f.prefill = Some([pf.mean_cosine, pf.min_cosine, pf.top1_agreement]);
+    let rows = pf.rows.iter();
+    if let Some(m) = matched_facts(
+        run,
+        rows.map(|r| (r.matched.as_ref(), r.comparison.device_top1)),
+        "prefill",
+    ) {
+        f.prefill = Some(m);
+    }
     run.p.prefill = Some(pf);
     let gr = run.timed("greedy", |s| {
         greedy::run_with(s, opts.steps, Some(REFERENCE_TAIL))
@@ -484,6 +513,14 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         100.0 * gr.top1_agreement
     ));
     f.greedy = Some([gr.mean_cosine, gr.min_cosine, gr.top1_agreement]);
+    let steps = gr.steps.iter();
+    if let Some(m) = matched_facts(
+        run,
+        steps.map(|s| (s.matched.as_ref(), s.comparison.device_top1)),
+        "greedy",
+    ) {
+        f.greedy = Some(m);
+    }
     f.non_finite_step = greedy::first_non_finite_step(run.s);
     run.p.greedy = Some(gr);
     // the decode graph without the context: one-row runs whose mask allows only themselves

@@ -1,0 +1,302 @@
+//! The few fields of an ONNX model file (`onnx/onnx.proto`) the precision-matched reference reads
+//! to compute a device's declared weights: the graph's nodes (op type, name, inputs, integer
+//! attributes) and its initializers (name, data type, inline or external data). A plain
+//! protobuf wire-format walk: no generated code, unknown fields skipped.
+
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// One graph node.
+#[derive(Debug, Clone, Default)]
+pub struct Node {
+    pub op_type: String,
+    pub name: String,
+    pub inputs: Vec<String>,
+    /// Integer attributes by name.
+    pub ints: HashMap<String, i64>,
+    /// Attributes of other types, by name (so a caller can refuse what it does not read).
+    pub other_attrs: Vec<String>,
+}
+
+/// Where an initializer's bytes are.
+#[derive(Debug, Clone)]
+enum Data {
+    Inline(Vec<u8>),
+    External {
+        location: String,
+        offset: u64,
+        length: Option<u64>,
+    },
+}
+
+/// One initializer (without its bytes read, for external data).
+#[derive(Debug, Clone)]
+pub struct Initializer {
+    /// ONNX `TensorProto.DataType`: 1 float, 2 uint8, 10 float16.
+    pub data_type: i32,
+    data: Data,
+}
+
+pub const FLOAT: i32 = 1;
+pub const UINT8: i32 = 2;
+
+/// The nodes and initializers of the model file `path`.
+pub struct OnnxGraph {
+    pub path: PathBuf,
+    pub nodes: Vec<Node>,
+    pub inits: HashMap<String, Initializer>,
+}
+
+struct Wire<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Fixed32(u32),
+    Fixed64,
+}
+
+impl<'a> Wire<'a> {
+    fn varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *self.b.get(self.at)?;
+            self.at += 1;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    /// The next (field number, value); None at the end; Err on malformed bytes.
+    fn next(&mut self) -> std::result::Result<Option<(u64, Field<'a>)>, ()> {
+        if self.at >= self.b.len() {
+            return Ok(None);
+        }
+        let tag = self.varint().ok_or(())?;
+        let field = match tag & 7 {
+            0 => Field::Varint(self.varint().ok_or(())?),
+            1 => {
+                self.at += 8;
+                Field::Fixed64
+            }
+            2 => {
+                let n = usize::try_from(self.varint().ok_or(())?).map_err(|_| ())?;
+                let end = self.at.checked_add(n).ok_or(())?;
+                let s = self.b.get(self.at..end).ok_or(())?;
+                self.at = end;
+                Field::Bytes(s)
+            }
+            5 => {
+                let s = self.b.get(self.at..self.at + 4).ok_or(())?;
+                self.at += 4;
+                Field::Fixed32(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+            }
+            _ => return Err(()),
+        };
+        if self.at > self.b.len() {
+            return Err(());
+        }
+        Ok(Some((tag >> 3, field)))
+    }
+}
+
+type Walk<'a> = std::result::Result<(), ()>;
+
+fn each<'a>(b: &'a [u8], mut f: impl FnMut(u64, Field<'a>) -> Walk<'a>) -> Walk<'a> {
+    let mut w = Wire { b, at: 0 };
+    while let Some((n, v)) = w.next()? {
+        f(n, v)?;
+    }
+    Ok(())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn node(b: &[u8]) -> std::result::Result<Node, ()> {
+    let mut n = Node::default();
+    each(b, |f, v| {
+        match (f, v) {
+            (1, Field::Bytes(s)) => n.inputs.push(text(s)),
+            (3, Field::Bytes(s)) => n.name = text(s),
+            (4, Field::Bytes(s)) => n.op_type = text(s),
+            (5, Field::Bytes(s)) => {
+                let (mut name, mut int) = (String::new(), None);
+                each(s, |f, v| {
+                    match (f, v) {
+                        (1, Field::Bytes(s)) => name = text(s),
+                        (3, Field::Varint(i)) => int = Some(i as i64),
+                        _ => {}
+                    }
+                    Ok(())
+                })?;
+                match int {
+                    Some(i) => {
+                        n.ints.insert(name, i);
+                    }
+                    None => n.other_attrs.push(name),
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(n)
+}
+
+fn initializer(b: &[u8]) -> std::result::Result<(String, Initializer), ()> {
+    let (mut name, mut dt) = (String::new(), 0);
+    let (mut raw, mut floats, mut int32s) = (None, Vec::new(), Vec::new());
+    let (mut ext, mut external) = (HashMap::new(), false);
+    each(b, |f, v| {
+        match (f, v) {
+            (2, Field::Varint(t)) => dt = t as i32,
+            (4, Field::Fixed32(x)) => floats.extend_from_slice(&x.to_le_bytes()),
+            (4, Field::Bytes(s)) => floats.extend_from_slice(s),
+            (5, Field::Varint(x)) => int32s.push(x as u8),
+            (5, Field::Bytes(s)) => each(s, |_, v| {
+                if let Field::Varint(x) = v {
+                    int32s.push(x as u8);
+                }
+                Ok(())
+            })?,
+            (8, Field::Bytes(s)) => name = text(s),
+            (9, Field::Bytes(s)) => raw = Some(s.to_vec()),
+            (13, Field::Bytes(s)) => {
+                let (mut k, mut val) = (String::new(), String::new());
+                each(s, |f, v| {
+                    match (f, v) {
+                        (1, Field::Bytes(s)) => k = text(s),
+                        (2, Field::Bytes(s)) => val = text(s),
+                        _ => {}
+                    }
+                    Ok(())
+                })?;
+                ext.insert(k, val);
+            }
+            (14, Field::Varint(1)) => external = true,
+            _ => {}
+        }
+        Ok(())
+    })?;
+    let data = if external {
+        let num = |k: &str| ext.get(k).and_then(|v| v.parse::<u64>().ok());
+        Data::External {
+            location: ext.get("location").cloned().ok_or(())?,
+            offset: num("offset").unwrap_or(0),
+            length: num("length"),
+        }
+    } else if let Some(r) = raw {
+        Data::Inline(r)
+    } else if !floats.is_empty() {
+        Data::Inline(floats)
+    } else {
+        Data::Inline(int32s)
+    };
+    Ok((
+        name,
+        Initializer {
+            data_type: dt,
+            data,
+        },
+    ))
+}
+
+impl OnnxGraph {
+    /// Reads the model file's graph (external data is read later, per initializer).
+    pub fn read(path: &Path) -> Result<OnnxGraph> {
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let bad = || Error::Format {
+            path: path.to_path_buf(),
+            detail: "not an ONNX model (malformed protobuf); export the model again".into(),
+        };
+        let mut graph = None;
+        each(&bytes, |f, v| {
+            if let (7, Field::Bytes(s)) = (f, v) {
+                graph = Some(s);
+            }
+            Ok(())
+        })
+        .map_err(|_| bad())?;
+        let graph = graph.ok_or_else(bad)?;
+        let (mut nodes, mut inits) = (Vec::new(), HashMap::new());
+        each(graph, |f, v| {
+            match (f, v) {
+                (1, Field::Bytes(s)) => nodes.push(node(s)?),
+                (5, Field::Bytes(s)) => {
+                    let (name, init) = initializer(s)?;
+                    inits.insert(name, init);
+                }
+                _ => {}
+            }
+            Ok(())
+        })
+        .map_err(|_| bad())?;
+        Ok(OnnxGraph {
+            path: path.to_path_buf(),
+            nodes,
+            inits,
+        })
+    }
+
+    /// The bytes of initializer `name` (inline, or read from its external data file beside the
+    /// model); checked to hold `count` values of `elem` bytes.
+    pub fn bytes(&self, name: &str, count: usize, elem: usize) -> Result<Vec<u8>> {
+        let fmt = |detail: String| Error::Format {
+            path: self.path.clone(),
+            detail: format!("initializer `{name}`: {detail}"),
+        };
+        let init = self
+            .inits
+            .get(name)
+            .ok_or_else(|| fmt("missing; export the model again".into()))?;
+        let want = count * elem;
+        let b = match &init.data {
+            Data::Inline(b) => b.clone(),
+            Data::External {
+                location,
+                offset,
+                length,
+            } => {
+                let dir = self.path.parent().unwrap_or(Path::new("."));
+                let file = dir.join(location);
+                let io = |source| Error::Io {
+                    path: file.clone(),
+                    source,
+                };
+                let mut f = std::fs::File::open(&file).map_err(io)?;
+                let n = length.unwrap_or(want as u64);
+                if n != want as u64 {
+                    return Err(fmt(format!("{n} bytes of external data, {want} expected")));
+                }
+                f.seek(SeekFrom::Start(*offset)).map_err(io)?;
+                let mut b = vec![0u8; want];
+                f.read_exact(&mut b).map_err(|_| {
+                    fmt(format!(
+                        "{} ends before byte {}; the external data file is truncated, export the model again",
+                        file.display(),
+                        offset + n
+                    ))
+                })?;
+                b
+            }
+        };
+        if b.len() != want {
+            return Err(fmt(format!("{} bytes, {want} expected", b.len())));
+        }
+        Ok(b)
+    }
+}
