@@ -86,7 +86,7 @@ print(("ok   " if ok else "ALARM"), f"diagnose exit {dcode} {verdict};", chat_s)
 PY
 )"
         runs=$((runs + 1))
-        case "$line" in ALARM*) alarms=$((alarms + 1)); tail -1 "$tmp/d.err" "$tmp/c.err" >&2 || true ;; esac
+        case "$line" in ALARM*) alarms=$((alarms + 1)); tail -n 1 "$tmp/d.err" "$tmp/c.err" >&2 || true ;; esac
         echo "$dev | $q | $line"
     done
 done
