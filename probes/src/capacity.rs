@@ -584,10 +584,7 @@ impl crate::probe::Probe for CapacityProbe {
         into: &mut ProbeFindings,
     ) -> Result<()> {
         let f = run(s, false)?;
-        let value = serde_json::to_value(&f)
-            .map_err(|e| crate::Error::Input(format!("capacity finding: {e}")))?;
-        into.extra.insert(self.name().to_string(), value);
-        Ok(())
+        crate::probe::store_extra(into, self.name(), &f)
     }
 }
 

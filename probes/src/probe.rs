@@ -47,3 +47,16 @@ pub trait Probe: Sync {
     /// Runs the probe and stores its finding in its field(s) of `into`.
     fn run(&self, s: &mut Session, opts: &ProbeOptions, into: &mut ProbeFindings) -> Result<()>;
 }
+
+/// Stores a finding that has no typed field of its own in `into.extra` under the probe's name
+/// (the capacity, rerun and chat probes; reports read it back by that name).
+pub fn store_extra<T: serde::Serialize>(
+    into: &mut ProbeFindings,
+    name: &str,
+    finding: &T,
+) -> Result<()> {
+    let value = serde_json::to_value(finding)
+        .map_err(|e| crate::Error::Input(format!("{name} finding: {e}")))?;
+    into.extra.insert(name.to_string(), value);
+    Ok(())
+}

@@ -108,9 +108,6 @@ impl crate::probe::Probe for RerunProbe {
         into: &mut kvprobe_schema::ProbeFindings,
     ) -> Result<()> {
         let f = run(s, opts.steps)?;
-        let value = serde_json::to_value(&f)
-            .map_err(|e| crate::Error::Input(format!("rerun finding: {e}")))?;
-        into.extra.insert(self.name().to_string(), value);
-        Ok(())
+        crate::probe::store_extra(into, self.name(), &f)
     }
 }
