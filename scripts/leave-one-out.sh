@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Leave-one-family-out (issue 34): each fault family is diagnosed with its own fault left out of
-# the replays' hypothesis set (`diagnose --leave-out FAULT`, a hidden research switch). A case
-# passes when it comes out `unknown`, `healthy` or the verdict its family declares (named by a
-# rule without the replay) — never another cause. Prints one row per case.
+# the replays' hypothesis set (`diagnose --leave-out FAULT`, a hidden research switch). Since
+# the scorer decides every verdict (a rule's verdict stands only when a replay reproduces it), a
+# case passes when it comes out `unknown` or `healthy`, or names its declared verdict through a
+# reproducing replay of another fault; a rule-named cause no replay reproduces fails the row, as
+# does any other cause. Prints one row per case.
 # Usage: scripts/leave-one-out.sh [FAULT ...]   (default: the mild faults on SmolLM2, L 32 / P 16,
 #        16 steps; a fault of another family passes only as unknown or healthy); KVPROBE_BIN=path runs that binary instead of building target/release/kvprobe
 set -euo pipefail
@@ -44,7 +46,9 @@ rule = (d.get("hypothesis") or {}).get("rule", "")
 rep = d.get("reproducer") or {}
 r = rep.get("replay") or {}
 repro = f"{r['fault']['name']} {r['replay_miss']:.1e} ({'reproduces' if r.get('reproduces') else 'does not reproduce'})" if r else "none"
-ok = v in ("unknown", "healthy") or (declared and v == declared)
-print(f"| {fault} | {declared or '?'} | {v} | {rule} | {repro} | {'yes' if ok else 'NO: wrong cause'} |")
+family = fault.split("=")[0].split("@")[0]
+ok = v in ("unknown", "healthy") or (
+    declared and v == declared and r.get("reproduces") and r["fault"]["name"] != family)
+print(f"| {fault} | {declared or '?'} | {v} | {rule} | {repro} | {'yes' if ok else 'NO: a cause no replay of another family reproduces'} |")
 PY
 done

@@ -81,3 +81,23 @@ fn a_mild_attention_scale_is_named_by_the_replay_score() {
         "{tried:?}"
     );
 }
+
+/// The scorer decides a named verdict: with `kv-swap` left out of the hypothesis set, the
+/// kv-binding rule still fires on a swapped device, but no replay reproduces it, so the verdict
+/// is `unknown` naming the rule and the closest candidates, never the rule's name unreplayed.
+#[test]
+fn a_rule_no_replay_reproduces_is_unknown() {
+    let f = fixture("llama", 7);
+    let m = f.to_str().unwrap();
+    let mut args = vec!["diagnose", "--sim", "--model", m];
+    args.extend(geometry("24", "8", IDS_REMAINDER, "8"));
+    args.extend(["--fault", "kv-swap", "--leave-out", "kv-swap"]);
+    let (code, v, stderr) = kvprobe_json(&args);
+    assert_eq!(verdict(&v), "unknown", "{code} {stderr}");
+    assert_eq!(v["hypothesis"]["rule"], "replay-score", "{v}");
+    let head = v["evidence"][0].as_str().unwrap_or_default();
+    assert!(head.contains("named kv-binding"), "{head}");
+    let rep = &v["reproducer"];
+    assert_eq!(rep["replay"]["reproduces"], false, "{rep}");
+    assert!(!rep["tried"].as_array().unwrap().is_empty(), "{rep}");
+}

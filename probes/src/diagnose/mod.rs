@@ -6,6 +6,7 @@
 //! [`stage`] (the issue-10 probes' pipeline stage, on `unknown` and under `stage_only`).
 
 pub mod capacity;
+pub mod decide;
 pub mod engine;
 pub mod evidence;
 #[cfg(test)]
@@ -35,7 +36,7 @@ fn runs_stateful(s: &Session) -> bool {
 
 pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let mut d = diagnose_runtime(s, opts)?;
-    replay::attach(s, opts.replay.as_ref(), &mut d);
+    decide::attach(s, opts.replay.as_ref(), &mut d);
     score::compete(s, opts.replay.as_ref(), &mut d);
     Ok(d)
 }

@@ -9,19 +9,16 @@
 //! or, for faults no probe fits, from the table's own sweep values. The emulator's fault list of
 //! the device under test is never read: the replayer gets only the hypothesis.
 
-use std::sync::Arc;
-
 use kvprobe_npu::contract::faults::{
     FaultDecl, FaultTable, FaultText, Scope, ScopeKind, SweepValue, Values,
 };
 use kvprobe_npu::HostState;
 use kvprobe_schema::{
     CacheKind, FaultHypothesis, FaultValue, GreedyFinding, GroupKind, ProbeFindings, Replay,
-    ReplayStep, Reproducer, Verdict,
+    ReplayStep, Verdict,
 };
 
 use super::evidence::{beats_healthy, MILD_FACTORS};
-use super::outcome::Diagnosis;
 pub use super::replayer::Replayer;
 use crate::determinism::record;
 use crate::metrics::cosine;
@@ -50,6 +47,19 @@ pub struct Fits {
 }
 
 impl Fits {
+    /// What the probes of this session fitted, with its cache entry size and head dimension.
+    pub(super) fn of_session(s: &Session, p: &ProbeFindings) -> Fits {
+        let desc = s.describe();
+        let entry = desc
+            .groups
+            .iter()
+            .flat_map(|g| &g.cache_edges)
+            .map(|e| e.entry_size)
+            .max()
+            .unwrap_or(0);
+        Fits::of(p, entry, desc.shape.head_dim)
+    }
+
     pub fn of(p: &ProbeFindings, entry_bytes: usize, head_dim: usize) -> Fits {
         let mut scales = Vec::new();
         let fits = [
@@ -130,7 +140,12 @@ fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
 /// The scopes a hypothesis tries: the declared default, then each group and each of K, V.
 pub(super) fn scopes(decl: &FaultDecl) -> Vec<(Vec<GroupKind>, Vec<CacheKind>)> {
     let groups: Vec<Vec<GroupKind>> = if decl.scopes.contains(&ScopeKind::Group) {
-        vec![vec![], vec![GroupKind::Prefill], vec![GroupKind::Tbt]]
+        vec![
+            vec![],
+            vec![GroupKind::Prefill],
+            vec![GroupKind::Tbt],
+            vec![GroupKind::Prefill, GroupKind::Tbt],
+        ]
     } else {
         vec![vec![]]
     };
@@ -272,33 +287,6 @@ pub(super) fn replay_one(
     Ok(judge(fault.clone(), steps))
 }
 
-/// Replays the verdict's hypotheses and attaches the closest as the reproducer; a verdict whose
-/// replay does not reproduce says so and loses 0.1 of confidence (floor 0.5).
-pub fn attach(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
-    if matches!(d.verdict, Verdict::Healthy | Verdict::Unknown) {
-        return;
-    }
-    let t = std::time::Instant::now();
-    let reproducer = reproduce(s, replayer, d);
-    d.timings.push(kvprobe_schema::Timing {
-        what: "replay".into(),
-        seconds: t.elapsed().as_secs_f64(),
-    });
-    let reproduces = reproducer.replay.as_ref().is_some_and(|r| r.reproduces);
-    if !reproduces {
-        d.confidence = (d.confidence - 0.1).max(0.5).min(d.confidence);
-        d.warnings.push(format!(
-            "the {} verdict is not reproduced on the emulator ({})",
-            d.verdict.name(),
-            reproducer.line()
-        ));
-    }
-    if let (Some(h), Some(r)) = (&mut d.hypothesis, &reproducer.replay) {
-        h.fault = Some(r.fault.clone());
-    }
-    d.reproducer = Some(reproducer);
-}
-
 /// Per greedy step, the healthy hypothesis' miss against the device (the matched reference's,
 /// or the f32 reference's where the device declares no lower precision) and the declared
 /// precision (the matched reference's miss against f32).
@@ -339,111 +327,6 @@ pub(super) fn screen(
     }
     scored.sort_by(|a, b| a.0.total_cmp(&b.0));
     scored.into_iter().map(|(_, h)| h).collect()
-}
-
-fn reproduce(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosis) -> Reproducer {
-    let none = |note: &str| Reproducer {
-        command: Vec::new(),
-        replay: None,
-        tried: Vec::new(),
-        note: Some(note.to_string()),
-    };
-    let Some(replayer) = replayer else {
-        return none(
-            "this device has no emulator to replay on (replays run for --sim and --device ane-sim)",
-        );
-    };
-    let Some(greedy) = d.probes.greedy.as_ref() else {
-        return none("no greedy run to compare a replay with");
-    };
-    // The device's request again from a fresh start (reset, cleared rings), as the replay
-    // starts: the greedy probe ran after other probes, whose bytes a faulty reader may see in
-    // never-written slots, and no emulator can replay that history.
-    let start = s.driver.host_state();
-    let device = match record(s, greedy.steps.len(), &greedy.device_ids) {
-        Ok(r) => r.logits,
-        Err(e) => {
-            return none(&format!(
-                "the device's request could not be recorded again: {e}"
-            ))
-        }
-    };
-    let desc = s.describe();
-    let entry = desc
-        .groups
-        .iter()
-        .flat_map(|g| &g.cache_edges)
-        .map(|e| e.entry_size)
-        .max()
-        .unwrap_or(0);
-    let fits = Fits::of(&d.probes, entry, desc.shape.head_dim);
-    let table = replayer.table();
-    let mut hyps = candidates(&table, d.verdict, &fits);
-    hyps.retain(|h| !replayer.leaves_out(&h.name));
-    if hyps.is_empty() {
-        return none(&format!(
-            "no fault of the emulator's grammar states a {} cause",
-            d.verdict.name()
-        ));
-    }
-    let tokens = &greedy.device_ids;
-    let healthy = healthy_steps(greedy);
-    let mut tried = Vec::new();
-    let mut best: Option<Replay> = None;
-    let mut refused = Vec::new();
-    let hyps = if hyps.len() > MAX_REPLAYS {
-        let run = |h: &FaultHypothesis, k: usize| {
-            replay_one(
-                s,
-                replayer.as_ref(),
-                h,
-                &start,
-                &device[..k],
-                tokens,
-                &healthy,
-            )
-        };
-        screen(hyps, SCREEN_STEPS.min(device.len()), &run, &mut refused)
-    } else {
-        hyps
-    };
-    for h in hyps {
-        if tried.len() >= MAX_REPLAYS {
-            break;
-        }
-        match replay_one(s, replayer.as_ref(), &h, &start, &device, tokens, &healthy) {
-            Ok(r) => {
-                tried.push((h.text(), r.replay_miss));
-                let done = r.reproduces;
-                if best.as_ref().is_none_or(|b| r.replay_miss < b.replay_miss) {
-                    best = Some(r);
-                }
-                if done {
-                    break;
-                }
-            }
-            // the emulator refuses a fault that changes nothing here: not a hypothesis
-            Err(e) => refused.push(format!("{}: {e}", h.text())),
-        }
-    }
-    let Some(best) = best else {
-        return none(&format!(
-            "the emulator refused every hypothesis ({})",
-            refused.join("; ")
-        ));
-    };
-    let note = (!best.reproduces).then(|| {
-        format!(
-            "closest of {} replayed hypotheses; the cause may lie outside the emulator's fault grammar",
-            tried.len()
-        )
-    });
-    Reproducer {
-        command: replayer.command(&best.fault.text(), device.len()),
-        replay: Some(best),
-        tried,
-        note,
-    }
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use crate::session::Session;
 use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
 
 /// Hypotheses replayed whole after the screen (a budget, not a decision).
-const FULL_REPLAYS: usize = 2;
+pub(super) const FULL_REPLAYS: usize = 2;
 
 /// Rule id the verdict carries when the scorer names a fault the rules called healthy.
 pub const RULE: &str = "replay-score";
@@ -152,8 +152,16 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
             .map_or("not run".into(), |f| format!("{:.2e}", f.replay_miss))
     );
     let Some(best) = decisive else {
+        // the closest fault hypothesis and its miss: what the threshold's healthy distribution
+        // is measured from (scripts/derive-replay-margin.sh)
+        let closest = tried[1..]
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map_or("none replayed".into(), |(h, m)| {
+                format!("closest {h} {m:.2e}")
+            });
         d.evidence.push(format!(
-            "{line}; no mild fault hypothesis reproduces it {PRECISION_RATIO}× more closely ({} tried)",
+            "{line}; no mild fault hypothesis reproduces it {PRECISION_RATIO}× more closely ({} tried; {closest})",
             tried.len() - 1
         ));
         return;
@@ -213,15 +221,7 @@ fn score(
     replay: &dyn Fn(&Session, &FaultHypothesis, usize) -> Result<Replay, String>,
 ) -> Option<Replay> {
     let n = healthy.len();
-    let desc = s.describe();
-    let entry = desc
-        .groups
-        .iter()
-        .flat_map(|g| &g.cache_edges)
-        .map(|e| e.entry_size)
-        .max()
-        .unwrap_or(0);
-    let fits = Fits::of(&d.probes, entry, desc.shape.head_dim);
+    let fits = Fits::of_session(s, &d.probes);
     let k = SCREEN_STEPS.min(n);
     let run = |h: &FaultHypothesis, k: usize| replay(s, h, k);
     let mut refused = Vec::new();

@@ -1,0 +1,461 @@
+//! The scorer decides a named verdict (issue 34, docs/diagnosis.md "The rule of evidence"): a
+//! rule's verdict stands only when a replay of its cause reproduces the device. Every candidate
+//! — the rule's cause with its parameters, then (unless that already reproduces at the noise
+//! floor, where nothing can be more precise) the fitted and mild values of every factor and
+//! shift fault — is replayed on the emulator built to the device's description and judged by one
+//! rule (`evidence::beats_healthy`, through `replay::judge`): median per-step miss against the
+//! device within the declared precision and clearly below the healthy hypothesis'. Of the
+//! candidates that reproduce, the most precise names the verdict; when none does, the verdict is
+//! `unknown` with the closest candidates and their misses. A device without an emulator to
+//! replay on keeps the rule's verdict and says "not replayed" in its evidence.
+
+use std::sync::Arc;
+
+use kvprobe_npu::contract::faults::{FaultTable, FaultText, SweepValue};
+use kvprobe_schema::{
+    FaultHypothesis, FaultValue, Hypothesis, Replay, Reproducer, Timing, Verdict,
+};
+
+use super::outcome::Diagnosis;
+use super::replay::{
+    candidates, healthy_steps, replay_one, screen, Fits, Replayer, MAX_REPLAYS, SCREEN_STEPS,
+};
+use super::score::{mild, FULL_REPLAYS, RULE};
+use crate::determinism::record;
+use crate::session::Session;
+use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
+
+/// Confidence of a verdict the scorer names instead of the rule's (as a mild fault's).
+pub const SCORED_CONFIDENCE: f64 = 0.75;
+
+/// Replays a named verdict's candidates and lets the scorer decide it (module doc); `healthy`
+/// is `score::compete`'s, `unknown` names nothing to replay.
+pub fn attach(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
+    if matches!(d.verdict, Verdict::Healthy | Verdict::Unknown) {
+        return;
+    }
+    let t = std::time::Instant::now();
+    decide(s, replayer, d);
+    d.timings.push(Timing {
+        what: "replay".into(),
+        seconds: t.elapsed().as_secs_f64(),
+    });
+}
+
+fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
+    let Some(replayer) = replayer else {
+        return not_replayed(
+            d,
+            "this device has no emulator to replay on (replays run for --sim and --device ane-sim)",
+        );
+    };
+    if d.verdict == Verdict::Nondeterministic {
+        // its evidence is reruns that differ: a replay compares one deterministic run per step
+        return not_replayed(
+            d,
+            "a nondeterministic device differs between reruns; a replay reproduces one run",
+        );
+    }
+    let Some(greedy) = d.probes.greedy.as_ref() else {
+        return not_replayed(d, "no greedy run to compare a replay with");
+    };
+    // The device's request again from a fresh start (reset, cleared rings), as the replay
+    // starts: the greedy probe ran after other probes, whose bytes a faulty reader may see in
+    // never-written slots, and no emulator can replay that history.
+    let start = s.driver.host_state();
+    let tokens = greedy.device_ids.clone();
+    let healthy = healthy_steps(greedy);
+    let device = match record(s, greedy.steps.len(), &tokens) {
+        Ok(r) => r.logits,
+        Err(e) => {
+            return not_replayed(
+                d,
+                &format!("the device's request could not be recorded again: {e}"),
+            )
+        }
+    };
+    let n = device.len();
+    let fits = Fits::of_session(s, &d.probes);
+    let table = replayer.table();
+    let s: &Session = s;
+    let run = |h: &FaultHypothesis, k: usize| {
+        replay_one(
+            s,
+            replayer.as_ref(),
+            h,
+            &start,
+            &device[..k],
+            &tokens,
+            &healthy,
+        )
+    };
+    let mut tried: Vec<(String, f64)> = Vec::new();
+    let mut refused = Vec::new();
+    let mut replays: Vec<Replay> = Vec::new();
+    // the rule's cause and its parameters; the first that reproduces ends this part
+    let mut own = candidates(&table, d.verdict, &fits);
+    own.retain(|h| !replayer.leaves_out(&h.name));
+    let own = if own.len() > MAX_REPLAYS {
+        screen(own, SCREEN_STEPS.min(n), &run, &mut refused)
+    } else {
+        own
+    };
+    for h in own {
+        if replays.len() >= MAX_REPLAYS {
+            break;
+        }
+        match run(&h, n) {
+            Ok(r) => {
+                tried.push((h.text(), r.replay_miss));
+                let done = r.reproduces;
+                replays.push(r);
+                if done {
+                    break;
+                }
+            }
+            // the emulator refuses a fault that changes nothing here: not a hypothesis
+            Err(e) => refused.push(format!("{}: {e}", h.text())),
+        }
+    }
+    // the rule's factor cause at its own value, when no table value reproduces: fitted by replay
+    if !replays.iter().any(|r| r.reproduces) {
+        let factor = replays
+            .iter()
+            .filter(|r| is_factor(&table, &r.fault))
+            .min_by(|a, b| a.replay_miss.total_cmp(&b.replay_miss))
+            .map(|r| r.fault.clone());
+        if let Some(h) = factor.and_then(|h| refine(&h, SCREEN_STEPS.min(n), &run)) {
+            if let Ok(r) = run(&h, n) {
+                tried.push((h.text(), r.replay_miss));
+                replays.push(r);
+            }
+        }
+    }
+    // every other candidate, unless the rule's reproduces at the noise floor
+    let exact = replays
+        .iter()
+        .any(|r| r.reproduces && r.replay_miss <= STEP_NOISE_FLOOR);
+    if !exact {
+        let mut others = mild(&table, &fits);
+        others.retain(|h| !replayer.leaves_out(&h.name) && !tried.iter().any(|t| t.0 == h.text()));
+        let others = screen(others, SCREEN_STEPS.min(n), &run, &mut refused);
+        for h in others.into_iter().take(FULL_REPLAYS) {
+            if let Ok(r) = run(&h, n) {
+                tried.push((h.text(), r.replay_miss));
+                replays.push(r);
+            }
+        }
+    }
+    let command = |r: &Replay| replayer.command(&r.fault.text(), n);
+    let expected = |r: &Replay| table.expected(&r.fault.text()).ok();
+    let choice = choose(d.verdict, &replays, &expected);
+    apply(d, choice, tried, &refused, &command);
+}
+
+/// Writes the scorer's choice into the diagnosis.
+fn apply(
+    d: &mut Diagnosis,
+    choice: Choice,
+    tried: Vec<(String, f64)>,
+    refused: &[String],
+    command: &dyn Fn(&Replay) -> Vec<String>,
+) {
+    match choice {
+        Choice::Refused => not_replayed(
+            d,
+            &format!(
+                "the emulator refused every hypothesis ({})",
+                refused.join("; ")
+            ),
+        ),
+        Choice::Keep(r) => {
+            if let Some(h) = &mut d.hypothesis {
+                h.fault = Some(r.fault.clone());
+            }
+            d.reproducer = Some(Reproducer {
+                command: command(&r),
+                replay: Some(r),
+                tried,
+                note: None,
+            });
+        }
+        Choice::Rename(v, r) => {
+            let c = command(&r);
+            renamed(d, v, r, c, tried)
+        }
+        Choice::Inconclusive(r) => {
+            d.evidence.push(format!(
+                "replay inconclusive: on the greedy steps a replay compares, the healthy \
+                 hypothesis misses the device by {:.2e} (median), below {PRECISION_RATIO} × \
+                 {STEP_NOISE_FLOOR:e}, so no replay can beat it there; the {} verdict stands on \
+                 its failing control",
+                r.healthy_miss.unwrap_or(0.0),
+                d.verdict.name()
+            ));
+            d.reproducer = Some(Reproducer {
+                command: command(&r),
+                replay: Some(r),
+                tried,
+                note: Some("the replayed steps do not tell a fault from healthy".into()),
+            });
+        }
+        Choice::Unknown(r) => {
+            let c = command(&r);
+            unknown(d, r, c, tried)
+        }
+    }
+}
+
+/// Evaluations of the value fit by replay: golden-section steps that narrow ln(value) over
+/// [1/4, 4] (width ln 16) below the grammar's resolution, 0.01 on values up to 4 (a budget).
+const REFINE_STEPS: usize = 16;
+
+fn is_factor(table: &FaultTable, h: &FaultHypothesis) -> bool {
+    table
+        .decl(&FaultText::split(&h.text()))
+        .is_ok_and(|d| matches!(d.sweep, SweepValue::Factor))
+}
+
+/// `h` at the factor whose replay over the first `k` steps comes closest to the device: a
+/// golden-section search over ln(factor) in [1/4, 4], each value at the grammar's resolution
+/// (two decimals). No probe fits a cache scale, and the attention fits stop at the first tbt
+/// step and the prompt's prefill: the replay itself is the fit.
+fn refine(
+    h: &FaultHypothesis,
+    k: usize,
+    run: &dyn Fn(&FaultHypothesis, usize) -> Result<Replay, String>,
+) -> Option<FaultHypothesis> {
+    let at = |x: f64| FaultHypothesis {
+        value: FaultValue::Number((x.exp() * 100.0).round() / 100.0),
+        ..h.clone()
+    };
+    let cost = |x: f64| {
+        run(&at(x), k).map_or(f64::INFINITY, |r| {
+            r.steps.iter().map(|s| s.replay_miss).sum::<f64>()
+        })
+    };
+    let g = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut a, mut b) = (0.25f64.ln(), 4f64.ln());
+    let (mut c, mut d) = (b - g * (b - a), a + g * (b - a));
+    let (mut fc, mut fd) = (cost(c), cost(d));
+    for _ in 0..REFINE_STEPS {
+        if fc < fd {
+            (b, d, fd) = (d, c, fc);
+            c = b - g * (b - a);
+            fc = cost(c);
+        } else {
+            (a, c, fc) = (c, d, fd);
+            d = a + g * (b - a);
+            fd = cost(d);
+        }
+    }
+    let best = if fc < fd { c } else { d };
+    (fc.min(fd).is_finite()).then(|| at(best))
+}
+
+/// What the scorer makes of a named verdict's replays.
+#[derive(Debug, PartialEq)]
+enum Choice {
+    /// No replay ran (the emulator refused every hypothesis).
+    Refused,
+    /// The most precise reproducing replay is of the rule's verdict.
+    Keep(Replay),
+    /// The most precise reproducing replay declares another verdict.
+    Rename(Verdict, Replay),
+    /// None reproduces: the closest replay.
+    Unknown(Replay),
+    /// None reproduces, but on the steps compared the healthy hypothesis misses the device by
+    /// less than `PRECISION_RATIO` × `STEP_NOISE_FLOOR`: no replay can beat it there (as on a
+    /// healthy verdict, `score::compete`), so the replay cannot test the rule's verdict.
+    Inconclusive(Replay),
+}
+
+/// Of the replays that reproduce, the most precise names the verdict (a tie keeps the first
+/// tried: the rule's own candidates come first); none reproducing → `unknown` with the closest.
+fn choose(
+    verdict: Verdict,
+    replays: &[Replay],
+    expected: &dyn Fn(&Replay) -> Option<Verdict>,
+) -> Choice {
+    let closest = |reproducing: bool| {
+        replays
+            .iter()
+            .filter(|r| r.reproduces || !reproducing)
+            .min_by(|a, b| a.replay_miss.total_cmp(&b.replay_miss))
+            .cloned()
+    };
+    let Some(any) = closest(false) else {
+        return Choice::Refused;
+    };
+    match closest(true).and_then(|r| expected(&r).map(|v| (v, r))) {
+        Some((v, r)) if v == verdict => Choice::Keep(r),
+        Some((v, r)) => Choice::Rename(v, r),
+        None if any.healthy_miss.unwrap_or(1.0) < PRECISION_RATIO * STEP_NOISE_FLOOR => {
+            Choice::Inconclusive(any)
+        }
+        None => Choice::Unknown(any),
+    }
+}
+
+/// No replay: the rule's verdict stands, its evidence says why it was not replayed.
+fn not_replayed(d: &mut Diagnosis, why: &str) {
+    d.evidence.push(format!("not replayed: {why}"));
+    d.confidence = (d.confidence - 0.1).max(0.5).min(d.confidence);
+    d.warnings.push(format!(
+        "the {} verdict is not reproduced on the emulator (not replayed: {why})",
+        d.verdict.name()
+    ));
+    d.reproducer = Some(Reproducer {
+        command: Vec::new(),
+        replay: None,
+        tried: Vec::new(),
+        note: Some(why.to_string()),
+    });
+}
+
+fn rule_name(d: &Diagnosis) -> String {
+    d.hypothesis
+        .as_ref()
+        .map_or("?".into(), |h| format!("`{}`", h.rule))
+}
+
+/// Another candidate reproduces more precisely than the rule's cause: it names the verdict.
+fn renamed(
+    d: &mut Diagnosis,
+    v: Verdict,
+    r: Replay,
+    command: Vec<String>,
+    tried: Vec<(String, f64)>,
+) {
+    let head = format!(
+        "{} replayed reproduces the device by {:.2e} (median), more precisely than any replay of \
+         the {} cause the rule {} named",
+        r.fault.text(),
+        r.replay_miss,
+        d.verdict.name(),
+        rule_name(d)
+    );
+    d.evidence.insert(0, head.clone());
+    d.verdict = v;
+    d.confidence = SCORED_CONFIDENCE;
+    d.hypothesis = Some(Hypothesis {
+        rule: RULE.into(),
+        decisive: vec![head],
+        fault: Some(r.fault.clone()),
+    });
+    d.reproducer = Some(Reproducer {
+        command,
+        replay: Some(r),
+        tried,
+        note: None,
+    });
+}
+
+/// No candidate reproduces: `unknown`, naming the closest candidates and their misses.
+fn unknown(d: &mut Diagnosis, r: Replay, command: Vec<String>, tried: Vec<(String, f64)>) {
+    let mut best = tried.clone();
+    best.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let list: Vec<String> = best
+        .iter()
+        .take(3)
+        .map(|(h, m)| format!("{h} {m:.2e}"))
+        .collect();
+    let head = format!(
+        "unknown: the rule {} named {}, but no replay reproduces the device within the declared \
+         precision {} and clearly better than the healthy hypothesis ({}); closest: {}",
+        rule_name(d),
+        d.verdict.name(),
+        r.precision.map_or("n/a".into(), |p| format!("{p:.2e}")),
+        r.healthy_miss.map_or("n/a".into(), |m| format!("{m:.2e}")),
+        list.join(", ")
+    );
+    d.evidence.insert(0, head.clone());
+    d.verdict = Verdict::Unknown;
+    d.confidence = 0.3;
+    d.also.clear();
+    d.hypothesis = Some(Hypothesis {
+        rule: RULE.into(),
+        decisive: vec![head],
+        fault: None,
+    });
+    d.reproducer = Some(Reproducer {
+        command,
+        replay: Some(r),
+        tried,
+        note: Some(
+            "no hypothesis reproduces: the cause may lie outside the emulator's fault grammar"
+                .into(),
+        ),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replay(name: &str, miss: f64, reproduces: bool) -> Replay {
+        Replay {
+            fault: FaultHypothesis {
+                name: name.into(),
+                value: FaultValue::None,
+                groups: vec![],
+                kinds: vec![],
+            },
+            steps: vec![],
+            replay_miss: miss,
+            healthy_miss: Some(0.1),
+            precision: Some(1e-3),
+            reproduces,
+        }
+    }
+
+    fn expected(r: &Replay) -> Option<Verdict> {
+        Some(match r.fault.name.as_str() {
+            "kv-swap" => Verdict::KvBinding,
+            _ => Verdict::TbtGraph,
+        })
+    }
+
+    #[test]
+    fn the_most_precise_reproducing_replay_names_the_verdict() {
+        let v = Verdict::KvBinding;
+        let own = replay("kv-swap", 5e-4, true);
+        let other = replay("tbt-attn-scale", 1e-4, true);
+        assert_eq!(
+            choose(v, &[own.clone(), other.clone()], &expected),
+            Choice::Rename(Verdict::TbtGraph, other.clone())
+        );
+        // a tie keeps the rule's, tried first
+        let tie = replay("tbt-attn-scale", 5e-4, true);
+        assert_eq!(
+            choose(v, &[own.clone(), tie], &expected),
+            Choice::Keep(own.clone())
+        );
+        // a closer replay that does not reproduce names nothing
+        let near = replay("tbt-attn-scale", 1e-5, false);
+        assert_eq!(
+            choose(v, &[own.clone(), near], &expected),
+            Choice::Keep(own)
+        );
+    }
+
+    #[test]
+    fn a_rule_no_replay_reproduces_is_unknown_with_the_closest() {
+        let a = replay("kv-swap", 3e-2, false);
+        let b = replay("tbt-attn-scale", 4e-3, false);
+        assert_eq!(
+            choose(Verdict::KvBinding, &[a, b.clone()], &expected),
+            Choice::Unknown(b)
+        );
+        assert_eq!(choose(Verdict::KvBinding, &[], &expected), Choice::Refused);
+        // steps where healthy itself misses by less than the ratio × floor cannot decide
+        let quiet = Replay {
+            healthy_miss: Some(7e-5),
+            ..replay("tbt-attn-scale", 0.0, false)
+        };
+        assert_eq!(
+            choose(Verdict::KvBinding, &[quiet.clone()], &expected),
+            Choice::Inconclusive(quiet)
+        );
+    }
+}
