@@ -30,6 +30,7 @@ mod matmul;
 pub mod model;
 mod onnx_proto;
 pub mod onnx_weights;
+pub mod pieces;
 mod store;
 mod streamed_gemv;
 pub mod support;
@@ -41,6 +42,7 @@ pub use error::{Error, Result};
 pub use graph::{GraphInput, GraphOptions, GraphOutput, HeadWiring, PositionInput};
 pub use kv::{KeySet, KvState, LayerKv};
 pub use model::{ForwardOptions, ForwardOutput, Model};
+pub use pieces::PiecedRows;
 pub use store::EmbeddingRows;
 pub use tokenizer::TextTokenizer;
 
