@@ -10,7 +10,7 @@
 //! tokens (as `greedy`), so one divergence does not cascade.
 
 use kvprobe_npu::{MaskMode, RunOutput};
-use kvprobe_reference::{KvState, Model};
+use kvprobe_reference::{KvState, Model, PiecedRows};
 use kvprobe_schema::{
     CapacityFinding, CapacityOutcome, CapacityPhase, CapacityPoint, DeviceLimit, LimitKind,
     LogitComparison, PastLimit, ProbeFindings,
@@ -214,7 +214,7 @@ fn reference_rows(
     want: impl IntoIterator<Item = usize>,
 ) -> Result<Vec<Vec<f32>>> {
     Ok(causal_rows_and_prefix(model, seq, window, want, 0)?
-        .0
+        .rows
         .into_iter()
         .map(|(_, r)| r)
         .collect())
@@ -229,13 +229,12 @@ fn causal_rows_and_prefix(
     window: Option<usize>,
     want: impl IntoIterator<Item = usize>,
     keep: usize,
-) -> Result<(Vec<(usize, Vec<f32>)>, KvState)> {
+) -> Result<PiecedRows> {
     let t = seq.len().min(model.config().max_position);
     let mut want: Vec<usize> = want.into_iter().filter(|&r| r < t).collect();
     want.sort_unstable();
     want.dedup();
-    let out = model.rows_in_pieces(&seq[..t], &want, window, keep)?;
-    Ok((out.rows, out.prefix))
+    Ok(model.rows_in_pieces(&seq[..t], &want, window, keep)?)
 }
 
 /// Reference logits of `tokens` fed one at a time after `state`, the first at position
@@ -501,7 +500,10 @@ pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
     s.progress
         .phase("capacity", (lengths.len() + end.saturating_sub(g0)) as u64);
     let rows = lengths.iter().map(|&t| t.saturating_sub(1));
-    let (causal, prefix) = causal_rows_and_prefix(s.model, &seq[..top], None, rows, g0)?;
+    let PiecedRows {
+        rows: causal,
+        prefix,
+    } = causal_rows_and_prefix(s.model, &seq[..top], None, rows, g0)?;
     let mut points = Vec::new();
     let mut start: Option<RunOutput> = None;
     for &t in &lengths {
@@ -600,8 +602,10 @@ mod tests {
                     },
                 )
                 .expect("forward");
-            let (causal, prefix) =
-                causal_rows_and_prefix(&model, &seq, None, 0..seq.len(), g0).expect("prefix");
+            let PiecedRows {
+                rows: causal,
+                prefix,
+            } = causal_rows_and_prefix(&model, &seq, None, 0..seq.len(), g0).expect("prefix");
             assert_eq!(causal.len(), seq.len());
             if window.is_none() {
                 for (r, row) in &causal {
