@@ -30,6 +30,8 @@ mod matmul;
 pub mod model;
 mod onnx_proto;
 pub mod onnx_weights;
+mod openvino_ir;
+pub mod openvino_weights;
 mod store;
 mod streamed_gemv;
 pub mod support;
