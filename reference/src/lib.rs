@@ -4,6 +4,7 @@
 //! forward, KV steps, emulator graph runs) goes through one engine, [`Model::run_graph`].
 
 pub mod arch_fixtures;
+pub mod arith;
 pub mod blockquant;
 mod blocks;
 pub mod config;
@@ -12,6 +13,7 @@ pub mod export;
 mod finite;
 pub mod fixtures;
 pub mod fixtures_gguf;
+mod fp16_weights;
 pub mod generate;
 pub mod gguf;
 mod gguf_config;
@@ -38,6 +40,7 @@ pub mod support;
 pub mod tokenizer;
 mod weights;
 
+pub use arith::{Arithmetic, Fp16, NormStatistic, Overflow, OverflowAt};
 pub use config::{Family, ModelConfig};
 pub use error::{Error, Result};
 pub use graph::{GraphInput, GraphOptions, GraphOutput, HeadWiring, PositionInput};

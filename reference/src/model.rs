@@ -35,6 +35,8 @@ pub struct ForwardOutput {
     pub vocab: usize,
     /// Per layer `[n_kv_heads, T, head_dim]` (K after RoPE) when taps were asked for.
     pub taps: Option<Vec<LayerKv>>,
+    /// Under fp16 arithmetic, the first op output that left the declared range.
+    pub overflow: Option<crate::OverflowAt>,
 }
 
 impl ForwardOutput {
@@ -324,6 +326,7 @@ impl Model {
             rows: out.rows,
             vocab: self.config.vocab_size,
             taps: opts.taps.then_some(out.new_kv),
+            overflow: out.overflow,
         })
     }
 
