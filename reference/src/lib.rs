@@ -35,6 +35,7 @@ pub mod onnx_weights;
 mod openvino_ir;
 pub mod openvino_weights;
 mod store;
+mod stored_rope;
 mod streamed_gemv;
 pub mod support;
 pub mod tokenizer;

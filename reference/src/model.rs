@@ -70,7 +70,7 @@ pub struct Model {
     pub(crate) declared: crate::onnx_weights::DeclaredCache,
     /// RoPE tables a device declares (an OpenVINO IR's compressed `cos_cache` / `sin_cache`) in
     /// place of the ones computed from `inv_freq`.
-    pub(crate) stored_rope: Option<std::sync::Arc<crate::openvino_weights::StoredRope>>,
+    pub(crate) stored_rope: Option<std::sync::Arc<crate::stored_rope::StoredRope>>,
 }
 
 impl Model {

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use crate::openvino_ir::{Ir, Layer};
 use crate::store::{Bytes, Kind, Weight};
+use crate::stored_rope::StoredRope;
 use crate::{Error, Model, Result};
 
 /// Element types only a compressed constant uses in an LLM IR (an f32 IR's constants are f32
@@ -41,36 +42,6 @@ struct Declared {
     dims: Vec<usize>,
     /// f16 values, little-endian, in the IR's order.
     f16: Vec<u8>,
-}
-
-/// RoPE tables read from the IR, `[positions][head_dim / 2]` each (rotate_half duplicates them).
-#[derive(Debug)]
-pub(crate) struct StoredRope {
-    pub half: usize,
-    pub cos: Vec<f32>,
-    pub sin: Vec<f32>,
-}
-
-impl StoredRope {
-    /// cos/sin `[T][2·half]` for `positions`, None past the table.
-    pub fn tables(&self, positions: &[f32]) -> Option<(Vec<f32>, Vec<f32>)> {
-        let (h, hd) = (self.half, 2 * self.half);
-        let mut cos = vec![0f32; positions.len() * hd];
-        let mut sin = vec![0f32; positions.len() * hd];
-        for (t, &p) in positions.iter().enumerate() {
-            let row = p as usize;
-            if p < 0.0 || p.fract() != 0.0 || (row + 1) * h > self.cos.len() {
-                return None;
-            }
-            for i in 0..h {
-                for j in [i, i + h] {
-                    cos[t * hd + j] = self.cos[row * h + i];
-                    sin[t * hd + j] = self.sin[row * h + i];
-                }
-            }
-        }
-        Some((cos, sin))
-    }
 }
 
 fn refuse(ir: &Ir, what: String) -> Error {
