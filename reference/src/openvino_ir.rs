@@ -128,6 +128,15 @@ impl Ir {
             .collect()
     }
 
+    /// The layer feeding input `port` of `id`.
+    pub fn producer(&self, id: u64, port: u64) -> Option<&Layer> {
+        let e = self
+            .edges
+            .iter()
+            .find(|e| e.to == id && e.to_port == port)?;
+        self.layer(e.from)
+    }
+
     /// The bytes of a `Const` from the `.bin` beside the xml.
     pub fn const_bytes(&self, l: &Layer) -> Result<Vec<u8>> {
         let bin = self.xml.with_extension("bin");

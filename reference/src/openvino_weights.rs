@@ -18,6 +18,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::blockquant::BlockQuant;
 use crate::openvino_ir::{Ir, Layer};
 use crate::store::{Bytes, Kind, Weight};
 use crate::stored_rope::StoredRope;
@@ -40,8 +41,44 @@ struct Declared {
     transposed: bool,
     /// The IR's shape.
     dims: Vec<usize>,
-    /// f16 values, little-endian, in the IR's order.
-    f16: Vec<u8>,
+    values: Values,
+}
+
+/// The stored values, in the IR's order.
+enum Values {
+    /// f16, little-endian.
+    F16(Vec<u8>),
+    /// u8 levels with one zero point and one scale per row (`per_row`) or per column of the
+    /// IR's 2-D shape, w = (level − zero point) · scale.
+    U8 {
+        levels: Vec<u8>,
+        zero_points: Vec<f32>,
+        scales: Vec<f32>,
+        per_row: bool,
+    },
+}
+
+impl Values {
+    /// f32 values in the IR's order (`cols` the IR's last dimension), products in f32 as
+    /// the CPU plugin's decompression computes them.
+    fn to_f32(&self, cols: usize) -> Vec<f32> {
+        match self {
+            Values::F16(v) => widen(v),
+            Values::U8 {
+                levels,
+                zero_points,
+                scales,
+                per_row,
+            } => levels
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| {
+                    let ch = if *per_row { i / cols } else { i % cols };
+                    (f32::from(l) - zero_points[ch]) * scales[ch]
+                })
+                .collect(),
+        }
+    }
 }
 
 fn refuse(ir: &Ir, what: String) -> Error {
@@ -55,19 +92,125 @@ fn refuse(ir: &Ir, what: String) -> Error {
 /// is refused naming the node.
 fn read_declared(ir: &Ir) -> Result<Vec<Declared>> {
     let mut out = Vec::new();
-    for c in ir.layers.iter().filter(|l| l.ty == "Const") {
+    // an NNCF u8 weight's zero point and scale are read with it
+    let mut parts = std::collections::HashSet::new();
+    for c in ir
+        .layers
+        .iter()
+        .filter(|l| l.ty == "Const" && l.attr("element_type") == Some("u8"))
+    {
+        if let Some((d, zp, scale)) = read_u8(ir, c)? {
+            parts.extend([zp, scale]);
+            out.push(d);
+        }
+    }
+    for c in ir
+        .layers
+        .iter()
+        .filter(|l| l.ty == "Const" && !parts.contains(&l.id))
+    {
         let Some(ty) = c.attr("element_type").filter(|t| COMPRESSED.contains(t)) else {
             continue;
         };
+        if ty == "u8" && out.iter().any(|d| d.node == c.name) {
+            continue;
+        }
         if ty != "f16" {
             return Err(refuse(
                 ir,
-                format!("Const `{}` stores {ty} weights; the precision-matched reference reads f16 weights (compress_to_fp16) only", c.name),
+                format!("Const `{}` stores {ty} values outside a decompression subgraph the precision-matched reference computes (f16 → Convert f32; u8 → Convert → Subtract u8 zero point → Multiply f16 scale → Convert f32)", c.name),
             ));
         }
         out.push(read_f16(ir, c)?);
     }
     Ok(out)
+}
+
+/// The one user of `id`, if it has exactly one.
+fn only_user(ir: &Ir, id: u64) -> Option<(&Layer, u64)> {
+    let users = ir.consumers(id);
+    (users.len() == 1).then(|| users[0])
+}
+
+/// NNCF's asymmetric u8 weight (`INT8_ASYM`): `Const` u8 → `Convert` f16 → `Subtract`
+/// (`Convert` f16 of a u8 zero point) → `Multiply` (f16 scale) → `Convert` f32, one zero point
+/// and scale per row or column. None when `c` is not the levels of such a subgraph (a zero
+/// point, or something else: the caller refuses it). Returns the zero point's and scale's ids.
+fn read_u8(ir: &Ir, c: &Layer) -> Result<Option<(Declared, u64, u64)>> {
+    let Some((conv, 0)) = only_user(ir, c.id) else {
+        return Ok(None);
+    };
+    let Some((sub, 0)) = only_user(ir, conv.id).filter(|_| conv.ty == "Convert") else {
+        return Ok(None);
+    };
+    let Some((mul, 0)) = only_user(ir, sub.id).filter(|_| sub.ty == "Subtract") else {
+        return Ok(None);
+    };
+    let Some((wide, 0)) = only_user(ir, mul.id).filter(|_| mul.ty == "Multiply") else {
+        return Ok(None);
+    };
+    let zp = ir
+        .producer(sub.id, 1)
+        .filter(|l| l.ty == "Convert")
+        .and_then(|l| ir.producer(l.id, 0));
+    let scale = ir.producer(mul.id, 1);
+    let (Some(zp), Some(scale)) = (zp, scale) else {
+        return Ok(None);
+    };
+    let dims = c.shape();
+    let ok = wide.ty == "Convert"
+        && wide.attr("destination_type") == Some("f32")
+        && zp.ty == "Const"
+        && zp.attr("element_type") == Some("u8")
+        && scale.ty == "Const"
+        && scale.attr("element_type") == Some("f16")
+        && dims.len() == 2
+        && zp.shape() == scale.shape();
+    let per_row = scale.shape() == [dims[0], 1];
+    if !ok || !(per_row || scale.shape() == [1, dims[1]]) {
+        return Err(refuse(ir, format!(
+            "u8 Const `{}`: its decompression subgraph is not the one the precision-matched reference computes (Convert → Subtract u8 zero point → Multiply f16 scale, one per row or column → Convert f32)",
+            c.name
+        )));
+    }
+    let levels = ir.const_bytes(c)?;
+    let zero_points: Vec<f32> = ir.const_bytes(zp)?.into_iter().map(f32::from).collect();
+    let scales = widen(&ir.const_bytes(scale)?);
+    if levels.len() != dims[0] * dims[1] || zero_points.len() != scales.len() {
+        return Err(Error::Format {
+            path: ir.xml.clone(),
+            detail: format!(
+                "u8 Const `{}`: sizes do not match its shape {dims:?}",
+                c.name
+            ),
+        });
+    }
+    let (name, transposed) = tensor_name(&c.name);
+    Ok(Some((
+        Declared {
+            node: c.name.clone(),
+            name,
+            transposed,
+            dims,
+            values: Values::U8 {
+                levels,
+                zero_points,
+                scales,
+                per_row,
+            },
+        },
+        zp.id,
+        scale.id,
+    )))
+}
+
+/// A constant's tensor name without `_compressed`, and whether it ends in `.T` (transposed).
+fn tensor_name(node: &str) -> (String, bool) {
+    let base = node.strip_suffix("_compressed").unwrap_or(node);
+    match base.strip_suffix(".T") {
+        Some(n) => (n.to_string(), true),
+        None => (base.to_string(), false),
+    }
 }
 
 /// `Const` f16 → `Convert` f32, the whole of `compress_to_fp16`'s decompression.
@@ -103,17 +246,13 @@ fn read_f16(ir: &Ir, c: &Layer) -> Result<Declared> {
             ),
         });
     }
-    let base = c.name.strip_suffix("_compressed").unwrap_or(&c.name);
-    let (name, transposed) = match base.strip_suffix(".T") {
-        Some(n) => (n.to_string(), true),
-        None => (base.to_string(), false),
-    };
+    let (name, transposed) = tensor_name(&c.name);
     Ok(Declared {
         node: c.name.clone(),
         name,
         transposed,
         dims,
-        f16: bytes,
+        values: Values::F16(bytes),
     })
 }
 
@@ -124,6 +263,17 @@ fn transpose16(v: &[u8], r: usize, c: usize) -> Vec<u8> {
         for j in 0..c {
             let (s, d) = (2 * (i * c + j), 2 * (j * r + i));
             out[d..d + 2].copy_from_slice(&v[s..s + 2]);
+        }
+    }
+    out
+}
+
+/// u8 `[r][c]` → `[c][r]`.
+fn transpose8(v: &[u8], r: usize, c: usize) -> Vec<u8> {
+    let mut out = vec![0u8; v.len()];
+    for i in 0..r {
+        for j in 0..c {
+            out[j * r + i] = v[i * c + j];
         }
     }
     out
@@ -144,11 +294,21 @@ pub fn declared(xml: &Path) -> Result<Option<String>> {
     if got.is_empty() {
         return Ok(None);
     }
-    let values: usize = got.iter().map(|d| d.f16.len() / 2).sum();
-    Ok(Some(format!(
-        "{} f16 constants ({values} values, OpenVINO's compress_to_fp16), widened to f32 exactly",
-        got.len()
-    )))
+    let f16 = got
+        .iter()
+        .filter(|d| matches!(d.values, Values::F16(_)))
+        .count();
+    let u8s = got.len() - f16;
+    let mut said = Vec::new();
+    if f16 > 0 {
+        said.push(format!("{f16} f16 constants widened to f32 exactly"));
+    }
+    if u8s > 0 {
+        said.push(format!(
+            "{u8s} u8 weights, (level − zero point) · f16 scale per output channel in f32"
+        ));
+    }
+    Ok(Some(said.join(", ")))
 }
 
 impl Model {
@@ -186,24 +346,26 @@ impl Model {
                 true => ir_dims.iter().rev().copied().collect(),
                 false => ir_dims.clone(),
             };
-            let f16 = match (d.transposed, ir_dims.as_slice()) {
-                (true, [r, k]) => transpose16(&d.f16, *r, *k),
-                (true, _) => {
-                    return Err(refuse(
-                        &ir,
-                        format!(
-                            "Const `{}`: a transposed weight of shape {ir_dims:?}",
-                            d.node
-                        ),
-                    ))
+            let cols = ir_dims.last().copied().unwrap_or(1);
+            let as_f32 = || d.values.to_f32(cols);
+            let node = d.node.clone();
+            let owned = || -> Result<Weight> {
+                match (&d.values, d.transposed, ir_dims.as_slice()) {
+                    (Values::F16(v), true, [r, k]) => Ok(Weight::raw(Bytes::Owned(Arc::new(transpose16(v, *r, *k))), Kind::F16, dims.clone())),
+                    (Values::F16(v), false, _) => Ok(Weight::raw(Bytes::Owned(Arc::new(v.clone())), Kind::F16, dims.clone())),
+                    // one zero point and scale per output channel: a block-quantised weight
+                    // whose block is the whole row
+                    (Values::U8 { levels, zero_points, scales, per_row }, t, [r, k]) if t != *per_row => {
+                        let (rows, cols) = (dims[0], dims[1]);
+                        let data = if t { transpose8(levels, *r, *k) } else { levels.clone() };
+                        Ok(Weight::blocks(BlockQuant::new(BlockQuant { rows, cols, block: cols, bits: 8, data, scales: scales.clone(), zero_points: zero_points.clone(), act_int8: false }, &node)?))
+                    }
+                    _ => Err(refuse(&ir, format!("Const `{node}` of shape {ir_dims:?}: its scales are not one per output channel, or it is transposed and not 2-D"))),
                 }
-                (false, _) => d.f16,
             };
-            let owned =
-                || Weight::raw(Bytes::Owned(Arc::new(f16.clone())), Kind::F16, dims.clone());
             match d.name.as_str() {
                 "cos_cache" | "sin_cache" if dims.len() == 2 && 2 * dims[1] == c.head_dim => {
-                    let t = Some(widen(&f16));
+                    let t = Some(as_f32());
                     if d.name == "cos_cache" {
                         cos = t
                     } else {
@@ -211,14 +373,14 @@ impl Model {
                     }
                 }
                 "attn_scale" => {
-                    let v = widen(&f16);
+                    let v = as_f32();
                     let want = 1.0 / (c.head_dim as f32).sqrt();
                     if v != [want] {
                         return Err(refuse(&ir, format!("Const `{}` is {v:?}, not 1/√head_dim = {want}: the reference computes no other attention scale", d.node)));
                     }
                 }
                 "lm_head.weight" if !parts.weights.contains_key("lm_head.weight") => {
-                    lm_head = Some((owned(), dims.clone()))
+                    lm_head = Some((owned()?, dims.clone()))
                 }
                 n => {
                     let Some(w) = parts.weights.get_mut(n) else {
@@ -235,7 +397,7 @@ impl Model {
                             w.dims()
                         )));
                     }
-                    *w = owned();
+                    *w = owned()?;
                 }
             }
         }
@@ -311,5 +473,81 @@ mod tests {
         );
         let got = e("nf4", "Convert").expect("refused");
         assert!(got.contains("Const `w_compressed` stores nf4"), "{got}");
+    }
+
+    #[test]
+    fn an_nncf_u8_weight_is_widened_per_output_channel_in_f32() {
+        // levels [[0, 255], [10, 20]], zero points [1, 2] and scales [0.5, 2] per column
+        let dir = tempfile::tempdir().unwrap();
+        let xml = dir.path().join("m.xml");
+        let mut bin = vec![0u8, 255, 10, 20, 1, 2];
+        bin.extend(half::f16::from_f32(0.5).to_le_bytes());
+        bin.extend(half::f16::from_f32(2.0).to_le_bytes());
+        std::fs::write(xml.with_extension("bin"), bin).unwrap();
+        let layer = |id: u64, name: &str, ty: &str, data: &str| {
+            format!("<layer id=\"{id}\" name=\"{name}\" type=\"{ty}\" version=\"opset1\">\n<data {data} />\n</layer>\n")
+        };
+        let edge = |f: u64, t: u64, port: u64| {
+            format!(
+                "<edge from-layer=\"{f}\" from-port=\"0\" to-layer=\"{t}\" to-port=\"{port}\" />\n"
+            )
+        };
+        let text = [
+            layer(
+                1,
+                "w.T",
+                "Const",
+                r#"element_type="u8" shape="2, 2" offset="0" size="4""#,
+            ),
+            layer(2, "c", "Convert", r#"destination_type="f16""#),
+            layer(
+                3,
+                "w.T/zero_point",
+                "Const",
+                r#"element_type="u8" shape="1, 2" offset="4" size="2""#,
+            ),
+            layer(4, "cz", "Convert", r#"destination_type="f16""#),
+            layer(5, "s", "Subtract", r#"auto_broadcast="numpy""#),
+            layer(
+                6,
+                "w.T/scale",
+                "Const",
+                r#"element_type="f16" shape="1, 2" offset="6" size="4""#,
+            ),
+            layer(7, "m", "Multiply", r#"auto_broadcast="numpy""#),
+            layer(8, "f", "Convert", r#"destination_type="f32""#),
+            edge(1, 2, 0),
+            edge(3, 4, 0),
+            edge(2, 5, 0),
+            edge(4, 5, 1),
+            edge(5, 7, 0),
+            edge(6, 7, 1),
+            edge(7, 8, 0),
+        ]
+        .concat();
+        std::fs::write(&xml, &text).unwrap();
+        let ir = Ir::read(&xml).unwrap();
+        let got = read_declared(&ir).unwrap();
+        assert_eq!(
+            got.len(),
+            1,
+            "the zero point and scale belong to the weight"
+        );
+        assert_eq!((got[0].name.as_str(), got[0].transposed), ("w", true));
+        assert_eq!(got[0].values.to_f32(2), [-0.5, 506.0, 4.5, 36.0]);
+        // a Multiply by an f32 scale is not NNCF's subgraph: refused naming the weight
+        std::fs::write(
+            &xml,
+            text.replace(
+                r#"element_type="f16" shape="1, 2""#,
+                r#"element_type="f32" shape="1, 2""#,
+            ),
+        )
+        .unwrap();
+        let e = read_declared(&Ir::read(&xml).unwrap())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("u8 Const `w.T`"), "{e}");
     }
 }
