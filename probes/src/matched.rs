@@ -71,6 +71,10 @@ impl Precision {
                 Some(model.onnx_block_weights(file)?),
                 format!(", weights as the model file declares them ({summary})"),
             ),
+            DeclaredWeights::OpenvinoIr { xml, summary } => (
+                Some(model.openvino_weights(xml)?),
+                format!(", weights as the IR declares them ({summary})"),
+            ),
         };
         let Some(mut p) = Precision::of_edges(desc, model, weights.is_some()) else {
             return Ok(None);

@@ -3,6 +3,7 @@
 
 use candle_core::{Device, Tensor};
 
+use crate::arith::Rounder;
 use crate::matmul::{self, Rhs};
 use crate::store::Weight;
 use crate::streamed_gemv::streamed_gemv;
@@ -140,6 +141,25 @@ impl Norm {
         })
     }
 
+    /// `forward_rows` in the arithmetic `rnd` declares: under fp16, RMSNorm rounds every
+    /// intermediate its graph holds (arith.rs); LayerNorm (GPT-2) rounds its output only.
+    pub fn forward_rows_in(
+        &self,
+        name: &'static str,
+        x: &[f32],
+        n: usize,
+        rnd: &Rounder,
+    ) -> Result<Vec<f32>> {
+        if let Norm::Rms { w, eps } = self {
+            if let Some(y) = rnd.rms_norm(name, x, n, &w.to_vec1::<f32>()?, *eps as f32) {
+                return Ok(y);
+            }
+        }
+        let mut y = self.forward_rows(x, n)?;
+        rnd.round_norm_output(name, &mut y);
+        Ok(y)
+    }
+
     /// `forward` on row-major rows of `n` features held in a slice (the same f32 formula as the
     /// tensor form, one row at a time).
     pub fn forward_rows(&self, x: &[f32], n: usize) -> Result<Vec<f32>> {
@@ -218,6 +238,29 @@ impl Mlp {
                 };
                 proj.forward(&h)
             }
+        }
+    }
+
+    /// `forward_rows` in the arithmetic `rnd` declares: under fp16 SwiGLU rounds gate and up,
+    /// SiLU and the product (the down projection's output is the caller's); GELU is not split.
+    pub fn forward_rows_in(&self, x: &[f32], rows: usize, rnd: &Rounder) -> Result<Vec<f32>> {
+        match self {
+            Mlp::SwiGlu { gate, up, down } if rnd.is_fp16() => {
+                let mut g = gate.forward_rows(x, rows)?;
+                let mut u = up.forward_rows(x, rows)?;
+                rnd.round(&mut g, "gate_proj");
+                rnd.round(&mut u, "up_proj");
+                for a in g.iter_mut() {
+                    *a /= 1.0 + (-*a).exp();
+                }
+                rnd.round(&mut g, "silu");
+                for (a, &b) in g.iter_mut().zip(&u) {
+                    *a *= b;
+                }
+                rnd.round(&mut g, "silu·up");
+                down.forward_rows(&g, rows)
+            }
+            _ => self.forward_rows(x, rows),
         }
     }
 

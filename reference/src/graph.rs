@@ -43,6 +43,8 @@ pub struct GraphOptions {
     /// Multiplier on 1/sqrt(head_dim).
     pub attn_scale: f32,
     pub heads: HeadWiring,
+    /// float32, or fp16 as a device declares it (arith.rs: which op outputs are rounded).
+    pub arithmetic: Arithmetic,
 }
 
 impl Default for GraphOptions {
@@ -50,6 +52,7 @@ impl Default for GraphOptions {
         Self {
             attn_scale: 1.0,
             heads: HeadWiring::CLEAN,
+            arithmetic: Arithmetic::F32,
         }
     }
 }
@@ -87,10 +90,13 @@ pub struct GraphOutput {
     pub rows: usize,
     /// Per layer, the new rows' K (after RoPE) and V, `[n_kv, T, hd]`.
     pub new_kv: Vec<LayerKv>,
+    /// Under fp16, the first op output that left the declared range.
+    pub overflow: Option<OverflowAt>,
 }
 
 use candle_core::{DType, Device};
 
+use crate::arith::{Arithmetic, OverflowAt, Rounder};
 use crate::llama::rope_tables;
 use crate::matmul::{self, Rhs};
 use crate::{Error, Family, Model, Result};
@@ -144,6 +150,13 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// The residual add of a block's output `y` (op `op`, rounded first), itself rounded.
+fn add_rounded(x: &mut [f32], mut y: Vec<f32>, op: &'static str, rnd: &Rounder) {
+    rnd.round(&mut y, op);
+    add_in_place(x, &y);
+    rnd.round(x, "residual add");
+}
+
 impl Model {
     /// The graph entry the emulator uses; every other forward path is a wrapper over it.
     ///
@@ -180,6 +193,8 @@ impl Model {
             .to_dtype(DType::F32)?
             .flatten_all()?
             .to_vec1()?;
+        let rnd = Rounder::new(input.graph.arithmetic);
+        rnd.round(&mut x, "embeddings");
         let rope = match cfg.family {
             Family::Llama => Some(self.rope_tables_for(&input.positions, t)?),
             Family::Gpt2 => {
@@ -205,20 +220,36 @@ impl Model {
 
         let mut new_kv = Vec::with_capacity(self.blocks.len());
         for (li, blk) in self.blocks.iter().enumerate() {
-            let h = blk.norm1.forward_rows(&x, hidden)?;
-            let (mut q, mut k, v) = blk.qkv_rows(&h, t, nh * hd, nkv * hd)?;
+            rnd.at_layer(Some(li));
+            let h = blk
+                .norm1
+                .forward_rows_in("input_layernorm", &x, hidden, &rnd)?;
+            let (mut q, mut k, mut v) = blk.qkv_rows(&h, t, nh * hd, nkv * hd)?;
+            for (y, op) in [(&mut q, "q_proj"), (&mut k, "k_proj"), (&mut v, "v_proj")] {
+                rnd.round(y, op);
+            }
             blk.qk_norm_rows(&mut q, &mut k, hd)?;
             if let Some((qr, kr)) = &rope {
                 qr.apply(&mut q, nh, hd);
                 kr.apply(&mut k, nkv, hd);
+                rnd.round(&mut q, "rope q");
+                rnd.round(&mut k, "rope k");
             }
             let k_new = rows_to_heads(&k, t, nkv, hd);
             let v_new = rows_to_heads(&v, t, nkv, hd);
             let past = if w > 0 { input.past.get(li) } else { None };
-            let o = attn.run(&q, &k_new, &v_new, nkv, past)?;
-            add_in_place(&mut x, &blk.o.forward_rows(&o, t)?);
-            let h2 = blk.norm2.forward_rows(&x, hidden)?;
-            add_in_place(&mut x, &blk.mlp.forward_rows(&h2, t)?);
+            let mut o = attn.run(&q, &k_new, &v_new, nkv, past, &rnd)?;
+            rnd.round(&mut o, "attention output");
+            add_rounded(&mut x, blk.o.forward_rows(&o, t)?, "o_proj", &rnd);
+            let h2 = blk
+                .norm2
+                .forward_rows_in("post_attention_layernorm", &x, hidden, &rnd)?;
+            add_rounded(
+                &mut x,
+                blk.mlp.forward_rows_in(&h2, t, &rnd)?,
+                "down_proj",
+                &rnd,
+            );
             new_kv.push(LayerKv {
                 k: Tensor::from_vec(k_new, (nkv, t, hd), &Device::Cpu)?,
                 v: Tensor::from_vec(v_new, (nkv, t, hd), &Device::Cpu)?,
@@ -229,12 +260,15 @@ impl Model {
         } else {
             (&x[..], t)
         };
-        let x = self.final_norm.forward_rows(x, hidden)?;
-        let logits = self.lm_head.forward_rows(&x, rows)?;
+        rnd.at_layer(None);
+        let x = self.final_norm.forward_rows_in("norm", x, hidden, &rnd)?;
+        let mut logits = self.lm_head.forward_rows(&x, rows)?;
+        rnd.round(&mut logits, "logits");
         Ok(GraphOutput {
             logits,
             rows,
             new_kv,
+            overflow: rnd.first_overflow(),
         })
     }
 
@@ -280,11 +314,20 @@ impl Model {
         match pos {
             PositionInput::Ids(p) => {
                 self.check_graph_positions(p, t)?;
-                let inv = self
-                    .inv_freq
-                    .as_ref()
-                    .ok_or_else(|| bad("model has no RoPE frequencies".into()))?;
-                let (c, s) = rope_tables(p, inv);
+                let (c, s) = match &self.stored_rope {
+                    Some(r) => r.tables(p).ok_or_else(|| {
+                        bad(format!(
+                            "a position past the {} rows of the device's RoPE tables",
+                            r.cos.len() / r.half
+                        ))
+                    })?,
+                    None => rope_tables(
+                        p,
+                        self.inv_freq
+                            .as_ref()
+                            .ok_or_else(|| bad("model has no RoPE frequencies".into()))?,
+                    ),
+                };
                 Ok((
                     RopeTable {
                         cos: c.clone(),
@@ -400,6 +443,7 @@ impl AttnCtx<'_> {
         v_new: &[f32],
         nkv: usize,
         past: Option<&LayerKv>,
+        rnd: &Rounder,
     ) -> Result<Vec<f32>> {
         let (nh, t, hd, w) = (self.nh, self.t, self.hd, self.w);
         let c = w + t;
@@ -451,7 +495,9 @@ impl AttnCtx<'_> {
             }
         }
         let mut s = matmul::batched(&qg, &kg, Rhs::Transposed, g, per * t, hd, c)?; // [G, per*T, C]
+        rnd.round(&mut s, "scores");
         self.masked_softmax_rows(&mut s, |h, i| (row_of[h] * t + i) * c);
+        rnd.round(&mut s, "softmax");
         let og = matmul::batched(&s, &vg, Rhs::Plain, g, per * t, c, hd)?; // [G, per*T, hd]
         let mut o = vec![0f32; t * nh * hd];
         for (h, &r) in row_of.iter().enumerate() {
@@ -519,75 +565,4 @@ impl AttnCtx<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ctx<'a>(
-        nh: usize,
-        t: usize,
-        w: usize,
-        mask: &'a [bool],
-        map: &'a [usize],
-        shared: bool,
-    ) -> AttnCtx<'a> {
-        // leaked: a test's groups live as long as the context that borrows them
-        let groups: Vec<Vec<usize>> = if shared {
-            vec![(0..nh).collect()]
-        } else {
-            softmax_per_head(nh)
-        };
-        AttnCtx {
-            nh,
-            hd: 4,
-            t,
-            w,
-            mask,
-            kv_map: map,
-            scale: 1.0,
-            softmax_groups: Box::leak(groups.into_boxed_slice()),
-        }
-    }
-
-    #[test]
-    fn softmax_by_hand() {
-        let map = [0usize, 0];
-        // One head, one row, scores [1, 0, 5], third key masked out.
-        let mask = [true, true, false];
-        let mut s = [1.0f32, 0.0, 5.0];
-        ctx(1, 1, 2, &mask, &map, false).masked_softmax(&mut s);
-        let e = std::f32::consts::E;
-        assert!((s[0] - e / (e + 1.0)).abs() < 1e-6);
-        assert!((s[1] - 1.0 / (e + 1.0)).abs() < 1e-6);
-        assert_eq!(s[2], 0.0);
-        // A single allowed key gets weight exactly 1.
-        let mask = [false, true, false];
-        let mut s = [3.0f32, -7.0, 2.0];
-        ctx(1, 1, 2, &mask, &map, false).masked_softmax(&mut s);
-        assert_eq!(s, [0.0, 1.0, 0.0]);
-        // Nothing allowed: all zero, no NaN.
-        let mask = [false; 3];
-        let mut s = [3.0f32, -7.0, 2.0];
-        ctx(1, 1, 2, &mask, &map, false).masked_softmax(&mut s);
-        assert_eq!(s, [0.0, 0.0, 0.0]);
-    }
-
-    #[test]
-    fn shared_softmax_splits_mass_over_heads() {
-        let map = [0usize, 0];
-        // Two heads, one row, two keys, equal scores: per head 1/2 each, shared 1/4 each.
-        let mask = [true; 4];
-        let mut per = [0.0f32; 4];
-        ctx(2, 1, 1, &mask, &map, false).masked_softmax(&mut per);
-        assert_eq!(per, [0.5; 4]);
-        let mut sh = [0.0f32; 4];
-        ctx(2, 1, 1, &mask, &map, true).masked_softmax(&mut sh);
-        assert_eq!(sh, [0.25; 4]);
-        // Head 1 scores higher: the joint distribution favours head 1's keys (mask layout
-        // [T, nh, C], scores [nh, T, C]).
-        let mut s = [0.0f32, 0.0, 1.0, 1.0];
-        ctx(2, 1, 1, &mask, &map, true).masked_softmax(&mut s);
-        let e = std::f32::consts::E;
-        let z = 2.0 + 2.0 * e;
-        assert!((s[0] - 1.0 / z).abs() < 1e-6 && (s[2] - e / z).abs() < 1e-6);
-    }
-}
+mod tests;

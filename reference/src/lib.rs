@@ -4,6 +4,7 @@
 //! forward, KV steps, emulator graph runs) goes through one engine, [`Model::run_graph`].
 
 pub mod arch_fixtures;
+pub mod arith;
 pub mod blockquant;
 mod blocks;
 pub mod config;
@@ -12,6 +13,7 @@ pub mod export;
 mod finite;
 pub mod fixtures;
 pub mod fixtures_gguf;
+mod fp16_weights;
 pub mod generate;
 pub mod gguf;
 mod gguf_config;
@@ -30,17 +32,23 @@ mod matmul;
 pub mod model;
 mod onnx_proto;
 pub mod onnx_weights;
+mod openvino_ir;
+pub mod openvino_weights;
+pub mod pieces;
 mod store;
+mod stored_rope;
 mod streamed_gemv;
 pub mod support;
 pub mod tokenizer;
 mod weights;
 
+pub use arith::{Arithmetic, Fp16, NormStatistic, Overflow, OverflowAt};
 pub use config::{Family, ModelConfig};
 pub use error::{Error, Result};
 pub use graph::{GraphInput, GraphOptions, GraphOutput, HeadWiring, PositionInput};
 pub use kv::{KeySet, KvState, LayerKv};
 pub use model::{ForwardOptions, ForwardOutput, Model};
+pub use pieces::PiecedRows;
 pub use store::EmbeddingRows;
 pub use tokenizer::TextTokenizer;
 

@@ -214,3 +214,156 @@ fn model_from_env_matches_numpy_reference() {
     let p = PathBuf::from(model);
     check(&script, &p, &p.display().to_string());
 }
+
+/// The fixture folder's embedding table multiplied so that its largest value is `max` (a
+/// residual stream whose squares leave fp16's range in the first norm).
+fn scale_embeddings(dir: &Path, max: f32) {
+    let file = dir.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+        let mut data = view.data().to_vec();
+        if name == "model.embed_tokens.weight" {
+            let vals: Vec<f32> = data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let k = max / vals.iter().fold(0f32, |a, v| a.max(v.abs()));
+            data = vals.iter().flat_map(|v| (v * k).to_le_bytes()).collect();
+        }
+        owned.push((name, view.shape().to_vec(), data));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+        .iter()
+        .map(|(n, s, d)| {
+            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d);
+            (n.clone(), v.unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &file).unwrap();
+}
+
+/// numpy's fp16 forward (`scripts/np_fp16_reference.py`): its logits and its first overflow.
+fn numpy_fp16(dir: &Path, ids: &str, overflow: &str, norm: &str) -> (Vec<f32>, serde_json::Value) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/np_fp16_reference.py");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("np.npy");
+    let run = Command::new("python3")
+        .arg(&script)
+        .args(["logits", "--model"])
+        .arg(dir)
+        .args([
+            "--ids",
+            ids,
+            "--overflow",
+            overflow,
+            "--norm",
+            norm,
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .expect("python3 runs scripts/np_fp16_reference.py (numpy is installed by .ci/run)");
+    assert!(
+        run.status.success(),
+        "np_fp16_reference failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    (read_npy(&out).0, v["overflow"].clone())
+}
+
+/// The fp16 reference (every op output rounded, fp16 weights) against numpy's own fp16 forward:
+/// far closer to it than the float32 reference is, for each norm statistic; and on a fixture
+/// whose first norm's squares leave fp16's range, the same first overflow (layer, op, value)
+/// under IEEE infinities and under HTP's saturation.
+#[test]
+fn the_fp16_reference_matches_numpy_fp16() {
+    use kvprobe_reference::{Arithmetic, Fp16, GraphOptions, NormStatistic, Overflow};
+    let dir = tempfile::tempdir().unwrap();
+    kvprobe_reference::fixtures::write_tiny_llama(dir.path(), 21).unwrap();
+    let run = |dir: &Path, f: Option<Fp16>| {
+        let m = Model::load(dir).unwrap();
+        let m = if f.is_some() {
+            m.with_fp16_weights().unwrap()
+        } else {
+            m
+        };
+        let x = ids(12, m.config().vocab_size, 42);
+        let graph = GraphOptions {
+            arithmetic: f.map_or(Arithmetic::F32, Arithmetic::Fp16),
+            ..Default::default()
+        };
+        let out = m
+            .forward(
+                &x,
+                &ForwardOptions {
+                    graph,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        (out.logits, out.overflow, x)
+    };
+    let arg = |x: &[u32]| x.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let max_diff =
+        |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+    // relative L2: fp16's last-place flips (one step of the logits' own rounding) dominate a max
+    let rel = |a: &[f32], b: &[f32]| {
+        let d: f64 = a.iter().zip(b).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
+        (d / b.iter().map(|q| (*q as f64).powi(2)).sum::<f64>()).sqrt()
+    };
+    for (norm, form) in [
+        ("squares", NormStatistic::Squares),
+        ("max-scaled", NormStatistic::MaxScaled),
+        ("fused", NormStatistic::Fused),
+    ] {
+        let f = Fp16 {
+            overflow: Overflow::Infinite,
+            norm: form,
+        };
+        let (ours, over, x) = run(dir.path(), Some(f));
+        let (f32_logits, _, _) = run(dir.path(), None);
+        let (np, np_over) = numpy_fp16(dir.path(), &arg(&x), "inf", norm);
+        let (d16, d32) = (rel(&ours, &np), rel(&f32_logits, &np));
+        let same = ours.iter().zip(&np).filter(|(p, q)| p == q).count();
+        println!(
+            "{norm}: relative L2 to numpy fp16: fp16 ref {d16:.3e} ({same} of {} logits equal, max |Δ| {:.2e}), f32 ref {d32:.3e}",
+            np.len(),
+            max_diff(&ours, &np)
+        );
+        assert!(over.is_none() && np_over.is_null(), "{over:?} {np_over}");
+        assert!(d16 * 2.0 < d32, "{norm}: fp16 {d16} vs f32 {d32}");
+    }
+    scale_embeddings(dir.path(), 1000.0);
+    for (flag, overflow) in [
+        ("inf", Overflow::Infinite),
+        ("saturate:131008", Overflow::Saturate(131_008.0)),
+    ] {
+        let f = Fp16 {
+            overflow,
+            norm: NormStatistic::Squares,
+        };
+        let (ours, over, x) = run(dir.path(), Some(f));
+        let (np, np_over) = numpy_fp16(dir.path(), &arg(&x), flag, "squares");
+        let over = over.expect("the first norm's squares overflow");
+        println!("{flag}: ours {over:?}, numpy {np_over}");
+        assert_eq!(
+            (over.layer, over.within, over.op),
+            (Some(0), Some("input_layernorm"), "x·x")
+        );
+        assert_eq!(np_over["layer"], 0);
+        assert_eq!(np_over["within"], "input_layernorm");
+        assert_eq!(np_over["op"], "x·x");
+        assert_eq!(over.value as f64, np_over["value"].as_f64().unwrap());
+        if flag != "inf" {
+            let (f32_logits, f32_over, _) = run(dir.path(), None);
+            assert!(f32_over.is_none());
+            let (d16, d32) = (rel(&ours, &np), rel(&f32_logits, &np));
+            println!("{flag}: relative L2 to numpy fp16: fp16 ref {d16:.3e}, f32 ref {d32:.3e}");
+            assert!(d16 * 20.0 < d32, "saturated: fp16 {d16} vs f32 {d32}");
+        }
+    }
+}

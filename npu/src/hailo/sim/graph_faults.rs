@@ -39,6 +39,10 @@ impl SimDevice {
         {
             heads.softmax_groups = one_softmax_over_heads;
         }
-        GraphOptions { attn_scale, heads }
+        GraphOptions {
+            attn_scale,
+            heads,
+            ..GraphOptions::default()
+        }
     }
 }
