@@ -454,7 +454,7 @@ mod tests {
             ..replay("tbt-attn-scale", 0.0, false)
         };
         assert_eq!(
-            choose(Verdict::KvBinding, &[quiet.clone()], &expected),
+            choose(Verdict::KvBinding, std::slice::from_ref(&quiet), &expected),
             Choice::Inconclusive(quiet)
         );
     }
