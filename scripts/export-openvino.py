@@ -11,11 +11,11 @@ pipeline take, with OpenVINO's own Python API only (no torch, no optimum):
      past → present pairs: each pair becomes a ReadValue/Assign variable, so the IR's inputs are
      input_ids, attention_mask, position_ids, beam_idx and its output logits;
   4. `--weights int8|int4`: `nncf.compress_weights` (int8_asym per channel, int4_sym in groups of
-     64) where NNCF installs (optional), else refused: kvprobe refuses such an IR (the matched
-     reference does not read compressed weights), the export exists to check that refusal;
+     64) where NNCF installs (optional), else refused;
   5. `openvino.save_model` (xml + bin, f32 weights: compress_to_fp16=False, so the f32 reference is
      the precision-matched one; `--weights f16` keeps OpenVINO's default compress_to_fp16=True, f16
-     weights kvprobe refuses) with config.json / tokenizer.json copied beside it.
+     weights the matched reference reads from the IR) with config.json / tokenizer.json copied
+     beside it.
 
 usage: export-openvino.py GENAI_DIR OUT_DIR [--weights f32|f16|int8|int4] [--no-state]
   --no-state writes the IR without step 3 (the past/present tensors stay inputs/outputs): the

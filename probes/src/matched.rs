@@ -78,6 +78,10 @@ impl Precision {
                 Some(model.onnx_block_weights(file)?),
                 format!(", weights as the model file declares them ({summary})"),
             ),
+            DeclaredWeights::OpenvinoIr { xml, summary } => (
+                Some(model.openvino_weights(xml)?),
+                format!(", weights as the IR declares them ({summary})"),
+            ),
         };
         let (arithmetic, weights, said) =
             crate::matched_fp16::declared(desc.arithmetic, model, weights, said)?;

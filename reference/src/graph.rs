@@ -314,11 +314,20 @@ impl Model {
         match pos {
             PositionInput::Ids(p) => {
                 self.check_graph_positions(p, t)?;
-                let inv = self
-                    .inv_freq
-                    .as_ref()
-                    .ok_or_else(|| bad("model has no RoPE frequencies".into()))?;
-                let (c, s) = rope_tables(p, inv);
+                let (c, s) = match &self.stored_rope {
+                    Some(r) => r.tables(p).ok_or_else(|| {
+                        bad(format!(
+                            "a position past the {} rows of the device's RoPE tables",
+                            r.cos.len() / r.half
+                        ))
+                    })?,
+                    None => rope_tables(
+                        p,
+                        self.inv_freq
+                            .as_ref()
+                            .ok_or_else(|| bad("model has no RoPE frequencies".into()))?,
+                    ),
+                };
                 Ok((
                     RopeTable {
                         cos: c.clone(),

@@ -68,6 +68,9 @@ pub struct Model {
     pub(crate) int8: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<Model>>>,
     /// [`Model::onnx_block_weights`]: the last model file's weights, shared the same way.
     pub(crate) declared: crate::onnx_weights::DeclaredCache,
+    /// RoPE tables a device declares (an OpenVINO IR's compressed `cos_cache` / `sin_cache`) in
+    /// place of the ones computed from `inv_freq`.
+    pub(crate) stored_rope: Option<std::sync::Arc<crate::stored_rope::StoredRope>>,
 }
 
 impl Model {
@@ -85,16 +88,7 @@ impl Model {
                 what: "neither a folder nor a regular file (a pipe or a device); pass the model folder or a .gguf file".into(),
             });
         }
-        let parts = if path.is_dir() {
-            hf::load_stored(path)?
-        } else if is_gguf(path)? {
-            crate::gguf::load_stored(path)?
-        } else {
-            return Err(Error::Unsupported {
-                path: path.to_path_buf(),
-                what: "not a model folder or .gguf file; pass the folder holding config.json or a .gguf file".into(),
-            });
-        };
+        let parts = stored_parts(path)?;
         // a loaded file's tokenizer must fit its embedding (in-memory parts may pair a test
         // tokenizer with a tiny vocabulary on purpose)
         parts.tokenizer.check_fits(parts.config.vocab_size)?;
@@ -164,6 +158,7 @@ impl Model {
                     embed_f32: Default::default(),
                     int8: Default::default(),
                     declared: Default::default(),
+                    stored_rope: None,
                     wpe: None,
                     blocks: p.blocks,
                     final_norm: p.final_norm,
@@ -187,6 +182,7 @@ impl Model {
                     embed_f32: Default::default(),
                     int8: Default::default(),
                     declared: Default::default(),
+                    stored_rope: None,
                     wpe: Some(p.wpe),
                     inv_freq: None,
                     blocks: p.blocks,
@@ -516,6 +512,20 @@ impl Model {
             }),
             None => Ok(()),
         }
+    }
+}
+
+/// The weights of a model folder or `.gguf` file in their storage type, under HF names.
+pub(crate) fn stored_parts(path: &Path) -> Result<crate::StoredParts> {
+    if path.is_dir() {
+        hf::load_stored(path)
+    } else if is_gguf(path)? {
+        crate::gguf::load_stored(path)
+    } else {
+        Err(Error::Unsupported {
+            path: path.to_path_buf(),
+            what: "not a model folder or .gguf file; pass the folder holding config.json or a .gguf file".into(),
+        })
     }
 }
 

@@ -372,6 +372,14 @@ pub enum DeclaredWeights {
         /// One line: how many, bits, block size, the input path (e.g. `accuracy_level` 4).
         summary: String,
     },
+    /// The weights an OpenVINO IR stores compressed (f16 from `compress_to_fp16`), as its
+    /// decompression subgraphs widen them (issue 37).
+    OpenvinoIr {
+        /// The IR's xml (its .bin beside it).
+        xml: std::path::PathBuf,
+        /// One line: how many constants of which type, and how they are widened.
+        summary: String,
+    },
 }
 
 impl DeviceDescription {

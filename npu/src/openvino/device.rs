@@ -91,6 +91,12 @@ impl OvDevice {
             }
         };
         let lookup = TokenLookup::new(model.embedding_source())?;
+        // compressed weights are read before the compile, so a subgraph the reference does
+        // not compute is refused first (one line naming the node)
+        let declared = kvprobe_reference::openvino_weights::declared(&xml)?;
+        if declared.is_some() {
+            model.openvino_weights(&xml)?;
+        }
         let rt = super::runtime::Runtime::open(&xml, opts.target, &config)?;
         let m = model.config();
         let (rows, hidden) = model.embedding_dims();
@@ -119,8 +125,12 @@ impl OvDevice {
                 }
             },
         };
+        let mut desc = description(name, shape, &geom);
+        if let Some(summary) = declared {
+            desc.weights = kvprobe_schema::DeclaredWeights::OpenvinoIr { xml, summary };
+        }
         Ok(OvDevice {
-            desc: description(name, shape, &geom),
+            desc,
             lookup,
             rt,
             target: opts.target,

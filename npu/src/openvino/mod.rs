@@ -27,8 +27,6 @@ mod ffi;
 pub mod host;
 #[cfg(feature = "openvino")]
 mod runtime;
-#[cfg_attr(not(feature = "openvino"), allow(dead_code))]
-mod weights;
 
 pub use device::OvDevice;
 #[cfg(feature = "openvino")]

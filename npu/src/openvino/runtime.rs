@@ -100,7 +100,6 @@ impl Runtime {
             &model.output_names().map_err(device)?,
             xml,
         )?;
-        super::weights::check_f32_weights(xml)?;
         let name = target.name();
         let available = core.available_devices().map_err(device)?;
         // NPUW runs the NPU pipeline without an NPU (its partitions go to NPUW_DEVICES): the
