@@ -506,11 +506,13 @@ pub fn three_way_at(
         st.near_tie = !c.top1_match && st.reference_margin <= band;
     }
     Ok(precision.map(|p| {
-        let said = match p.overflow.lock().ok().and_then(|o| *o) {
-            Some(o) => format!("{}; {}", p.describe, crate::matched_fp16::overflow_text(&o)),
+        let over = p.overflow.lock().ok().and_then(|o| *o);
+        let over = over.map(|o| crate::matched_fp16::overflow_text(&o));
+        let said = match &over {
+            Some(o) => format!("{}; {o}", p.describe),
             None => p.describe,
         };
-        crate::matched_summary::summary(said, steps)
+        crate::matched_summary::summary(said, over, steps)
     }))
 }
 

@@ -22,7 +22,11 @@ pub fn against_matched<'a>(
 }
 
 /// The greedy finding's summary of the matched comparisons; `precision` says what was rounded.
-pub(crate) fn summary(precision: String, steps: &[GreedyStep]) -> MatchedSummary {
+pub(crate) fn summary(
+    precision: String,
+    fp16_overflow: Option<String>,
+    steps: &[GreedyStep],
+) -> MatchedSummary {
     let tbt: Vec<&MatchedStep> = steps
         .iter()
         .skip(1)
@@ -33,6 +37,7 @@ pub(crate) fn summary(precision: String, steps: &[GreedyStep]) -> MatchedSummary
     };
     MatchedSummary {
         precision,
+        fp16_overflow,
         tbt_reference_vs_matched: mean(|m| m.reference_vs_matched),
         tbt_matched_vs_device: mean(|m| m.matched_vs_device),
         min_matched_vs_device: steps
