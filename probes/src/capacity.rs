@@ -10,7 +10,7 @@
 //! tokens (as `greedy`), so one divergence does not cascade.
 
 use kvprobe_npu::{MaskMode, RunOutput};
-use kvprobe_reference::{ForwardOptions, KvState, LayerKv, Model};
+use kvprobe_reference::{KvState, Model, PiecedRows};
 use kvprobe_schema::{
     CapacityFinding, CapacityOutcome, CapacityPhase, CapacityPoint, DeviceLimit, LimitKind,
     LogitComparison, PastLimit, ProbeFindings,
@@ -204,57 +204,37 @@ fn long_ids(s: &Session, len: usize) -> Result<Vec<u32>> {
     Ok(out)
 }
 
-/// Reference logits of every row of `seq`, each row seeing the newest `window` tokens (all when
-/// `None`); rows past the model's context are left out.
-fn reference_rows(s: &Session, seq: &[u32], window: Option<usize>) -> Result<Vec<Vec<f32>>> {
-    let t = seq.len().min(s.model.config().max_position);
-    let mask = window.map(|w| {
-        (0..t * t)
-            .map(|k| (k % t) <= (k / t) && (k / t) - (k % t) < w)
-            .collect()
-    });
-    let out = s.model.forward(
-        &seq[..t],
-        &ForwardOptions {
-            mask,
-            ..Default::default()
-        },
-    )?;
-    Ok((0..t).map(|i| out.row(i).to_vec()).collect())
+/// Reference logits of the rows `want` of `seq` (those inside the model's context, in order),
+/// each row seeing the newest `window` tokens (all when `None`). Computed in pieces: a one-piece
+/// forward over the model's whole context holds its square in scores and every row's logits.
+fn reference_rows(
+    model: &Model,
+    seq: &[u32],
+    window: Option<usize>,
+    want: impl IntoIterator<Item = usize>,
+) -> Result<Vec<Vec<f32>>> {
+    Ok(causal_rows_and_prefix(model, seq, window, want, 0)?
+        .rows
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect())
 }
 
-/// The causal reference rows of `seq` and the keys and values of its first `keep` tokens, from
-/// one forward (generation continues from them instead of a second forward over the prompt).
+/// The reference rows `want` of `seq` (as [`reference_rows`], with their row numbers) and the
+/// keys and values of its first `keep` tokens, from one pass (generation continues from them
+/// instead of a second forward over the prompt).
 fn causal_rows_and_prefix(
     model: &Model,
     seq: &[u32],
+    window: Option<usize>,
+    want: impl IntoIterator<Item = usize>,
     keep: usize,
-) -> Result<(Vec<Vec<f32>>, KvState)> {
+) -> Result<PiecedRows> {
     let t = seq.len().min(model.config().max_position);
-    let keep = keep.min(t);
-    let out = model.forward(
-        &seq[..t],
-        &ForwardOptions {
-            taps: true,
-            ..Default::default()
-        },
-    )?;
-    let taps = out.taps.as_deref().unwrap_or_default();
-    let layers = taps
-        .iter()
-        .map(|l| -> Result<LayerKv> {
-            Ok(LayerKv {
-                k: l.k.narrow(1, 0, keep)?.contiguous()?,
-                v: l.v.narrow(1, 0, keep)?.contiguous()?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let prefix = KvState {
-        layers,
-        positions: (0..keep).collect(),
-        ids: seq[..keep].to_vec(),
-    };
-    Ok(((0..t).map(|i| out.row(i).to_vec()).collect(), prefix))
+    let mut want: Vec<usize> = want.into_iter().filter(|&r| r < t).collect();
+    want.sort_unstable();
+    want.dedup();
+    Ok(model.rows_in_pieces(&seq[..t], &want, window, keep)?)
 }
 
 /// Reference logits of `tokens` fed one at a time after `state`, the first at position
@@ -316,7 +296,7 @@ fn prompt_point(
     s: &mut Session,
     limits: &[DeviceLimit],
     seq: &[u32],
-    causal: &[Vec<f32>],
+    causal: &[(usize, Vec<f32>)],
     t: usize,
 ) -> Result<(CapacityPoint, Option<RunOutput>)> {
     let (beyond, documented, window) = prompt_rule(limits, t);
@@ -326,10 +306,10 @@ fn prompt_point(
     let windowed;
     let reference = match window {
         Some(w) => {
-            windowed = reference_rows(s, &seq[..t], Some(w))?;
-            windowed.get(t - 1)
+            windowed = reference_rows(s.model, &seq[..t], Some(w), [t - 1])?;
+            windowed.first()
         }
-        None => causal.get(t - 1),
+        None => causal.iter().find(|(r, _)| *r == t - 1).map(|(_, r)| r),
     };
     let (refusal, comparison, outcome) = outcome(r, reference, documented)?;
     s.progress.inc(1);
@@ -421,8 +401,7 @@ fn generation(
     teacher.extend_from_slice(&toks[..answered.len()]);
     // the prompt's keys are the causal forward's unless a window already cut into the prompt
     let reference = if window.is_some_and(|w| g0 > w) {
-        let mut rows = reference_rows(s, &teacher, window)?;
-        rows.split_off(g0.min(rows.len()))
+        reference_rows(s.model, &teacher, window, g0..teacher.len())?
     } else {
         step_rows(s.model, prefix, &toks[..answered.len()], window)?
     };
@@ -520,7 +499,11 @@ pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
     let seq = long_ids(s, top.max(end))?;
     s.progress
         .phase("capacity", (lengths.len() + end.saturating_sub(g0)) as u64);
-    let (causal, prefix) = causal_rows_and_prefix(s.model, &seq[..top], g0)?;
+    let rows = lengths.iter().map(|&t| t.saturating_sub(1));
+    let PiecedRows {
+        rows: causal,
+        prefix,
+    } = causal_rows_and_prefix(s.model, &seq[..top], None, rows, g0)?;
     let mut points = Vec::new();
     let mut start: Option<RunOutput> = None;
     for &t in &lengths {
@@ -591,6 +574,7 @@ impl crate::probe::Probe for CapacityProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvprobe_reference::ForwardOptions;
 
     /// Generation's reference rows come from the prompt's keys and one decode step per token;
     /// they must be the rows of one forward over the whole sequence (causal, and windowed as
@@ -618,8 +602,21 @@ mod tests {
                     },
                 )
                 .expect("forward");
-            let (causal, prefix) = causal_rows_and_prefix(&model, &seq, g0).expect("prefix");
+            let PiecedRows {
+                rows: causal,
+                prefix,
+            } = causal_rows_and_prefix(&model, &seq, None, 0..seq.len(), g0).expect("prefix");
             assert_eq!(causal.len(), seq.len());
+            if window.is_none() {
+                for (r, row) in &causal {
+                    let worst = row
+                        .iter()
+                        .zip(full.row(*r))
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(worst < 1e-4, "causal row {r}: {worst}");
+                }
+            }
             let rows = step_rows(&model, prefix, &seq[g0..], window).expect("steps");
             assert_eq!(rows.len(), seq.len() - g0);
             for (i, row) in rows.iter().enumerate() {

@@ -34,6 +34,7 @@ mod onnx_proto;
 pub mod onnx_weights;
 mod openvino_ir;
 pub mod openvino_weights;
+pub mod pieces;
 mod store;
 mod stored_rope;
 mod streamed_gemv;
@@ -47,6 +48,7 @@ pub use error::{Error, Result};
 pub use graph::{GraphInput, GraphOptions, GraphOutput, HeadWiring, PositionInput};
 pub use kv::{KeySet, KvState, LayerKv};
 pub use model::{ForwardOptions, ForwardOutput, Model};
+pub use pieces::PiecedRows;
 pub use store::EmbeddingRows;
 pub use tokenizer::TextTokenizer;
 
