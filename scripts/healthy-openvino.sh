@@ -7,7 +7,9 @@
 #   scripts/healthy-openvino.sh                  both devices, every prompt
 #   DEVICES=CPU scripts/healthy-openvino.sh      one device
 # BIN (default target/release/kvprobe, built with --features openvino when absent) and
-# DIR (default scripts/export-openvino.sh's IR) may be given.
+# DIR (default scripts/export-openvino.sh's IR) may be given. OV_CONFIG="KEY=VALUE …" is passed to
+# every run as --ov-config KEY=VALUE each, e.g. the CPU plugin at the reference's precision:
+#   OV_CONFIG="INFERENCE_PRECISION_HINT=f32 KV_CACHE_PRECISION=f32" DEVICES=CPU scripts/healthy-openvino.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-.cache/models/smollm2-135m-instruct-q4_1.gguf}
@@ -57,6 +59,7 @@ $q<|im_end|>
 <|im_start|>assistant
 "
         common=(--model "$MODEL" --openvino "$DIR" --ov-device "$dev" --prompt "$p")
+        for kv in ${OV_CONFIG:-}; do common+=(--ov-config "$kv"); done
         set +e
         "$BIN" diagnose "${common[@]}" --json >"$tmp/d.json" 2>"$tmp/d.err"
         dcode=$?

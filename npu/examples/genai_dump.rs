@@ -213,6 +213,7 @@ fn run_case(c: &Case, out: &Path) -> std::result::Result<(), Box<dyn std::error:
         },
         groups,
         weights: Default::default(),
+        arithmetic: Default::default(),
     };
     let emb = embed_matrix(c);
     let q = |q: &QuantInfo| format!("{:e} {:e} {:e} {:e}\n", q.scale, q.zero_point, q.min, q.max);

@@ -23,6 +23,8 @@ pub mod layout_infer;
 pub mod maskconv;
 pub mod matched;
 mod matched_edges;
+mod matched_fp16;
+mod matched_summary;
 pub mod metrics;
 pub mod positions;
 pub mod precision;

@@ -17,16 +17,19 @@
 //! the store and its own rows in-graph; then one tbt row per step over the last `L − 1` positions
 //! (ring) or every position (stateful).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::{Device as CDevice, Tensor};
-use kvprobe_reference::{GraphInput, GraphOptions, LayerKv, Model, PositionInput};
+use kvprobe_reference::{
+    Arithmetic, GraphInput, GraphOptions, LayerKv, Model, OverflowAt, PositionInput,
+};
 use kvprobe_schema::{
     CacheDirection, CacheKind, DeclaredWeights, DeviceDescription, GreedyStep, GroupKind,
     MatchedStep, MatchedSummary, RuntimeKind,
 };
 
 use crate::matched_edges::{name, Edges, Round};
+pub use crate::matched_summary::against_matched;
 use crate::metrics::{cosine, top1};
 use crate::rings::cache_infos;
 use crate::Result;
@@ -49,6 +52,10 @@ pub struct Precision {
     weights: Option<Arc<Model>>,
     /// One line saying what was rounded (results.json and the report).
     pub describe: String,
+    /// The arithmetic inside the graph the device declares (fp16: issue 36).
+    arithmetic: Arithmetic,
+    /// Under fp16, the first op output the matched reference could not hold (every run).
+    overflow: Arc<Mutex<Option<OverflowAt>>>,
 }
 
 const PREFILL: usize = 0;
@@ -76,11 +83,14 @@ impl Precision {
                 format!(", weights as the IR declares them ({summary})"),
             ),
         };
+        let (arithmetic, weights, said) =
+            crate::matched_fp16::declared(desc.arithmetic, model, weights, said)?;
         let Some(mut p) = Precision::of_edges(desc, model, weights.is_some()) else {
             return Ok(None);
         };
         p.describe.push_str(&said);
         p.weights = weights;
+        p.arithmetic = arithmetic;
         Ok(Some(p))
     }
 
@@ -102,6 +112,8 @@ impl Precision {
                 ring: false,
                 prefill_in: 0,
                 weights: None,
+                arithmetic: Arithmetic::F32,
+                overflow: Arc::default(),
                 describe: "float32 edges and cache".into(),
             }),
             RuntimeKind::Stateful => Some(Precision {
@@ -111,6 +123,8 @@ impl Precision {
                 ring: false,
                 prefill_in: 0,
                 weights: None,
+                arithmetic: Arithmetic::F32,
+                overflow: Arc::default(),
                 describe: "fp16 embeddings, fp16 K/V state and fp16 logits (the graph's inner fp16 arithmetic is not modelled)".into(),
             }),
             RuntimeKind::GenaiRing => {
@@ -146,6 +160,8 @@ impl Precision {
                     ring: true,
                     prefill_in,
                     weights: None,
+                    arithmetic: Arithmetic::F32,
+                    overflow: Arc::default(),
                     describe: format!(
                         "embeddings {}, RoPE tables {}, cache {cache} through each ring's declared quant info, logits {}",
                         name(&pre.emb),
@@ -405,9 +421,15 @@ fn run_graph_rows(
         positions: p.positions(model, group, a..b),
         past: store.past(from, a)?,
         mask,
-        graph: GraphOptions::default(),
+        graph: GraphOptions {
+            arithmetic: p.arithmetic,
+            ..GraphOptions::default()
+        },
         last_only,
     })?;
+    if let (Some(o), Ok(mut first)) = (out.overflow, p.overflow.lock()) {
+        first.get_or_insert(o);
+    }
     store.push(&out.new_kv, p)?;
     let vocab = model.config().vocab_size;
     let n = out.rows;
@@ -483,7 +505,15 @@ pub fn three_way_at(
         };
         st.near_tie = !c.top1_match && st.reference_margin <= band;
     }
-    Ok(precision.map(|p| summary(p.describe, steps)))
+    Ok(precision.map(|p| {
+        let over = p.overflow.lock().ok().and_then(|o| *o);
+        let over = over.map(|o| crate::matched_fp16::overflow_text(&o));
+        let said = match &over {
+            Some(o) => format!("{}; {o}", p.describe),
+            None => p.describe,
+        };
+        crate::matched_summary::summary(said, over, steps)
+    }))
 }
 
 /// The three-way comparison of one position: matched logits against the f32 reference and the
@@ -522,24 +552,6 @@ pub fn models_everything(desc: &DeviceDescription) -> bool {
     desc.runtime == RuntimeKind::HostCache
 }
 
-/// (mean, min, top-1 agreement) of the device against the precision-matched reference over
-/// `points` = (its matched comparison, the device's top-1): None unless every point has one.
-/// What a stage's facts read when the device declares a precision (the f32 reference's miss is
-/// then the declared precision's cost, not the device's).
-pub fn against_matched<'a>(
-    points: impl Iterator<Item = (Option<&'a MatchedStep>, u32)>,
-) -> Option<[f64; 3]> {
-    let (mut sum, mut min, mut top1, mut n) = (0.0, f64::INFINITY, 0usize, 0usize);
-    for (m, device_top1) in points {
-        let m = m?;
-        sum += m.matched_vs_device;
-        min = min.min(m.matched_vs_device);
-        top1 += usize::from(m.matched_top1 == device_top1);
-        n += 1;
-    }
-    (n > 0).then(|| [sum / n as f64, min, top1 as f64 / n as f64])
-}
-
 /// How far the declared precision moves the gap between two logits at one step: twice the
 /// 99.9th percentile of |matched − f32| over the vocabulary (the largest few are the outliers of
 /// one vocabulary entry, not the typical pair a flip involves).
@@ -564,26 +576,6 @@ const BAND_QUANTILE: f64 = 0.999;
 /// Relative logit noise of an f32 computation (op order): the band of a device without a
 /// declared lower precision.
 const F32_BAND: f64 = 1e-5;
-
-fn summary(precision: String, steps: &[GreedyStep]) -> MatchedSummary {
-    let tbt: Vec<&MatchedStep> = steps
-        .iter()
-        .skip(1)
-        .filter_map(|s| s.matched.as_ref())
-        .collect();
-    let mean = |f: fn(&MatchedStep) -> f64| {
-        (!tbt.is_empty()).then(|| tbt.iter().map(|m| f(m)).sum::<f64>() / tbt.len() as f64)
-    };
-    MatchedSummary {
-        precision,
-        tbt_reference_vs_matched: mean(|m| m.reference_vs_matched),
-        tbt_matched_vs_device: mean(|m| m.matched_vs_device),
-        min_matched_vs_device: steps
-            .iter()
-            .filter_map(|s| s.matched.map(|m| m.matched_vs_device))
-            .fold(1.0, f64::min),
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -50,6 +50,18 @@ pub(crate) fn config_from_meta(
     }
     let head_dim = match meta.opt_i64(&key("attention.key_length")) {
         Some(k) => k as usize,
+        // without a key length the heads split the embedding: a count that does not divide it
+        // is the file's error, not a partial RoPE further down
+        None if !hidden_size.is_multiple_of(n_heads) => {
+            return Err(Error::Format {
+                path: path.to_path_buf(),
+                detail: format!(
+                    "GGUF metadata `{}` = {n_heads} heads do not divide `{}` = {hidden_size}; convert the model again",
+                    key("attention.head_count"),
+                    key("embedding_length")
+                ),
+            });
+        }
         None => hidden_size / n_heads,
     };
     let unsupported = |what: String| Error::Unsupported {

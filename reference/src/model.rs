@@ -573,6 +573,11 @@ fn check_config(c: &ModelConfig, path: &Path) -> Result<()> {
             c.hidden_size, c.head_dim, c.vocab_size, c.n_layers
         )));
     }
+    if c.max_position == 0 {
+        return Err(fail(
+            "the model's context length is 0 (GGUF `<arch>.context_length`, config.json `max_position_embeddings` or `n_positions`); fix the model config".into(),
+        ));
+    }
     crate::finite::check_scalars(c, path)?;
     if let Some(f) = &c.rope_freq_factors {
         if f.len() != c.head_dim / 2 || f.iter().any(|x| !x.is_finite() || *x <= 0.0) {

@@ -13,7 +13,8 @@
 //! Which weight a `Const` holds comes from its name (the tensor's name with `_compressed`
 //! appended, `.T` for a `[in, out]` copy of a `[out, in]` weight): the checkpoint's tensor names
 //! (`model.layers.N.…weight`, `lm_head.weight`), and the ONNX export's `cos_cache` / `sin_cache`
-//! (RoPE tables `[positions, head_dim / 2]`) and `attn_scale` (scripts/export-onnx.py).
+//! (RoPE tables `[positions, head_dim / 2]`), `attn_scale` and its RMSNorm floors `/norm_floor_N`
+//! (scripts/export-onnx.py).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -294,14 +295,25 @@ pub fn declared(xml: &Path) -> Result<Option<String>> {
     if got.is_empty() {
         return Ok(None);
     }
+    // the norm floors are counted apart: they are stored f16 too but change nothing computed
+    let floors = got
+        .iter()
+        .filter(|d| export_constant(&d.name, "norm_floor"))
+        .count();
     let f16 = got
         .iter()
         .filter(|d| matches!(d.values, Values::F16(_)))
-        .count();
-    let u8s = got.len() - f16;
+        .count()
+        - floors;
+    let u8s = got.len() - f16 - floors;
     let mut said = Vec::new();
     if f16 > 0 {
         said.push(format!("{f16} f16 constants widened to f32 exactly"));
+    }
+    if floors > 0 {
+        said.push(format!(
+            "{floors} f16 RMSNorm floors (the norm is the same at any positive floor)"
+        ));
     }
     if u8s > 0 {
         said.push(format!(
@@ -379,6 +391,17 @@ impl Model {
                         return Err(refuse(&ir, format!("Const `{}` is {v:?}, not 1/√head_dim = {want}: the reference computes no other attention scale", d.node)));
                     }
                 }
+                // The export's scaled RMSNorm floors the row's max |x| at this (fp16's smallest
+                // normal, 2^-14); the floor cancels out of the norm it computes (x / √m' ·
+                // √(mean(x²)/m' + ε/m') = x / √(mean(x²) + ε) for any m' > 0), so the reference's
+                // RMSNorm is that function at any positive finite floor, and only such a value is
+                // one the reference computes.
+                n if export_constant(n, "norm_floor") => {
+                    let v = as_f32();
+                    if !v.iter().all(|x| x.is_finite() && *x > 0.0) || v.len() != 1 {
+                        return Err(refuse(&ir, format!("Const `{}` is {v:?}: the RMSNorm floor the reference computes is one positive finite number", d.node)));
+                    }
+                }
                 "lm_head.weight" if !parts.weights.contains_key("lm_head.weight") => {
                     lm_head = Some((owned()?, dims.clone()))
                 }
@@ -424,9 +447,33 @@ impl Model {
     }
 }
 
+/// `name` is scripts/export-onnx.py's constant `base`: `/base_N`, its name with the counter the
+/// exporter appends.
+fn export_constant(name: &str, base: &str) -> bool {
+    name.strip_prefix('/')
+        .and_then(|n| n.strip_prefix(base))
+        .and_then(|n| n.strip_prefix('_'))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_exporters_numbered_constant_is_one() {
+        assert!(export_constant("/norm_floor_130", "norm_floor"));
+        for other in [
+            "norm_floor_130",
+            "/norm_floor_",
+            "/norm_floor_1x",
+            "/norm_floor",
+            "/norm_floorx_1",
+            "/eps_3",
+        ] {
+            assert!(!export_constant(other, "norm_floor"), "{other}");
+        }
+    }
 
     #[test]
     fn f16_transposes_and_widens_exactly() {

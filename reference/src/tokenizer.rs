@@ -212,6 +212,22 @@ impl TextTokenizer {
             .get_vocab(true)
             .into_iter()
             .max_by_key(|(_, id)| *id);
+        let fail = |detail: String| Error::Tokenizer {
+            path: self.source.clone(),
+            detail,
+        };
+        if top.is_none() {
+            // every prompt would encode to nothing, which reads as the user's empty prompt
+            return Err(fail(
+                "the vocabulary is empty; use the tokenizer that came with the model".into(),
+            ));
+        }
+        if let Some(b) = self.bos_id.filter(|&b| b as usize >= model_vocab) {
+            // added before every prompt: it would read as an id the user passed
+            return Err(fail(format!(
+                "the BOS token id {b} is past the model's embedding of {model_vocab} rows; fix the BOS id (bos_token_id / tokenizer.ggml.bos_token_id)"
+            )));
+        }
         match top {
             Some((tok, id)) if id as usize >= model_vocab => Err(Error::Tokenizer {
                 path: self.source.clone(),

@@ -319,6 +319,37 @@ pub struct DeviceDescription {
     /// written before the field existed declare the checkpoint's).
     #[serde(default)]
     pub weights: DeclaredWeights,
+    /// The arithmetic inside the graph, as far as the device declares it (descriptions written
+    /// before the field existed, and devices that do not say, declare float32).
+    #[serde(default)]
+    pub arithmetic: DeclaredArithmetic,
+}
+
+/// The arithmetic a device declares its graph computes in; the precision-matched reference
+/// computes in it (kvprobe_reference::arith documents which op outputs are rounded).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeclaredArithmetic {
+    #[default]
+    Float32,
+    /// fp16 op outputs with float32 accumulation; `saturate_at` None = IEEE (±inf beyond
+    /// 65504), Some(limit) = values clamped at ±limit (HTP: 131008).
+    Fp16 {
+        saturate_at: Option<f32>,
+        norm: DeclaredNorm,
+    },
+}
+
+/// How the graph computes RMSNorm's statistic (where fp16 can overflow).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeclaredNorm {
+    /// mean(x·x) from the squares of x.
+    Squares,
+    /// The squares of x / √max|x|.
+    MaxScaled,
+    /// One fused op computing in float32 (SimplifiedLayerNormalization).
+    Fused,
 }
 
 /// What a device declares about its weights; the precision-matched reference computes with

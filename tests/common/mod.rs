@@ -155,14 +155,38 @@ pub fn export_onnx(hf: &Path, out: &Path, extra: &[&str]) {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
-/// Runs `make` to write the GenAI folder `out` unless it already holds a finished export
-/// (its genai_config.json). Tests of one binary run on threads and share these folders: one
-/// writer at a time, and a test that waited finds the folder finished instead of replacing it
-/// under a reader.
+/// Runs `make` to write the GenAI folder `out` unless it already holds a finished export by the
+/// exporters as they are now (its genai_config.json, and a stamp of the exporters' sha256 written
+/// after `make`). Tests of one binary run on threads and share these folders: one writer at a
+/// time, and a test that waited finds the folder finished instead of replacing it under a
+/// reader. Keyed by the exporters because a folder kept by presence alone passed here on an
+/// export the changed exporter no longer writes, and failed on CI's fresh one.
 pub fn exported_once(out: &Path, make: impl FnOnce()) {
     static EXPORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = EXPORTS.lock().unwrap_or_else(|e| e.into_inner());
-    if !out.join("genai_config.json").is_file() {
+    let stamp = out.join(".kvprobe-test-stamp");
+    let want = exporters_sha256();
+    let kept = out.join("genai_config.json").is_file()
+        && std::fs::read_to_string(&stamp).is_ok_and(|s| s == want);
+    if !kept {
+        let _ = std::fs::remove_dir_all(out);
         make();
+        std::fs::write(&stamp, want).expect("export stamp");
     }
+}
+
+/// The sha256 of every file that decides what an export holds: the two graph writers and the
+/// Rust side that writes the weights they read.
+fn exporters_sha256() -> String {
+    use sha2::{Digest, Sha256};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut h = Sha256::new();
+    for f in [
+        "scripts/export-onnx.py",
+        "scripts/export-openvino.py",
+        "npu/src/onnx/export.rs",
+    ] {
+        h.update(std::fs::read(root.join(f)).expect("exporter source"));
+    }
+    format!("{:x}", h.finalize())
 }

@@ -115,3 +115,60 @@ pub fn gguf_as_llama_cpp(c: &mut Corpus) {
         );
     }
 }
+
+/// Files whose refusal blamed a neighbouring cause (issue 38): each names the key or count that is
+/// wrong. Before: context 0 → "shorten the prompt to at most 0 tokens"; heads that do not divide
+/// the embedding → "partial RoPE"; a BOS id past the vocabulary → "pass ids below N" with no
+/// `--ids`; an empty vocabulary → "--prompt encodes to no tokens".
+pub fn gguf_wrong_causes(c: &mut Corpus) {
+    use crate::hostile_corpus::gguf_support::{
+        base_meta, base_tensors, encode, vocab, Meta, HEAD_DIM,
+    };
+    let n = vocab().0.len();
+    let with = |edits: Vec<(&'static str, Meta)>| {
+        let mut m = base_meta("llama", n);
+        m.retain(|(k, _)| edits.iter().all(|(e, _)| e != k));
+        m.extend(edits);
+        m
+    };
+    let cases = [
+        (
+            "context-0",
+            with(vec![("llama.context_length", Meta::U64(0))]),
+            "context length is 0",
+        ),
+        (
+            "heads-1e6",
+            with(vec![
+                ("llama.attention.head_count", Meta::U32(1_000_000)),
+                ("llama.attention.head_count_kv", Meta::U64(1_000_000)),
+                ("llama.rope.dimension_count", Meta::U32(HEAD_DIM as u32)),
+            ]),
+            "heads do not divide",
+        ),
+        (
+            "bos-past-vocab",
+            with(vec![(
+                "tokenizer.ggml.bos_token_id",
+                Meta::U32(n as u32 + 5),
+            )]),
+            "BOS token id",
+        ),
+        (
+            "empty-vocab",
+            with(vec![
+                ("tokenizer.ggml.tokens", Meta::StrArr(Vec::new())),
+                ("tokenizer.ggml.token_type", Meta::I32Arr(Vec::new())),
+                ("tokenizer.ggml.merges", Meta::StrArr(Vec::new())),
+            ]),
+            "vocabulary is empty",
+        ),
+    ];
+    for (name, meta, needle) in cases {
+        let p = c.file(
+            &format!("cause-{name}.gguf"),
+            &encode(&meta, &base_tensors(n, true)),
+        );
+        c.refused_model(&format!("gguf {name} names the cause"), &p, Some(needle));
+    }
+}

@@ -65,6 +65,7 @@ impl Corpus {
         runtime::device_outputs(&mut c);
         messages::wrong_causes(&mut c);
         messages::gguf_as_llama_cpp(&mut c);
+        messages::gguf_wrong_causes(&mut c);
         c
     }
 

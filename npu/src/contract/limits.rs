@@ -96,6 +96,7 @@ mod tests {
             },
             groups: Vec::new(),
             weights: Default::default(),
+            arithmetic: Default::default(),
         };
         let ring = declared(&desc, false);
         assert_eq!(

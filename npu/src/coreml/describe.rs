@@ -52,5 +52,6 @@ pub(super) fn description(
         },
         groups,
         weights: kvprobe_schema::DeclaredWeights::Checkpoint,
+        arithmetic: kvprobe_schema::DeclaredArithmetic::Float32,
     }
 }

@@ -61,6 +61,7 @@ pub(super) fn description(
         },
         groups,
         weights: kvprobe_schema::DeclaredWeights::Checkpoint,
+        arithmetic: kvprobe_schema::DeclaredArithmetic::Float32,
     }
 }
 

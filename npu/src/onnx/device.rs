@@ -138,10 +138,16 @@ impl OnnxDevice {
         let graph_file = opts.dir.join(&cfg.filename);
         if let Some(summary) = kvprobe_reference::onnx_weights::declared(&graph_file)? {
             desc.weights = kvprobe_schema::DeclaredWeights::Blocks {
-                model: graph_file,
+                model: graph_file.clone(),
                 summary,
             };
         }
+        // the arithmetic inside the graph, for the precision-matched reference (issue 36)
+        let htp_fp16 = opts.ep == super::Ep::Qnn
+            && super::qnn::QnnOptions::resolve(&super::qnn::plugin_dir(), &opts.ep_options)?
+                .htp_fp16();
+        let fp16_graph = matches!(rt.kv, super::values::KvType::F16);
+        desc.arithmetic = super::graph_ops::declared_arithmetic(&graph_file, htp_fp16, fp16_graph)?;
         Ok(OnnxDevice {
             desc,
             past: vec![

@@ -10,6 +10,8 @@
 
 use std::path::Path;
 
+use kvprobe_schema::{DeclaredArithmetic, DeclaredNorm};
+
 use crate::hailo::hef::wire::{Reader, Value};
 use crate::{Error, Result};
 
@@ -33,6 +35,47 @@ pub(super) fn mask_by_length(model: &Path) -> Result<Option<String>> {
             model.display()
         )
     }))
+}
+
+/// HTP's fp16 saturation point: an op output beyond it is clamped (measured on the simulator
+/// by scripts/htp-bisect.py: `Mul` outputs stop at 131008, twice fp16's 65504; docs/qnn.md).
+pub const HTP_FP16_SATURATION: f32 = 131_008.0;
+
+/// The arithmetic the graph at `model` computes in, as the session declares it: fp16 with HTP's
+/// saturation when QNN's HTP runs it with `enable_htp_fp16_precision=1`; fp16 with IEEE
+/// infinities when the graph itself holds fp16 (its K/V cache is fp16: the model builder's
+/// `-p fp16`, run by ONNX Runtime's CPU kernels); float32 otherwise. The norm statistic is read
+/// off the graph: a fused SimplifiedLayerNormalization, a ReduceMax (scripts/export-onnx.py's
+/// scaled norm) or plain squares.
+pub(super) fn declared_arithmetic(
+    model: &Path,
+    htp_fp16: bool,
+    fp16_graph: bool,
+) -> Result<DeclaredArithmetic> {
+    if !htp_fp16 && !fp16_graph {
+        return Ok(DeclaredArithmetic::Float32);
+    }
+    let bytes = std::fs::read(model).map_err(|e| Error::Io {
+        path: model.to_path_buf(),
+        detail: format!("cannot read the graph ({e})"),
+    })?;
+    let has = |op: &str| {
+        holds_op(&bytes, op).map_err(|e| Error::Io {
+            path: model.to_path_buf(),
+            detail: format!("not a readable ONNX model ({e})"),
+        })
+    };
+    let norm = if has("SimplifiedLayerNormalization")? || has("SkipSimplifiedLayerNormalization")? {
+        DeclaredNorm::Fused
+    } else if has("ReduceMax")? {
+        DeclaredNorm::MaxScaled
+    } else {
+        DeclaredNorm::Squares
+    };
+    Ok(DeclaredArithmetic::Fp16 {
+        saturate_at: htp_fp16.then_some(HTP_FP16_SATURATION),
+        norm,
+    })
 }
 
 /// Whether a node of the model's graph (or of a subgraph) has `op` as its op_type.

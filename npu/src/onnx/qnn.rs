@@ -177,6 +177,15 @@ impl QnnOptions {
         Ok(())
     }
 
+    /// HTP computing a float graph in fp16 (`enable_htp_fp16_precision=1`, the default).
+    pub fn htp_fp16(&self) -> bool {
+        self.backend == QnnBackend::Htp
+            && self
+                .provider
+                .iter()
+                .any(|(k, v)| k == "enable_htp_fp16_precision" && v == "1")
+    }
+
     /// `key=value, …` for the provenance (paths shortened to their file name).
     pub fn describe(&self) -> String {
         self.provider

@@ -57,5 +57,6 @@ pub fn description(name: String, shape: ModelShape, g: &Geometry) -> DeviceDescr
         shape,
         groups,
         weights: kvprobe_schema::DeclaredWeights::Checkpoint,
+        arithmetic: kvprobe_schema::DeclaredArithmetic::Float32,
     }
 }

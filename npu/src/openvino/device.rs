@@ -294,6 +294,20 @@ impl Device for OvDevice {
     }
 
     /// The runtime that ran the IR, the device, and every key it was configured with.
+    /// A CPU-plugin run below the reference's precision (its bf16 / u8 defaults) says so in
+    /// every output.
+    fn warnings(&self) -> Vec<String> {
+        #[cfg(feature = "openvino")]
+        {
+            super::runtime::unmodelled(&self.rt.effective)
+                .map(|n| format!("OpenVINO precision: {n}"))
+                .into_iter()
+                .collect()
+        }
+        #[cfg(not(feature = "openvino"))]
+        Vec::new()
+    }
+
     fn versions(&self) -> Vec<(String, String)> {
         #[cfg(feature = "openvino")]
         {
@@ -324,6 +338,15 @@ impl Device for OvDevice {
                     .iter()
                     .map(|(k, v)| (format!("openvino config {k}"), v.clone())),
             );
+            out.extend(
+                self.rt
+                    .effective
+                    .iter()
+                    .map(|(k, v)| (format!("openvino compiled {k}"), v.clone())),
+            );
+            if let Some(note) = super::runtime::unmodelled(&self.rt.effective) {
+                out.push(("openvino precision not modelled".into(), note));
+            }
             if let Some(c) = self.npuw {
                 out.push((
                     "openvino npuw continuation".into(),

@@ -275,6 +275,16 @@ impl Model {
 }
 
 impl Compiled {
+    /// A property of the compiled model as the plugin resolved it (its defaults included).
+    pub fn property(&self, key: &str) -> FfiResult<String> {
+        let k = cstring(key)?;
+        let mut p = std::ptr::null_mut();
+        check("compiled_model get_property", unsafe {
+            sys::ov_compiled_model_get_property(self.0, k.as_ptr(), &mut p)
+        })?;
+        Ok(take_string(p))
+    }
+
     pub fn request(&self) -> FfiResult<Request> {
         let mut p = std::ptr::null_mut();
         check("create_infer_request", unsafe {

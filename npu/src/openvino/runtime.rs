@@ -76,7 +76,18 @@ pub struct Runtime {
     request: Request,
     /// Whether the request has run since it was made (a fresh one has its initial states).
     used: bool,
+    /// [`EFFECTIVE`] as the plugin resolved them (the keys it does not report are left out).
+    pub effective: Vec<(String, String)>,
 }
+
+/// Properties that set the arithmetic a CPU-plugin run computes with, whose defaults depend on
+/// the CPU (bf16 and a u8 K/V cache on one with bf16 units; int8 activations for compressed
+/// weights): read back from the compiled model so every output says what ran.
+pub const EFFECTIVE: [&str; 3] = [
+    "INFERENCE_PRECISION_HINT",
+    "KV_CACHE_PRECISION",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE",
+];
 
 impl Runtime {
     /// Reads `xml`, checks it is a stateful LLM IR, compiles it on `target` with `config`.
@@ -119,10 +130,15 @@ impl Runtime {
             .compile(&lib, &model, name, config)
             .map_err(|e| compile_error(name, config, &e))?;
         let request = compiled.request().map_err(device)?;
+        let effective = EFFECTIVE
+            .iter()
+            .filter_map(|k| Some((k.to_string(), compiled.property(k).ok()?)))
+            .collect();
         Ok(Runtime {
             compiled,
             request,
             used: false,
+            effective,
         })
     }
 
@@ -152,6 +168,33 @@ impl Runtime {
         r.infer().map_err(device)?;
         r.output_f32("logits").map_err(device)
     }
+}
+
+/// What the compiled model computes that the precision-matched reference does not model (bf16
+/// or f16 arithmetic, a K/V cache below f32, int8 activations), with the keys that turn it off.
+pub fn unmodelled(effective: &[(String, String)]) -> Option<String> {
+    let get = |k: &str| {
+        effective
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    };
+    let mut said = Vec::new();
+    if let Some(v) = get("INFERENCE_PRECISION_HINT").filter(|v| !v.contains("32")) {
+        said.push(format!("{v} arithmetic"));
+    }
+    if let Some(v) = get("KV_CACHE_PRECISION").filter(|v| !v.contains("32")) {
+        said.push(format!("a {v} K/V cache"));
+    }
+    if let Some(v) = get("DYNAMIC_QUANTIZATION_GROUP_SIZE").filter(|v| *v != "0") {
+        said.push(format!(
+            "activations quantised to int8 in groups of {v} for compressed weights"
+        ));
+    }
+    (!said.is_empty()).then(|| format!(
+        "the plugin runs {}, which the precision-matched reference does not model; --ov-config INFERENCE_PRECISION_HINT=f32 --ov-config KV_CACHE_PRECISION=f32 --ov-config DYNAMIC_QUANTIZATION_GROUP_SIZE=0 run it at the reference's precision",
+        said.join(", ")
+    ))
 }
 
 /// A compile error that names a configuration key: the plugin rejected the user's flag (exit 2);
@@ -222,5 +265,26 @@ mod tests {
         let e = compile_error("NPU", &cfg, "compile: bad NPUW_LLM_MAX_PROMPT_LEN value");
         assert_eq!(e.exit_code(), 2, "{e}");
         assert_eq!(compile_error("NPU", &cfg, "out of memory").exit_code(), 3);
+    }
+
+    #[test]
+    fn a_precision_below_the_reference_is_named_and_f32_is_silent() {
+        let kv = |v: [&str; 3]| -> Vec<(String, String)> {
+            EFFECTIVE
+                .iter()
+                .zip(v)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        // what the 2026.4.1 CPU plugin reported by default on a CPU with AMX (2026-12-04)
+        let n = unmodelled(&kv(["bf16", "u8", "32"])).expect("named");
+        assert!(
+            n.contains(
+                "bf16 arithmetic, a u8 K/V cache, activations quantised to int8 in groups of 32"
+            ),
+            "{n}"
+        );
+        assert_eq!(unmodelled(&kv(["f32", "f32", "0"])), None);
+        assert_eq!(unmodelled(&[]), None);
     }
 }

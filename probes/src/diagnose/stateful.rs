@@ -86,6 +86,14 @@ pub const STATE: &[R] = &[
     R::new("state-offset", T, Some(Verdict::CacheOffset), state_offset)
         .needs(Control::StateWrites)
         .stop(),
+    R::new(
+        "fp16-overflow",
+        T,
+        Some(Verdict::NumericOverflow),
+        fp16_overflow,
+    )
+    .needs(Control::Greedy)
+    .stop(),
     R::new("healthy", T, Some(Verdict::Healthy), healthy).stop(),
     R::new("state-layout-cosines", T, None, state_layout_cosines),
     R::new(
@@ -197,6 +205,21 @@ fn healthy(f: &StatefulFacts) -> Option<Cause> {
         } else {
             "→ prefill and decode agree with the reference (the states are not readable on this device: judged by its outputs only)"
         })
+    })
+}
+
+/// The device computes what its declared fp16 arithmetic computes (the matched reference, which
+/// overflows fp16 inside the graph, reproduces it) and the f32 reference does not: the graph
+/// overflows fp16, not the device's K/V path (issue 36; the control is the same graph without the
+/// overflow, healthy).
+fn fp16_overflow(f: &StatefulFacts) -> Option<Cause> {
+    let (at, g) = f.fp16_overflow.as_ref()?;
+    (f.prefill_ok() && f.greedy_ok() && !f.f32_greedy_ok()).then(|| {
+        Cause::new(0.9).line(format!(
+            "→ {at}: the fp16 reference reproduces the device (greedy matched) where the f32 reference does not (greedy mean cosine {:.4}, top-1 {:.0}%)",
+            g[0],
+            100.0 * g[2]
+        ))
     })
 }
 
@@ -381,6 +404,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         greedy: None,
         state: None,
         declared_quant_mismatch: declared_quant_mismatch(run.s.describe()),
+        fp16_overflow: None,
     };
     run.eng.apply(REPEAT, &f);
     if run.eng.stopped() {
@@ -519,6 +543,9 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         steps.map(|s| (s.matched.as_ref(), s.comparison.device_top1)),
         "greedy",
     ) {
+        if let Some(at) = gr.matched.as_ref().and_then(|m| m.fp16_overflow.clone()) {
+            f.fp16_overflow = f.greedy.map(|g| (at, g));
+        }
         f.greedy = Some(m);
     }
     f.non_finite_step = greedy::first_non_finite_step(run.s);
@@ -587,6 +614,7 @@ mod tests {
                 position_cosines: None,
             }),
             declared_quant_mismatch: None,
+            fp16_overflow: None,
         }
     }
 
@@ -630,6 +658,23 @@ mod tests {
         );
         assert!(check("stale-cache", &healthy_facts()).is_none());
         assert_eq!(conclude(&f), (Verdict::StaleCache, 0.9));
+    }
+
+    /// The matched fp16 reference overflows and reproduces the device, the f32 one does not:
+    /// numeric-overflow naming the op; the same facts with f32 agreeing, or without an
+    /// overflow, stay healthy.
+    #[test]
+    fn an_fp16_overflow_the_matched_reference_reproduces_is_named() {
+        let mut f = healthy_facts();
+        let at = "fp16 overflow at layer 3 input_layernorm x·x: value 5.8829e5".to_string();
+        f.fp16_overflow = Some((at.clone(), [-0.15, -0.82, 0.44]));
+        let c = check("fp16-overflow", &f).expect("fires");
+        assert!(c.evidence[0].contains(&at), "{:?}", c.evidence);
+        assert_eq!(conclude(&f), (Verdict::NumericOverflow, 0.9));
+        f.fp16_overflow = Some((at, [0.9999, 0.998, 1.0]));
+        assert!(check("fp16-overflow", &f).is_none());
+        assert!(check("fp16-overflow", &healthy_facts()).is_none());
+        assert_eq!(conclude(&healthy_facts()).0, Verdict::Healthy);
     }
 
     #[test]

@@ -91,6 +91,10 @@ pub struct MatchedSummary {
     /// Mean cosine over tbt steps of the device against the matched reference.
     pub tbt_matched_vs_device: Option<f64>,
     pub min_matched_vs_device: f64,
+    /// Under a declared fp16 arithmetic, the matched reference's first op output beyond fp16's
+    /// range ("fp16 overflow at layer L <norm> <op>: value V"; issue 36).
+    #[serde(default)]
+    pub fp16_overflow: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -160,6 +160,7 @@ pub fn to_device_description(hef: &Hef) -> Result<DeviceDescription> {
         },
         groups,
         weights: kvprobe_schema::DeclaredWeights::Checkpoint,
+        arithmetic: kvprobe_schema::DeclaredArithmetic::Float32,
     })
 }
 

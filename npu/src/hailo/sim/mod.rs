@@ -178,6 +178,7 @@ impl SimDevice {
                     SimWeights::F32 => kvprobe_schema::DeclaredWeights::Checkpoint,
                     SimWeights::Int8 => kvprobe_schema::DeclaredWeights::Int8PerChannel,
                 },
+                arithmetic: kvprobe_schema::DeclaredArithmetic::Float32,
             },
             faults,
             quant,

@@ -1,0 +1,48 @@
+//! What the greedy and stage facts read off the precision-matched comparisons (matched.rs):
+//! the summary results.json carries and the device's agreement with the matched reference.
+
+use kvprobe_schema::{GreedyStep, MatchedStep, MatchedSummary};
+
+/// (mean, min, top-1 agreement) of the device against the precision-matched reference over
+/// `points` = (its matched comparison, the device's top-1): None unless every point has one.
+/// What a stage's facts read when the device declares a precision (the f32 reference's miss is
+/// then the declared precision's cost, not the device's).
+pub fn against_matched<'a>(
+    points: impl Iterator<Item = (Option<&'a MatchedStep>, u32)>,
+) -> Option<[f64; 3]> {
+    let (mut sum, mut min, mut top1, mut n) = (0.0, f64::INFINITY, 0usize, 0usize);
+    for (m, device_top1) in points {
+        let m = m?;
+        sum += m.matched_vs_device;
+        min = min.min(m.matched_vs_device);
+        top1 += usize::from(m.matched_top1 == device_top1);
+        n += 1;
+    }
+    (n > 0).then(|| [sum / n as f64, min, top1 as f64 / n as f64])
+}
+
+/// The greedy finding's summary of the matched comparisons; `precision` says what was rounded.
+pub(crate) fn summary(
+    precision: String,
+    fp16_overflow: Option<String>,
+    steps: &[GreedyStep],
+) -> MatchedSummary {
+    let tbt: Vec<&MatchedStep> = steps
+        .iter()
+        .skip(1)
+        .filter_map(|s| s.matched.as_ref())
+        .collect();
+    let mean = |f: fn(&MatchedStep) -> f64| {
+        (!tbt.is_empty()).then(|| tbt.iter().map(|m| f(m)).sum::<f64>() / tbt.len() as f64)
+    };
+    MatchedSummary {
+        precision,
+        fp16_overflow,
+        tbt_reference_vs_matched: mean(|m| m.reference_vs_matched),
+        tbt_matched_vs_device: mean(|m| m.matched_vs_device),
+        min_matched_vs_device: steps
+            .iter()
+            .filter_map(|s| s.matched.map(|m| m.matched_vs_device))
+            .fold(1.0, f64::min),
+    }
+}
