@@ -20,6 +20,7 @@ fn faulty_fault() -> kvprobe_schema::FaultHypothesis {
         value: kvprobe_schema::FaultValue::Word("feature-major".into()),
         groups: vec![],
         kinds: vec![kvprobe_schema::CacheKind::K],
+        layers: vec![],
     }
 }
 

@@ -92,37 +92,64 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     let mut tried: Vec<(String, f64)> = Vec::new();
     let mut refused = Vec::new();
     let mut replays: Vec<Replay> = Vec::new();
-    // the rule's cause and its parameters; the first that reproduces ends this part
+    // the rule's cause and its parameters: the ones the evidence points at most (value and
+    // scope) replayed first, in table order, then the rest screened; the first that reproduces
+    // ends this part
     let mut own = candidates(&table, d.verdict, &fits);
-    own.retain(|h| !replayer.leaves_out(&h.name));
-    let own = if own.len() > MAX_REPLAYS {
-        screen(own, SCREEN_STEPS.min(n), &run, &mut refused)
-    } else {
-        own
-    };
-    for h in own {
-        if replays.len() >= MAX_REPLAYS {
-            break;
-        }
-        match run(&h, n) {
-            Ok(r) => {
-                tried.push((h.text(), r.replay_miss));
-                let done = r.reproduces;
-                replays.push(r);
-                if done {
-                    break;
-                }
+    own.retain(|(_, h)| !replayer.leaves_out(&h.name));
+    let top = own.first().map_or(0, |c| c.0);
+    let (pointed, rest): (Vec<_>, Vec<_>) = own.into_iter().partition(|c| top > 0 && c.0 == top);
+    let mut rank: Vec<(String, usize)> = Vec::new();
+    let replay_all = |hs: Vec<FaultHypothesis>,
+                      replays: &mut Vec<Replay>,
+                      tried: &mut Vec<(String, f64)>,
+                      refused: &mut Vec<String>| {
+        for h in hs {
+            if replays.len() >= MAX_REPLAYS || replays.iter().any(|r| r.reproduces) {
+                break;
             }
-            // the emulator refuses a fault that changes nothing here: not a hypothesis
-            Err(e) => refused.push(format!("{}: {e}", h.text())),
+            match run(&h, n) {
+                Ok(r) => {
+                    tried.push((h.text(), r.replay_miss));
+                    replays.push(r);
+                }
+                // the emulator refuses a fault that changes nothing here: not a hypothesis
+                Err(e) => refused.push(format!("{}: {e}", h.text())),
+            }
         }
+    };
+    rank.extend(pointed.iter().map(|(k, h)| (h.text(), *k)));
+    replay_all(
+        pointed.into_iter().map(|c| c.1).collect(),
+        &mut replays,
+        &mut tried,
+        &mut refused,
+    );
+    if !replays.iter().any(|r| r.reproduces) && replays.len() < MAX_REPLAYS {
+        let rest: Vec<FaultHypothesis> = rest.into_iter().map(|c| c.1).collect();
+        let rest = if rest.len() > MAX_REPLAYS - replays.len() {
+            screen(rest, SCREEN_STEPS.min(n), &run, &mut refused)
+        } else {
+            rest
+        };
+        replay_all(rest, &mut replays, &mut tried, &mut refused);
     }
-    // the rule's factor cause at its own value, when no table value reproduces: fitted by replay
+    // the rule's factor cause at its own value, when no table value reproduces: fitted by
+    // replay, at the scope the evidence points at (the most pointed factor replay, then the
+    // closest)
     if !replays.iter().any(|r| r.reproduces) {
+        let pointed_at = |r: &Replay| {
+            let t = r.fault.text();
+            rank.iter().find(|x| x.0 == t).map_or(0, |x| x.1)
+        };
         let factor = replays
             .iter()
             .filter(|r| is_factor(&table, &r.fault))
-            .min_by(|a, b| a.replay_miss.total_cmp(&b.replay_miss))
+            .min_by(|a, b| {
+                pointed_at(b)
+                    .cmp(&pointed_at(a))
+                    .then(a.replay_miss.total_cmp(&b.replay_miss))
+            })
             .map(|r| r.fault.clone());
         if let Some(h) = factor.and_then(|h| refine(&h, SCREEN_STEPS.min(n), &run)) {
             if let Ok(r) = run(&h, n) {
@@ -400,6 +427,7 @@ mod tests {
                 value: FaultValue::None,
                 groups: vec![],
                 kinds: vec![],
+                layers: vec![],
             },
             steps: vec![],
             replay_miss: miss,

@@ -9,6 +9,7 @@ pub mod capacity;
 pub mod decide;
 pub mod engine;
 pub mod evidence;
+pub mod fits;
 #[cfg(test)]
 mod invariant;
 mod outcome;

@@ -9,16 +9,13 @@
 //! or, for faults no probe fits, from the table's own sweep values. The emulator's fault list of
 //! the device under test is never read: the replayer gets only the hypothesis.
 
-use kvprobe_npu::contract::faults::{
-    FaultDecl, FaultTable, FaultText, Scope, ScopeKind, SweepValue, Values,
-};
+use kvprobe_npu::contract::faults::{FaultDecl, FaultTable, FaultText, Scope, SweepValue, Values};
 use kvprobe_npu::HostState;
-use kvprobe_schema::{
-    CacheKind, FaultHypothesis, FaultValue, GreedyFinding, GroupKind, ProbeFindings, Replay,
-    ReplayStep, Verdict,
-};
+use kvprobe_schema::{FaultHypothesis, FaultValue, GreedyFinding, Replay, ReplayStep, Verdict};
 
 use super::evidence::{beats_healthy, MILD_FACTORS};
+pub use super::fits::Fits;
+use super::fits::{hypothesis, scopes};
 pub use super::replayer::Replayer;
 use crate::determinism::record;
 use crate::metrics::cosine;
@@ -33,60 +30,13 @@ pub const MAX_REPLAYS: usize = 3;
 /// factors (`score::MILD_FACTORS`).
 const FACTOR_FALLBACK: [f64; 2] = [0.5, 2.0];
 
-/// What the probes fitted that can give a hypothesis its value.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Fits {
-    /// Attention-scale multipliers that fit the device better than 1 (tbt step, prefill).
-    pub scales: Vec<f64>,
-    /// The position offset of the device's graph the position fit implies (0: none): the fit
-    /// finds the host-side shift that repairs the first tbt step, the fault is its inverse.
-    pub shift: i64,
-    /// Cache entry size in bytes and head dimension (for the byte- and width-valued faults).
-    pub entry_bytes: usize,
-    pub head_dim: usize,
-}
-
-impl Fits {
-    /// What the probes of this session fitted, with its cache entry size and head dimension.
-    pub(super) fn of_session(s: &Session, p: &ProbeFindings) -> Fits {
-        let desc = s.describe();
-        let entry = desc
-            .groups
-            .iter()
-            .flat_map(|g| &g.cache_edges)
-            .map(|e| e.entry_size)
-            .max()
-            .unwrap_or(0);
-        Fits::of(p, entry, desc.shape.head_dim)
-    }
-
-    pub fn of(p: &ProbeFindings, entry_bytes: usize, head_dim: usize) -> Fits {
-        let mut scales = Vec::new();
-        let fits = [
-            p.positions.as_ref().and_then(|x| x.scale.as_ref()),
-            p.prefill.as_ref().and_then(|x| x.scale.as_ref()),
-        ];
-        for f in fits.into_iter().flatten() {
-            // the grammar's resolution: two decimals
-            let s = (f.best_scale * 100.0).round() / 100.0;
-            if f.best_cosine > f.unit_cosine && (s - 1.0).abs() >= 0.01 && !scales.contains(&s) {
-                scales.push(s);
-            }
-        }
-        Fits {
-            scales,
-            shift: p.positions.as_ref().map_or(0, |x| -x.best_delta),
-            entry_bytes,
-            head_dim,
-        }
-    }
-}
-
 /// The values `decl` is hypothesised with, fitted ones first (`true` = fitted).
 fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
+    // a word a probe decoded (a reader's layout) is fitted
     let words = |w: &[&str]| -> Vec<(FaultValue, bool)> {
         w.iter()
-            .map(|w| (FaultValue::Word(w.to_string()), false))
+            .map(|w| FaultValue::Word(w.to_string()))
+            .map(|v| (v.clone(), fits.fitted(decl, &v)))
             .collect()
     };
     let numbers = |xs: Vec<f64>, fitted: bool| -> Vec<(FaultValue, bool)> {
@@ -100,9 +50,11 @@ fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
         (SweepValue::OneOf(w), _) => words(w),
         (_, Values::OneOf(w)) => words(w),
         (SweepValue::Factor, _) => {
-            // the scale fits measure the attention scale; a cache scale has no fit
+            // the scale fits measure the attention scale, the quant infos a cache scale
             let fitted = if decl.name.ends_with("attn-scale") {
                 fits.scales.clone()
+            } else if decl.name.ends_with("cache-scale") {
+                fits.cache_scales.clone()
             } else {
                 Vec::new()
             };
@@ -137,46 +89,19 @@ fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
     }
 }
 
-/// The scopes a hypothesis tries: the declared default, then each group and each of K, V.
-pub(super) fn scopes(decl: &FaultDecl) -> Vec<(Vec<GroupKind>, Vec<CacheKind>)> {
-    let groups: Vec<Vec<GroupKind>> = if decl.scopes.contains(&ScopeKind::Group) {
-        vec![
-            vec![],
-            vec![GroupKind::Prefill],
-            vec![GroupKind::Tbt],
-            vec![GroupKind::Prefill, GroupKind::Tbt],
-        ]
-    } else {
-        vec![vec![]]
-    };
-    let kinds: Vec<Vec<CacheKind>> = if decl.scopes.contains(&ScopeKind::Kv) {
-        vec![vec![], vec![CacheKind::K], vec![CacheKind::V]]
-    } else {
-        vec![vec![]]
-    };
-    let mut out = Vec::new();
-    for g in &groups {
-        for k in &kinds {
-            out.push((g.clone(), k.clone()));
-        }
-    }
-    out
-}
-
-/// Every hypothesis of `table` whose declared verdict is `verdict`, fitted values first, then
-/// in table order.
-pub fn candidates(table: &FaultTable, verdict: Verdict, fits: &Fits) -> Vec<FaultHypothesis> {
-    let mut fitted: Vec<FaultHypothesis> = Vec::new();
-    let mut rest: Vec<FaultHypothesis> = Vec::new();
+/// Every hypothesis of `table` whose declared verdict is `verdict`, each with how many of its
+/// value and scope the evidence points at (`fits`: 2 both, 1 one, 0 neither), most pointed first,
+/// then in table order.
+pub fn candidates(
+    table: &FaultTable,
+    verdict: Verdict,
+    fits: &Fits,
+) -> Vec<(usize, FaultHypothesis)> {
+    let mut out: Vec<(usize, FaultHypothesis)> = Vec::new();
     for decl in table.faults {
         for (value, was_fitted) in values(decl, fits) {
-            for (groups, kinds) in scopes(decl) {
-                let h = FaultHypothesis {
-                    name: decl.name.to_string(),
-                    value: value.clone(),
-                    groups,
-                    kinds,
-                };
+            for (scope, named) in scopes(decl, fits) {
+                let h = hypothesis(decl, value.clone(), &scope);
                 let text = h.text();
                 let f = FaultText::split(&text);
                 let expected = table
@@ -184,22 +109,16 @@ pub fn candidates(table: &FaultTable, verdict: Verdict, fits: &Fits) -> Vec<Faul
                     .ok()
                     .filter(|d| d.name == decl.name)
                     .and_then(|d| Scope::parse(&f, d).ok().map(|s| d.expected(&s)));
-                if expected != Some(verdict) {
+                if expected != Some(verdict) || out.iter().any(|x| x.1.text() == text) {
                     continue;
                 }
-                if fitted.iter().chain(&rest).any(|x| x.text() == text) {
-                    continue;
-                }
-                if was_fitted {
-                    fitted.push(h);
-                } else {
-                    rest.push(h);
-                }
+                out.push((usize::from(was_fitted) + usize::from(named), h));
             }
         }
     }
-    fitted.extend(rest);
-    fitted
+    // stable: table order within a rank
+    out.sort_by_key(|(k, _)| std::cmp::Reverse(*k));
+    out
 }
 
 pub(super) fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -338,27 +257,70 @@ mod tests {
         let table = kvprobe_npu::sim::FAMILY.faults;
         let fits = Fits {
             scales: vec![0.85],
-            shift: 0,
             entry_bytes: 64,
             head_dim: 64,
+            ..Fits::default()
         };
-        let c: Vec<String> = candidates(&table, Verdict::TbtGraph, &fits)
-            .iter()
-            .map(FaultHypothesis::text)
-            .collect();
+        let texts = |fits: &Fits, v: Verdict| -> Vec<String> {
+            candidates(&table, v, fits)
+                .iter()
+                .map(|(_, h)| h.text())
+                .collect()
+        };
+        let c = texts(&fits, Verdict::TbtGraph);
         assert_eq!(c[0], "tbt-attn-scale=0.85", "{c:?}");
         assert!(c.contains(&"tbt-attn-scale=0.5".to_string()), "{c:?}");
         // a prefill-scoped graph fault is a prefill-graph hypothesis, never a tbt-graph one
         assert!(c.iter().all(|t| !t.contains("@prefill")), "{c:?}");
-        let p: Vec<String> = candidates(&table, Verdict::PositionMismatch, &fits)
-            .iter()
-            .map(FaultHypothesis::text)
-            .collect();
+        let p = texts(&fits, Verdict::PositionMismatch);
         assert!(p.contains(&"tbt-position=+1".to_string()), "{p:?}");
         // the position fit found the host shift +2 repairing it: the graph is wired −2 off
-        let shifted = Fits { shift: -2, ..fits };
-        let p = candidates(&table, Verdict::PositionMismatch, &shifted);
-        assert_eq!(p[0].text(), "tbt-position=-2");
+        let shifted = Fits {
+            shift: -2,
+            ..fits.clone()
+        };
+        assert_eq!(
+            texts(&shifted, Verdict::PositionMismatch)[0],
+            "tbt-position=-2"
+        );
+        // the quant infos' ratio on the rings they name, then the ratio elsewhere and the named
+        // rings at the table's values
+        let quant = Fits {
+            cache_scales: vec![1.5, 0.67],
+            rings: vec![super::super::fits::RingScope {
+                kinds: vec![kvprobe_schema::CacheKind::V],
+                ..Default::default()
+            }],
+            ..fits.clone()
+        };
+        let q = candidates(&table, Verdict::CacheQuantization, &quant);
+        assert_eq!(q[0], (2, q[0].1.clone()));
+        assert_eq!(q[0].1.text(), "tbt-cache-scale=1.5@v");
+        assert_eq!(q[1].1.text(), "tbt-cache-scale=0.67@v");
+        // the writer's ring bytes of K decode as f8cr: that layout on K first
+        let writer = Fits {
+            writer_layouts: vec!["f8cr".into()],
+            rings: vec![super::super::fits::RingScope {
+                kinds: vec![kvprobe_schema::CacheKind::K],
+                ..Default::default()
+            }],
+            ..fits.clone()
+        };
+        let w = candidates(&table, Verdict::CacheLayoutMismatch, &writer);
+        assert_eq!(w[0].0, 2);
+        assert_eq!(w[0].1.text(), "prefill-write-layout=f8cr@k");
+        // layers named by a partial swap: the swap on those layers first
+        let swap = Fits {
+            rings: vec![super::super::fits::RingScope {
+                layers: vec![1, 2],
+                ..Default::default()
+            }],
+            ..fits
+        };
+        assert_eq!(
+            texts(&swap, Verdict::KvBinding)[0],
+            "kv-swap@layer=1,layer=2"
+        );
     }
 
     fn step(replay: f64, healthy: f64, precision: f64) -> ReplayStep {
@@ -376,6 +338,7 @@ mod tests {
             value: FaultValue::None,
             groups: vec![],
             kinds: vec![],
+            layers: vec![],
         }
     }
 

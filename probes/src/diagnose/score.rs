@@ -17,10 +17,9 @@ use kvprobe_npu::contract::faults::{FaultTable, FaultText, Scope, SweepValue};
 use kvprobe_schema::{FaultHypothesis, FaultValue, Hypothesis, Replay, Reproducer, Verdict};
 
 use super::evidence::{beats_healthy, MILD_FACTORS};
+use super::fits::{hypothesis, scopes};
 use super::outcome::Diagnosis;
-use super::replay::{
-    healthy_steps, median, replay_one, scopes, screen, Fits, Replayer, SCREEN_STEPS,
-};
+use super::replay::{healthy_steps, median, replay_one, screen, Fits, Replayer, SCREEN_STEPS};
 use crate::determinism::record;
 use crate::session::Session;
 use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
@@ -33,15 +32,17 @@ pub const RULE: &str = "replay-score";
 
 /// The mild hypotheses of `table`: factor faults at the fitted attention scales (for the
 /// attention-scale faults) and [`MILD_FACTORS`], small shifts at the fitted shift or ±1, every
-/// scope the fault takes (`replay::scopes`).
+/// scope the fault takes, the rings the evidence names first (`fits::scopes`).
 pub fn mild(table: &FaultTable, fits: &Fits) -> Vec<FaultHypothesis> {
     let mut out: Vec<FaultHypothesis> = Vec::new();
     for decl in table.faults {
         let values: Vec<f64> = match decl.sweep {
             SweepValue::Factor => {
-                // the scale fits measure the attention scale; a cache scale has no fit
+                // the scale fits measure the attention scale, the quant infos a cache scale
                 let fitted = if decl.name.ends_with("attn-scale") {
                     fits.scales.clone()
+                } else if decl.name.ends_with("cache-scale") {
+                    fits.cache_scales.clone()
                 } else {
                     Vec::new()
                 };
@@ -52,13 +53,8 @@ pub fn mild(table: &FaultTable, fits: &Fits) -> Vec<FaultHypothesis> {
             _ => continue,
         };
         for v in values {
-            for (groups, kinds) in scopes(decl) {
-                let h = FaultHypothesis {
-                    name: decl.name.to_string(),
-                    value: FaultValue::Number(v),
-                    groups,
-                    kinds,
-                };
+            for (scope, _) in scopes(decl, fits) {
+                let h = hypothesis(decl, FaultValue::Number(v), &scope);
                 // a scope the grammar refuses for this fault is no hypothesis
                 let text = h.text();
                 let f = FaultText::split(&text);
@@ -103,6 +99,7 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
         value: FaultValue::None,
         groups: vec![],
         kinds: vec![],
+        layers: vec![],
     };
     // the healthy hypothesis per step: the closer of the matched reference and the fault-free
     // emulator

@@ -29,6 +29,9 @@ pub struct FaultHypothesis {
     pub groups: Vec<GroupKind>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kinds: Vec<CacheKind>,
+    /// `layer=N` items: the layers the evidence names (empty = every layer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<usize>,
 }
 
 impl FaultHypothesis {
@@ -43,7 +46,7 @@ impl FaultHypothesis {
                 t += &format!("={sign}{}", number(*x));
             }
         }
-        let scope: Vec<&str> = self
+        let scope: Vec<String> = self
             .groups
             .iter()
             .map(|g| g.suffix())
@@ -51,6 +54,8 @@ impl FaultHypothesis {
                 CacheKind::K => "k",
                 CacheKind::V => "v",
             }))
+            .map(str::to_string)
+            .chain(self.layers.iter().map(|l| format!("layer={l}")))
             .collect();
         if !scope.is_empty() {
             t += &format!("@{}", scope.join(","));
@@ -158,6 +163,7 @@ mod tests {
             value,
             groups,
             kinds,
+            layers: vec![],
         };
         assert_eq!(
             f("tbt-position", FaultValue::Number(1.0), vec![], vec![]).text(),
@@ -181,6 +187,17 @@ mod tests {
             f("kv-swap", FaultValue::None, vec![], vec![CacheKind::K]).text(),
             "kv-swap@k"
         );
+        let scoped = FaultHypothesis {
+            layers: vec![1, 2],
+            ..f(
+                "tbt-read-layout",
+                FaultValue::Word("f8cr".into()),
+                vec![],
+                vec![CacheKind::V],
+            )
+        };
+        // the grammar's own order: groups, kinds, then each layer as its own item
+        assert_eq!(scoped.text(), "tbt-read-layout=f8cr@v,layer=1,layer=2");
         let json = serde_json::to_string(&FaultValue::Number(0.5)).unwrap();
         assert_eq!(json, r#"{"type":"number","value":0.5}"#);
     }

@@ -1,0 +1,324 @@
+//! What the probes measured that gives a fault hypothesis its value and its scope (issue 34,
+//! docs/diagnosis.md "Replay"): the fitted attention scale and position shift, the cache scale
+//! the declared quant infos imply, the layouts a reader repair decoded, and every set of rings the
+//! evidence names (inconsistent quant infos, layers bound crosswise, re-encoded reader edges,
+//! truncated or misplaced rings). A hypothesis at a value or a scope the evidence points at is
+//! replayed before the ones the table only allows, and the value search runs at its scope: a
+//! fault on two layers is not found by replaying it on every layer.
+
+use kvprobe_npu::contract::faults::{FaultDecl, ScopeKind};
+use kvprobe_schema::{CacheKind, FaultHypothesis, FaultValue, GroupKind, ProbeFindings};
+
+use crate::affected::{self, Ring};
+use crate::session::Session;
+
+/// A set of rings as the grammar scopes it (empty lists: every group, both kinds, every layer).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct RingScope {
+    pub groups: Vec<GroupKind>,
+    pub kinds: Vec<CacheKind>,
+    pub layers: Vec<usize>,
+}
+
+impl RingScope {
+    /// The scope of `rings` on a model of `n_layers` layers: a kind only when one kind is
+    /// named, the layers only when not every layer is.
+    pub fn of(rings: &[Ring], groups: Vec<GroupKind>, n_layers: usize) -> RingScope {
+        let mut kinds: Vec<CacheKind> = Vec::new();
+        let mut layers: Vec<usize> = Vec::new();
+        let mut every_layer = false;
+        for (l, k) in rings {
+            if let Some(k) = k.filter(|k| !kinds.contains(k)) {
+                kinds.push(k);
+            }
+            match l {
+                Some(l) if !layers.contains(l) => layers.push(*l),
+                None => every_layer = true,
+                _ => {}
+            }
+        }
+        layers.sort_unstable();
+        if kinds.len() > 1 || rings.iter().any(|r| r.1.is_none()) {
+            kinds.clear();
+        }
+        kinds.sort_by_key(|k| *k == CacheKind::V);
+        if every_layer || layers.len() >= n_layers {
+            layers.clear();
+        }
+        RingScope {
+            groups,
+            kinds,
+            layers,
+        }
+    }
+
+    /// This scope as far as `decl` takes it: the items of a kind the fault has no scope for are
+    /// dropped (a swap scoped by layer only applies to both kinds).
+    fn for_decl(&self, decl: &FaultDecl) -> RingScope {
+        let takes = |s: ScopeKind| decl.scopes.contains(&s);
+        RingScope {
+            groups: takes(ScopeKind::Group)
+                .then(|| self.groups.clone())
+                .unwrap_or_default(),
+            kinds: takes(ScopeKind::Kv)
+                .then(|| self.kinds.clone())
+                .unwrap_or_default(),
+            layers: takes(ScopeKind::Layer)
+                .then(|| self.layers.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// What the probes fitted or named that can give a hypothesis its value and its scope.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Fits {
+    /// Attention-scale multipliers that fit the device better than 1 (tbt step, prefill).
+    pub scales: Vec<f64>,
+    /// The position offset of the device's graph the position fit implies (0: none): the fit
+    /// finds the host-side shift that repairs the first tbt step, the fault is its inverse.
+    pub shift: i64,
+    /// Cache scales the declared quant infos imply: each disagreeing writer/reader ratio and its
+    /// inverse (which side scales is not declared).
+    pub cache_scales: Vec<f64>,
+    /// Layouts a reader repair decoded the device's rings in (`feature-major`, …).
+    pub reader_layouts: Vec<String>,
+    /// Layouts the prefill writer's ring bytes decode as, on the rings that are not token-major.
+    pub writer_layouts: Vec<String>,
+    /// Every set of rings a probe names, each as the grammar's scope.
+    pub rings: Vec<RingScope>,
+    /// Cache entry size in bytes and head dimension (for the byte- and width-valued faults).
+    pub entry_bytes: usize,
+    pub head_dim: usize,
+}
+
+fn push_new(v: &mut Vec<String>, name: &str) {
+    if !v.iter().any(|x| x == name) {
+        v.push(name.to_string());
+    }
+}
+
+/// The grammar's resolution: two decimals.
+fn two_decimals(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+impl Fits {
+    /// What the probes of this session fitted, with its cache entry size and head dimension.
+    pub(super) fn of_session(s: &Session, p: &ProbeFindings) -> Fits {
+        let desc = s.describe();
+        let entry = desc
+            .groups
+            .iter()
+            .flat_map(|g| &g.cache_edges)
+            .map(|e| e.entry_size)
+            .max()
+            .unwrap_or(0);
+        Fits::of(p, entry, desc.shape.head_dim, desc.shape.n_layers)
+    }
+
+    pub fn of(p: &ProbeFindings, entry_bytes: usize, head_dim: usize, n_layers: usize) -> Fits {
+        let mut scales = Vec::new();
+        let fits = [
+            p.positions.as_ref().and_then(|x| x.scale.as_ref()),
+            p.prefill.as_ref().and_then(|x| x.scale.as_ref()),
+        ];
+        for f in fits.into_iter().flatten() {
+            let s = two_decimals(f.best_scale);
+            if f.best_cosine > f.unit_cosine && (s - 1.0).abs() >= 0.01 && !scales.contains(&s) {
+                scales.push(s);
+            }
+        }
+        let mut cache_scales = Vec::new();
+        let mut named: Vec<(Vec<Ring>, Vec<GroupKind>)> = Vec::new();
+        if let Some(q) = &p.quant {
+            let off: Vec<_> = q.caches.iter().filter(|c| !c.consistent).collect();
+            for r in off.iter().map(|c| c.max_scale_ratio) {
+                for x in [two_decimals(r), two_decimals(1.0 / r)] {
+                    if (x - 1.0).abs() >= 0.01 && x.is_finite() && !cache_scales.contains(&x) {
+                        cache_scales.push(x);
+                    }
+                }
+            }
+            named.push((off.iter().map(|c| (c.layer, c.kind)).collect(), vec![]));
+        }
+        let mut reader_layouts = Vec::new();
+        if let Some(i) = &p.inject {
+            let both = |ls: &[usize]| -> Vec<Ring> {
+                ls.iter()
+                    .flat_map(|&l| [(Some(l), Some(CacheKind::K)), (Some(l), Some(CacheKind::V))])
+                    .collect()
+            };
+            if let Some(s) = &i.partial_swap {
+                named.push((both(&s.layers), vec![]));
+            }
+            named.push((both(&i.crossed_writes), vec![]));
+            if let Some(r) = &i.reader_layout {
+                named.push((
+                    r.edges
+                        .iter()
+                        .map(|e| (Some(e.layer), Some(e.kind)))
+                        .collect(),
+                    vec![],
+                ));
+                for e in &r.edges {
+                    push_new(&mut reader_layouts, e.layout.name());
+                }
+            }
+        }
+        if let Some(z) = &p.ztap {
+            named.push((affected::truncated(&z.caches), vec![]));
+            // entries only the tbt steps wrote are cut: the tbt writer's fault
+            named.push((affected::truncated(&z.tbt_written), vec![GroupKind::Tbt]));
+        }
+        let mut writer_layouts = Vec::new();
+        if let Some(l) = &p.layout {
+            let off = affected::misplaced_layout(&l.caches);
+            for c in l.caches.iter().filter(|c| off.contains(&(c.layer, c.kind))) {
+                push_new(&mut writer_layouts, c.best_layout.name());
+            }
+            named.push((off, vec![]));
+        }
+        let mut rings: Vec<RingScope> = Vec::new();
+        for (r, groups) in named.into_iter().filter(|(r, _)| !r.is_empty()) {
+            let scope = RingScope::of(&r, groups, n_layers);
+            if !rings.contains(&scope) {
+                rings.push(scope);
+            }
+        }
+        Fits {
+            scales,
+            shift: p.positions.as_ref().map_or(0, |x| -x.best_delta),
+            cache_scales,
+            reader_layouts,
+            writer_layouts,
+            rings,
+            entry_bytes,
+            head_dim,
+        }
+    }
+
+    /// Whether a hypothesis of `decl` at `value` takes it from a fit (not from the table).
+    pub fn fitted(&self, decl: &FaultDecl, value: &FaultValue) -> bool {
+        match value {
+            FaultValue::Number(x) if decl.name.ends_with("attn-scale") => self.scales.contains(x),
+            FaultValue::Number(x) if decl.name.ends_with("cache-scale") => {
+                self.cache_scales.contains(x)
+            }
+            FaultValue::Number(x) if decl.name.ends_with("-position") => {
+                self.shift != 0 && *x == self.shift as f64
+            }
+            FaultValue::Word(w) if decl.name.ends_with("-read-layout") => {
+                self.reader_layouts.contains(w)
+            }
+            FaultValue::Word(w) if decl.name.ends_with("-write-layout") => {
+                self.writer_layouts.contains(w)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The scopes a hypothesis of `decl` tries, each with whether the evidence names it: first the
+/// scopes of the rings the probes named (as far as the fault takes them), then the declared
+/// default, each group and each of K, V.
+pub fn scopes(decl: &FaultDecl, fits: &Fits) -> Vec<(RingScope, bool)> {
+    let mut out: Vec<(RingScope, bool)> = Vec::new();
+    let ringed = decl.scopes.contains(&ScopeKind::Kv) || decl.scopes.contains(&ScopeKind::Layer);
+    if ringed {
+        for r in &fits.rings {
+            let s = r.for_decl(decl);
+            if !out.iter().any(|(x, _)| *x == s) {
+                out.push((s, true));
+            }
+        }
+    }
+    let groups: Vec<Vec<GroupKind>> = if decl.scopes.contains(&ScopeKind::Group) {
+        vec![
+            vec![],
+            vec![GroupKind::Prefill],
+            vec![GroupKind::Tbt],
+            vec![GroupKind::Prefill, GroupKind::Tbt],
+        ]
+    } else {
+        vec![vec![]]
+    };
+    let kinds: Vec<Vec<CacheKind>> = if decl.scopes.contains(&ScopeKind::Kv) {
+        vec![vec![], vec![CacheKind::K], vec![CacheKind::V]]
+    } else {
+        vec![vec![]]
+    };
+    for g in &groups {
+        for k in &kinds {
+            let s = RingScope {
+                groups: g.clone(),
+                kinds: k.clone(),
+                layers: vec![],
+            };
+            if !out.iter().any(|(x, _)| *x == s) {
+                out.push((s, false));
+            }
+        }
+    }
+    out
+}
+
+/// `decl` at `value` and `scope`.
+pub fn hypothesis(decl: &FaultDecl, value: FaultValue, scope: &RingScope) -> FaultHypothesis {
+    FaultHypothesis {
+        name: decl.name.to_string(),
+        value,
+        groups: scope.groups.clone(),
+        kinds: scope.kinds.clone(),
+        layers: scope.layers.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ring_set_becomes_the_grammars_scope() {
+        let k = Some(CacheKind::K);
+        let v = Some(CacheKind::V);
+        // both kinds of layers 1, 2 of 30: a layer scope, no kind
+        let s = RingScope::of(
+            &[(Some(1), k), (Some(1), v), (Some(2), k), (Some(2), v)],
+            vec![],
+            30,
+        );
+        assert_eq!((s.kinds.clone(), s.layers.clone()), (vec![], vec![1, 2]));
+        // K of every layer: a kind scope, no layer
+        let s = RingScope::of(&[(Some(0), k), (Some(1), k)], vec![], 2);
+        assert_eq!((s.kinds, s.layers), (vec![CacheKind::K], vec![]));
+        // a ring without a layer (an unlabelled cache) is every layer
+        let s = RingScope::of(&[(None, v)], vec![], 30);
+        assert_eq!((s.kinds, s.layers), (vec![CacheKind::V], vec![]));
+    }
+
+    #[test]
+    fn the_named_rings_come_first_as_far_as_the_fault_takes_them() {
+        let table = kvprobe_npu::sim::FAMILY.faults;
+        let decl = |n: &str| table.faults.iter().find(|d| d.name == n).unwrap();
+        let fits = Fits {
+            rings: vec![RingScope {
+                groups: vec![],
+                kinds: vec![CacheKind::K],
+                layers: vec![0],
+            }],
+            ..Fits::default()
+        };
+        let read = scopes(decl("tbt-read-layout"), &fits);
+        assert_eq!(read[0], (fits.rings[0].clone(), true));
+        assert!(read[1..].iter().all(|(_, named)| !named));
+        // a swap takes layers only: the kind is dropped
+        let swap = scopes(decl("kv-swap"), &fits);
+        assert_eq!(swap[0].0.layers, vec![0]);
+        assert!(swap[0].0.kinds.is_empty());
+        // a fault without ring scopes is not pointed at by rings
+        assert!(scopes(decl("tbt-attn-scale"), &fits)
+            .iter()
+            .all(|(_, named)| !named));
+    }
+}
