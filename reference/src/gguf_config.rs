@@ -108,20 +108,7 @@ pub(crate) fn config_from_meta(
             })
         }
     };
-    // llama.cpp takes the vocabulary from the token list and needs an embedding row per token:
-    // a mismatch read as the vocabulary would blame output.weight, the tensor that matches
-    // (issue 38); an empty list is the tokenizer's to name
-    if let Some(Value::Array(tokens)) = meta.get("tokenizer.ggml.tokens") {
-        if !tokens.is_empty() && tokens.len() != vocab_size {
-            return Err(Error::Format {
-                path: path.to_path_buf(),
-                detail: format!(
-                    "tensor `token_embd.weight` has {vocab_size} rows but the vocabulary (`tokenizer.ggml.tokens`) has {} tokens; llama.cpp needs one row per token, convert the model again",
-                    tokens.len()
-                ),
-            });
-        }
-    }
+    check_rows_per_token(meta, vocab_size)?;
     let tokenizer_model = meta.opt_string("tokenizer.ggml.model").unwrap_or_default();
     // llama.cpp's defaults when the key is absent: SentencePiece vocabularies add BOS, BPE ones do not.
     let add_bos = meta
@@ -157,4 +144,22 @@ pub(crate) fn config_from_meta(
         // set from the `rope_freqs` tensor when the file has one
         rope_freq_factors: None,
     })
+}
+
+/// llama.cpp takes the vocabulary from the token list and needs an embedding row per token:
+/// a mismatch read as the vocabulary would blame output.weight, the tensor that matches
+/// (issue 38); an empty list is the tokenizer's to name.
+fn check_rows_per_token(meta: &Meta<'_>, rows: usize) -> Result<()> {
+    if let Some(Value::Array(tokens)) = meta.get("tokenizer.ggml.tokens") {
+        if !tokens.is_empty() && tokens.len() != rows {
+            return Err(Error::Format {
+                path: meta.path.to_path_buf(),
+                detail: format!(
+                    "tensor `token_embd.weight` has {rows} rows but the vocabulary (`tokenizer.ggml.tokens`) has {} tokens; llama.cpp needs one row per token, convert the model again",
+                    tokens.len()
+                ),
+            });
+        }
+    }
+    Ok(())
 }
