@@ -133,3 +133,42 @@ fn the_static_fixture_compiles_entirely_on_htp() {
         evidence(&v).join(" | ")
     );
 }
+
+/// The failing control of `fp16-overflow` (issue 36), through the binary on the HTP simulator: a
+/// fixture whose residual stream is carried at 300× (the same function in float32, the squares of
+/// its norm inputs beyond fp16), exported with the textbook norm, is named numeric-overflow at its
+/// first overflowing norm; the same model exported with the default max-scaled norm is healthy on
+/// the same simulator.
+#[test]
+fn an_fp16_overflow_is_named_and_its_scaled_export_is_healthy() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let hf = kvprobe_testkit::fixtures::llama_at_scale(root, 3, RESIDUAL_SCALE).expect("fixture");
+    let static_args = ["--window", "8", "--max-length", "64", "--static"];
+    let mut results = Vec::new();
+    for norm in ["naive", "scaled"] {
+        let dir = root.join(format!("qnn-residual{RESIDUAL_SCALE}-{norm}"));
+        let mut extra = static_args.to_vec();
+        extra.extend(["--rmsnorm", norm]);
+        exported_once(&dir, || export_onnx(&hf, &dir, &extra));
+        let out = run(&dir, &hf, &["--json"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{norm}: stdout not JSON ({e}): {err}"));
+        eprintln!("{norm}: {} ({})", verdict(&v), evidence(&v).join(" | "));
+        results.push(v);
+    }
+    let naive = &results[0];
+    assert_eq!(verdict(naive), "numeric-overflow", "{naive}");
+    let ev = evidence(naive).join(" | ");
+    assert!(
+        ev.contains("fp16 overflow at layer 0 input_layernorm x·x"),
+        "{ev}"
+    );
+    assert_eq!(verdict(&results[1]), "healthy", "{}", results[1]);
+}
+
+/// The fixture's residual scale: its norm inputs reach |x| ~ 1100, squares ~ 1.2e6 against the
+/// 131008 at which HTP saturates a product (SmolLM2's reach 5.9e5). Not more: from 500× on, the
+/// device's too-large norm outputs push MatMul and Add outputs past 65536, where HTP clamps them
+/// (measured) and the reference, which clamps every op at 131008, no longer reproduces it.
+const RESIDUAL_SCALE: f64 = 300.0;

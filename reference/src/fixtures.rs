@@ -57,6 +57,20 @@ pub fn write_tiny_gpt2(dir: &Path, seed: u64) -> Result<()> {
 }
 
 pub fn write_tiny_llama_with(dir: &Path, seed: u64, opts: &FixtureOptions) -> Result<()> {
+    write_llama(dir, seed, opts, 1.0)
+}
+
+/// The tiny Llama of `seed` with its residual stream carried at `residual_scale` times its usual
+/// size: the embedding and every layer's o_proj and down_proj (the only writers of the residual)
+/// are multiplied by it. Every RMSNorm divides the scale out again, so in exact arithmetic the
+/// model computes the same logits at any scale (up to eps against mean(x²)); only an arithmetic
+/// with a limited range sees the difference. Real models carry such residuals (SmolLM2's reaches
+/// |x| ~ 770 from layer 3): this is how a test gets one at fixture size.
+pub fn write_tiny_llama_at_scale(dir: &Path, seed: u64, residual_scale: f64) -> Result<()> {
+    write_llama(dir, seed, &FixtureOptions::default(), residual_scale)
+}
+
+fn write_llama(dir: &Path, seed: u64, opts: &FixtureOptions, scale: f64) -> Result<()> {
     create_dir(dir)?;
     let tok = build_tokenizer(&["<s>", "</s>"], true)?;
     let bos = token_id(&tok, "<s>")?;
@@ -92,7 +106,7 @@ pub fn write_tiny_llama_with(dir: &Path, seed: u64, opts: &FixtureOptions) -> Re
     let mut w: Vec<(String, Tensor)> = Vec::new();
     w.push((
         "model.embed_tokens.weight".into(),
-        rng.normal(&[v, h], 1.0)?,
+        (rng.normal(&[v, h], 1.0)? * scale)?,
     ));
     for i in 0..LLAMA_LAYERS {
         let p = format!("model.layers.{i}");
@@ -111,7 +125,7 @@ pub fn write_tiny_llama_with(dir: &Path, seed: u64, opts: &FixtureOptions) -> Re
         ));
         w.push((
             format!("{p}.self_attn.o_proj.weight"),
-            rng.linear(h, nh * hd)?,
+            (rng.linear(h, nh * hd)? * scale)?,
         ));
         w.push((
             format!("{p}.post_attention_layernorm.weight"),
@@ -119,7 +133,10 @@ pub fn write_tiny_llama_with(dir: &Path, seed: u64, opts: &FixtureOptions) -> Re
         ));
         w.push((format!("{p}.mlp.gate_proj.weight"), rng.linear(inter, h)?));
         w.push((format!("{p}.mlp.up_proj.weight"), rng.linear(inter, h)?));
-        w.push((format!("{p}.mlp.down_proj.weight"), rng.linear(h, inter)?));
+        w.push((
+            format!("{p}.mlp.down_proj.weight"),
+            (rng.linear(h, inter)? * scale)?,
+        ));
     }
     w.push(("model.norm.weight".into(), rng.around_one(h)?));
     // std 2/sqrt(h): logits spread over a few units, so top-1 and softmax are not degenerate.
@@ -386,5 +403,32 @@ impl Rng {
     pub fn around_one(&mut self, n: usize) -> Result<Tensor> {
         let v: Vec<f32> = (0..n).map(|_| (1.0 + 0.1 * self.gauss()) as f32).collect();
         Ok(Tensor::from_vec(v, n, &Device::Cpu)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ForwardOptions, Model};
+
+    /// The residual scale is invisible in float32: the norms divide it out, so a test that sees
+    /// a difference at scale sees the arithmetic, not another model.
+    #[test]
+    fn a_scaled_residual_stream_is_the_same_model_in_f32() {
+        let ids = [1u32, 5, 9, 22, 41, 17, 3, 99];
+        let logits = |scale: f64| {
+            let d = tempfile::tempdir().unwrap();
+            write_tiny_llama_at_scale(d.path(), 3, scale).unwrap();
+            let m = Model::load(d.path()).unwrap();
+            m.forward(&ids, &ForwardOptions::default()).unwrap().logits
+        };
+        let (one, big) = (logits(1.0), logits(300.0));
+        let worst = one
+            .iter()
+            .zip(&big)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let spread = one.iter().map(|a| a.abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-4 * spread, "max |Δ| {worst} of {spread}");
     }
 }
