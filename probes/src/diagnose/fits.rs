@@ -55,17 +55,19 @@ impl RingScope {
     /// This scope as far as `decl` takes it: the items of a kind the fault has no scope for are
     /// dropped (a swap scoped by layer only applies to both kinds).
     fn for_decl(&self, decl: &FaultDecl) -> RingScope {
+        // the items of a scope kind the fault takes, none of the others
+        fn keep<T: Clone>(takes: bool, items: &[T]) -> Vec<T> {
+            if takes {
+                items.to_vec()
+            } else {
+                Vec::new()
+            }
+        }
         let takes = |s: ScopeKind| decl.scopes.contains(&s);
         RingScope {
-            groups: takes(ScopeKind::Group)
-                .then(|| self.groups.clone())
-                .unwrap_or_default(),
-            kinds: takes(ScopeKind::Kv)
-                .then(|| self.kinds.clone())
-                .unwrap_or_default(),
-            layers: takes(ScopeKind::Layer)
-                .then(|| self.layers.clone())
-                .unwrap_or_default(),
+            groups: keep(takes(ScopeKind::Group), &self.groups),
+            kinds: keep(takes(ScopeKind::Kv), &self.kinds),
+            layers: keep(takes(ScopeKind::Layer), &self.layers),
         }
     }
 }
