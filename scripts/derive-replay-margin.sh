@@ -9,7 +9,8 @@
 # A ratio > 1 on a healthy case means a fault replay came closer than the healthy hypothesis
 # did; the margin must sit above every such ratio, with room.
 # Usage: scripts/derive-replay-margin.sh [--seed N] [--cases N] [--safety F]
-#        (defaults: seed 34, 24 cases, safety 2); KVPROBE_BIN=path uses that binary.
+#        (defaults: seed 34, 24 cases, safety 2); KVPROBE_PROFILE=dev builds both binaries in the
+#        dev profile (optimised too; reuses a test build's artifacts) instead of release.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -23,15 +24,19 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 scripts/fetch-model.sh >/dev/null
-if [[ -n "${KVPROBE_BIN:-}" ]]; then BIN="$KVPROBE_BIN"; else
-    cargo build --release -q --features onnx --bin kvprobe
-    BIN=target/release/kvprobe
-fi
-cargo build --release -q -p kvprobe-testkit --example healthy_sweep
+PROFILE="${KVPROBE_PROFILE:-release}"
+case "$PROFILE" in
+    release) DIR=target/release ;;
+    dev) DIR=target/debug ;;
+    *) echo "derive-replay-margin.sh: KVPROBE_PROFILE must be release or dev (got $PROFILE)" >&2; exit 2 ;;
+esac
+cargo build --profile "$PROFILE" -q --features onnx,openvino --bin kvprobe
+cargo build --profile "$PROFILE" -q -p kvprobe-testkit --example healthy_sweep
+BIN="$DIR/kvprobe"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 # the sweep's own cases (prompts, geometry classes), ANE emulator only
-target/release/examples/healthy_sweep --seed "$SEED" --smollm2 "$CASES" --fixture 0 --list \
+"$DIR/examples/healthy_sweep" --seed "$SEED" --smollm2 "$CASES" --fixture 0 --list \
     | grep -- '--device ane-sim' | sed 's/^#[0-9]* \[[a-z]*\]: kvprobe //' >"$TMP/cases"
 echo "cases: $(wc -l <"$TMP/cases") (seed $SEED, ANE emulator, SmolLM2)" >&2
 i=0

@@ -47,8 +47,10 @@ fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
     match (decl.sweep, decl.values) {
         (_, Values::None) => vec![(FaultValue::None, false)],
         (SweepValue::Fixed(w), Values::OneOf(_)) => words(&[w]),
-        (SweepValue::OneOf(w), _) => words(w),
+        // every word the grammar takes, not only the ones the sweep draws: a writer layout
+        // solved from the ring bytes (`layout --infer`) may be one the sweep never injects
         (_, Values::OneOf(w)) => words(w),
+        (SweepValue::OneOf(w), _) => words(w),
         (SweepValue::Factor, _) => {
             // the scale fits measure the attention scale, the quant infos a cache scale
             let fitted = if decl.name.ends_with("attn-scale") {
