@@ -89,94 +89,122 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
             &healthy,
         )
     };
-    let mut tried: Vec<(String, f64)> = Vec::new();
-    let mut refused = Vec::new();
-    let mut replays: Vec<Replay> = Vec::new();
-    // the rule's cause and its parameters: the ones the evidence points at most (value and
-    // scope) replayed first, in table order, then the rest screened; the first that reproduces
-    // ends this part
     let mut own = candidates(&table, d.verdict, &fits);
     own.retain(|(_, h)| !replayer.leaves_out(&h.name));
-    let top = own.first().map_or(0, |c| c.0);
-    let (pointed, rest): (Vec<_>, Vec<_>) = own.into_iter().partition(|c| top > 0 && c.0 == top);
-    let mut rank: Vec<(String, usize)> = Vec::new();
-    let replay_all = |hs: Vec<FaultHypothesis>,
-                      replays: &mut Vec<Replay>,
-                      tried: &mut Vec<(String, f64)>,
-                      refused: &mut Vec<String>| {
+    let mut search = Search::default();
+    search.own_cause(own, &table, n, &run);
+    // every other candidate, unless the rule's reproduces at the noise floor
+    let exact = search
+        .replays
+        .iter()
+        .any(|r| r.reproduces && r.replay_miss <= STEP_NOISE_FLOOR);
+    if !exact {
+        let mut others = mild(&table, &fits);
+        others.retain(|h| {
+            !replayer.leaves_out(&h.name) && !search.tried.iter().any(|t| t.0 == h.text())
+        });
+        let others = screen(others, SCREEN_STEPS.min(n), &run, &mut search.refused);
+        for h in others.into_iter().take(FULL_REPLAYS) {
+            if let Ok(r) = run(&h, n) {
+                search.push(r);
+            }
+        }
+    }
+    let Search {
+        replays,
+        tried,
+        refused,
+    } = search;
+    let command = |r: &Replay| replayer.command(&r.fault.text(), n);
+    let expected = |r: &Replay| table.expected(&r.fault.text()).ok();
+    let choice = choose(d.verdict, &replays, &expected);
+    apply(d, choice, tried, &refused, &command);
+}
+
+/// A replay of `h` over the first `k` steps.
+type Run<'a> = dyn Fn(&FaultHypothesis, usize) -> Result<Replay, String> + 'a;
+
+/// One diagnosis' replays, every hypothesis tried with its miss (in order), and the ones the
+/// emulator refused.
+#[derive(Default)]
+struct Search {
+    replays: Vec<Replay>,
+    tried: Vec<(String, f64)>,
+    refused: Vec<String>,
+}
+
+impl Search {
+    fn push(&mut self, r: Replay) {
+        self.tried.push((r.fault.text(), r.replay_miss));
+        self.replays.push(r);
+    }
+
+    fn reproduced(&self) -> bool {
+        self.replays.iter().any(|r| r.reproduces)
+    }
+
+    /// Replays `hs` whole over `n` steps, in order, until one reproduces or the budget is spent.
+    fn replay_all(&mut self, hs: Vec<FaultHypothesis>, n: usize, run: &Run) {
         for h in hs {
-            if replays.len() >= MAX_REPLAYS || replays.iter().any(|r| r.reproduces) {
+            if self.replays.len() >= MAX_REPLAYS || self.reproduced() {
                 break;
             }
             match run(&h, n) {
-                Ok(r) => {
-                    tried.push((h.text(), r.replay_miss));
-                    replays.push(r);
-                }
+                Ok(r) => self.push(r),
                 // the emulator refuses a fault that changes nothing here: not a hypothesis
-                Err(e) => refused.push(format!("{}: {e}", h.text())),
+                Err(e) => self.refused.push(format!("{}: {e}", h.text())),
             }
         }
-    };
-    rank.extend(pointed.iter().map(|(k, h)| (h.text(), *k)));
-    replay_all(
-        pointed.into_iter().map(|c| c.1).collect(),
-        &mut replays,
-        &mut tried,
-        &mut refused,
-    );
-    if !replays.iter().any(|r| r.reproduces) && replays.len() < MAX_REPLAYS {
-        let rest: Vec<FaultHypothesis> = rest.into_iter().map(|c| c.1).collect();
-        let rest = if rest.len() > MAX_REPLAYS - replays.len() {
-            screen(rest, SCREEN_STEPS.min(n), &run, &mut refused)
-        } else {
-            rest
-        };
-        replay_all(rest, &mut replays, &mut tried, &mut refused);
     }
-    // the rule's factor cause at its own value, when no table value reproduces: fitted by
-    // replay, at the scope the evidence points at (the most pointed factor replay, then the
-    // closest)
-    if !replays.iter().any(|r| r.reproduces) {
+
+    /// The rule's cause and its parameters (`own`, ranked by how much of each the evidence
+    /// points at): the most pointed replayed first, in table order, then the rest screened; the
+    /// first that reproduces ends it. When none does, a factor cause has its value fitted by
+    /// replay at the scope of the most pointed factor replay (then the closest).
+    fn own_cause(
+        &mut self,
+        own: Vec<(usize, FaultHypothesis)>,
+        table: &FaultTable,
+        n: usize,
+        run: &Run,
+    ) {
+        let top = own.first().map_or(0, |c| c.0);
+        let rank: Vec<(String, usize)> = own.iter().map(|(k, h)| (h.text(), *k)).collect();
+        let (pointed, rest): (Vec<_>, Vec<_>) =
+            own.into_iter().partition(|c| top > 0 && c.0 == top);
+        self.replay_all(pointed.into_iter().map(|c| c.1).collect(), n, run);
+        if !self.reproduced() && self.replays.len() < MAX_REPLAYS {
+            let rest: Vec<FaultHypothesis> = rest.into_iter().map(|c| c.1).collect();
+            let rest = if rest.len() > MAX_REPLAYS - self.replays.len() {
+                screen(rest, SCREEN_STEPS.min(n), run, &mut self.refused)
+            } else {
+                rest
+            };
+            self.replay_all(rest, n, run);
+        }
+        if self.reproduced() {
+            return;
+        }
         let pointed_at = |r: &Replay| {
             let t = r.fault.text();
             rank.iter().find(|x| x.0 == t).map_or(0, |x| x.1)
         };
-        let factor = replays
+        let factor = self
+            .replays
             .iter()
-            .filter(|r| is_factor(&table, &r.fault))
+            .filter(|r| is_factor(table, &r.fault))
             .min_by(|a, b| {
                 pointed_at(b)
                     .cmp(&pointed_at(a))
                     .then(a.replay_miss.total_cmp(&b.replay_miss))
             })
             .map(|r| r.fault.clone());
-        if let Some(h) = factor.and_then(|h| refine(&h, SCREEN_STEPS.min(n), &run)) {
+        if let Some(h) = factor.and_then(|h| refine(&h, SCREEN_STEPS.min(n), run)) {
             if let Ok(r) = run(&h, n) {
-                tried.push((h.text(), r.replay_miss));
-                replays.push(r);
+                self.push(r);
             }
         }
     }
-    // every other candidate, unless the rule's reproduces at the noise floor
-    let exact = replays
-        .iter()
-        .any(|r| r.reproduces && r.replay_miss <= STEP_NOISE_FLOOR);
-    if !exact {
-        let mut others = mild(&table, &fits);
-        others.retain(|h| !replayer.leaves_out(&h.name) && !tried.iter().any(|t| t.0 == h.text()));
-        let others = screen(others, SCREEN_STEPS.min(n), &run, &mut refused);
-        for h in others.into_iter().take(FULL_REPLAYS) {
-            if let Ok(r) = run(&h, n) {
-                tried.push((h.text(), r.replay_miss));
-                replays.push(r);
-            }
-        }
-    }
-    let command = |r: &Replay| replayer.command(&r.fault.text(), n);
-    let expected = |r: &Replay| table.expected(&r.fault.text()).ok();
-    let choice = choose(d.verdict, &replays, &expected);
-    apply(d, choice, tried, &refused, &command);
 }
 
 /// Writes the scorer's choice into the diagnosis.
