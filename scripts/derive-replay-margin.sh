@@ -37,7 +37,7 @@ TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 # the sweep's own cases (prompts, geometry classes), ANE emulator only
 "$DIR/examples/healthy_sweep" --seed "$SEED" --smollm2 "$CASES" --fixture 0 --list \
-    | grep -- '--device ane-sim' | sed 's/^#[0-9]* \[[a-z]*\]: kvprobe //' >"$TMP/cases"
+    | grep -- '--device ane-sim' | sed 's/^#[0-9]* \[[^]]*\]: kvprobe //' >"$TMP/cases"
 echo "cases: $(wc -l <"$TMP/cases") (seed $SEED, ANE emulator, SmolLM2)" >&2
 i=0
 while IFS= read -r line; do
