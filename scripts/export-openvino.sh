@@ -7,7 +7,7 @@
 #   scripts/export-openvino.sh                 → .cache/openvino-ir/smollm2-135m
 #   scripts/export-openvino.sh --no-state      → .cache/openvino-ir/smollm2-135m-no-state (bad input)
 #   scripts/export-openvino.sh --weights f16   → .cache/openvino-ir/smollm2-135m-f16 (OpenVINO's default save: f16 weights)
-#   scripts/export-openvino.sh --weights int8  → .cache/openvino-ir/smollm2-135m-int8 (int8 or int4: needs nncf)
+#   scripts/export-openvino.sh --weights int8  → .cache/openvino-ir/smollm2-135m-int8 (int8 or int4: needs nncf; int4 is NNCF INT4_SYM in groups of 64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA=()

@@ -32,6 +32,7 @@ mod matmul;
 pub mod model;
 mod onnx_proto;
 pub mod onnx_weights;
+mod openvino_decompress;
 mod openvino_ir;
 pub mod openvino_weights;
 pub mod pieces;

@@ -137,6 +137,31 @@ impl Ir {
         self.layer(e.from)
     }
 
+    /// The one user of `id`, with the port it reads on, if it has exactly one.
+    pub fn only_user(&self, id: u64) -> Option<(&Layer, u64)> {
+        let users = self.consumers(id);
+        (users.len() == 1).then(|| users[0])
+    }
+
+    /// The refusal of something in this IR the precision-matched reference does not compute.
+    pub fn refuse(&self, what: String) -> Error {
+        Error::Unsupported {
+            path: self.xml.clone(),
+            what,
+        }
+    }
+
+    /// An i64 `Const`'s values (a Reshape's target shape).
+    pub fn const_i64(&self, l: &Layer) -> Result<Vec<i64>> {
+        if l.attr("element_type") != Some("i64") {
+            return Err(bad(&self.xml, format!("Const `{}` is not i64", l.name)));
+        }
+        let b = self.const_bytes(l)?;
+        Ok(b.chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect())
+    }
+
     /// The bytes of a `Const` from the `.bin` beside the xml.
     pub fn const_bytes(&self, l: &Layer) -> Result<Vec<u8>> {
         let bin = self.xml.with_extension("bin");
