@@ -277,13 +277,7 @@ fn a_declared_provider_is_never_a_silent_cpu_run() {
 /// applies the mask per key column, is the control: selfmask still runs there.
 #[test]
 fn a_length_only_mask_makes_the_self_only_probes_not_applicable() {
-    let hf = fixture("llama", 13);
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/builder/tiny-fp32");
-    assert!(
-        dir.join("genai_config.json").is_file(),
-        "{}: run scripts/export-builder.sh tiny fp32 first",
-        dir.display()
-    );
+    let (hf, dir) = tiny_builder_export("fp32");
     let (hf, dir) = (hf.to_str().unwrap(), dir.to_str().unwrap());
     let ids = "1,5,9,22,7,3";
     let (code, v, err) = kvprobe_json(&[
@@ -333,13 +327,7 @@ fn a_length_only_mask_makes_the_self_only_probes_not_applicable() {
 /// that the fault is seen, and prints what it is called. A win-* fault there is one line.
 #[test]
 fn a_host_fault_on_the_builders_int4_export_is_not_healthy() {
-    let hf = fixture("llama", 13);
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/builder/tiny-int4");
-    assert!(
-        dir.join("genai_config.json").is_file(),
-        "{}: run scripts/export-builder.sh tiny int4 first",
-        dir.display()
-    );
+    let (hf, dir) = tiny_builder_export("int4");
     let (hf, dir) = (hf.to_str().unwrap(), dir.to_str().unwrap());
     let run = |extra: &[&str]| {
         let mut a = vec![
@@ -381,4 +369,17 @@ fn a_host_fault_on_the_builders_int4_export_is_not_healthy() {
         2,
         "the win-* faults of this family act on the windowed cache",
     );
+}
+
+/// The reference fixture the tiny builder exports were made from, and the builder's folder of
+/// `precision` (CI writes them: scripts/export-builder.sh tiny fp32 fp16 int4).
+fn tiny_builder_export(precision: &str) -> (PathBuf, PathBuf) {
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(".cache/builder/tiny-{precision}"));
+    assert!(
+        dir.join("genai_config.json").is_file(),
+        "{}: run scripts/export-builder.sh tiny {precision} first",
+        dir.display()
+    );
+    (fixture("llama", 13), dir)
 }

@@ -15,7 +15,9 @@ use super::describe::{MASK, POSITIONS, ROWS};
 #[cfg(feature = "onnx")]
 use super::faults::HostFault;
 #[cfg(feature = "onnx")]
-use super::open_checks::{check_pairing, declared_provider, kv_format, kv_scales, shared_length};
+use super::open_checks::{
+    check_faults, check_pairing, declared_provider, kv_format, kv_scales, shared_length,
+};
 use super::wcache::WindowCache;
 use super::window::WindowState;
 #[cfg(feature = "onnx")]
@@ -56,35 +58,7 @@ impl OnnxDevice {
     pub fn open(model: &Model, opts: &OnnxOptions) -> Result<OnnxDevice> {
         let cfg = GenaiConfig::load(&opts.dir)?;
         let substitute = declared_provider(&cfg, opts.ep, opts.ep_given)?;
-        if let Some(f) = opts
-            .faults
-            .iter()
-            .find(|f| f.windowed() != cfg.window.is_some())
-        {
-            return Err(Error::BadOption {
-                flag: "--fault".into(),
-                detail: if f.windowed() {
-                    format!(
-                        "{} is GenAI's default decoder; the win-* faults of this family act on the windowed cache (a folder exported with --window)",
-                        opts.dir.display()
-                    )
-                } else {
-                    format!(
-                        "{} is a windowed folder; the dec-* faults act on GenAI's default decoder (a folder exported without --window, or the model builder's)",
-                        opts.dir.display()
-                    )
-                },
-            });
-        }
-        if opts.faults.contains(&HostFault::LayerSwap) && cfg.n_layers < 2 {
-            return Err(Error::BadOption {
-                flag: "--fault dec-layer-swap".into(),
-                detail: format!(
-                    "{} has one layer: no second layer to bind",
-                    opts.dir.display()
-                ),
-            });
-        }
+        check_faults(&cfg, opts)?;
         // win-capacity-silent: the runner takes a context past search.max_length (it believes
         // the model's positions, not the compiled cache) and never refuses
         let silent = cfg.window.is_some() && opts.faults.contains(&HostFault::CapacitySilent);
