@@ -37,6 +37,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let mut d = diagnose_runtime(s, opts)?;
     replay::attach(s, opts.replay.as_ref(), &mut d);
     score::compete(s, opts.replay.as_ref(), &mut d);
+    crate::chat_diagnose::attach(s, &mut d)?;
     Ok(d)
 }
 
