@@ -9,10 +9,9 @@
 
 use std::time::Instant;
 
-use kvprobe_schema::{Timing, Verdict};
+use kvprobe_schema::{ProbeFindings, Timing, Verdict};
 
 use crate::chat;
-use crate::diagnose::Diagnosis;
 use crate::session::Session;
 use crate::{Error, Result};
 
@@ -23,10 +22,20 @@ pub const TURNS: usize = 2;
 /// Greedy rows a turn (its prefill row and two generated tokens).
 pub const STEPS: usize = 3;
 
+/// A diagnosis's parts the chat reads and writes (diagnose's `Diagnosis`, which this module does
+/// not import: diagnose calls it).
+pub struct Outcome<'a> {
+    pub verdict: &'a mut Verdict,
+    pub confidence: &'a mut f64,
+    pub evidence: &'a mut Vec<String>,
+    pub probes: &'a mut ProbeFindings,
+    pub timings: &'a mut Vec<Timing>,
+}
+
 /// Runs the chat on a healthy diagnosis of a device that can append, and records it: the finding
 /// in `probes.extra["chat"]`, its line in the evidence, its time in the timings.
-pub fn attach(s: &mut Session, d: &mut Diagnosis) -> Result<()> {
-    if d.verdict != Verdict::Healthy {
+pub fn attach(s: &mut Session, d: Outcome<'_>) -> Result<()> {
+    if *d.verdict != Verdict::Healthy {
         return Ok(());
     }
     if !s.has_tbt() {
@@ -48,11 +57,11 @@ pub fn attach(s: &mut Session, d: &mut Diagnosis) -> Result<()> {
         what: "chat".into(),
         seconds: t.elapsed().as_secs_f64(),
     });
-    crate::probe::store_extra(&mut d.probes, "chat", &f)?;
+    crate::probe::store_extra(d.probes, "chat", &f)?;
     match chat::evidence(&f) {
         Some(line) => {
-            d.verdict = Verdict::Unknown;
-            d.confidence = 0.3;
+            *d.verdict = Verdict::Unknown;
+            *d.confidence = 0.3;
             d.evidence.insert(
                 0,
                 format!("{line}; every single-request control passed, so `healthy` does not stand"),
@@ -84,7 +93,7 @@ mod tests {
     use kvprobe_reference::Model;
     use kvprobe_schema::{DeviceDescription, GroupKind};
 
-    use crate::diagnose::{diagnose, DiagnoseOptions};
+    use crate::diagnose::{diagnose, DiagnoseOptions, Diagnosis};
     use crate::progress::NoProgress;
 
     use super::*;
