@@ -74,7 +74,36 @@ pub fn gguf_as_llama_cpp(c: &mut Corpus) {
     let mut twin = base_tensors(n, true).swap_remove(1);
     twin.data.iter_mut().for_each(|b| *b = 0);
     dup_tensor.push(twin);
+    // token_embd's data 32 bytes longer (a gap before the next tensor) or shorter (the next
+    // tensor starts inside it): candle reads either, llama.cpp refuses both
+    let mut gap = base_tensors(n, true);
+    gap[0].data.extend([0u8; 32]);
+    let mut overlap = base_tensors(n, true);
+    let short = overlap[0].data.len() - 32;
+    overlap[0].data.truncate(short);
+    // a Q8_0 tensor (blocks of 32) with rows of 16
+    let mut ragged = base_tensors(n, true);
+    ragged[1].dims = vec![16, 2];
+    ragged[1].type_id = 8;
     let cases = [
+        (
+            "tensor-gap",
+            base_meta("llama", n),
+            gap,
+            "the tensors before it end at",
+        ),
+        (
+            "tensor-overlap",
+            base_meta("llama", n),
+            overlap,
+            "the tensors before it end at",
+        ),
+        (
+            "q8-row-16",
+            base_meta("llama", n),
+            ragged,
+            "not a multiple of its block of 32",
+        ),
         (
             "align-3",
             with("general.alignment", Meta::U32(3)),
