@@ -2,7 +2,7 @@
 //! `qwen2`, `qwen3`; keys are `<arch>.*`). Every `<arch>.` key is first checked against the
 //! whitelist in [`crate::support`]; RoPE scaling arrives later, as the `rope_freqs` tensor.
 
-use candle_core::quantized::gguf_file::Content;
+use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::gguf_meta::Meta;
 use crate::{support, Error, Family, ModelConfig, Result};
@@ -108,6 +108,7 @@ pub(crate) fn config_from_meta(
             })
         }
     };
+    check_rows_per_token(meta, vocab_size)?;
     let tokenizer_model = meta.opt_string("tokenizer.ggml.model").unwrap_or_default();
     // llama.cpp's defaults when the key is absent: SentencePiece vocabularies add BOS, BPE ones do not.
     let add_bos = meta
@@ -143,4 +144,22 @@ pub(crate) fn config_from_meta(
         // set from the `rope_freqs` tensor when the file has one
         rope_freq_factors: None,
     })
+}
+
+/// llama.cpp takes the vocabulary from the token list and needs an embedding row per token:
+/// a mismatch read as the vocabulary would blame output.weight, the tensor that matches
+/// (issue 38); an empty list is the tokenizer's to name.
+fn check_rows_per_token(meta: &Meta<'_>, rows: usize) -> Result<()> {
+    if let Some(Value::Array(tokens)) = meta.get("tokenizer.ggml.tokens") {
+        if !tokens.is_empty() && tokens.len() != rows {
+            return Err(Error::Format {
+                path: meta.path.to_path_buf(),
+                detail: format!(
+                    "tensor `token_embd.weight` has {rows} rows but the vocabulary (`tokenizer.ggml.tokens`) has {} tokens; llama.cpp needs one row per token, convert the model again",
+                    tokens.len()
+                ),
+            });
+        }
+    }
+    Ok(())
 }

@@ -466,7 +466,22 @@ fn map_safetensors(f: &Path, weights: &mut StoredWeights) -> Result<()> {
             | Dtype::I32
             | Dtype::U32
             | Dtype::I64
-            | Dtype::U64 => continue,
+            | Dtype::U64 => {
+                // an integer buffer (position ids, masks) is not a weight, but a parameter
+                // stored as integers (a `.weight`, a GPTQ/AWQ `.qweight`) is one the forward
+                // would report as "missing" (issue 38)
+                let last = name.rsplit('.').next().unwrap_or("");
+                if matches!(last, "weight" | "bias" | "qweight") {
+                    return Err(Error::Unsupported {
+                        path: f.to_path_buf(),
+                        what: format!(
+                            "tensor `{name}` is stored as {:?}, an integer type; the reference computes with float weights (F32, F16, BF16), convert the checkpoint to one of them",
+                            view.dtype()
+                        ),
+                    });
+                }
+                continue;
+            }
             _ => {
                 // rarer float types (f64, fp8): an f32 copy, as before
                 let t = candle_core::safetensors::Load::load(&view, &Device::Cpu)

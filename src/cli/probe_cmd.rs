@@ -181,8 +181,16 @@ impl RunParts {
 }
 
 /// The last generated token sits at position `prompt + steps − 2`: past the model's context the
-/// run would fail late, and the reference's error would blame the prompt (issue 19).
+/// run would fail late, and the reference's error would blame the prompt (issue 19). A prompt
+/// past the context on its own is the prompt's fault, whatever `--steps` says (issue 38: a
+/// 128 KiB prompt was told "pass --steps 0 or fewer").
 fn check_steps_fit(steps: usize, prompt: usize, context: usize) -> anyhow::Result<()> {
+    if prompt > context {
+        return Err(usage(format!(
+            "the prompt is {prompt} tokens, past the model context of {context} positions; shorten --prompt (or --ids) to at most {} tokens for --steps {steps}",
+            (context + 1).saturating_sub(steps)
+        )));
+    }
     if prompt + steps > context + 1 {
         let most = (context + 1).saturating_sub(prompt);
         return Err(usage(format!(

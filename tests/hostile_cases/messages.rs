@@ -74,7 +74,36 @@ pub fn gguf_as_llama_cpp(c: &mut Corpus) {
     let mut twin = base_tensors(n, true).swap_remove(1);
     twin.data.iter_mut().for_each(|b| *b = 0);
     dup_tensor.push(twin);
+    // token_embd's data 32 bytes longer (a gap before the next tensor) or shorter (the next
+    // tensor starts inside it): candle reads either, llama.cpp refuses both
+    let mut gap = base_tensors(n, true);
+    gap[0].data.extend([0u8; 32]);
+    let mut overlap = base_tensors(n, true);
+    let short = overlap[0].data.len() - 32;
+    overlap[0].data.truncate(short);
+    // a Q8_0 tensor (blocks of 32) with rows of 16
+    let mut ragged = base_tensors(n, true);
+    ragged[1].dims = vec![16, 2];
+    ragged[1].type_id = 8;
     let cases = [
+        (
+            "tensor-gap",
+            base_meta("llama", n),
+            gap,
+            "the tensors before it end at",
+        ),
+        (
+            "tensor-overlap",
+            base_meta("llama", n),
+            overlap,
+            "the tensors before it end at",
+        ),
+        (
+            "q8-row-16",
+            base_meta("llama", n),
+            ragged,
+            "not a multiple of its block of 32",
+        ),
         (
             "align-3",
             with("general.alignment", Meta::U32(3)),
@@ -170,5 +199,87 @@ pub fn gguf_wrong_causes(c: &mut Corpus) {
             &encode(&meta, &base_tensors(n, true)),
         );
         c.refused_model(&format!("gguf {name} names the cause"), &p, Some(needle));
+    }
+}
+
+/// More refusals that blamed a neighbouring cause (issue 38). Before: a prompt past the context
+/// → "pass --steps 0 or fewer"; token_embd.weight with fewer rows than the token list → blamed
+/// output.weight (and with more rows, under tied embeddings, loaded); a safetensors weight
+/// stored as I32 → "is missing"; a manifest's bad geometry → named `--cache-len` /
+/// `--prefill-len`, flags never passed.
+pub fn more_wrong_causes(c: &mut Corpus) {
+    use crate::hostile_corpus::gguf_support::{base_meta, base_tensors, encode, vocab};
+    // 120 KiB: an argument may hold at most 128 KiB (MAX_ARG_STRLEN)
+    let long = "hello world ".repeat(10_000);
+    let mut a = c.sim_args("long-prompt", &["--prompt", &long]);
+    let i = a.iter().position(|x| x == "--ids").expect("a default flag");
+    a.drain(i..i + 2);
+    c.add("cli 120 KiB prompt", 2, Some("shorten --prompt"), &a);
+    let n = vocab().0.len();
+    let mut fewer = base_tensors(n, true);
+    fewer[0] = base_tensors(n - 4, false).swap_remove(0);
+    let more = base_tensors(n + 4, false);
+    for (name, tensors) in [("fewer", fewer), ("more-tied", more)] {
+        let p = c.file(
+            &format!("embd-rows-{name}.gguf"),
+            &encode(&base_meta("llama", n), &tensors),
+        );
+        c.refused_model(
+            &format!("gguf token_embd rows {name} than tokens"),
+            &p,
+            Some("`token_embd.weight` has"),
+        );
+    }
+    let m = c.model_copy("st-norm-i32", |d| {
+        let p = d.join("model.safetensors");
+        let b = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+        let h = std::str::from_utf8(&b[8..8 + n]).unwrap();
+        let key = "\"model.norm.weight\":{\"dtype\":\"F32\"";
+        assert!(h.contains(key), "the fixture's header spells {key}");
+        let h = h.replace(key, "\"model.norm.weight\":{\"dtype\":\"I32\"");
+        let mut out = b[..8].to_vec();
+        out.extend(h.as_bytes());
+        out.extend(&b[8 + n..]);
+        std::fs::write(p, out).unwrap();
+    });
+    c.refused_model(
+        "safetensors norm stored as I32",
+        &m,
+        Some("`model.norm.weight` is stored as I32"),
+    );
+    let good: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(c.root().join("good-manifest.json")).unwrap())
+            .unwrap();
+    for (key, value, needle) in [
+        ("cache_len", 100_000u64, "cache_len 100000 entries"),
+        (
+            "cache_len",
+            4,
+            "prefill_len 8 must be at least 1 and below cache_len 4",
+        ),
+        ("prefill_len", 0, "prefill_len 0 must be"),
+    ] {
+        let mut v = good.clone();
+        v[key] = serde_json::json!(value);
+        let p = c.file(
+            &format!("manifest-geometry-{key}-{value}.json"),
+            v.to_string().as_bytes(),
+        );
+        let mut a = c.sim_args(
+            &format!("manifest-geometry-{key}-{value}"),
+            &["--sim-manifest", &s(&p)],
+        );
+        // the manifest's geometry alone: no flag the error could name
+        for flag in ["--cache-len", "--prefill-len"] {
+            let i = a.iter().position(|x| x == flag).expect("a default flag");
+            a.drain(i..i + 2);
+        }
+        c.add(
+            &format!("manifest {key} {value} names the manifest's key"),
+            2,
+            Some(needle),
+            &a,
+        );
     }
 }

@@ -66,6 +66,7 @@ impl Corpus {
         messages::wrong_causes(&mut c);
         messages::gguf_as_llama_cpp(&mut c);
         messages::gguf_wrong_causes(&mut c);
+        messages::more_wrong_causes(&mut c);
         c
     }
 

@@ -111,7 +111,17 @@ impl SimDevice {
         let n_layers = cfg.n_layers;
         let identity = manifest::model_identity(&model)?;
         let from_manifest = compile::apply_manifest(&mut opts, &identity)?;
-        opts.check_geometry()?;
+        match &from_manifest {
+            Some((_, path)) => {
+                if let Some(detail) = opts.geometry_problem("cache_len", "prefill_len") {
+                    return Err(Error::Manifest {
+                        path: path.clone(),
+                        detail: format!("{detail}; write a new manifest"),
+                    });
+                }
+            }
+            None => opts.check_geometry()?,
+        }
         let (l, p) = (opts.cache_len, opts.prefill_len);
         if l > cfg.max_position {
             // a window past the model's context holds positions the model has no encoding for,

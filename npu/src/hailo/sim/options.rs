@@ -214,28 +214,32 @@ impl SimOptions {
     }
 
     pub fn check_geometry(&self) -> Result<()> {
-        if self.cache_len < 2 {
-            return Err(bad(
-                "--cache-len",
-                format!("{} entries; use at least 2", self.cache_len),
-            ));
+        match self.geometry_problem("--cache-len", "--prefill-len") {
+            None => Ok(()),
+            Some(detail) => Err(Error::Geometry(detail)),
         }
-        if self.cache_len > 65535 {
+    }
+
+    /// What is wrong with the geometry, its two lengths called `cache` and `prefill` (the
+    /// flags, or a manifest's keys: a manifest's error must not name flags the user never
+    /// passed, issue 38).
+    pub fn geometry_problem(&self, cache: &str, prefill: &str) -> Option<String> {
+        let l = self.cache_len;
+        if l < 2 {
+            return Some(format!("{cache} {l} entries; use at least 2"));
+        }
+        if l > 65535 {
             // contract §1.2: in and out are narrowed to 16 bits
-            return Err(bad(
-                "--cache-len",
-                format!(
-                    "{} entries; HailoRT keeps window lengths ≤ 65535",
-                    self.cache_len
-                ),
+            return Some(format!(
+                "{cache} {l} entries; HailoRT keeps window lengths ≤ 65535"
             ));
         }
-        if self.prefill_len == 0 || self.prefill_len >= self.cache_len {
-            return Err(Error::Geometry(format!(
-                "--prefill-len {} must be at least 1 and below --cache-len {} (HailoRT needs 0 < out < L, contract §1.3)",
-                self.prefill_len, self.cache_len
-            )));
+        if self.prefill_len == 0 || self.prefill_len >= l {
+            return Some(format!(
+                "{prefill} {} must be at least 1 and below {cache} {l} (HailoRT needs 0 < out < L, contract §1.3)",
+                self.prefill_len
+            ));
         }
-        Ok(())
+        None
     }
 }
