@@ -11,8 +11,8 @@
 //! history's content. A field bug this probe is for: OpenVINO's NPU chat output differing from
 //! the stateful pipeline from the third prompt on.
 //!
-//! Its finding sits in `ProbeFindings::extra["chat"]`; diagnose can read it through
-//! [`evidence`] (the diagnosis does not run it: probes/src/diagnose is another module's).
+//! Its finding sits in `ProbeFindings::extra["chat"]`; [`evidence`] is its one line.
+//! `diagnose` runs a two-turn version when every control passed (`crate::chat_diagnose`).
 
 use kvprobe_npu::MaskMode;
 use kvprobe_reference::ForwardOptions;
@@ -114,12 +114,18 @@ struct Row {
 }
 
 pub fn run(s: &mut Session, steps: usize) -> Result<ChatFinding> {
+    run_turns(s, steps, 1 + FOLLOW_UPS.len())
+}
+
+/// [`run`] with the conversation cut to its first `turns` turns (diagnose's cheap chat).
+pub fn run_turns(s: &mut Session, steps: usize, turns: usize) -> Result<ChatFinding> {
     let steps = steps.clamp(1, MAX_STEPS);
     if steps > 1 {
         s.require_tbt("chat")?;
     }
     let mut messages = vec![s.ids.clone()];
     messages.extend(follow_up_ids(s)?);
+    messages.truncate(turns.max(1));
     let turns_planned = messages.len();
     // each turn feeds its message (after turn 1, with the last generated token in front) and
     // steps − 1 generated tokens; the device holds at most cache_len − 1 without wrapping

@@ -8,6 +8,7 @@ pub mod affected;
 pub mod capacity;
 pub mod causality;
 pub mod chat;
+pub mod chat_diagnose;
 pub mod colmap;
 pub mod determinism;
 pub mod diagnose;

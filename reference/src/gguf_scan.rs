@@ -1,7 +1,7 @@
 //! A minimal walk over the GGUF header, for what candle's reader cannot tell us: the tensor behind
 //! its "unknown dtype" error (it stops before naming it), and what llama.cpp refuses but candle
-//! reads (duplicate keys or tensor names, an alignment that is not a power of two, misaligned
-//! tensor offsets; an alignment of 0 made candle divide by it and panic).
+//! reads (duplicate keys or tensor names, an alignment that is not a power of two, misaligned,
+//! overlapping or gapped tensor offsets; an alignment of 0 made candle divide by it and panic).
 //!
 //! Every length is checked against the bytes left in the file before it is read or skipped, so a
 //! header claiming huge strings or arrays ends the walk instead of allocating or looping for them.
@@ -94,11 +94,18 @@ pub fn layout_defect(path: &Path) -> Option<String> {
         }
     }
     let mut names = std::collections::HashSet::new();
+    // where the next tensor must start: llama.cpp lays the tensors back to back in header
+    // order, each padded to the alignment, and refuses any other offset (overlapping or
+    // gapped tensors); None once a type it cannot size is met (candle refuses that type)
+    let mut next = Some(0u64);
     for _ in 0..n_tensors {
         let name = s.string()?;
         let nd = s.u32()?;
-        s.skip(u64::from(nd).checked_mul(8)?)?;
-        s.u32()?;
+        let mut dims = Vec::with_capacity(nd.min(8) as usize);
+        for _ in 0..nd {
+            dims.push(s.u64()?);
+        }
+        let t = s.u32()?;
         let offset = s.u64()?;
         if !names.insert(name.clone()) {
             return Some(format!("GGUF tensor `{name}` appears twice (llama.cpp refuses the file; a reader that keeps the later one computes with other weights): convert the model again"));
@@ -106,8 +113,68 @@ pub fn layout_defect(path: &Path) -> Option<String> {
         if offset % alignment != 0 {
             return Some(format!("GGUF tensor `{name}` starts at data offset {offset}, not a multiple of the alignment {alignment} (llama.cpp refuses the file): convert the model again"));
         }
+        let Some(at) = next else { continue };
+        if offset != at {
+            return Some(format!("GGUF tensor `{name}` starts at data offset {offset}, but the tensors before it end at {at} (each padded to the alignment {alignment}); llama.cpp refuses tensors that overlap or leave gaps: convert the model again"));
+        }
+        next = match stored_bytes(&dims, t) {
+            Sized::Unknown => None,
+            Sized::Defect(d) => return Some(format!("GGUF tensor `{name}` {d} (llama.cpp refuses the file): convert the model again")),
+            Sized::Bytes(n) => match n.checked_next_multiple_of(alignment).and_then(|n| at.checked_add(n)) {
+                Some(end) => Some(end),
+                None => return Some(format!("GGUF tensor `{name}` ends past 2^64 bytes (llama.cpp refuses the file): convert the model again")),
+            },
+        };
     }
     None
+}
+
+/// A tensor's stored size as llama.cpp computes it.
+enum Sized {
+    Bytes(u64),
+    /// A ggml type candle does not read: it names the tensor itself.
+    Unknown,
+    /// A shape llama.cpp refuses, as the words after the tensor's name.
+    Defect(String),
+}
+
+/// The bytes a tensor of ggml dims `dims` (contiguous axis first) and type `t` occupies.
+fn stored_bytes(dims: &[u64], t: u32) -> Sized {
+    use candle_core::quantized::GgmlDType as D;
+    // ggml's type ids (ggml.h) for the types candle reads; their sizes are candle's
+    let d = match t {
+        0 => D::F32,
+        1 => D::F16,
+        2 => D::Q4_0,
+        3 => D::Q4_1,
+        6 => D::Q5_0,
+        7 => D::Q5_1,
+        8 => D::Q8_0,
+        9 => D::Q8_1,
+        10 => D::Q2K,
+        11 => D::Q3K,
+        12 => D::Q4K,
+        13 => D::Q5K,
+        14 => D::Q6K,
+        15 => D::Q8K,
+        30 => D::BF16,
+        _ => return Sized::Unknown,
+    };
+    let block = d.block_size() as u64;
+    let row = dims.first().copied().unwrap_or(1);
+    if row % block != 0 {
+        return Sized::Defect(format!(
+            "of type {d:?} has {row} elements per row, not a multiple of its block of {block}"
+        ));
+    }
+    let rest = dims
+        .iter()
+        .skip(1)
+        .try_fold(row / block * d.type_size() as u64, |n, &x| n.checked_mul(x));
+    match rest {
+        Some(n) => Sized::Bytes(n),
+        None => Sized::Defect("has a size past 2^64 bytes".into()),
+    }
 }
 
 struct Scan {

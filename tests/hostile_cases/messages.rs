@@ -74,7 +74,36 @@ pub fn gguf_as_llama_cpp(c: &mut Corpus) {
     let mut twin = base_tensors(n, true).swap_remove(1);
     twin.data.iter_mut().for_each(|b| *b = 0);
     dup_tensor.push(twin);
+    // token_embd's data 32 bytes longer (a gap before the next tensor) or shorter (the next
+    // tensor starts inside it): candle reads either, llama.cpp refuses both
+    let mut gap = base_tensors(n, true);
+    gap[0].data.extend([0u8; 32]);
+    let mut overlap = base_tensors(n, true);
+    let short = overlap[0].data.len() - 32;
+    overlap[0].data.truncate(short);
+    // a Q8_0 tensor (blocks of 32) with rows of 16
+    let mut ragged = base_tensors(n, true);
+    ragged[1].dims = vec![16, 2];
+    ragged[1].type_id = 8;
     let cases = [
+        (
+            "tensor-gap",
+            base_meta("llama", n),
+            gap,
+            "the tensors before it end at",
+        ),
+        (
+            "tensor-overlap",
+            base_meta("llama", n),
+            overlap,
+            "the tensors before it end at",
+        ),
+        (
+            "q8-row-16",
+            base_meta("llama", n),
+            ragged,
+            "not a multiple of its block of 32",
+        ),
         (
             "align-3",
             with("general.alignment", Meta::U32(3)),
@@ -248,6 +277,50 @@ pub fn more_wrong_causes(c: &mut Corpus) {
         }
         c.add(
             &format!("manifest {key} {value} names the manifest's key"),
+            2,
+            Some(needle),
+            &a,
+        );
+    }
+}
+
+/// An ane-sim manifest's bad context or query length names its keys (it named `--max-ctx` /
+/// `--max-query`, flags never passed; issue 38).
+pub fn ane_manifest_causes(c: &mut Corpus) {
+    let m = std::sync::Arc::new(kvprobe_reference::Model::load(c.model()).unwrap());
+    let o = kvprobe_npu::coreml::AneOptions {
+        max_ctx: 32,
+        max_query: 8,
+        ..Default::default()
+    };
+    let dev = kvprobe_npu::coreml::AneDevice::new(m, o).unwrap();
+    let good = serde_json::to_value(dev.manifest()).unwrap();
+    for (key, value, needle) in [
+        ("cache_len", 100_000u64, "cache_len 100000 is beyond"),
+        ("cache_len", 4, "(cache_len 4)"),
+        ("prefill_len", 0, "cache_len/prefill_len 32 and 0"),
+    ] {
+        let mut v = good.clone();
+        v[key] = serde_json::json!(value);
+        let p = c.file(
+            &format!("ane-manifest-{key}-{value}.json"),
+            v.to_string().as_bytes(),
+        );
+        let a = strings(&[
+            "diagnose",
+            "--device",
+            "ane-sim",
+            "--model",
+            &s(c.model()),
+            "--ids",
+            "1,5,9",
+            "--steps",
+            "2",
+            "--sim-manifest",
+            &s(&p),
+        ]);
+        c.add(
+            &format!("ane manifest {key} {value} names the manifest's key"),
             2,
             Some(needle),
             &a,

@@ -39,6 +39,14 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let mut d = diagnose_runtime(s, opts)?;
     decide::attach(s, opts.replay.as_ref(), &mut d);
     score::compete(s, opts.replay.as_ref(), &mut d);
+    let chat = crate::chat_diagnose::Outcome {
+        verdict: &mut d.verdict,
+        confidence: &mut d.confidence,
+        evidence: &mut d.evidence,
+        probes: &mut d.probes,
+        timings: &mut d.timings,
+    };
+    crate::chat_diagnose::attach(s, chat)?;
     Ok(d)
 }
 
