@@ -277,13 +277,7 @@ fn a_declared_provider_is_never_a_silent_cpu_run() {
 /// applies the mask per key column, is the control: selfmask still runs there.
 #[test]
 fn a_length_only_mask_makes_the_self_only_probes_not_applicable() {
-    let hf = fixture("llama", 13);
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/builder/tiny-fp32");
-    assert!(
-        dir.join("genai_config.json").is_file(),
-        "{}: run scripts/export-builder.sh tiny fp32 first",
-        dir.display()
-    );
+    let (hf, dir) = tiny_builder_export("fp32");
     let (hf, dir) = (hf.to_str().unwrap(), dir.to_str().unwrap());
     let ids = "1,5,9,22,7,3";
     let (code, v, err) = kvprobe_json(&[
@@ -324,4 +318,68 @@ fn a_length_only_mask_makes_the_self_only_probes_not_applicable() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A host fault on top of the model builder's int4 export (issue 35): the clean int4 is healthy
+/// against the precision-matched reference, and the runner binding layers 0 and 1 to each
+/// other's pasts (`dec-layer-swap`) is not. The table declares kv-binding; the diagnosis does not
+/// name it yet (the stateful rules have no kv-binding rule: docs/onnx-genai.md), so this checks
+/// that the fault is seen, and prints what it is called. A win-* fault there is one line.
+#[test]
+fn a_host_fault_on_the_builders_int4_export_is_not_healthy() {
+    let (hf, dir) = tiny_builder_export("int4");
+    let (hf, dir) = (hf.to_str().unwrap(), dir.to_str().unwrap());
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "diagnose",
+            "--onnx",
+            dir,
+            "--model",
+            hf,
+            "--ids",
+            "1,5,9,22,7,3",
+            "--steps",
+            "6",
+        ];
+        a.extend_from_slice(extra);
+        kvprobe_json(&a)
+    };
+    let (code, v, err) = run(&[]);
+    assert_eq!((code, verdict(&v).as_str()), (0, "healthy"), "{err} {v}");
+    let (code, v, err) = run(&["--fault", "dec-layer-swap"]);
+    assert_eq!(code, 1, "{err} {v}");
+    assert_ne!(verdict(&v), "healthy", "{v}");
+    let greedy = evidence(&v)
+        .into_iter()
+        .find(|e| e.starts_with("greedy against the precision-matched reference"))
+        .unwrap_or_else(|| panic!("no matched greedy line: {v}"));
+    assert!(!greedy.contains("top-1 100%"), "{greedy}");
+    eprintln!("dec-layer-swap on the builder's int4: {}", verdict(&v));
+    let out = kvprobe(&[
+        "diagnose",
+        "--onnx",
+        dir,
+        "--model",
+        hf,
+        "--fault",
+        "win-write-left",
+    ]);
+    one_line(
+        &out,
+        2,
+        "the win-* faults of this family act on the windowed cache",
+    );
+}
+
+/// The reference fixture the tiny builder exports were made from, and the builder's folder of
+/// `precision` (CI writes them: scripts/export-builder.sh tiny fp32 fp16 int4).
+fn tiny_builder_export(precision: &str) -> (PathBuf, PathBuf) {
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(".cache/builder/tiny-{precision}"));
+    assert!(
+        dir.join("genai_config.json").is_file(),
+        "{}: run scripts/export-builder.sh tiny {precision} first",
+        dir.display()
+    );
+    (fixture("llama", 13), dir)
 }

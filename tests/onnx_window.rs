@@ -215,7 +215,7 @@ fn bad_windowed_folders_and_faults_are_one_line() {
     // a fault of this family on the default decoder, a uint8 fault on a float32 cache
     run(
         base(&a, &["--fault", "win-write-left"]),
-        "faults of this family act on the windowed cache",
+        "the win-* faults of this family act on the windowed cache",
     );
     run(
         base(&w, &["--fault", "win-u16-runner"]),

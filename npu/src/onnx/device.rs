@@ -13,9 +13,11 @@ use super::config::GenaiConfig;
 use super::describe::description;
 use super::describe::{MASK, POSITIONS, ROWS};
 #[cfg(feature = "onnx")]
-use super::faults::WinFault;
+use super::faults::HostFault;
 #[cfg(feature = "onnx")]
-use super::open_checks::{check_pairing, declared_provider, kv_format, kv_scales, shared_length};
+use super::open_checks::{
+    check_faults, check_pairing, declared_provider, kv_format, kv_scales, shared_length,
+};
 use super::wcache::WindowCache;
 use super::window::WindowState;
 #[cfg(feature = "onnx")]
@@ -45,6 +47,9 @@ pub struct OnnxDevice {
     /// The graph reads the mask as a length (GroupQueryAttention, graph_ops.rs): why a mask
     /// with holes is refused.
     length_mask: Option<String>,
+    /// `--fault dec-layer-swap` (faults.rs).
+    #[cfg(feature = "onnx")]
+    swap_layers: bool,
 }
 
 impl OnnxDevice {
@@ -53,18 +58,10 @@ impl OnnxDevice {
     pub fn open(model: &Model, opts: &OnnxOptions) -> Result<OnnxDevice> {
         let cfg = GenaiConfig::load(&opts.dir)?;
         let substitute = declared_provider(&cfg, opts.ep, opts.ep_given)?;
-        if cfg.window.is_none() && !opts.faults.is_empty() {
-            return Err(Error::BadOption {
-                flag: "--fault".into(),
-                detail: format!(
-                    "{} is GenAI's default decoder; the faults of this family act on the windowed cache (a folder exported with --window)",
-                    opts.dir.display()
-                ),
-            });
-        }
+        check_faults(&cfg, opts)?;
         // win-capacity-silent: the runner takes a context past search.max_length (it believes
         // the model's positions, not the compiled cache) and never refuses
-        let silent = cfg.window.is_some() && opts.faults.contains(&WinFault::CapacitySilent);
+        let silent = cfg.window.is_some() && opts.faults.contains(&HostFault::CapacitySilent);
         let limit = if silent {
             4 * cfg.max_length
         } else {
@@ -100,7 +97,7 @@ impl OnnxDevice {
             None => None,
             Some(w) => {
                 let u8 = rt.kv == super::runtime::KvType::U8;
-                if !u8 && opts.faults.contains(&WinFault::U16Runner) {
+                if !u8 && opts.faults.contains(&HostFault::U16Runner) {
                     return Err(Error::BadOption {
                         flag: "--fault win-u16-runner".into(),
                         detail: format!("{} has a float32 cache; the fault needs the uint8 variant (--kv-dtype uint8)", opts.dir.display()),
@@ -132,7 +129,7 @@ impl OnnxDevice {
             &kv_format(rt.kv.name(), shared, rt.has_positions),
             ctx,
             win.as_ref().map(|w| &w.1),
-            opts.faults.contains(&WinFault::U16Runner),
+            opts.faults.contains(&HostFault::U16Runner),
         );
         // the weights the graph computes with, for the precision-matched reference (issue 35)
         let graph_file = opts.dir.join(&cfg.filename);
@@ -160,6 +157,7 @@ impl OnnxDevice {
             win,
             substitute,
             length_mask,
+            swap_layers: opts.faults.contains(&HostFault::LayerSwap),
             cfg,
             lookup,
             rt,
@@ -431,8 +429,15 @@ impl Device for OnnxDevice {
         #[cfg(feature = "onnx")]
         {
             let stride = self.stride();
-            let (logits, presents, present_seq) =
-                self.rt.run(&ids, &mask, &positions, &self.past, stride)?;
+            let (logits, presents, present_seq) = if self.swap_layers {
+                // dec-layer-swap: a runner binding the pasts by a wrong layer index
+                let mut fed = self.past.clone();
+                fed.swap(0, 2);
+                fed.swap(1, 3);
+                self.rt.run(&ids, &mask, &positions, &fed, stride)?
+            } else {
+                self.rt.run(&ids, &mask, &positions, &self.past, stride)?
+            };
             match self.shared {
                 None if present_seq == total => self.past = presents,
                 Some(s) if present_seq == s => {

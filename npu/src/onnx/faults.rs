@@ -1,7 +1,9 @@
-//! Faults of the ONNX Runtime GenAI family (`--onnx DIR --fault NAME`): host-driver bugs of the
-//! NPU-style windowed cache (convention (b), `window.rs`), each a field bug of the contract doc
-//! §7 class. The model and ONNX Runtime stay healthy; kvprobe's own GenAI host side is made to
-//! do what a buggy runner does. Convention (a) folders take none (one line, exit 2).
+//! Faults of the ONNX Runtime GenAI family (`--onnx DIR --fault NAME`): host-driver bugs, each a
+//! field bug of the contract doc §7 class. The model and ONNX Runtime stay healthy; kvprobe's own
+//! GenAI host side is made to do what a buggy runner does. `win-*` act on the NPU-style windowed
+//! cache (convention (b), `window.rs`), `dec-*` on GenAI's default decoder (convention (a): our
+//! exporter's and the model builder's folders, int4 / fp16 weights included); a fault on the
+//! other convention is one line, exit 2.
 //!
 //! | fault | what the runner does wrong | verdict |
 //! |---|---|---|
@@ -11,6 +13,7 @@
 //! | `win-k-layout` | K, stored `[H, 1, D, T]`, is copied as if `[H, 1, T, D]` | cache-layout-mismatch |
 //! | `win-u16-runner` | a uint16 runner over the uint8 cache: byte pairs are taken as one uint16, rescaled to uint8 and written back | cache-quantization |
 //! | `win-capacity-silent` | a prompt past the compiled length or generation past `max_length` continues silently (the oldest entries slide out) instead of being refused | capacity-overflow |
+//! | `dec-layer-swap` | layer 0's past is bound to layer 1's input and layer 1's to layer 0's (the presents are written back by their own index) | kv-binding |
 
 use kvprobe_schema::Verdict;
 
@@ -62,30 +65,44 @@ pub const TABLE: FaultTable = FaultTable {
             "a prompt past the compiled length or generation past capacity continues silently",
             Verdict::CapacityOverflow,
         ),
+        decl(
+            "dec-layer-swap",
+            "the past of layers 0 and 1 bound to each other's inputs (default decoder)",
+            Verdict::KvBinding,
+        ),
     ],
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WinFault {
+pub enum HostFault {
     MaskAllValid,
     PositionStall,
     WriteLeft,
     KLayout,
     U16Runner,
     CapacitySilent,
+    LayerSwap,
+}
+
+impl HostFault {
+    /// Acts on the windowed cache (`win-*`), else on the default decoder (`dec-*`).
+    pub fn windowed(self) -> bool {
+        self != HostFault::LayerSwap
+    }
 }
 
 /// One `--fault` argument. A fault of another family is `UnknownFault` here.
-pub fn parse(text: &str) -> Result<WinFault> {
+pub fn parse(text: &str) -> Result<HostFault> {
     let ft = FaultText::split(text);
     let name = ft.name;
     let fault = match name {
-        "win-mask-all-valid" => WinFault::MaskAllValid,
-        "win-position-stall" => WinFault::PositionStall,
-        "win-write-left" => WinFault::WriteLeft,
-        "win-k-layout" => WinFault::KLayout,
-        "win-u16-runner" => WinFault::U16Runner,
-        "win-capacity-silent" => WinFault::CapacitySilent,
+        "win-mask-all-valid" => HostFault::MaskAllValid,
+        "win-position-stall" => HostFault::PositionStall,
+        "win-write-left" => HostFault::WriteLeft,
+        "win-k-layout" => HostFault::KLayout,
+        "win-u16-runner" => HostFault::U16Runner,
+        "win-capacity-silent" => HostFault::CapacitySilent,
+        "dec-layer-swap" => HostFault::LayerSwap,
         _ => {
             return Err(Error::UnknownFault {
                 name: name.to_string(),
@@ -103,8 +120,8 @@ mod tests {
 
     #[test]
     fn parses_names_and_refuses_values_and_scopes() {
-        assert_eq!(parse("win-write-left").unwrap(), WinFault::WriteLeft);
-        assert_eq!(parse("win-u16-runner").unwrap(), WinFault::U16Runner);
+        assert_eq!(parse("win-write-left").unwrap(), HostFault::WriteLeft);
+        assert_eq!(parse("win-u16-runner").unwrap(), HostFault::U16Runner);
         assert!(matches!(
             parse("win-k-layout=1"),
             Err(Error::BadFault { .. })
@@ -114,6 +131,8 @@ mod tests {
             Err(Error::FaultScope { .. })
         ));
         assert!(matches!(parse("kv-swap"), Err(Error::UnknownFault { .. })));
-        assert_eq!(TABLE.faults.len(), 6);
+        assert_eq!(parse("dec-layer-swap").unwrap(), HostFault::LayerSwap);
+        assert!(!HostFault::LayerSwap.windowed() && HostFault::KLayout.windowed());
+        assert_eq!(TABLE.faults.len(), 7);
     }
 }

@@ -142,8 +142,8 @@ pub struct OnnxOptions {
     pub ep_options: Vec<(String, String)>,
     /// Context kvprobe drives (`--max-ctx`); default min(128, search.max_length).
     pub max_ctx: Option<usize>,
-    /// `--fault`: host-driver faults of the windowed cache (faults.rs).
-    pub faults: Vec<faults::WinFault>,
+    /// `--fault`: host-driver faults of the windowed cache or the default decoder (faults.rs).
+    pub faults: Vec<faults::HostFault>,
     /// `--allow-cpu-fallback` (`--ep qnn`): nodes QNN cannot take run on ONNX Runtime's CPU EP,
     /// and every output says "partial NPU"; off, such a graph is refused (qnn.rs).
     pub allow_cpu_fallback: bool,

@@ -5,6 +5,8 @@
 use kvprobe_reference::Model;
 
 use super::config::GenaiConfig;
+use super::faults::HostFault;
+use super::OnnxOptions;
 use crate::{Error, Result};
 
 /// The shared buffer's length (H12), or None for separate buffers (H6). GenAI shares the buffer
@@ -158,4 +160,39 @@ pub(super) fn declared_provider(
         ep.ort_name(),
         ep.name()
     )))
+}
+
+/// `--fault`: each fault acts on its own convention (`win-*` the windowed cache, `dec-*` the
+/// default decoder), and dec-layer-swap needs a second layer.
+pub(super) fn check_faults(cfg: &GenaiConfig, opts: &OnnxOptions) -> Result<()> {
+    if let Some(f) = opts
+        .faults
+        .iter()
+        .find(|f| f.windowed() != cfg.window.is_some())
+    {
+        return Err(Error::BadOption {
+            flag: "--fault".into(),
+            detail: if f.windowed() {
+                format!(
+                    "{} is GenAI's default decoder; the win-* faults of this family act on the windowed cache (a folder exported with --window)",
+                    opts.dir.display()
+                )
+            } else {
+                format!(
+                    "{} is a windowed folder; the dec-* faults act on GenAI's default decoder (a folder exported without --window, or the model builder's)",
+                    opts.dir.display()
+                )
+            },
+        });
+    }
+    if opts.faults.contains(&HostFault::LayerSwap) && cfg.n_layers < 2 {
+        return Err(Error::BadOption {
+            flag: "--fault dec-layer-swap".into(),
+            detail: format!(
+                "{} has one layer: no second layer to bind",
+                opts.dir.display()
+            ),
+        });
+    }
+    Ok(())
 }

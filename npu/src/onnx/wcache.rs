@@ -5,7 +5,7 @@
 
 #![cfg_attr(not(feature = "onnx"), allow(dead_code))]
 
-use super::faults::WinFault;
+use super::faults::HostFault;
 use super::window::{Elems, WindowState};
 use crate::{Error, Result};
 
@@ -67,7 +67,7 @@ impl WindowCache {
     pub fn past(&self, st: &WindowState, c: usize, first: usize, p: usize, pad: u8) -> Elems {
         let (h, d) = (self.heads, self.hd);
         let key = c.is_multiple_of(2);
-        let k_layout = key && st.faults.contains(&WinFault::KLayout);
+        let k_layout = key && st.faults.contains(&HostFault::KLayout);
         let index = |hh: usize, slot: usize, dd: usize| {
             if key && !k_layout {
                 (hh * d + dd) * p + slot
@@ -97,7 +97,7 @@ impl WindowCache {
                 }
             }
         }
-        if let (Elems::U8(o), true) = (&mut out, st.faults.contains(&WinFault::U16Runner)) {
+        if let (Elems::U8(o), true) = (&mut out, st.faults.contains(&HostFault::U16Runner)) {
             // the runner writes uint16 elements (the value, then a zero byte) into the uint8
             // buffer: the graph reads the first half of them, interleaved with zeros
             let wide: Vec<u8> = o.iter().flat_map(|&b| [b, 0]).collect();
@@ -111,7 +111,7 @@ impl WindowCache {
     pub fn append(&mut self, st: &WindowState, c: usize, present: Elems, q: usize) -> Result<()> {
         let (h, d) = (self.heads, self.hd);
         let key = c.is_multiple_of(2);
-        let transposed = key && !st.faults.contains(&WinFault::KLayout);
+        let transposed = key && !st.faults.contains(&HostFault::KLayout);
         let src = |t: usize, hh: usize, dd: usize| {
             if transposed {
                 (hh * d + dd) * q + t

@@ -9,7 +9,7 @@
 //! cache every run, and a step back is a truncation. The faults of this family (`faults.rs`) are
 //! applied where the host side builds the run.
 
-use super::faults::WinFault;
+use super::faults::HostFault;
 use crate::{Error, Result};
 
 /// A run's cache tensor or a sequence of entries, in the cache's storage type.
@@ -70,11 +70,11 @@ pub struct WindowState {
     inputs: Inputs,
     /// Snapshots of `inputs` after each token run, by real length, for a step back.
     snaps: Vec<(usize, Inputs)>,
-    pub faults: Vec<WinFault>,
+    pub faults: Vec<HostFault>,
 }
 
 impl WindowState {
-    pub fn new(geom: WindowGeom, faults: Vec<WinFault>) -> WindowState {
+    pub fn new(geom: WindowGeom, faults: Vec<HostFault>) -> WindowState {
         WindowState {
             geom,
             seq: Vec::new(),
@@ -90,7 +90,7 @@ impl WindowState {
         }
     }
 
-    fn has(&self, f: WinFault) -> bool {
+    fn has(&self, f: HostFault) -> bool {
         self.faults.contains(&f)
     }
 
@@ -106,7 +106,7 @@ impl WindowState {
         let g = self.geom;
         let (w, c) = (g.window, g.context);
         let padded = ids.len().div_ceil(w) * w;
-        if padded > g.max_length && !self.has(WinFault::CapacitySilent) {
+        if padded > g.max_length && !self.has(HostFault::CapacitySilent) {
             return Err(Error::ContextTooLong {
                 tokens: padded,
                 max_ctx: g.max_length,
@@ -168,7 +168,7 @@ impl WindowState {
     /// a token past L (GenAI stops there, W6).
     pub fn token(&mut self, id: u32) -> Result<RunPlan> {
         let g = self.geom;
-        if self.seq.len() + 1 > g.max_length && !self.has(WinFault::CapacitySilent) {
+        if self.seq.len() + 1 > g.max_length && !self.has(HostFault::CapacitySilent) {
             return Err(Error::ContextFull {
                 max_ctx: g.max_length - self.npad,
             });
@@ -177,7 +177,7 @@ impl WindowState {
         self.seq.push(id);
         // win-position-stall: the counter is not advanced when the window slides (every token
         // run slides it by one), so every token gets the last prompt position again
-        if !self.has(WinFault::PositionStall) {
+        if !self.has(HostFault::PositionStall) {
             self.inputs.last_pos += 1;
         }
         let off = self.inputs.off;
@@ -197,7 +197,7 @@ impl WindowState {
     /// entry of the request (pads included).
     /// `end`: padded index one past the run's last token.
     fn run_mask(&self, end: usize) -> Vec<i32> {
-        if !self.has(WinFault::MaskAllValid) {
+        if !self.has(HostFault::MaskAllValid) {
             return self.inputs.mask.clone();
         }
         // slot i holds the entry at padded index end - C + i (right-aligned)
@@ -223,7 +223,7 @@ impl WindowState {
         if s >= first || first - s > past_len {
             return None;
         }
-        if self.has(WinFault::WriteLeft) {
+        if self.has(HostFault::WriteLeft) {
             // the fault: the oldest kept entry at slot 0, newer ones to the right
             let kept = first.min(past_len);
             return Some(s + kept - first);
@@ -237,7 +237,7 @@ impl WindowState {
 /// token; pads and empty slots keep GenAI's value. The ring mask (all ones) leaves GenAI's mask
 /// unchanged.
 pub fn apply_logical_mask(st: &WindowState, plan: &mut RunPlan, logical: &[i64]) -> Result<()> {
-    if st.faults.contains(&WinFault::MaskAllValid) {
+    if st.faults.contains(&HostFault::MaskAllValid) {
         // the fault's mask ignores what the request asked for
         return Ok(());
     }
@@ -320,25 +320,25 @@ mod tests {
         assert!(st.prompt(&[1; 9]).is_err(), "12 padded > L = 8");
         st.prompt(&[1; 5]).unwrap();
         assert!(st.token(2).is_err(), "8 padded + 1 > 8");
-        let mut bad = WindowState::new(geom(4, 8), vec![WinFault::CapacitySilent]);
+        let mut bad = WindowState::new(geom(4, 8), vec![HostFault::CapacitySilent]);
         bad.prompt(&[1; 5]).unwrap();
         assert!(bad.token(2).is_ok());
     }
 
     #[test]
     fn faults_change_what_the_graph_gets() {
-        let mut st = WindowState::new(geom(4, 12), vec![WinFault::PositionStall]);
+        let mut st = WindowState::new(geom(4, 12), vec![HostFault::PositionStall]);
         st.prompt(&[5, 6, 7, 8, 9, 10]).unwrap();
         assert_eq!(st.token(1).unwrap().positions, vec![5]);
         assert_eq!(st.token(2).unwrap().positions, vec![5]);
-        let mut st = WindowState::new(geom(4, 12), vec![WinFault::MaskAllValid]);
+        let mut st = WindowState::new(geom(4, 12), vec![HostFault::MaskAllValid]);
         let p = st.prompt(&[5, 6, 7]).unwrap();
         assert_eq!(
             p[0].mask,
             [vec![0; 8], vec![1; 4]].concat(),
             "the pad is visible"
         );
-        let st = WindowState::new(geom(4, 12), vec![WinFault::WriteLeft]);
+        let st = WindowState::new(geom(4, 12), vec![HostFault::WriteLeft]);
         assert_eq!(
             st.slot(3, 4, 8),
             Some(3),
