@@ -67,6 +67,7 @@ impl Corpus {
         messages::gguf_as_llama_cpp(&mut c);
         messages::gguf_wrong_causes(&mut c);
         messages::more_wrong_causes(&mut c);
+        messages::ane_manifest_causes(&mut c);
         c
     }
 

@@ -23,7 +23,7 @@ mod fp16;
 mod graph;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use half::f16;
@@ -98,10 +98,10 @@ pub struct AneDevice {
 }
 
 /// With `opts.manifest`: check it is an ane-sim manifest for these weights and take the
-/// context, query length and faults from it.
-fn apply_manifest(opts: &mut AneOptions, identity: &ModelIdentity) -> Result<()> {
+/// context, query length and faults from it; the manifest's path when there is one.
+fn apply_manifest(opts: &mut AneOptions, identity: &ModelIdentity) -> Result<Option<PathBuf>> {
     let Some(path) = opts.manifest.clone() else {
-        return Ok(());
+        return Ok(None);
     };
     let m = crate::contract::manifest::read(&path)?;
     if m.device != "ane-sim" {
@@ -117,40 +117,50 @@ fn apply_manifest(opts: &mut AneOptions, identity: &ModelIdentity) -> Result<()>
     opts.max_ctx = m.cache_len;
     opts.max_query = m.prefill_len;
     opts.faults = m.faults.clone();
-    Ok(())
+    Ok(Some(path))
 }
 
-fn check_options(opts: &AneOptions, cfg: &ModelConfig) -> Result<()> {
-    if opts.max_query == 0 || opts.max_ctx < 2 {
-        return Err(Error::BadOption {
-            flag: "--max-ctx/--max-query".into(),
-            detail: format!(
-                "max_ctx = {} and max_query = {} must be at least 2 and 1",
-                opts.max_ctx, opts.max_query
+/// The context and query length refused against each other and the model, named as the
+/// flags, or as the manifest's keys when a manifest set them (it named flags the user never
+/// passed, issue 38).
+fn check_options(opts: &AneOptions, cfg: &ModelConfig, manifest: Option<&Path>) -> Result<()> {
+    let (ctx, query) = match manifest {
+        Some(_) => ("cache_len", "prefill_len"),
+        None => ("--max-ctx", "--max-query"),
+    };
+    let (l, q) = (opts.max_ctx, opts.max_query);
+    let problem = if q == 0 || l < 2 {
+        Some((
+            format!("{ctx}/{query}"),
+            format!("{l} and {q} must be at least 2 and 1"),
+        ))
+    } else if q >= l {
+        Some((
+            query.to_string(),
+            format!(
+                "{q} does not fit below the context ({ctx} {l}); use at most {}",
+                l - 1
             ),
-        });
-    }
-    if opts.max_query >= opts.max_ctx {
-        return Err(Error::BadOption {
-            flag: "--max-query".into(),
-            detail: format!(
-                "{} does not fit below the context (--max-ctx {}); use at most {}",
-                opts.max_query,
-                opts.max_ctx,
-                opts.max_ctx - 1
+        ))
+    } else if l > cfg.max_position {
+        Some((
+            ctx.to_string(),
+            format!(
+                "{l} is beyond the model's context of {} positions; use at most {}",
+                cfg.max_position, cfg.max_position
             ),
-        });
+        ))
+    } else {
+        None
+    };
+    match (problem, manifest) {
+        (None, _) => Ok(()),
+        (Some((key, detail)), Some(path)) => Err(Error::Manifest {
+            path: path.to_path_buf(),
+            detail: format!("{key} {detail}; write a new manifest"),
+        }),
+        (Some((flag, detail)), None) => Err(Error::BadOption { flag, detail }),
     }
-    if opts.max_ctx > cfg.max_position {
-        return Err(Error::BadOption {
-            flag: "--max-ctx".into(),
-            detail: format!(
-                "{} is beyond the model's context of {} positions; use at most {}",
-                opts.max_ctx, cfg.max_position, cfg.max_position
-            ),
-        });
-    }
-    Ok(())
 }
 
 /// `ane-state-wrap=N` needs N < max_ctx, `ane-query-truncate=N` needs N < max_query: else the
@@ -219,9 +229,9 @@ impl AneDevice {
     pub fn new(model: Arc<Model>, opts: AneOptions) -> Result<AneDevice> {
         let mut opts = opts;
         let identity = crate::contract::manifest::model_identity(&model)?;
-        apply_manifest(&mut opts, &identity)?;
+        let manifest = apply_manifest(&mut opts, &identity)?;
         let cfg = model.config().clone();
-        check_options(&opts, &cfg)?;
+        check_options(&opts, &cfg, manifest.as_deref())?;
         let export = model.llama_export()?.ok_or_else(|| Error::BadOption {
             flag: "--device ane-sim".into(),
             detail: format!(
