@@ -10,6 +10,8 @@
 # DIR (default scripts/export-openvino.sh's IR) may be given. OV_CONFIG="KEY=VALUE …" is passed to
 # every run as --ov-config KEY=VALUE each, e.g. the CPU plugin at the reference's precision:
 #   OV_CONFIG="INFERENCE_PRECISION_HINT=f32 KV_CACHE_PRECISION=f32" DEVICES=CPU scripts/healthy-openvino.sh
+# PROMPTS=FILE takes the questions from FILE (one a line) instead of the list below, so a sweep
+# can use prompts the list was never tuned on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-.cache/models/smollm2-135m-instruct-q4_1.gguf}
@@ -47,6 +49,9 @@ QUESTIONS=(
     "What are the primary colors?"
     "How do I water a cactus?"
 )
+if [ -n "${PROMPTS:-}" ]; then
+    mapfile -t QUESTIONS < <(grep -v '^[[:space:]]*$' "$PROMPTS")
+fi
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
