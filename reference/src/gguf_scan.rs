@@ -167,10 +167,14 @@ fn stored_bytes(dims: &[u64], t: u32) -> Sized {
             "of type {d:?} has {row} elements per row, not a multiple of its block of {block}"
         ));
     }
-    let rest = dims
-        .iter()
-        .skip(1)
-        .try_fold(row / block * d.type_size() as u64, |n, &x| n.checked_mul(x));
+    // every product checked: the dims are the file's, up to 2^64 each
+    let rest = (row / block)
+        .checked_mul(d.type_size() as u64)
+        .and_then(|first| {
+            dims.iter()
+                .skip(1)
+                .try_fold(first, |n, &x| n.checked_mul(x))
+        });
     match rest {
         Some(n) => Sized::Bytes(n),
         None => Sized::Defect("has a size past 2^64 bytes".into()),
@@ -285,5 +289,29 @@ impl Scan {
             _ => return None,
         };
         self.skip(size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fuzz smoke found a row whose blocks times the block's bytes passed 2^64 panicking in
+    /// the first product; every product is a size past 2^64, never an overflow.
+    #[test]
+    fn a_size_past_2_to_the_64_is_a_defect_not_a_panic() {
+        let row = u64::MAX - u64::MAX % 32;
+        // (type 0 = F32, 4 bytes a value; type 2 = Q4_0, 18 bytes a block of 32)
+        for (dims, t) in [
+            (vec![u64::MAX], 0),
+            (vec![row, 2], 2),
+            (vec![32, u64::MAX], 2),
+        ] {
+            assert!(
+                matches!(stored_bytes(&dims, t), Sized::Defect(ref d) if d.contains("2^64")),
+                "{dims:?}"
+            );
+        }
+        assert!(matches!(stored_bytes(&[64, 3], 0), Sized::Bytes(768)));
     }
 }
