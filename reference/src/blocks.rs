@@ -335,6 +335,17 @@ impl Block {
         kv_dim: usize,
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         Ok(match &self.qkv {
+            // one row (a decode step): k and v are too narrow to split by columns without
+            // changing gemm's kernel (SmolLM2: 192 outputs, see matmul::GEMV_PART_COLUMNS), so
+            // the three products run beside each other on the threads, each the same call as
+            // alone and so the same bits; more rows: gemm threads each product itself
+            Qkv::Separate { q, k, v } if rows == 1 => {
+                let (q, (k, v)) = rayon::join(
+                    || q.forward_rows(h, rows),
+                    || rayon::join(|| k.forward_rows(h, rows), || v.forward_rows(h, rows)),
+                );
+                (q?, k?, v?)
+            }
             Qkv::Separate { q, k, v } => (
                 q.forward_rows(h, rows)?,
                 k.forward_rows(h, rows)?,

@@ -112,7 +112,7 @@ pub(crate) fn batched(
     let strides = rhs_kind.strides(k, n);
     let par = parallelism();
     if let (1, 1, Parallelism::Rayon(threads)) = (batch, m, par) {
-        if threads.min(n / SPLIT_MIN_COLUMNS) > 1 {
+        if threads.min(n / GEMV_PART_COLUMNS) > 1 {
             gemv_split(lhs, rhs, rhs_kind, k, n, threads, &mut dst);
             return Ok(dst);
         }
@@ -131,6 +131,13 @@ pub(crate) fn batched(
 /// part must stay above 256 columns; below a few hundred the hand-off costs more than it saves.
 const SPLIT_MIN_COLUMNS: usize = 300;
 
+/// Fewest output columns a part of a split one-row product gets: gemm runs a product of at
+/// most 16×16 = 256 outputs through its horizontal kernels, whose sums round differently, and one
+/// of more through its gemv, one dot product per output whatever their count. SmolLM2's q, o and
+/// down projections (576 outputs) ran on one core at the 300 of `SPLIT_MIN_COLUMNS`, a third of
+/// a decode step's weight bytes.
+const GEMV_PART_COLUMNS: usize = 257;
+
 /// A one-row product split by output columns over up to `threads` rayon tasks. gemm runs a one-row
 /// product as a single-threaded gemv, while a decode step is almost all such products (and
 /// one core leaves memory bandwidth unused: two emulator processes run side by side at the
@@ -145,13 +152,15 @@ fn gemv_split(
     threads: usize,
     dst: &mut [f32],
 ) {
-    // parts of ⌈n/parts⌉ columns, the last one at least SPLIT_MIN_COLUMNS − parts
-    let parts = threads.min(n / SPLIT_MIN_COLUMNS).max(1);
-    let per = n.div_ceil(parts);
+    // parts of ⌊n/parts⌋ ≥ GEMV_PART_COLUMNS columns, the last one taking the remainder
+    let parts = threads.min(n / GEMV_PART_COLUMNS).max(1);
+    let bounds = tile_bounds(n, n / parts);
     rayon::scope(|scope| {
-        for (i, d) in dst[..n].chunks_mut(per).enumerate() {
-            let c0 = i * per;
-            let cols = d.len();
+        let mut rest = &mut dst[..n];
+        for &(c0, c1) in &bounds {
+            let cols = c1 - c0;
+            let (d, tail) = rest.split_at_mut(cols);
+            rest = tail;
             scope.spawn(move |_| {
                 let r = match rhs_kind {
                     Rhs::Transposed => &rhs[c0 * k..(c0 + cols) * k],
@@ -386,6 +395,22 @@ mod tests {
         let plain = batched(&xs, &wt, Rhs::Plain, 1, 1, k, n).unwrap();
         for (a, b) in plain.iter().zip(&want) {
             assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "{a} vs {b}");
+        }
+        // the narrowest splits: parts of 257 and 258 columns on 2 threads (SmolLM2's 576-wide
+        // projections split 288 + 288)
+        for n in [514, 515, 576] {
+            let w = Tensor::randn(0f32, 1.0, (n, k), dev).unwrap();
+            let ws: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+            let want: Vec<f32> = x
+                .matmul(&w.t().unwrap())
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let mut d = vec![0f32; n];
+            gemv_split(&xs, &ws, Rhs::Transposed, k, n, 2, &mut d);
+            assert_eq!(d, want, "{n} columns on 2 threads");
         }
         for threads in [2, 3, 4, 16] {
             let mut d = vec![0f32; n];
