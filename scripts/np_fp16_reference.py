@@ -23,14 +23,20 @@ import np_reference  # noqa: E402
 
 
 class Fp16:
-    def __init__(self, overflow):
+    """Rounds op outputs to fp16; `only` (a set of op names) rounds those alone, the rest stay
+    float32 (scripts/ort-cpu-fp16-sites.py: where ONNX Runtime's CPU EP keeps fp16)."""
+
+    def __init__(self, overflow, only=None):
         self.limit = None if overflow == "inf" else float(overflow.split(":", 1)[1])
+        self.only = only
         self.layer = None
         self.within = None
         self.first = None
 
     def __call__(self, x, op):
         x = np.asarray(x, np.float32)
+        if self.only is not None and op not in self.only:
+            return x
         if self.limit is None:
             with np.errstate(over="ignore"):
                 y = x.astype(np.float16).astype(np.float32)
@@ -81,8 +87,8 @@ def rms_in(r, x, w, eps, form):
     return r(r(x / den, "x/den") * w, "output")
 
 
-def forward(m, ids, r, form):
-    w = {k: v.astype(np.float16).astype(np.float32) for k, v in m.w.items()}
+def forward(m, ids, r, form, fp16_weights=True):
+    w = {k: v.astype(np.float16).astype(np.float32) if fp16_weights else v for k, v in m.w.items()}
     T = len(ids)
     H, KV, hd = m.n_heads, m.n_kv, m.hd
     pos = np.arange(T)
