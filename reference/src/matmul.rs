@@ -379,14 +379,13 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (1, k), dev).unwrap();
         let w = Tensor::randn(0f32, 1.0, (n, k), dev).unwrap();
         let xs: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
-        let want: Vec<f32> = x
-            .matmul(&w.t().unwrap())
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        let ws: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+        // candle's product and the weight's values
+        let candle = |w: &Tensor| -> (Vec<f32>, Vec<f32>) {
+            let y = x.matmul(&w.t().unwrap()).unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1().unwrap();
+            (flat(&y), flat(w))
+        };
+        let (want, ws) = candle(&w);
         assert_eq!(
             batched(&xs, &ws, Rhs::Transposed, 1, 1, k, n).unwrap(),
             want
@@ -399,15 +398,7 @@ mod tests {
         // the narrowest splits: parts of 257 and 258 columns on 2 threads (SmolLM2's 576-wide
         // projections split 288 + 288)
         for n in [514, 515, 576] {
-            let w = Tensor::randn(0f32, 1.0, (n, k), dev).unwrap();
-            let ws: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
-            let want: Vec<f32> = x
-                .matmul(&w.t().unwrap())
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            let (want, ws) = candle(&Tensor::randn(0f32, 1.0, (n, k), dev).unwrap());
             let mut d = vec![0f32; n];
             gemv_split(&xs, &ws, Rhs::Transposed, k, n, 2, &mut d);
             assert_eq!(d, want, "{n} columns on 2 threads");
