@@ -13,6 +13,7 @@ pub mod export;
 mod finite;
 pub mod fixtures;
 pub mod fixtures_gguf;
+mod float_scan;
 mod fp16_weights;
 pub mod generate;
 pub mod gguf;

@@ -365,7 +365,7 @@ impl Weight {
             | Repr::Raw {
                 kind: Kind::F32, ..
             } => {
-                if let Some(found) = self.with_f32(crate::finite::first_non_finite_f32) {
+                if let Some(found) = self.with_f32(crate::float_scan::first_non_finite_f32) {
                     return Ok(found);
                 }
             }
