@@ -20,6 +20,8 @@ enum Misbehave {
     Refuse,
     /// A context-full answer although the host's positions fit.
     ContextFull,
+    /// A refused state reset (`init_cache`: OpenVINO's reset_state, a runtime's cleared state).
+    RefuseReset,
 }
 
 /// A working device that starts to misbehave at its `after`-th run.
@@ -43,6 +45,7 @@ impl<D: Device> Wrapped<D> {
             }),
             Misbehave::Refuse => Err(Error::Device("the runtime returned status 74".into())),
             Misbehave::ContextFull => Err(Error::ContextFull { max_ctx: 48 }),
+            Misbehave::RefuseReset => out,
         }
     }
 }
@@ -59,6 +62,12 @@ impl<D: Device> Device for Wrapped<D> {
         self.answer(out)
     }
     fn init_cache(&mut self, read_offset: u32) -> Result<()> {
+        if let Misbehave::RefuseReset = self.how {
+            self.after = self.after.saturating_sub(1);
+            if self.after == 0 {
+                return Err(Error::Device("the runtime returned status 74".into()));
+            }
+        }
         self.inner.init_cache(read_offset)
     }
     fn update_cache_offset(&mut self, delta: i32) -> Result<()> {
@@ -113,6 +122,29 @@ fn the_hailo_emulator_misbehaving_is_the_devices_error() {
             .and_then(|_| drv.step(&mut dev, 2, &MaskMode::Ring));
         is_the_devices(&r.unwrap_err(), "emulator", step);
     }
+}
+
+#[test]
+fn a_reset_the_device_refuses_mid_run_is_the_devices_error() {
+    // the second request's state reset fails: it was the bare "device error: …", naming no step
+    let m = Arc::new(kvprobe_reference::Model::load(&fixture("llama", 5)).unwrap());
+    let opts = SimOptions {
+        cache_len: 48,
+        prefill_len: 8,
+        ..SimOptions::default()
+    };
+    let dev = SimDevice::new(m, opts).unwrap();
+    let mut drv = dev.driver().unwrap();
+    let mut dev = Wrapped {
+        inner: dev,
+        how: Misbehave::RefuseReset,
+        after: 2,
+        runs: 0,
+    };
+    drv.reset(&mut dev).unwrap();
+    drv.prefill(&mut dev, &[3, 4, 5]).unwrap();
+    let e = drv.reset(&mut dev).unwrap_err();
+    is_the_devices(&e, "emulator", "state reset");
 }
 
 #[test]

@@ -253,7 +253,9 @@ impl Driver {
     /// Reset as the server's "clear context": `init_cache(0)`, `U = 0`, position counter 0. The host
     /// window and the ring bytes are NOT cleared (contract §2.10).
     pub fn reset(&mut self, dev: &mut dyn Device) -> Result<()> {
-        dev.init_cache(0)?;
+        // a runtime failing to clear its state is the device's answer to this step
+        dev.init_cache(0)
+            .map_err(|e| e.by_device(&dev.describe().backend, "state reset before a request"))?;
         self.state.usage = 0;
         self.state.position = 0;
         self.saved = None;
