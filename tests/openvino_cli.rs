@@ -1,7 +1,8 @@
 //! `--openvino DIR` end to end through the binary on the real OpenVINO 2026.4.1 runtime (issue
 //! 37): greedy tokens on the CPU plugin and on the NPU plugin's NPUW pipeline (partitions on the
-//! CPU) against openvino.genai's own LLMPipeline, NPUW's prompt limit, and bad input as one line
-//! with exit 2 or 3. Needs scripts/fetch-openvino.sh and the `openvino` Python wheel (.ci/run
+//! CPU) against openvino.genai's own LLMPipeline, NPUW's prompt limit, compressed IRs judged at
+//! their declared weights, the host-side faults' verdicts (on an IR of the Llama fixture), and bad
+//! input as one line with exit 2 or 3. Needs scripts/fetch-openvino.sh and the `openvino` Python wheel (.ci/run
 //! installs both); the IRs are written here as scripts/export-openvino.sh writes them, from the
 //! ONNX export tests/onnx_cli.rs makes (so the module needs the `onnx` feature too). A missing
 //! library or wheel fails the tests, it is not skipped.
