@@ -7,7 +7,8 @@ arithmetics: float32 weights and arithmetic; fp16 weights with float32 arithmeti
 rounded (what kvprobe's fp16 reference computes); only the outputs ONNX Runtime keeps in fp16 on
 x86-64 (its InsertCastTransformer runs every node without an fp16 CPU kernel in float32 and drops
 the float32 → fp16 → float32 Cast pairs between them; docs/onnx-genai.md), with the cos/sin caches
-in float32 or fp16. Prints the relative L2 of each against ONNX Runtime's logits.
+in float32 or fp16, and with each norm after a residual add reading the float32 sum (the fused
+SkipSimplifiedLayerNormalization). Prints the relative L2 of each against ONNX Runtime's logits.
 
 Usage: ort-cpu-fp16-sites.py HF_DIR BUILDER_FOLDER [--ids 1,2,3]
   e.g. target/debug/examples/onnx_weights --tiny-llama 13 /tmp/hf   (the builder's tiny input)
@@ -56,14 +57,15 @@ def main():
     m = np_reference.load_model(a.hf, np.float32)
     dev = device_logits(a.folder, ids, m.hd)
     rel = lambda x: float(np.linalg.norm(x - dev) / np.linalg.norm(dev))
-    rows = [("float32 weights, float32 arithmetic", np.float32, set(), False),
-            ("fp16 weights, float32 arithmetic", np.float32, set(), True),
-            ("fp16 weights, every op output rounded", np.float32, None, True),
-            ("fp16 weights, ONNX Runtime's fp16 sites", np.float32, ORT_CPU_FP16, True),
-            ("the same, cos/sin caches fp16", np.float16, ORT_CPU_FP16, True)]
-    for label, rope_dtype, only, w16 in rows:
+    rows = [("float32 weights, float32 arithmetic", np.float32, set(), False, False),
+            ("fp16 weights, float32 arithmetic", np.float32, set(), True, False),
+            ("fp16 weights, every op output rounded", np.float32, None, True, False),
+            ("fp16 weights, ONNX Runtime's fp16 sites", np.float32, ORT_CPU_FP16, True, False),
+            ("the same, cos/sin caches fp16", np.float16, ORT_CPU_FP16, True, False),
+            ("the same, norms after a residual add read its float32 sum", np.float16, ORT_CPU_FP16, True, True)]
+    for label, rope_dtype, only, w16, skip in rows:
         m.dtype = rope_dtype  # np_reference's RoPE casts cos/sin to the model's dtype
-        lg = F.forward(m, ids, F.Fp16("inf", only), "fused", fp16_weights=w16)
+        lg = F.forward(m, ids, F.Fp16("inf", only), "fused", fp16_weights=w16, skip_sum_f32=skip)
         print(f"{label}: relative L2 {rel(lg):.3e}")
 
 
