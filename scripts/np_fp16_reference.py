@@ -23,14 +23,20 @@ import np_reference  # noqa: E402
 
 
 class Fp16:
-    def __init__(self, overflow):
+    """Rounds op outputs to fp16; `only` (a set of op names) rounds those alone, the rest stay
+    float32 (scripts/ort-cpu-fp16-sites.py: where ONNX Runtime's CPU EP keeps fp16)."""
+
+    def __init__(self, overflow, only=None):
         self.limit = None if overflow == "inf" else float(overflow.split(":", 1)[1])
+        self.only = only
         self.layer = None
         self.within = None
         self.first = None
 
     def __call__(self, x, op):
         x = np.asarray(x, np.float32)
+        if self.only is not None and op not in self.only:
+            return x
         if self.limit is None:
             with np.errstate(over="ignore"):
                 y = x.astype(np.float16).astype(np.float32)
@@ -81,17 +87,20 @@ def rms_in(r, x, w, eps, form):
     return r(r(x / den, "x/den") * w, "output")
 
 
-def forward(m, ids, r, form):
-    w = {k: v.astype(np.float16).astype(np.float32) for k, v in m.w.items()}
+def forward(m, ids, r, form, fp16_weights=True, skip_sum_f32=False):
+    """`skip_sum_f32`: each norm after a residual add reads the float32 sum, not its fp16 rounding
+    (ONNX Runtime's fp16 SkipSimplifiedLayerNormalization kernel; the rounded sum still carries on)."""
+    w = {k: v.astype(np.float16).astype(np.float32) if fp16_weights else v for k, v in m.w.items()}
     T = len(ids)
     H, KV, hd = m.n_heads, m.n_kv, m.hd
     pos = np.arange(T)
     x = r(w["embed"][np.asarray(ids)], "embeddings")
+    xn = x  # what the next norm reads
     allow = np.tril(np.ones((T, T), dtype=bool))
     for l in range(m.n_layers):
         r.layer = l
         p = f"l{l}."
-        h = rms(r, "input_layernorm", x, w[p + "attn_norm"], m.eps, form)
+        h = rms(r, "input_layernorm", xn, w[p + "attn_norm"], m.eps, form)
         q = r(h @ w[p + "q"].T, "q_proj").reshape(T, H, hd)
         k = r(h @ w[p + "k"].T, "k_proj").reshape(T, KV, hd)
         v = r(h @ w[p + "v"].T, "v_proj").reshape(T, KV, hd)
@@ -102,15 +111,18 @@ def forward(m, ids, r, form):
         sc = r(np.einsum("thd,shd->hts", q, k), "scores") / np.float32(np.sqrt(hd))
         pr = r(np_reference.softmax_masked(sc, allow[None]), "softmax")
         o = r(np.einsum("hts,shd->thd", pr, v).reshape(T, H * hd), "attention output")
-        x = r(x + r(o @ w[p + "o"].T, "o_proj"), "residual add")
-        h = rms(r, "post_attention_layernorm", x, w[p + "ffn_norm"], m.eps, form)
+        xs = x + r(o @ w[p + "o"].T, "o_proj")
+        x = r(xs, "residual add")
+        h = rms(r, "post_attention_layernorm", xs if skip_sum_f32 else x, w[p + "ffn_norm"], m.eps, form)
         g = r(h @ w[p + "gate"].T, "gate_proj")
         u = r(h @ w[p + "up"].T, "up_proj")
         with np.errstate(over="ignore"):
             s = r(g / (1.0 + np.exp(-g)), "silu")
-        x = r(x + r(r(s * u, "silu·up") @ w[p + "down"].T, "down_proj"), "residual add")
+        xs = x + r(r(s * u, "silu·up") @ w[p + "down"].T, "down_proj")
+        x = r(xs, "residual add")
+        xn = xs if skip_sum_f32 else x
     r.layer = None
-    x = rms(r, "norm", x, w["norm"], m.eps, form)
+    x = rms(r, "norm", xn, w["norm"], m.eps, form)
     return r(x @ w["lm_head"].T, "logits")
 
 

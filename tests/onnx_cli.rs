@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The Llama fixture of `seed` exported as a GenAI folder (once per target dir).
-fn genai_fixture(seed: u64) -> (PathBuf, PathBuf) {
+pub(crate) fn genai_fixture(seed: u64) -> (PathBuf, PathBuf) {
     let hf = fixture("llama", seed);
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("onnx-genai-llama-{seed}"));
     exported_once(&out, || export_onnx(&hf, &out, &[]));

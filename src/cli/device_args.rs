@@ -313,11 +313,14 @@ impl DeviceArgs {
             }
         }
         if self.openvino.is_some() {
-            // the runtime and its plugins are real: no emulator faults
-            if let Some(f) = self.faults.first() {
-                return Err(usage(format!(
-                    "--fault {f}: --openvino runs OpenVINO's real plugins, which take no emulator faults; its faults are configurations (docs/openvino.md)"
-                )));
+            // the host side's faults (npu/src/openvino/faults.rs); the plugins stay real
+            for f in &self.faults {
+                kvprobe_npu::openvino::faults::parse(f).map_err(|e| {
+                    let e = kvprobe_npu::families::place_fault(&kvprobe_npu::openvino::FAMILY, e);
+                    usage(format!(
+                        "{e}; --openvino takes only its host side's faults (the plugins themselves are real)"
+                    ))
+                })?;
             }
             return Ok(());
         }

@@ -59,6 +59,12 @@ impl DeviceArgs {
             target,
             config,
             max_ctx: self.max_ctx,
+            faults: self
+                .faults
+                .iter()
+                .map(|f| kvprobe_npu::openvino::faults::parse(f))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(npu_error)?,
         };
         let dev = OvDevice::open(model, &opts).map_err(npu_error)?;
         Ok(Backend::OpenVino(Box::new(dev)))

@@ -13,6 +13,7 @@ use kvprobe_schema::{DeviceDescription, DeviceLimit, GroupKind, LimitKind, PastL
 #[cfg(feature = "openvino")]
 use super::describe::{description, Geometry};
 use super::describe::{MASK, POSITIONS, ROWS};
+use super::faults::OvFault;
 #[cfg(feature = "openvino")]
 use super::host;
 use super::host::NpuwContract;
@@ -37,6 +38,19 @@ pub struct OvDevice {
     replays: usize,
     /// Continuations NPUW took in pieces (NPUW_LLM_MAX_GENERATION_TOKEN_LEN).
     split_runs: usize,
+    /// `--fault`: the host side's bugs (faults.rs).
+    #[cfg_attr(not(feature = "openvino"), allow(dead_code))]
+    faults: Vec<OvFault>,
+    /// Tokens the runtime's state holds: the request's `history` when healthy, more after a
+    /// skipped reset (`ov-stale-state`), fewer after a silent slide (`ov-capacity-silent`).
+    #[cfg_attr(not(feature = "openvino"), allow(dead_code))]
+    held: usize,
+    /// `held` when the chat turn being appended started (faults::RunAt).
+    #[cfg_attr(not(feature = "openvino"), allow(dead_code))]
+    turn_start: Option<usize>,
+    /// The context the pipeline holds (NPUW's capacity, `--max-ctx` on CPU); the description's
+    /// `cache_len` unless the host believes more (`ov-capacity-silent`).
+    capacity: usize,
 }
 
 /// The IR file in `dir` (optimum-intel and scripts/export-openvino.sh write openvino_model.xml).
@@ -114,8 +128,11 @@ impl OvDevice {
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
+        // ov-capacity-silent: the host believes twice the capacity (the model's positions, not
+        // the pipeline's), so the driver goes past it; the documented limit stays (limits())
+        let silent = opts.faults.contains(&OvFault::CapacitySilent);
         let geom = Geometry {
-            ctx,
+            ctx: if silent { 2 * ctx } else { ctx },
             prefill,
             kv_fp16: npuw.is_some(),
             format: match npuw {
@@ -140,6 +157,10 @@ impl OvDevice {
             prompt_len: 0,
             replays: 0,
             split_runs: 0,
+            faults: opts.faults.clone(),
+            held: 0,
+            turn_start: None,
+            capacity: ctx,
         })
     }
 
@@ -219,12 +240,29 @@ impl OvDevice {
                 });
             }
         }
-        if total > self.desc.cache_len {
+        let mask = mask.unwrap_or_else(|| host::attention_mask(total));
+        if total > self.capacity {
+            if self.faults.contains(&OvFault::CapacitySilent) {
+                return self.slide(ids);
+            }
             return Err(Error::ContextFull {
-                max_ctx: self.desc.cache_len,
+                max_ctx: self.capacity,
             });
         }
-        let mask = mask.unwrap_or_else(|| host::attention_mask(total));
+        // a run of several tokens appended to a kept state is a chat turn (faults::RunAt)
+        let opens_turn = !self.history.is_empty() && ids.len() > 1 && self.turn_start.is_none();
+        if opens_turn {
+            self.turn_start = Some(self.held);
+        }
+        let out = self.append_run(ids, mask);
+        if opens_turn {
+            self.turn_start = None;
+        }
+        out
+    }
+
+    #[cfg(feature = "openvino")]
+    fn append_run(&mut self, ids: &[u32], mask: Vec<i64>) -> Result<Vec<f32>> {
         if let Some(c) = self
             .npuw
             .filter(|c| !self.history.is_empty() && ids.len() > c.max_generation)
@@ -240,13 +278,22 @@ impl OvDevice {
             self.split_runs += 1;
             return Ok(logits);
         }
-        let all = match self.rt.run(ids, mask, total) {
+        let at = super::faults::RunAt {
+            held: self.held,
+            after_prompt: !self.history.is_empty(),
+            turn_start: self.turn_start,
+        };
+        let (pos, mask) = super::faults::feed(&self.faults, at, ids.len(), mask);
+        let all = match self.rt.run(ids, mask, pos) {
             // NPUW's own refusal of a step past its KV-cache: a typed refusal at the context it
             // held, which the capacity probe compares with the documented capacity
             Err(Error::Device(e)) if self.npuw.is_some() && e.contains("KV-Cache is full") => {
+                if self.faults.contains(&OvFault::CapacitySilent) {
+                    return self.slide(ids);
+                }
                 return Err(Error::ContextFull {
                     max_ctx: self.history.len(),
-                })
+                });
             }
             r => r?,
         };
@@ -262,7 +309,41 @@ impl OvDevice {
             self.prompt_len = ids.len();
         }
         self.history.extend_from_slice(ids);
+        self.held += ids.len();
         Ok(logits)
+    }
+
+    /// `ov-capacity-silent`: a run past the capacity answered on a fresh request fed the
+    /// newest half of the context (at most NPUW's prompt limit) as its prompt, positions from 0.
+    #[cfg(feature = "openvino")]
+    fn slide(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let all: Vec<u32> = self.history.iter().chain(ids).copied().collect();
+        let keep = (self.capacity / 2)
+            .min(self.npuw.map_or(usize::MAX, |c| c.max_prompt))
+            .max(ids.len());
+        self.rt.reset()?;
+        let tail = &all[all.len() - keep..];
+        let logits = self.rt.run(
+            tail,
+            host::attention_mask(keep),
+            host::position_ids(keep, keep),
+        )?;
+        let v = self.desc.shape.vocab_size;
+        self.history.extend_from_slice(ids);
+        self.held = keep;
+        Ok(logits[logits.len().saturating_sub(v)..].to_vec())
+    }
+
+    /// A new request on the runtime: a fresh infer request, unless the host forgets to reset
+    /// (`ov-stale-state`: the state keeps what it held).
+    #[cfg(feature = "openvino")]
+    fn reset_runtime(&mut self) -> Result<()> {
+        self.turn_start = None;
+        if self.faults.contains(&OvFault::StaleState) {
+            return Ok(());
+        }
+        self.held = 0;
+        self.rt.reset()
     }
 
     /// The request cut to its first `n` tokens, rebuilt on a fresh infer request.
@@ -270,7 +351,7 @@ impl OvDevice {
     fn replay_to(&mut self, n: usize) -> Result<()> {
         let old = std::mem::take(&mut self.history);
         let prompt = self.prompt_len.min(n);
-        self.rt.reset()?;
+        self.reset_runtime()?;
         self.prompt_len = 0;
         self.replays += 1;
         if prompt > 0 {
@@ -368,6 +449,12 @@ impl Device for OvDevice {
 
     fn limits(&self) -> Vec<DeviceLimit> {
         let mut out = crate::contract::limits::declared(&self.desc, CAPABILITIES.stateful);
+        for l in &mut out {
+            // the pipeline's own capacity, whatever a faulty host believes
+            if l.kind == LimitKind::MaxContext {
+                l.value = l.value.min(self.capacity);
+            }
+        }
         if let Some(c) = self.npuw {
             out.push(crate::contract::limits::limit(
                 LimitKind::PromptLen,
@@ -409,7 +496,7 @@ impl Device for OvDevice {
             )));
         }
         #[cfg(feature = "openvino")]
-        self.rt.reset()?;
+        self.reset_runtime()?;
         self.history.clear();
         self.prompt_len = 0;
         Ok(())

@@ -17,11 +17,12 @@
 
 use std::path::PathBuf;
 
-use crate::contract::{Capabilities, Family, FaultTable};
+use crate::contract::{Capabilities, Family};
 use crate::{Error, Result};
 
 mod describe;
 mod device;
+pub mod faults;
 #[cfg(feature = "openvino")]
 mod ffi;
 pub mod host;
@@ -38,7 +39,7 @@ pub const FAMILY: Family = Family {
     flag: "--openvino DIR",
     about: "a stateful OpenVINO IR run by OpenVINO's CPU plugin or its NPU plugin's NPUW LLM pipeline (states held by the runtime; build with --features openvino)",
     capabilities: CAPABILITIES,
-    faults: FaultTable::NONE,
+    faults: faults::TABLE,
     implemented: true,
 };
 
@@ -109,6 +110,8 @@ pub struct OvOptions {
     /// `--max-ctx`: the context kvprobe drives on CPU/GPU (default 128); on NPU the capacity is
     /// NPUW's (host.rs) and `--max-ctx` sets `NPUW_LLM_MAX_PROMPT_LEN` + response.
     pub max_ctx: Option<usize>,
+    /// `--fault NAME`: the host side's bugs (faults.rs); the plugins stay real.
+    pub faults: Vec<faults::OvFault>,
 }
 
 #[cfg(test)]

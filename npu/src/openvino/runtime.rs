@@ -152,11 +152,10 @@ impl Runtime {
         Ok(())
     }
 
-    /// One run of `ids` at positions `total − q … total − 1` under `mask` (`[1, total]`); every
-    /// row's logits.
-    pub fn run(&mut self, ids: &[u32], mut mask: Vec<i64>, total: usize) -> Result<Vec<f32>> {
+    /// One run of `ids` at `pos` under `mask` (healthy: `total − q … total − 1` and `[1, total]`,
+    /// `faults::feed`); every row's logits.
+    pub fn run(&mut self, ids: &[u32], mut mask: Vec<i64>, mut pos: Vec<i64>) -> Result<Vec<f32>> {
         let mut ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
-        let mut pos = host::position_ids(total, ids.len());
         let mut beam = host::BEAM_IDX;
         // the tensors wrap these buffers, which live until the run below returns
         let r = &mut self.request;
