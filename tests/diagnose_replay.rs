@@ -44,6 +44,15 @@ fn a_kv_swap_verdict_is_replayed_and_its_command_reproduces_the_tokens() {
     replayed("kv-swap", "kv-binding");
 }
 
+/// The truncation's byte count is the one the zero tap shows kept, not a fraction the sweep
+/// draws (main before: `unknown`, the closest replay `truncate-entry=8@v`, miss 5.9e-2), and a
+/// cut the tbt steps' whole entries clear names the prefill writer (before: `unknown`).
+#[test]
+fn a_truncation_is_replayed_at_the_bytes_and_writer_the_zero_tap_shows() {
+    replayed("truncate-entry=12@v", "cache-truncation");
+    replayed("truncate-entry=20@prefill,k", "cache-truncation");
+}
+
 #[test]
 fn a_healthy_verdict_has_no_reproducer() {
     let f = fixture("llama", 7);

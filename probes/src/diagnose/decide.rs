@@ -99,10 +99,19 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
         .iter()
         .any(|r| r.reproduces && r.replay_miss <= STEP_NOISE_FLOOR);
     if !exact {
-        let mut others = mild(&table, &fits);
-        others.retain(|h| {
-            !replayer.leaves_out(&h.name) && !search.tried.iter().any(|t| t.0 == h.text())
-        });
+        // the causes the other fired rules named (`also`), then the mild values: every named
+        // cause competes by its replay, not by the rules' order
+        let mut others: Vec<FaultHypothesis> = Vec::new();
+        let named = d.also.iter().flat_map(|&v| candidates(&table, v, &fits));
+        for h in named.map(|(_, h)| h).chain(mild(&table, &fits)) {
+            let t = h.text();
+            if !replayer.leaves_out(&h.name)
+                && !search.tried.iter().any(|x| x.0 == t)
+                && !others.iter().any(|x| x.text() == t)
+            {
+                others.push(h);
+            }
+        }
         let others = screen(others, SCREEN_STEPS.min(n), &run, &mut search.refused);
         for h in others.into_iter().take(FULL_REPLAYS) {
             if let Ok(r) = run(&h, n) {
@@ -391,6 +400,10 @@ fn renamed(
         rule_name(d)
     );
     d.evidence.insert(0, head.clone());
+    // the rule's verdict goes to `also` (its rule fired), the new one heads
+    let rule_verdict = d.verdict;
+    d.also.retain(|&a| a != v && a != rule_verdict);
+    d.also.insert(0, rule_verdict);
     d.verdict = v;
     d.confidence = SCORED_CONFIDENCE;
     d.hypothesis = Some(Hypothesis {

@@ -7,7 +7,7 @@
 //! fault on two layers is not found by replaying it on every layer.
 
 use kvprobe_npu::contract::faults::{FaultDecl, ScopeKind};
-use kvprobe_schema::{CacheKind, FaultHypothesis, FaultValue, GroupKind, ProbeFindings};
+use kvprobe_schema::{CacheKind, FaultHypothesis, FaultValue, GroupKind, ProbeFindings, ZtapCache};
 
 use crate::affected::{self, Ring};
 use crate::session::Session;
@@ -87,6 +87,9 @@ pub struct Fits {
     pub reader_layouts: Vec<String>,
     /// Layouts the prefill writer's ring bytes decode as, on the rings that are not token-major.
     pub writer_layouts: Vec<String>,
+    /// Bytes a truncating writer keeps of each entry, where the zero tap names truncation:
+    /// the entry up to its trailing run of all-zero columns (in bytes of `entry_bytes`).
+    pub kept_bytes: Vec<f64>,
     /// Every set of rings a probe names, each as the grammar's scope.
     pub rings: Vec<RingScope>,
     /// Cache entry size in bytes and head dimension (for the byte- and width-valued faults).
@@ -168,10 +171,22 @@ impl Fits {
                 }
             }
         }
+        let mut kept_bytes = Vec::new();
         if let Some(z) = &p.ztap {
-            named.push((affected::truncated(&z.caches), vec![]));
-            // entries only the tbt steps wrote are cut: the tbt writer's fault
-            named.push((affected::truncated(&z.tbt_written), vec![GroupKind::Tbt]));
+            for c in z.caches.iter().chain(&z.tbt_written) {
+                if let Some(x) = kept(c, entry_bytes).filter(|x| !kept_bytes.contains(x)) {
+                    kept_bytes.push(x);
+                }
+            }
+            let cut = affected::truncated(&z.caches);
+            let tbt_cut = affected::truncated(&z.tbt_written);
+            // entries only the tbt steps wrote are cut: the tbt writer's fault; the tbt steps'
+            // entries examined and whole while the prompt's are cut: the prefill writer's
+            if tbt_cut.is_empty() && !z.tbt_written.is_empty() {
+                named.push((cut.clone(), vec![GroupKind::Prefill]));
+            }
+            named.push((cut, vec![]));
+            named.push((tbt_cut, vec![GroupKind::Tbt]));
         }
         let mut writer_layouts = Vec::new();
         if let Some(l) = &p.layout {
@@ -194,6 +209,7 @@ impl Fits {
             cache_scales,
             reader_layouts,
             writer_layouts,
+            kept_bytes,
             rings,
             entry_bytes,
             head_dim,
@@ -210,6 +226,7 @@ impl Fits {
             FaultValue::Number(x) if decl.name.ends_with("-position") => {
                 self.shift != 0 && *x == self.shift as f64
             }
+            FaultValue::Number(x) if decl.name == "truncate-entry" => self.kept_bytes.contains(x),
             FaultValue::Word(w) if decl.name.ends_with("-read-layout") => {
                 self.reader_layouts.contains(w)
             }
@@ -219,6 +236,17 @@ impl Fits {
             _ => false,
         }
     }
+}
+
+/// The bytes a truncating writer kept of `c`'s entries: the columns before its trailing run
+/// of all-zero columns, in bytes of an `entry_bytes` entry (the taps count features).
+fn kept(c: &ZtapCache, entry_bytes: usize) -> Option<f64> {
+    if c.interpretation != "truncation" || c.width == 0 {
+        return None;
+    }
+    let tail = c.zero_map.iter().rev().take_while(|&&z| z).count();
+    let kept = (c.width - tail) * entry_bytes / c.width;
+    (kept > 0 && kept < entry_bytes).then_some(kept as f64)
 }
 
 /// The scopes a hypothesis of `decl` tries, each with whether the evidence names it: first the
@@ -322,5 +350,32 @@ mod tests {
         assert!(scopes(decl("tbt-attn-scale"), &fits)
             .iter()
             .all(|(_, named)| !named));
+    }
+
+    #[test]
+    fn a_truncated_entry_names_the_bytes_its_writer_kept() {
+        let cache = |zero_map: Vec<bool>, interpretation: &str| ZtapCache {
+            cache_id: 0,
+            layer: Some(0),
+            kind: Some(CacheKind::V),
+            entries: 8,
+            width: zero_map.len(),
+            zero_columns: zero_map.iter().filter(|&&z| z).count(),
+            zero_map,
+            empty_entries: 0,
+            expected_transposed_zero_columns: 0.0,
+            interpretation: interpretation.into(),
+        };
+        // 12 of 16 columns before the zero tail (a zero column inside the kept part counts)
+        let mut map = vec![false; 16];
+        map[3] = true;
+        map[12..].iter_mut().for_each(|z| *z = true);
+        assert_eq!(kept(&cache(map.clone(), "truncation"), 16), Some(12.0));
+        // taps count features: 12 of 16 features of a 32-byte entry are 24 bytes
+        assert_eq!(kept(&cache(map.clone(), "truncation"), 32), Some(24.0));
+        // only a truncation reading names bytes, and never the whole entry or none of it
+        assert_eq!(kept(&cache(map, "transposition"), 16), None);
+        assert_eq!(kept(&cache(vec![false; 16], "truncation"), 16), None);
+        assert_eq!(kept(&cache(vec![true; 16], "truncation"), 16), None);
     }
 }

@@ -67,14 +67,18 @@ fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
         }
         (SweepValue::SmallSigned, _) if fits.shift != 0 => numbers(vec![fits.shift as f64], true),
         (SweepValue::SmallSigned, _) => numbers(vec![1.0, -1.0], false),
-        (SweepValue::EntryFraction, _) => numbers(
-            [1, 2, 3]
-                .iter()
-                .map(|k| (fits.entry_bytes * k / 4) as f64)
-                .filter(|&x| x > 0.0)
-                .collect(),
-            false,
-        ),
+        (SweepValue::EntryFraction, _) => {
+            // the bytes the zero tap shows kept first, then the sweep's fractions of the entry
+            let mut v = numbers(fits.kept_bytes.clone(), true);
+            let fractions = [1, 2, 3].iter().map(|k| (fits.entry_bytes * k / 4) as f64);
+            v.extend(numbers(
+                fractions
+                    .filter(|&x| x > 0.0 && !fits.kept_bytes.contains(&x))
+                    .collect(),
+                false,
+            ));
+            v
+        }
         (SweepValue::HeadFraction, _) => numbers(
             [4, 8]
                 .iter()
