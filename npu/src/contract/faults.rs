@@ -278,6 +278,20 @@ pub struct FaultDecl {
 }
 
 impl FaultDecl {
+    /// A fault with no value and no scope that always expects `verdict` (the host-side faults of
+    /// the ANE, ONNX and OpenVINO families), not drawn by the randomised sweep.
+    pub const fn plain(name: &'static str, bug_class: &'static str, verdict: Verdict) -> Self {
+        FaultDecl {
+            name,
+            values: Values::None,
+            scopes: &[],
+            default_groups: &[],
+            bug_class,
+            expected: Expected::Always(verdict),
+            sweep: SweepValue::None,
+        }
+    }
+
     /// The verdict for this fault under `scope` (as parsed, defaults applied).
     pub fn expected(&self, scope: &Scope) -> Verdict {
         match self.expected {

@@ -46,55 +46,43 @@
 
 use kvprobe_schema::Verdict;
 
-use crate::contract::faults::{Expected, FaultDecl, FaultTable, FaultText, SweepValue, Values};
+use crate::contract::faults::{FaultDecl, FaultTable, FaultText, SweepValue, Values};
 use crate::{Error, Result};
-
-const fn decl(name: &'static str, bug_class: &'static str, verdict: Verdict) -> FaultDecl {
-    FaultDecl {
-        name,
-        values: Values::None,
-        scopes: &[],
-        default_groups: &[],
-        bug_class,
-        expected: Expected::Always(verdict),
-        sweep: SweepValue::None,
-    }
-}
 
 /// The ANE emulator's fault table (`--device ane-sim`); the README's table is generated from it.
 pub const TABLE: FaultTable = FaultTable {
     faults: &[
-        decl(
+        FaultDecl::plain(
             "ane-write-offset",
             "slice_update writes the new K/V at position + 1",
             Verdict::CacheOffset,
         ),
-        decl(
+        FaultDecl::plain(
             "ane-state-layout",
             "the attention reads the state as `[ctx, kv_heads, d]`, written `[kv_heads, ctx, d]`",
             Verdict::CacheLayoutMismatch,
         ),
-        decl(
+        FaultDecl::plain(
             "ane-mask-01",
             "the additive mask becomes 0 / +1 instead of 0 / −inf",
             Verdict::MaskConvention,
         ),
         FaultDecl {
             values: Values::OptionalNumber("GAIN"),
-            ..decl(
+            ..FaultDecl::plain(
                 "ane-scale-after-qk",
                 "the softmax scale comes after Q·Kᵀ: fp16 scores overflow (GAIN, default 8192, stands in for a larger model's activations; `=1` is the literal fault; evidence: layer and first position)",
                 Verdict::NumericOverflow,
             )
         },
-        decl(
+        FaultDecl::plain(
             "ane-stale-state",
             "a new request reuses the previous state and its length",
             Verdict::StaleCache,
         ),
         FaultDecl {
             values: Values::Number("N"),
-            ..decl(
+            ..FaultDecl::plain(
                 "ane-state-wrap",
                 "the state holds N positions, fewer than the max_ctx declared: from N on each write silently lands on position − N",
                 Verdict::CapacityOverflow,
@@ -102,7 +90,7 @@ pub const TABLE: FaultTable = FaultTable {
         },
         FaultDecl {
             values: Values::Number("N"),
-            ..decl(
+            ..FaultDecl::plain(
                 "ane-query-truncate",
                 "the graph takes N query rows, fewer than the max_query declared: the rest of a longer chunk is silently dropped",
                 Verdict::CapacityOverflow,
@@ -112,7 +100,7 @@ pub const TABLE: FaultTable = FaultTable {
         // tests (tests/determinism_ane.rs)
         FaultDecl {
             sweep: SweepValue::NotSampled,
-            ..decl(
+            ..FaultDecl::plain(
                 "ane-mask-fp32-min",
                 "short prefill calls padded with rows that attend to nothing, masked with the fp32 minimum (−inf in fp16): 0/0 NaN in their softmax reaches every row through the state (evidence: the mask, a position past the prompt)",
                 Verdict::NumericOverflow,
@@ -121,7 +109,7 @@ pub const TABLE: FaultTable = FaultTable {
         FaultDecl {
             values: Values::OptionalNumber("GAIN"),
             sweep: SweepValue::NotSampled,
-            ..decl(
+            ..FaultDecl::plain(
                 "ane-norm-fp16",
                 "RMSNorm without its fp32 cast: the sum of squares overflows fp16, the row normalises to zero (GAIN, default 1 = the literal fault, stands in for larger activations; evidence: the layer)",
                 Verdict::NumericOverflow,
@@ -129,7 +117,7 @@ pub const TABLE: FaultTable = FaultTable {
         },
         FaultDecl {
             sweep: SweepValue::NotSampled,
-            ..decl(
+            ..FaultDecl::plain(
                 "ane-state-race",
                 "a call writing more than 16 rows writes the rows past the 16th with low bits that change run to run (seeded per process and call)",
                 Verdict::Nondeterministic,

@@ -17,55 +17,43 @@
 
 use kvprobe_schema::Verdict;
 
-use crate::contract::faults::{Expected, FaultDecl, FaultTable, FaultText, SweepValue, Values};
+use crate::contract::faults::{FaultDecl, FaultTable, FaultText};
 use crate::{Error, Result};
-
-const fn decl(name: &'static str, bug_class: &'static str, verdict: Verdict) -> FaultDecl {
-    FaultDecl {
-        name,
-        values: Values::None,
-        scopes: &[],
-        default_groups: &[],
-        bug_class,
-        expected: Expected::Always(verdict),
-        sweep: SweepValue::None,
-    }
-}
 
 /// The ONNX GenAI family's fault table (`--onnx DIR` with a windowed folder).
 pub const TABLE: FaultTable = FaultTable {
     faults: &[
-        decl(
+        FaultDecl::plain(
             "win-mask-all-valid",
             "the window mask leaves every written slot (pads included) visible to every row",
             Verdict::MaskConvention,
         ),
-        decl(
+        FaultDecl::plain(
             "win-position-stall",
             "position ids not advanced after a window slide",
             Verdict::PositionMismatch,
         ),
-        decl(
+        FaultDecl::plain(
             "win-write-left",
             "new entries written at the wrong (left) end of the right-aligned cache",
             Verdict::CacheOffset,
         ),
-        decl(
+        FaultDecl::plain(
             "win-k-layout",
             "K stored `[H, 1, D, T]` copied as `[H, 1, T, D]`",
             Verdict::CacheLayoutMismatch,
         ),
-        decl(
+        FaultDecl::plain(
             "win-u16-runner",
             "a uint16 runner over the uint8 cache",
             Verdict::CacheQuantization,
         ),
-        decl(
+        FaultDecl::plain(
             "win-capacity-silent",
             "a prompt past the compiled length or generation past capacity continues silently",
             Verdict::CapacityOverflow,
         ),
-        decl(
+        FaultDecl::plain(
             "dec-layer-swap",
             "the past of layers 0 and 1 bound to each other's inputs (default decoder)",
             Verdict::KvBinding,

@@ -14,45 +14,33 @@
 
 use kvprobe_schema::Verdict;
 
-use crate::contract::faults::{Expected, FaultDecl, FaultTable, FaultText, SweepValue, Values};
+use crate::contract::faults::{FaultDecl, FaultTable, FaultText};
 use crate::{Error, Result};
-
-const fn decl(name: &'static str, bug_class: &'static str, verdict: Verdict) -> FaultDecl {
-    FaultDecl {
-        name,
-        values: Values::None,
-        scopes: &[],
-        default_groups: &[],
-        bug_class,
-        expected: Expected::Always(verdict),
-        sweep: SweepValue::None,
-    }
-}
 
 /// The OpenVINO family's fault table (`--openvino DIR`, either plugin).
 pub const TABLE: FaultTable = FaultTable {
     faults: &[
-        decl(
+        FaultDecl::plain(
             "ov-position-shift",
             "position ids one past the truth after the prompt",
             Verdict::PositionMismatch,
         ),
-        decl(
+        FaultDecl::plain(
             "ov-mask-short",
             "the attention_mask one shorter than the K/V after the prompt (KV length off by one)",
             Verdict::MaskConvention,
         ),
-        decl(
+        FaultDecl::plain(
             "ov-stale-state",
             "no state reset between requests: a new request continues the previous one",
             Verdict::StaleCache,
         ),
-        decl(
+        FaultDecl::plain(
             "ov-capacity-silent",
             "a step past the capacity continues silently on the newest half of the context",
             Verdict::CapacityOverflow,
         ),
-        decl(
+        FaultDecl::plain(
             "ov-turn-restart",
             "an appended chat turn fed with position ids restarting at 0",
             Verdict::PositionMismatch,
