@@ -5,6 +5,7 @@
 //! the emulator's fault list (issue 4).
 
 pub mod affected;
+pub mod cache_io;
 pub mod capacity;
 pub mod causality;
 pub mod chat;
