@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use kvprobe_npu::MaskMode;
 use kvprobe_schema::{DeterminismFinding, DeviceDescription, Divergence, RunComparison};
 
+use crate::cache_io;
 use crate::metrics::top1;
 use crate::probe::SecondProcess;
 use crate::session::Session;
@@ -51,7 +52,7 @@ fn fresh_start(s: &mut Session) -> Result<Option<bool>> {
         if !caps.read_cache {
             return Ok(None);
         }
-        let bufs = s.dev.cache_buffers()?;
+        let bufs = cache_io::read(s.dev, "after a state reset (determinism probe)")?;
         return Ok(Some(bufs.values().all(|b| b.iter().all(|&x| x == 0))));
     }
     if !caps.write_cache {
@@ -61,13 +62,13 @@ fn fresh_start(s: &mut Session) -> Result<Option<bool>> {
     if !caps.read_cache {
         return Ok(None);
     }
-    let bufs = s.dev.cache_buffers()?;
+    let bufs = cache_io::read(s.dev, "after the caches were zeroed (determinism probe)")?;
     Ok(Some(bufs.values().all(|b| b.iter().all(|&x| x == 0))))
 }
 
 fn snapshot(s: &mut Session) -> Result<BTreeMap<u32, Vec<u8>>> {
     if s.dev.capabilities().read_cache {
-        Ok(s.dev.cache_buffers()?)
+        cache_io::read(s.dev, "after a recorded run (determinism probe)")
     } else {
         Ok(BTreeMap::new())
     }
