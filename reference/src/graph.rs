@@ -153,7 +153,12 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
 /// The residual add of a block's output `y` (op `op`, rounded first), itself rounded. Returns
 /// the sum before its rounding when the next norm reads that (a fused skip-norm computing in
 /// float32, [`Rounder::skip_sum_f32`]).
-fn add_rounded(x: &mut [f32], mut y: Vec<f32>, op: &'static str, rnd: &Rounder) -> Option<Vec<f32>> {
+fn add_rounded(
+    x: &mut [f32],
+    mut y: Vec<f32>,
+    op: &'static str,
+    rnd: &Rounder,
+) -> Option<Vec<f32>> {
     rnd.round(&mut y, op);
     add_in_place(x, &y);
     let sum = rnd.skip_sum_f32().then(|| x.to_vec());

@@ -63,8 +63,19 @@ const MOVES: &[&str] = &[
 
 /// Ops whose outputs are integers or booleans whatever their inputs.
 const NON_FLOAT_OUT: &[&str] = &[
-    "Shape", "Size", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And",
-    "Or", "ArgMax", "ArgMin", "NonZero",
+    "Shape",
+    "Size",
+    "Equal",
+    "Less",
+    "Greater",
+    "LessOrEqual",
+    "GreaterOrEqual",
+    "Not",
+    "And",
+    "Or",
+    "ArgMax",
+    "ArgMin",
+    "NonZero",
 ];
 
 const NORMS: &[&str] = &[
@@ -175,8 +186,7 @@ impl<'a> Flow<'a> {
         if self.nodes.len() <= 1 {
             return fp16;
         }
-        let needs_cast =
-            |fp16: &[bool], i: usize| !fp16[i] && self.has_fp16_input(&self.nodes[i]);
+        let needs_cast = |fp16: &[bool], i: usize| !fp16[i] && self.has_fp16_input(&self.nodes[i]);
         for i in 0..self.nodes.len() {
             let n = &self.nodes[i];
             if !fp16[i] || n.outputs.iter().any(|o| self.outputs.contains(&o.as_str())) {
@@ -196,7 +206,8 @@ impl<'a> Flow<'a> {
                 .flatten()
                 .copied()
                 .collect();
-            let cast_around = |xs: &[usize]| !xs.is_empty() && xs.iter().all(|&p| needs_cast(&fp16, p));
+            let cast_around =
+                |xs: &[usize]| !xs.is_empty() && xs.iter().all(|&p| needs_cast(&fp16, p));
             if cast_around(&makers) && cast_around(&readers) {
                 fp16[i] = false;
             }
@@ -271,7 +282,11 @@ pub(super) fn derive(g: &OnnxGraph) -> CpuFp16 {
             };
             mark(site, f.read_rounded(i, 0));
             rope_fp16.0 += 1;
-            rope_fp16.1 += usize::from(n.inputs.get(2..4).is_some_and(|cs| cs.iter().all(|c| f.is_fp16(c))));
+            rope_fp16.1 += usize::from(
+                n.inputs
+                    .get(2..4)
+                    .is_some_and(|cs| cs.iter().all(|c| f.is_fp16(c))),
+            );
         } else if ATTENTION.contains(&op) {
             mark("scores", f.fp16[i]);
             mark("softmax", f.fp16[i]);
@@ -309,7 +324,11 @@ pub(super) fn derive(g: &OnnxGraph) -> CpuFp16 {
     }
     for o in &f.outputs {
         if o.starts_with("present") {
-            let site = if o.ends_with("key") { "present k" } else { "present v" };
+            let site = if o.ends_with("key") {
+                "present k"
+            } else {
+                "present v"
+            };
             mark(site, f.is_fp16(o));
         }
     }
@@ -345,35 +364,156 @@ mod tests {
     fn builder_layer(elem: i32) -> OnnxGraph {
         let l = "/model/layers.0";
         let nodes = vec![
-            node("Gather", "/model/embed_tokens/Gather", &["W_emb", "input_ids"], &["e"]),
-            node("SimplifiedLayerNormalization", &format!("{l}/input_layernorm/LayerNorm"), &["e", "W_n1"], &["h"]),
-            node("MatMul", &format!("{l}/attn/q_proj/MatMul"), &["h", "W_q"], &["q"]),
-            node("MatMul", &format!("{l}/attn/k_proj/MatMul"), &["h", "W_k"], &["k"]),
-            node("MatMul", &format!("{l}/attn/v_proj/MatMul"), &["h", "W_v"], &["v"]),
-            node("RotaryEmbedding", &format!("{l}/attn/q_rotary/RotaryEmbedding"), &["q", "position_ids", "cos_cache", "sin_cache"], &["qr"]),
-            node("RotaryEmbedding", &format!("{l}/attn/k_rotary/RotaryEmbedding"), &["k", "position_ids", "cos_cache", "sin_cache"], &["kr"]),
-            node("Reshape", &format!("{l}/attn/k_proj/repeat_kv/Reshape_1"), &["kr", "shape"], &["kr4"]),
-            node("Concat", &format!("{l}/attn/k_proj/repeat_kv/Concat_1"), &["past_key_values.0.key", "kr4"], &["present.0.key"]),
-            node("Reshape", &format!("{l}/attn/k_proj/repeat_kv/Reshape_4"), &["present.0.key", "shape"], &["kk"]),
-            node("Reshape", &format!("{l}/attn/v_proj/repeat_kv/Reshape_1"), &["v", "shape"], &["v4"]),
-            node("Concat", &format!("{l}/attn/v_proj/repeat_kv/Concat_1"), &["past_key_values.0.value", "v4"], &["present.0.value"]),
-            node("Reshape", &format!("{l}/attn/v_proj/repeat_kv/Reshape_4"), &["present.0.value", "shape"], &["vv"]),
-            node("MultiHeadAttention", &format!("{l}/attn/MultiHeadAttention"), &["qr", "kk", "vv"], &["a"]),
-            node("MatMul", &format!("{l}/attn/o_proj/MatMul"), &["a", "W_o"], &["o"]),
-            node("SkipSimplifiedLayerNormalization", &format!("{l}/post_attention_layernorm/SkipLayerNorm"), &["e", "o", "W_n2"], &["h2", "", "", "s"]),
-            node("MatMul", &format!("{l}/mlp/gate_proj/MatMul"), &["h2", "W_g"], &["g"]),
-            node("MatMul", &format!("{l}/mlp/up_proj/MatMul"), &["h2", "W_u"], &["u"]),
-            node("Sigmoid", &format!("{l}/mlp/act_fn/Sigmoid"), &["g"], &["sg"]),
+            node(
+                "Gather",
+                "/model/embed_tokens/Gather",
+                &["W_emb", "input_ids"],
+                &["e"],
+            ),
+            node(
+                "SimplifiedLayerNormalization",
+                &format!("{l}/input_layernorm/LayerNorm"),
+                &["e", "W_n1"],
+                &["h"],
+            ),
+            node(
+                "MatMul",
+                &format!("{l}/attn/q_proj/MatMul"),
+                &["h", "W_q"],
+                &["q"],
+            ),
+            node(
+                "MatMul",
+                &format!("{l}/attn/k_proj/MatMul"),
+                &["h", "W_k"],
+                &["k"],
+            ),
+            node(
+                "MatMul",
+                &format!("{l}/attn/v_proj/MatMul"),
+                &["h", "W_v"],
+                &["v"],
+            ),
+            node(
+                "RotaryEmbedding",
+                &format!("{l}/attn/q_rotary/RotaryEmbedding"),
+                &["q", "position_ids", "cos_cache", "sin_cache"],
+                &["qr"],
+            ),
+            node(
+                "RotaryEmbedding",
+                &format!("{l}/attn/k_rotary/RotaryEmbedding"),
+                &["k", "position_ids", "cos_cache", "sin_cache"],
+                &["kr"],
+            ),
+            node(
+                "Reshape",
+                &format!("{l}/attn/k_proj/repeat_kv/Reshape_1"),
+                &["kr", "shape"],
+                &["kr4"],
+            ),
+            node(
+                "Concat",
+                &format!("{l}/attn/k_proj/repeat_kv/Concat_1"),
+                &["past_key_values.0.key", "kr4"],
+                &["present.0.key"],
+            ),
+            node(
+                "Reshape",
+                &format!("{l}/attn/k_proj/repeat_kv/Reshape_4"),
+                &["present.0.key", "shape"],
+                &["kk"],
+            ),
+            node(
+                "Reshape",
+                &format!("{l}/attn/v_proj/repeat_kv/Reshape_1"),
+                &["v", "shape"],
+                &["v4"],
+            ),
+            node(
+                "Concat",
+                &format!("{l}/attn/v_proj/repeat_kv/Concat_1"),
+                &["past_key_values.0.value", "v4"],
+                &["present.0.value"],
+            ),
+            node(
+                "Reshape",
+                &format!("{l}/attn/v_proj/repeat_kv/Reshape_4"),
+                &["present.0.value", "shape"],
+                &["vv"],
+            ),
+            node(
+                "MultiHeadAttention",
+                &format!("{l}/attn/MultiHeadAttention"),
+                &["qr", "kk", "vv"],
+                &["a"],
+            ),
+            node(
+                "MatMul",
+                &format!("{l}/attn/o_proj/MatMul"),
+                &["a", "W_o"],
+                &["o"],
+            ),
+            node(
+                "SkipSimplifiedLayerNormalization",
+                &format!("{l}/post_attention_layernorm/SkipLayerNorm"),
+                &["e", "o", "W_n2"],
+                &["h2", "", "", "s"],
+            ),
+            node(
+                "MatMul",
+                &format!("{l}/mlp/gate_proj/MatMul"),
+                &["h2", "W_g"],
+                &["g"],
+            ),
+            node(
+                "MatMul",
+                &format!("{l}/mlp/up_proj/MatMul"),
+                &["h2", "W_u"],
+                &["u"],
+            ),
+            node(
+                "Sigmoid",
+                &format!("{l}/mlp/act_fn/Sigmoid"),
+                &["g"],
+                &["sg"],
+            ),
             node("Mul", &format!("{l}/mlp/act_fn/Mul"), &["g", "sg"], &["si"]),
             node("Mul", &format!("{l}/mlp/Mul"), &["si", "u"], &["p"]),
-            node("MatMul", &format!("{l}/mlp/down_proj/MatMul"), &["p", "W_d"], &["d"]),
-            node("SkipSimplifiedLayerNormalization", "/model/layers.1/final_norm_layernorm/SkipLayerNorm", &["s", "d", "W_n"], &["hn"]),
+            node(
+                "MatMul",
+                &format!("{l}/mlp/down_proj/MatMul"),
+                &["p", "W_d"],
+                &["d"],
+            ),
+            node(
+                "SkipSimplifiedLayerNormalization",
+                "/model/layers.1/final_norm_layernorm/SkipLayerNorm",
+                &["s", "d", "W_n"],
+                &["hn"],
+            ),
             node("MatMul", "/lm_head/MatMul", &["hn", "W_lm"], &["logits"]),
         ];
         let mut declared_types: HashMap<String, i32> = [
-            "W_emb", "W_n1", "W_q", "W_k", "W_v", "cos_cache", "sin_cache", "W_o", "W_n2", "W_g",
-            "W_u", "W_d", "W_n", "W_lm", "past_key_values.0.key", "past_key_values.0.value",
-            "logits", "present.0.key", "present.0.value",
+            "W_emb",
+            "W_n1",
+            "W_q",
+            "W_k",
+            "W_v",
+            "cos_cache",
+            "sin_cache",
+            "W_o",
+            "W_n2",
+            "W_g",
+            "W_u",
+            "W_d",
+            "W_n",
+            "W_lm",
+            "past_key_values.0.key",
+            "past_key_values.0.value",
+            "logits",
+            "present.0.key",
+            "present.0.value",
         ]
         .into_iter()
         .map(|s| (s.to_string(), elem))
@@ -385,7 +525,9 @@ mod tests {
             path: "model.onnx".into(),
             nodes,
             inits: HashMap::new(),
-            outputs: ["logits", "present.0.key", "present.0.value"].map(String::from).to_vec(),
+            outputs: ["logits", "present.0.key", "present.0.value"]
+                .map(String::from)
+                .to_vec(),
             declared_types,
         }
     }
@@ -426,8 +568,16 @@ mod tests {
         // cast to float32, so it runs in float32 too; feeding a graph output keeps it fp16
         let mut g = builder_layer(FLOAT16);
         let f = Flow::new(&g);
-        let rope_q = g.nodes.iter().position(|n| n.name.contains("q_rotary")).unwrap();
-        let rope_k = g.nodes.iter().position(|n| n.name.contains("k_rotary")).unwrap();
+        let rope_q = g
+            .nodes
+            .iter()
+            .position(|n| n.name.contains("q_rotary"))
+            .unwrap();
+        let rope_k = g
+            .nodes
+            .iter()
+            .position(|n| n.name.contains("k_rotary"))
+            .unwrap();
         assert!(!f.fp16[rope_q] && f.fp16[rope_k]);
         g.nodes[rope_q].outputs = vec!["qr_out".into()];
         g.outputs.push("qr_out".into());
