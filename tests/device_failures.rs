@@ -22,6 +22,12 @@ enum Misbehave {
     ContextFull,
     /// A refused state reset (`init_cache`: OpenVINO's reset_state, a runtime's cleared state).
     RefuseReset,
+    /// A refused cache read (`get_cache_buffers`) from the `after`-th on.
+    RefuseCacheRead,
+    /// A refused cache write (`update_cache_buffer`) from the `after`-th on.
+    RefuseCacheWrite,
+    /// A refused offset move (`update_cache_offset`) from the `after`-th on.
+    RefuseOffset,
 }
 
 /// A working device that starts to misbehave at its `after`-th run.
@@ -33,6 +39,18 @@ struct Wrapped<D> {
 }
 
 impl<D: Device> Wrapped<D> {
+    /// A runtime status for a call of kind `how` once `after` of them went through.
+    fn refuses(&mut self, how: Misbehave) -> Result<()> {
+        if std::mem::discriminant(&self.how) != std::mem::discriminant(&how) {
+            return Ok(());
+        }
+        if self.after == 0 {
+            return Err(Error::Device("the runtime returned status 74".into()));
+        }
+        self.after -= 1;
+        Ok(())
+    }
+
     fn answer(&mut self, out: Result<RunOutput>) -> Result<RunOutput> {
         self.runs += 1;
         if self.runs <= self.after {
@@ -45,7 +63,7 @@ impl<D: Device> Wrapped<D> {
             }),
             Misbehave::Refuse => Err(Error::Device("the runtime returned status 74".into())),
             Misbehave::ContextFull => Err(Error::ContextFull { max_ctx: 48 }),
-            Misbehave::RefuseReset => out,
+            _ => out,
         }
     }
 }
@@ -71,12 +89,15 @@ impl<D: Device> Device for Wrapped<D> {
         self.inner.init_cache(read_offset)
     }
     fn update_cache_offset(&mut self, delta: i32) -> Result<()> {
+        self.refuses(Misbehave::RefuseOffset)?;
         self.inner.update_cache_offset(delta)
     }
     fn cache_buffers(&mut self) -> Result<BTreeMap<u32, Vec<u8>>> {
+        self.refuses(Misbehave::RefuseCacheRead)?;
         self.inner.cache_buffers()
     }
     fn write_cache_buffer(&mut self, cache_id: u32, bytes: &[u8]) -> Result<()> {
+        self.refuses(Misbehave::RefuseCacheWrite)?;
         self.inner.write_cache_buffer(cache_id, bytes)
     }
 }
@@ -157,4 +178,67 @@ fn a_context_full_answer_is_still_a_capacity_refusal() {
         .is_capacity_refusal());
     // the driver's own check (the user's --steps past the context) stays the user's
     assert_eq!(Error::ContextFull { max_ctx: 9 }.origin(), Origin::User);
+}
+
+/// The emulator behind `how`, refusing from its `after`-th call of that kind on.
+fn refusing(how: Misbehave, after: usize) -> (Arc<kvprobe_reference::Model>, Wrapped<SimDevice>) {
+    let m = Arc::new(kvprobe_reference::Model::load(&fixture("llama", 5)).unwrap());
+    let opts = SimOptions {
+        cache_len: 48,
+        prefill_len: 8,
+        ..SimOptions::default()
+    };
+    let inner = SimDevice::new(m.clone(), opts).unwrap();
+    let dev = Wrapped {
+        inner,
+        how,
+        after,
+        runs: 0,
+    };
+    (m, dev)
+}
+
+/// A probe's error that must be the device's, named with the step.
+fn probe_error_is_the_devices(e: kvprobe_probes::Error, step: &str) {
+    assert_eq!(e.exit_code(), 3, "{e}");
+    match e {
+        kvprobe_probes::Error::Npu(e) => is_the_devices(&e, "emulator", step),
+        e => panic!("not the device's typed error: {e}"),
+    }
+}
+
+#[test]
+fn a_cache_read_the_device_refuses_is_the_devices_error_naming_the_step() {
+    // the layout probe reads the rings after the prompt's prefill: it was "device error: …"
+    let (m, mut dev) = refusing(Misbehave::RefuseCacheRead, 0);
+    let ids = vec![3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+    let mut s =
+        kvprobe_probes::Session::new(&m, &mut dev, ids, &kvprobe_probes::NoProgress).unwrap();
+    let e = kvprobe_probes::layout::run(&mut s).unwrap_err();
+    probe_error_is_the_devices(e, "cache read after the prompt's prefill (layout probe)");
+}
+
+#[test]
+fn a_cache_write_the_device_refuses_is_the_devices_error_naming_the_step() {
+    // zeroing the rings (every probe that reads never-written entries starts there): the second
+    // cache's write fails
+    let (m, mut dev) = refusing(Misbehave::RefuseCacheWrite, 1);
+    let ids = vec![3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+    let mut s =
+        kvprobe_probes::Session::new(&m, &mut dev, ids, &kvprobe_probes::NoProgress).unwrap();
+    let e = s.clear_rings().unwrap_err();
+    probe_error_is_the_devices(e, "cache write of cache 1 zeroing the caches");
+}
+
+#[test]
+fn a_step_back_the_device_refuses_is_the_devices_error() {
+    // the driver's update_cache_offset(-1) after a trial step: it was a bare "device error: …"
+    let (_, mut dev) = refusing(Misbehave::RefuseOffset, usize::MAX);
+    let mut drv = dev.inner.driver().unwrap();
+    drv.reset(&mut dev).unwrap();
+    drv.prefill(&mut dev, &[3, 4, 5]).unwrap();
+    drv.step(&mut dev, 6, &MaskMode::Ring).unwrap();
+    dev.after = 0;
+    let e = drv.step_back(&mut dev).unwrap_err();
+    is_the_devices(&e, "emulator", "step back");
 }

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use kvprobe_schema::{CausalLeak, CausalityFinding};
 
+use crate::cache_io;
 use crate::rings::{cache_infos, dequantize_entry, CacheInfo};
 use crate::session::Session;
 use crate::{metrics::cosine, Result};
@@ -118,7 +119,11 @@ fn perturb(s: &mut Session, perturbed: &[usize], infos: &[CacheInfo]) -> Result<
     let ids = s.ids.clone();
     s.clear_rings()?;
     let base_out = s.prefill(&ids)?;
-    let base = entries(&s.dev.cache_buffers()?, infos, l);
+    let base = entries(
+        &cache_io::read(s.dev, "after the prompt's prefill (causality probe)")?,
+        infos,
+        l,
+    );
     s.progress.inc(1);
     let mut changes: Vec<Vec<Vec<f64>>> = Vec::with_capacity(perturbed.len());
     let mut replacement_tokens = Vec::with_capacity(perturbed.len());
@@ -132,7 +137,14 @@ fn perturb(s: &mut Session, perturbed: &[usize], infos: &[CacheInfo]) -> Result<
         s.driver.set_host_state(host0.clone());
         let out = s.prefill(&alt)?;
         final_logits_cosine.push(cosine(&out.logits, &base_out.logits));
-        let now = entries(&s.dev.cache_buffers()?, infos, l);
+        let now = entries(
+            &cache_io::read(
+                s.dev,
+                "after a perturbed prompt's prefill (causality probe)",
+            )?,
+            infos,
+            l,
+        );
         alt_entries.push(first_layer_only(&now, infos));
         changes.push(
             now.iter()

@@ -58,7 +58,22 @@ pub fn attach(s: &mut Session, d: Outcome<'_>) -> Result<()> {
         seconds: t.elapsed().as_secs_f64(),
     });
     crate::probe::store_extra(d.probes, "chat", &f)?;
+    // a host wiring that reproduces the diverging turns within the declared precision
+    let named = f
+        .fit
+        .as_ref()
+        .and_then(|w| w.cause().map(|c| (w.wiring.verdict(), c)));
     match chat::evidence(&f) {
+        Some(line) if named.is_some() => {
+            let (verdict, cause) = named.unwrap_or((Verdict::Unknown, String::new()));
+            *d.verdict = verdict;
+            *d.confidence = 0.8;
+            d.evidence.insert(0, format!("→ chat: {cause}"));
+            d.evidence.insert(
+                1,
+                format!("{line}; every single-request control passed, so `healthy` does not stand"),
+            );
+        }
         Some(line) => {
             *d.verdict = Verdict::Unknown;
             *d.confidence = 0.3;

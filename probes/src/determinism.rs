@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use kvprobe_npu::MaskMode;
 use kvprobe_schema::{DeterminismFinding, DeviceDescription, Divergence, RunComparison};
 
+use crate::cache_io;
 use crate::metrics::top1;
 use crate::probe::SecondProcess;
 use crate::session::Session;
@@ -51,7 +52,7 @@ fn fresh_start(s: &mut Session) -> Result<Option<bool>> {
         if !caps.read_cache {
             return Ok(None);
         }
-        let bufs = s.dev.cache_buffers()?;
+        let bufs = cache_io::read(s.dev, "after a state reset (determinism probe)")?;
         return Ok(Some(bufs.values().all(|b| b.iter().all(|&x| x == 0))));
     }
     if !caps.write_cache {
@@ -61,13 +62,13 @@ fn fresh_start(s: &mut Session) -> Result<Option<bool>> {
     if !caps.read_cache {
         return Ok(None);
     }
-    let bufs = s.dev.cache_buffers()?;
+    let bufs = cache_io::read(s.dev, "after the caches were zeroed (determinism probe)")?;
     Ok(Some(bufs.values().all(|b| b.iter().all(|&x| x == 0))))
 }
 
 fn snapshot(s: &mut Session) -> Result<BTreeMap<u32, Vec<u8>>> {
     if s.dev.capabilities().read_cache {
-        Ok(s.dev.cache_buffers()?)
+        cache_io::read(s.dev, "after a recorded run (determinism probe)")
     } else {
         Ok(BTreeMap::new())
     }
@@ -103,6 +104,37 @@ pub fn record(s: &mut Session, steps: usize, tokens: &[u32]) -> Result<Recording
         s.progress.inc(1);
     }
     Ok(rec)
+}
+
+/// The first step of [`record`]'s request, its logits only: a fresh start, then the prompt's
+/// prefill. [`next_logits`] continues it (a replay compares logits only, step by step).
+pub fn start_logits(s: &mut Session) -> Result<Vec<f32>> {
+    fresh_start(s)?;
+    let ids = s.ids.clone();
+    let out = s.driver.prefill(s.dev, &ids)?;
+    s.progress.inc(1);
+    Ok(out.logits)
+}
+
+/// The request's next tbt step on `token`, its logits only.
+pub fn next_logits(s: &mut Session, token: u32) -> Result<Vec<f32>> {
+    s.require_tbt("determinism")?;
+    let out = s.driver.step(s.dev, token, &MaskMode::Ring)?;
+    s.progress.inc(1);
+    Ok(out.logits)
+}
+
+/// The logits of [`record`]'s request without its cache bytes.
+pub fn record_logits(s: &mut Session, steps: usize, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    let mut logits = vec![start_logits(s)?];
+    for step in 1..steps.max(1) {
+        let token = tokens
+            .get(step - 1)
+            .copied()
+            .unwrap_or_else(|| top1(&logits[step - 1]));
+        logits.push(next_logits(s, token)?);
+    }
+    Ok(logits)
 }
 
 fn put_u32s(out: &mut Vec<u8>, v: impl IntoIterator<Item = u32>) {

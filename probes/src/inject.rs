@@ -11,6 +11,7 @@ use kvprobe_npu::mask::{left_valid_row, ring_rows};
 use kvprobe_npu::MaskMode;
 use kvprobe_schema::{CacheKind, InjectFinding, LogitComparison, PartialSwap};
 
+use crate::cache_io;
 use crate::inject_layout::Locator;
 use crate::metrics::compare;
 use crate::rings::{cache_infos, quantize_entry, reference_entries, CacheInfo};
@@ -39,7 +40,7 @@ pub fn run_with(s: &mut Session, search_gap: f64) -> Result<InjectFinding> {
         &first.reference,
     );
     s.progress.inc(1);
-    let original = s.dev.cache_buffers()?;
+    let original = cache_io::read(s.dev, "after the first tbt step (inject probe)")?;
     let prompt = s.prompt_ref()?;
     let nh = s.model.config().n_heads;
     let mut refs = BTreeMap::new();
@@ -117,9 +118,11 @@ pub fn run_with(s: &mut Session, search_gap: f64) -> Result<InjectFinding> {
     } else {
         None
     };
-    for (id, bytes) in &original {
-        s.dev.write_cache_buffer(*id, bytes)?;
-    }
+    cache_io::write_all(
+        s.dev,
+        &original,
+        "restoring the device's own bytes (inject probe)",
+    )?;
     Ok(InjectFinding {
         device_rings,
         golden,
@@ -161,8 +164,13 @@ fn partial_swap(
             } else {
                 Swap::No
             };
-            s.dev
-                .write_cache_buffer(info.cache_id, &ring_bytes(infos, refs, info, sw, n, l))?;
+            let bytes = ring_bytes(infos, refs, info, sw, n, l);
+            cache_io::write(
+                s.dev,
+                info.cache_id,
+                &bytes,
+                "of reference entries (inject probe)",
+            )?;
         }
         Ok(())
     };
@@ -288,8 +296,13 @@ fn run_with_rings(
     mode: &MaskMode,
 ) -> Result<LogitComparison> {
     for info in infos {
-        s.dev
-            .write_cache_buffer(info.cache_id, &ring_bytes(infos, refs, info, swap, n, l))?;
+        let bytes = ring_bytes(infos, refs, info, swap, n, l);
+        cache_io::write(
+            s.dev,
+            info.cache_id,
+            &bytes,
+            "of reference entries (inject probe)",
+        )?;
     }
     let out = s.driver.trial_step(s.dev, q, mode)?;
     Ok(compare(&out.logits, reference))

@@ -18,6 +18,7 @@ use kvprobe_schema::{
 
 use kvprobe_reference::KvState;
 
+use crate::cache_io;
 use crate::metrics::compare;
 use crate::rings::{dequantize_entry, reference_entries, CacheInfo};
 use crate::session::Session;
@@ -94,7 +95,7 @@ impl Locator {
     /// in the other one: the step binds that layer's rings crosswise (`kv-swap` writes through
     /// the same binding it reads with).
     pub(crate) fn crosswise(&self, s: &mut Session, infos: &[CacheInfo]) -> Result<Vec<usize>> {
-        let rings = s.dev.cache_buffers()?;
+        let rings = cache_io::read(s.dev, "after a tbt step (inject probe's binding search)")?;
         let mut votes = vec![0usize; self.n_layers];
         let mut values = Vec::new();
         for (i, info) in infos.iter().enumerate() {
@@ -160,7 +161,7 @@ impl Locator {
     /// Per layer, the relative L2 distance of what the last step wrote (K and V together) from
     /// the reference.
     fn layer_errors(&self, s: &mut Session, infos: &[CacheInfo]) -> Result<Vec<f64>> {
-        let rings = s.dev.cache_buffers()?;
+        let rings = cache_io::read(s.dev, "after a tbt step (inject probe's layer search)")?;
         let (mut diff, mut norm) = (vec![0.0f64; self.n_layers], vec![0.0f64; self.n_layers]);
         let mut values = Vec::new();
         for (info, want) in infos.iter().zip(&self.entries) {
@@ -391,7 +392,8 @@ impl Search<'_> {
                     Some(lay) => self.reencoded(i, lay),
                     None => self.golden[&self.infos[i].cache_id].clone(),
                 };
-                s.dev.write_cache_buffer(self.infos[i].cache_id, &bytes)?;
+                let step = "of re-encoded entries (inject probe's layout search)";
+                cache_io::write(s.dev, self.infos[i].cache_id, &bytes, step)?;
                 self.written[i] = Some(want);
             }
         }
@@ -404,10 +406,9 @@ impl Search<'_> {
     fn restore(&mut self, s: &mut Session) -> Result<()> {
         for i in 0..self.infos.len() {
             if self.written[i].is_some_and(|w| w.is_some()) {
-                s.dev.write_cache_buffer(
-                    self.infos[i].cache_id,
-                    &self.golden[&self.infos[i].cache_id],
-                )?;
+                let id = self.infos[i].cache_id;
+                let step = "restoring the golden entries (inject probe's layout search)";
+                cache_io::write(s.dev, id, &self.golden[&id], step)?;
                 self.written[i] = Some(None);
             }
         }

@@ -20,6 +20,7 @@ use kvprobe_schema::{
     CacheKind, DeviceDescription, KvdiffFinding, KvdiffRotation, KvdiffStep, RuntimeKind,
 };
 
+use crate::cache_io;
 use crate::kvdiff_cache::{CacheView, KvRef, Rows};
 use crate::kvdiff_compare::{self as cmp, Cells, Point, Rounding};
 use crate::matched::{drive, Precision};
@@ -173,12 +174,14 @@ fn device_run(s: &mut Session, view: &CacheView, steps: usize) -> Result<DeviceR
     let layers = s.model.config().n_layers;
     let out = s.prefill_prompt()?;
     let mut ids = vec![top1(&out.logits)];
-    let mut points = vec![view.rows(&s.dev.cache_buffers()?, layers, n, n - 1)?];
+    let rings = cache_io::read(s.dev, "after the prompt's prefill (kvdiff probe)")?;
+    let mut points = vec![view.rows(&rings, layers, n, n - 1)?];
     s.progress.inc(1);
     for step in 1..steps {
         let o = s.driver.step(s.dev, ids[step - 1], &MaskMode::Ring)?;
         ids.push(top1(&o.logits));
-        points.push(view.rows(&s.dev.cache_buffers()?, layers, n, n - 1 + step)?);
+        let rings = cache_io::read(s.dev, &format!("after decode step {step} (kvdiff probe)"))?;
+        points.push(view.rows(&rings, layers, n, n - 1 + step)?);
     }
     Ok(DeviceRun { points, ids })
 }

@@ -10,6 +10,7 @@
 use kvprobe_npu::layout::{check_supported, decode, StreamShape};
 use kvprobe_schema::{Layout, LayoutCache, LayoutFinding, LayoutScore};
 
+use crate::cache_io;
 use crate::metrics::pearson;
 use crate::rings::{cache_infos, codes, reference_entries, CacheInfo};
 use crate::session::Session;
@@ -26,7 +27,7 @@ pub fn run(s: &mut Session) -> Result<LayoutFinding> {
     s.progress.phase("layout", infos.len() as u64 + 1);
     let prompt = s.prompt_ref()?;
     s.prefill_prompt()?;
-    let rings = s.dev.cache_buffers()?;
+    let rings = cache_io::read(s.dev, "after the prompt's prefill (layout probe)")?;
     s.progress.inc(1);
     let l = g.cache_len as i64;
     let search: Vec<i64> = if g.cache_len <= FULL_SEARCH_MAX {

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use kvprobe_npu::quant::{dequantize, is_identity};
 use kvprobe_schema::{InferredCache, LayoutInferFinding};
 
+use crate::cache_io;
 use crate::rings::{cache_infos, reference_entries, CacheInfo};
 use crate::session::Session;
 use crate::{Error, Result};
@@ -53,7 +54,7 @@ pub fn run(s: &mut Session) -> Result<LayoutInferFinding> {
     let used = g.prompt_len.min(g.prefill_len);
     let ids = s.ids[..used].to_vec();
     s.prefill(&ids)?;
-    let rings = s.dev.cache_buffers()?;
+    let rings = cache_io::read(s.dev, "after one prefill chunk (layout --infer)")?;
     s.progress.inc(1);
     let nh = s.model.config().n_heads;
     let head_dim = s.describe().shape.head_dim;

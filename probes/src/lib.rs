@@ -5,6 +5,7 @@
 //! the emulator's fault list (issue 4).
 
 pub mod affected;
+pub mod cache_io;
 pub mod capacity;
 pub mod causality;
 pub mod chat;
@@ -42,6 +43,7 @@ pub mod splits;
 pub mod stale;
 pub mod statecheck;
 pub mod thresholds;
+pub mod wiring_fit;
 pub mod ztap;
 
 /// The stateful rules under their former module name (the CLI reads `NOT_APPLICABLE`).

@@ -168,8 +168,8 @@ impl<'a> Session<'a> {
     pub fn clear_rings(&mut self) -> Result<()> {
         let l = self.dev.describe().cache_len;
         for info in crate::rings::cache_infos(self.dev.describe())? {
-            self.dev
-                .write_cache_buffer(info.cache_id, &vec![0u8; l * info.padded_entry_size])?;
+            let zeros = vec![0u8; l * info.padded_entry_size];
+            crate::cache_io::write(self.dev, info.cache_id, &zeros, "zeroing the caches")?;
         }
         Ok(())
     }

@@ -12,8 +12,6 @@
 //! `Driver::reset`, against that request on its own: with a reset it must not depend on the
 //! first (the rings keep the first request's bytes, contract §2.10, only the mask hides them).
 
-use std::collections::BTreeMap;
-
 use kvprobe_npu::{Device, HostState, MaskMode};
 use kvprobe_schema::{BackToBack, StaleFinding, StaleLeak, StaleStep};
 
@@ -94,7 +92,7 @@ fn poison_magnitude(infos: &[CacheInfo]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-type Rings = BTreeMap<u32, Vec<u8>>;
+use crate::cache_io::{self, Rings};
 
 /// `base` with the poison written into `slots` of every ring.
 fn poisoned(base: &Rings, infos: &[CacheInfo], slots: &[usize]) -> Rings {
@@ -115,10 +113,7 @@ fn poisoned(base: &Rings, infos: &[CacheInfo], slots: &[usize]) -> Rings {
 }
 
 fn write_rings(dev: &mut dyn Device, rings: &Rings) -> Result<()> {
-    for (id, bytes) in rings {
-        dev.write_cache_buffer(*id, bytes)?;
-    }
-    Ok(())
+    cache_io::write_all(dev, rings, "of poisoned or restored entries (stale probe)")
 }
 
 /// Slots that still hold the poison in every ring (not overwritten by a device write yet).
@@ -203,7 +198,7 @@ pub fn run(s: &mut Session, opts: &StaleOptions) -> Result<StaleFinding> {
     s.clear_rings()?;
     s.driver.set_host_state(host0.clone());
     let out = s.prefill(&ids)?;
-    let clean_rings = s.dev.cache_buffers()?;
+    let clean_rings = cache_io::read(s.dev, "after the clean prefill (stale probe)")?;
     let mut tokens = vec![top1(&out.logits)];
     let mut clean = Vec::with_capacity(steps);
     for k in 0..steps {
@@ -217,7 +212,7 @@ pub fn run(s: &mut Session, opts: &StaleOptions) -> Result<StaleFinding> {
     s.clear_rings()?;
     s.driver.set_host_state(host0.clone());
     s.prefill(&ids)?;
-    let after_prefill = s.dev.cache_buffers()?;
+    let after_prefill = cache_io::read(s.dev, "after the prefill to poison (stale probe)")?;
     write_rings(s.dev, &poisoned(&after_prefill, &infos, &all_slots))?;
     let mut rows = Vec::with_capacity(steps);
     let mut first_moved = None;
@@ -306,7 +301,7 @@ fn locate(
     token: u32,
     opts: &StaleOptions,
 ) -> Result<Search> {
-    let now = s.dev.cache_buffers()?;
+    let now = cache_io::read(s.dev, "after a poisoned step (stale probe)")?;
     let live = still_poisoned(&now, infos, poisoned_slots);
     // the same rings with every live poison reverted to the clean run's bytes
     let mut base = now.clone();

@@ -10,6 +10,7 @@ use kvprobe_npu::MaskMode;
 use kvprobe_reference::{KeySet, LayerKv};
 use kvprobe_schema::{OverflowFinding, StateFinding};
 
+use crate::cache_io;
 use crate::metrics::cosine;
 use crate::session::{append, window_step, Session};
 use crate::{Error, Result};
@@ -44,7 +45,7 @@ fn shape(s: &Session) -> Shape {
 pub fn overflow(s: &mut Session, logits: &[f32]) -> Result<OverflowFinding> {
     let logits_finite = logits.iter().all(|x| x.is_finite());
     let sh = shape(s);
-    let bufs = s.dev.cache_buffers()?;
+    let bufs = cache_io::read(s.dev, "after the prompt's prefill (state overflow scan)")?;
     let mut first: Option<(usize, usize)> = None; // (state layer, position)
     'layers: for l in 0..sh.layers {
         let mut best: Option<usize> = None;
@@ -190,7 +191,7 @@ pub fn back_to_back(s: &mut Session) -> Result<BackToBack> {
 /// Positions the last prefill wrote (layer-0 K non-zero in every KV head), on fresh states.
 pub fn written_positions(s: &mut Session) -> Result<Vec<usize>> {
     let sh = shape(s);
-    let bufs = s.dev.cache_buffers()?;
+    let bufs = cache_io::read(s.dev, "after a fresh prefill (state positions)")?;
     let k0 = bufs
         .get(&0)
         .ok_or_else(|| Error::Device("the device exposes no state 0".into()))?;
@@ -227,7 +228,7 @@ fn write_reference(s: &mut Session, layers: &[LayerKv], swapped: bool) -> Result
                 }
             }
             let bytes: Vec<u8> = st.iter().flat_map(|x| x.to_le_bytes()).collect();
-            s.dev.write_cache_buffer(id, &bytes)?;
+            cache_io::write(s.dev, id, &bytes, "of the reference K/V (state check)")?;
         }
     }
     Ok(())

@@ -11,6 +11,7 @@ use kvprobe_npu::quant::dequantize;
 use kvprobe_npu::MaskMode;
 use kvprobe_schema::{GroupKind, ZtapCache, ZtapFinding};
 
+use crate::cache_io;
 use crate::rings::cache_infos;
 use crate::session::Session;
 use crate::Result;
@@ -67,7 +68,7 @@ pub fn run(s: &mut Session) -> Result<ZtapFinding> {
         s.clear_rings()?;
         let prefill = s.prefill_prompt()?;
         s.progress.inc(1);
-        let rings = s.dev.cache_buffers()?;
+        let rings = cache_io::read(s.dev, "after the prompt's prefill (ztap probe)")?;
         s.progress.inc(1);
         tbt_written = tbt_written_maps(s, &infos, &rings, &prefill.logits)?;
         let l = g.cache_len;
@@ -143,7 +144,7 @@ fn tbt_written_maps(
         let out = s.driver.step(s.dev, token, &MaskMode::Ring)?;
         token = kvprobe_npu::argmax(&out.logits);
     }
-    let after = s.dev.cache_buffers()?;
+    let after = cache_io::read(s.dev, "after the tbt steps (ztap probe)")?;
     let mut maps = Vec::new();
     for info in infos {
         let (Some(a), Some(b)) = (before.get(&info.cache_id), after.get(&info.cache_id)) else {

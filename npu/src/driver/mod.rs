@@ -295,7 +295,12 @@ impl Driver {
         // Both ring paths (tbt, or a 1-token prefill chunk) advanced R by exactly one; a stateful
         // device has no offset (the slot the step wrote is rewritten by the next step).
         if self.caps.ring_offset {
-            dev.update_cache_offset(-1)?;
+            dev.update_cache_offset(-1).map_err(|e| {
+                e.by_device(
+                    &dev.describe().backend,
+                    "step back (update_cache_offset(-1))",
+                )
+            })?;
         }
         self.state = saved;
         Ok(())
