@@ -203,7 +203,10 @@ impl Fits {
         let mut rings: Vec<RingScope> = Vec::new();
         for (r, groups) in named.into_iter().filter(|(r, _)| !r.is_empty()) {
             let first = first_layer(&r);
-            let scopes = [Some(RingScope::of(&r, groups.clone(), n_layers)), first.map(|f| RingScope::of(&f, groups, n_layers))];
+            let scopes = [
+                Some(RingScope::of(&r, groups.clone(), n_layers)),
+                first.map(|f| RingScope::of(&f, groups, n_layers)),
+            ];
             for scope in scopes.into_iter().flatten() {
                 if !rings.contains(&scope) {
                     rings.push(scope);
@@ -262,7 +265,13 @@ impl Fits {
 fn first_layer(rings: &[Ring]) -> Option<Vec<Ring>> {
     let lowest = rings.iter().filter_map(|r| r.0).min()?;
     let more = rings.iter().any(|r| r.0 != Some(lowest));
-    more.then(|| rings.iter().filter(|r| r.0 == Some(lowest)).copied().collect())
+    more.then(|| {
+        rings
+            .iter()
+            .filter(|r| r.0 == Some(lowest))
+            .copied()
+            .collect()
+    })
 }
 
 /// The bytes a truncating writer kept of `c`'s entries: the columns before its trailing run
@@ -397,7 +406,10 @@ mod tests {
         assert!(RingScope::of(&rings, vec![], 2).layers.is_empty());
         assert_eq!(RingScope::of(&first, vec![], 2).layers, vec![0]);
         // one layer named (both kinds) or no layer at all: nothing narrower
-        assert_eq!(first_layer(&[(Some(3), k), (Some(3), Some(CacheKind::V))]), None);
+        assert_eq!(
+            first_layer(&[(Some(3), k), (Some(3), Some(CacheKind::V))]),
+            None
+        );
         assert_eq!(first_layer(&[(None, k)]), None);
     }
 

@@ -19,10 +19,10 @@ pub use super::fits::Fits;
 use super::fits::{hypothesis, scopes};
 pub use super::replayer::Replayer;
 use crate::determinism::{next_logits, start_logits};
-use crate::thresholds::STEP_NOISE_FLOOR;
 use crate::metrics::cosine;
 use crate::progress::NoProgress;
 use crate::session::Session;
+use crate::thresholds::STEP_NOISE_FLOOR;
 
 /// At most this many hypotheses are replayed per diagnosis (each builds an emulator and runs
 /// the prompt and every greedy step): the `diagnose` benchmark's budget, not a decision.
@@ -147,8 +147,10 @@ pub(super) fn median(mut v: Vec<f64>) -> Option<f64> {
 /// noise floor) and at most 1/`PRECISION_RATIO` of the healthy hypothesis' median miss (the
 /// ratio a stage must leave the matched reference by to fail).
 pub fn judge(fault: FaultHypothesis, steps: Vec<ReplayStep>) -> Replay {
-    let healthy: Vec<(Option<f64>, Option<f64>)> =
-        steps.iter().map(|s| (s.healthy_miss, s.precision)).collect();
+    let healthy: Vec<(Option<f64>, Option<f64>)> = steps
+        .iter()
+        .map(|s| (s.healthy_miss, s.precision))
+        .collect();
     judge_over(fault, steps, &healthy)
 }
 
@@ -292,7 +294,11 @@ pub(super) fn replay_one(
             break;
         }
     }
-    Ok(judge_over(fault.clone(), steps, &healthy[..k.min(healthy.len())]))
+    Ok(judge_over(
+        fault.clone(),
+        steps,
+        &healthy[..k.min(healthy.len())],
+    ))
 }
 
 /// Per greedy step, the healthy hypothesis' miss against the device (the matched reference's,
