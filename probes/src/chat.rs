@@ -87,6 +87,10 @@ pub struct ChatFinding {
     pub fresh: Option<FreshControl>,
     /// The precision-matched reference's description, when the device declares one.
     pub matched: Option<String>,
+    /// At a divergence: the host wiring that reproduces the diverging turns best, on the
+    /// reference side (`crate::wiring_fit`, over the rows from the diverging turn on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit: Option<crate::wiring_fit::WiringFit>,
 }
 
 /// The later turns' tokens: chat-template wrapped when the vocabulary has ChatML's markers.
@@ -205,6 +209,10 @@ pub fn run_turns(s: &mut Session, steps: usize, turns: usize) -> Result<ChatFind
         _ => None,
     };
     s.progress.inc(1);
+    let fit = match &first_divergence {
+        Some(d) => wiring_fit(s, &seq, &rows, &all, &starts, d.turn)?,
+        None => None,
+    };
     let turns = split_turns(s, &rows, all, &starts, &messages);
     Ok(ChatFinding {
         turns,
@@ -215,7 +223,50 @@ pub fn run_turns(s: &mut Session, steps: usize, turns: usize) -> Result<ChatFind
         first_divergence,
         fresh,
         matched: summary.map(|m| m.precision),
+        fit,
     })
+}
+
+/// The wiring fit over the rows from the diverging turn `from` on; the graph's own arithmetic is
+/// the miss of the conversation's first row (the prompt's prefill from a reset reads no cache).
+fn wiring_fit(
+    s: &Session,
+    seq: &[u32],
+    rows: &[Row],
+    all: &[GreedyStep],
+    starts: &[usize],
+    from: usize,
+) -> Result<Option<crate::wiring_fit::WiringFit>> {
+    use crate::wiring_fit::{fit, healthy_and_precision, Rows, CHAT};
+    // an appended turn's piece runs from its start to its first generated row
+    let turns: Vec<(usize, usize)> = (1..starts.len())
+        .filter_map(|t| {
+            let first = rows.iter().find(|r| r.turn == t + 1)?;
+            Some((starts[t], first.position + 1 - starts[t]))
+        })
+        .collect();
+    let layout = Rows {
+        // turn 1's first row is the prompt's last
+        prompt: rows.first().map_or(seq.len(), |r| r.position + 1),
+        t: seq.len(),
+        window: seq.len(),
+        turns: &turns,
+    };
+    let compared: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].turn >= from).collect();
+    let steps: Vec<&GreedyStep> = compared.iter().map(|&i| &all[i]).collect();
+    let device: Vec<(usize, &[f32])> = compared
+        .iter()
+        .map(|&i| (rows[i].position, rows[i].logits.as_slice()))
+        .collect();
+    let noise = all.first().map_or(0.0, |x| 1.0 - x.comparison.cosine);
+    fit(
+        s.model,
+        seq,
+        &layout,
+        &CHAT,
+        &device,
+        healthy_and_precision(&steps, noise),
+    )
 }
 
 /// Why a compared row does not agree with the reference, if it does not: a top-1 flip the
@@ -401,6 +452,9 @@ pub fn evidence(f: &ChatFinding) -> Option<String> {
             not_run: Some(why), ..
         }) => line.push_str(&format!("; fresh-request control not run ({why})")),
         _ => {}
+    }
+    if let Some(fit) = &f.fit {
+        line.push_str(&format!("; {}", fit.line()));
     }
     Some(line)
 }

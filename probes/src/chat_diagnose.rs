@@ -58,8 +58,23 @@ pub fn attach(s: &mut Session, d: Outcome<'_>) -> Result<()> {
         seconds: t.elapsed().as_secs_f64(),
     });
     crate::probe::store_extra(d.probes, "chat", &f)?;
-    match chat::evidence(&f) {
-        Some(line) => {
+    // a host wiring that reproduces the diverging turns within the declared precision
+    let named = f
+        .fit
+        .as_ref()
+        .and_then(|w| w.cause().map(|c| (w.wiring.verdict(), c)));
+    let line = chat::evidence(&f);
+    match (line, named) {
+        (Some(line), Some((verdict, cause))) => {
+            *d.verdict = verdict;
+            *d.confidence = 0.8;
+            d.evidence.insert(0, format!("→ chat: {cause}"));
+            d.evidence.insert(
+                1,
+                format!("{line}; every single-request control passed, so `healthy` does not stand"),
+            );
+        }
+        (Some(line), None) => {
             *d.verdict = Verdict::Unknown;
             *d.confidence = 0.3;
             d.evidence.insert(
@@ -67,11 +82,11 @@ pub fn attach(s: &mut Session, d: Outcome<'_>) -> Result<()> {
                 format!("{line}; every single-request control passed, so `healthy` does not stand"),
             );
         }
-        None if f.turns.len() < 2 => d.evidence.push(format!(
+        (None, _) if f.turns.len() < 2 => d.evidence.push(format!(
             "chat: only the first turn ran, nothing was appended ({})",
             f.not_run.as_deref().unwrap_or("the context is full")
         )),
-        None => {
+        (None, _) => {
             let rows: usize = f.turns.iter().map(|t| t.steps.len()).sum();
             let min = f.turns.iter().map(|t| t.min_cosine).fold(1.0, f64::min);
             d.evidence.push(format!(

@@ -106,6 +106,37 @@ pub fn record(s: &mut Session, steps: usize, tokens: &[u32]) -> Result<Recording
     Ok(rec)
 }
 
+/// The first step of [`record`]'s request, its logits only: a fresh start, then the prompt's
+/// prefill. [`next_logits`] continues it (a replay compares logits only, step by step).
+pub fn start_logits(s: &mut Session) -> Result<Vec<f32>> {
+    fresh_start(s)?;
+    let ids = s.ids.clone();
+    let out = s.driver.prefill(s.dev, &ids)?;
+    s.progress.inc(1);
+    Ok(out.logits)
+}
+
+/// The request's next tbt step on `token`, its logits only.
+pub fn next_logits(s: &mut Session, token: u32) -> Result<Vec<f32>> {
+    s.require_tbt("determinism")?;
+    let out = s.driver.step(s.dev, token, &MaskMode::Ring)?;
+    s.progress.inc(1);
+    Ok(out.logits)
+}
+
+/// The logits of [`record`]'s request without its cache bytes.
+pub fn record_logits(s: &mut Session, steps: usize, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    let mut logits = vec![start_logits(s)?];
+    for step in 1..steps.max(1) {
+        let token = tokens
+            .get(step - 1)
+            .copied()
+            .unwrap_or_else(|| top1(&logits[step - 1]));
+        logits.push(next_logits(s, token)?);
+    }
+    Ok(logits)
+}
+
 fn put_u32s(out: &mut Vec<u8>, v: impl IntoIterator<Item = u32>) {
     let v: Vec<u32> = v.into_iter().collect();
     out.extend((v.len() as u64).to_le_bytes());

@@ -43,6 +43,7 @@ pub mod splits;
 pub mod stale;
 pub mod statecheck;
 pub mod thresholds;
+pub mod wiring_fit;
 pub mod ztap;
 
 /// The stateful rules under their former module name (the CLI reads `NOT_APPLICABLE`).

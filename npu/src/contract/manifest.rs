@@ -30,12 +30,14 @@ fn hash_file(h: &mut Sha256, path: &Path) -> Result<()> {
 }
 
 /// Identity of the weights a device was built for: sha256 of the `.gguf` file, or of a folder's
-/// `config.json` and `*.safetensors` files in name order.
+/// `config.json` and `*.safetensors` files in name order. A digest is remembered for the process
+/// by each file's path, length and modification time: a diagnosis builds one emulator per
+/// replayed hypothesis (issue 34), and hashing SmolLM2's 98 MB for each of them cost more than
+/// a replay's own prefill.
 pub fn model_identity(model: &Model) -> Result<ModelIdentity> {
     let path = model.source();
-    let mut h = Sha256::new();
-    if path.is_file() {
-        hash_file(&mut h, path)?;
+    let sha256 = if path.is_file() {
+        remembered_digest(&[path.to_path_buf()], false)?
     } else if path.is_dir() {
         let mut files: Vec<_> = std::fs::read_dir(path)
             .map_err(|e| io_err(path, e))?
@@ -46,25 +48,59 @@ pub fn model_identity(model: &Model) -> Result<ModelIdentity> {
             })
             .collect();
         files.sort();
-        for f in files {
+        remembered_digest(&files, true)?
+    } else {
+        // in-memory weights: identity by configuration only
+        let mut h = Sha256::new();
+        h.update(format!("{:?}", model.config()).as_bytes());
+        hex(&h.finalize())
+    };
+    Ok(ModelIdentity {
+        path: path.display().to_string(),
+        sha256,
+        architecture: model.config().architecture.clone(),
+    })
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What a file's digest is remembered by: its path, length and modification time.
+type Stamp = Vec<(std::path::PathBuf, u64, Option<std::time::SystemTime>)>;
+
+/// sha256 of `files` in order (each name first when `named`), remembered by their stamps.
+fn remembered_digest(files: &[std::path::PathBuf], named: bool) -> Result<String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static DIGESTS: OnceLock<Mutex<HashMap<(Stamp, bool), String>>> = OnceLock::new();
+    let mut stamp: Stamp = Vec::with_capacity(files.len());
+    for f in files {
+        let m = std::fs::metadata(f).map_err(|e| io_err(f, e))?;
+        stamp.push((f.clone(), m.len(), m.modified().ok()));
+    }
+    let key = (stamp, named);
+    let memo = DIGESTS.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(d) = memo.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return Ok(d);
+    }
+    let mut h = Sha256::new();
+    for f in files {
+        if named {
             h.update(
                 f.file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default()
                     .as_bytes(),
             );
-            hash_file(&mut h, &f)?;
         }
-    } else {
-        // in-memory weights: identity by configuration only
-        h.update(format!("{:?}", model.config()).as_bytes());
+        hash_file(&mut h, f)?;
     }
-    let digest = h.finalize();
-    Ok(ModelIdentity {
-        path: path.display().to_string(),
-        sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
-        architecture: model.config().architecture.clone(),
-    })
+    let d = hex(&h.finalize());
+    if let Ok(mut m) = memo.lock() {
+        m.insert(key, d.clone());
+    }
+    Ok(d)
 }
 
 pub fn write(m: &SimManifest, path: &Path) -> Result<()> {

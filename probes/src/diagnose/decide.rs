@@ -9,6 +9,7 @@
 //! `unknown` with the closest candidates and their misses. A device without an emulator to
 //! replay on keeps the rule's verdict and says "not replayed" in its evidence.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use kvprobe_npu::contract::faults::{FaultTable, FaultText, SweepValue};
@@ -18,10 +19,10 @@ use kvprobe_schema::{
 
 use super::outcome::Diagnosis;
 use super::replay::{
-    candidates, healthy_steps, replay_one, screen, Fits, Replayer, MAX_REPLAYS, SCREEN_STEPS,
+    candidates, healthy_steps, replay_one, screen, DeviceSteps, Fits, Replayer, Stop, MAX_REPLAYS,
+    SCREEN_STEPS,
 };
 use super::score::{mild, FULL_REPLAYS, RULE};
-use crate::determinism::record;
 use crate::session::Session;
 use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
 
@@ -61,38 +62,47 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     };
     // The device's request again from a fresh start (reset, cleared rings), as the replay
     // starts: the greedy probe ran after other probes, whose bytes a faulty reader may see in
-    // never-written slots, and no emulator can replay that history.
+    // never-written slots, and no emulator can replay that history. Recorded step by step as
+    // far as the replays compare (an exact replay of the rule's cause is decided after half).
     let start = s.driver.host_state();
     let tokens = greedy.device_ids.clone();
     let healthy = healthy_steps(greedy);
-    let device = match record(s, greedy.steps.len(), &tokens) {
-        Ok(r) => r.logits,
-        Err(e) => {
-            return not_replayed(
-                d,
-                &format!("the device's request could not be recorded again: {e}"),
-            )
-        }
-    };
-    let n = device.len();
+    let n = greedy.steps.len().max(1);
     let fits = Fits::of_session(s, &d.probes);
     let table = replayer.table();
-    let s: &Session = s;
-    let run = |h: &FaultHypothesis, k: usize| {
+    let (model, ids) = (s.model, s.ids.clone());
+    let dev = RefCell::new(DeviceSteps::new(s, tokens.clone()));
+    if let Err(e) = dev.borrow_mut().step(0) {
+        return not_replayed(
+            d,
+            &format!("the device's request could not be recorded again: {e}"),
+        );
+    }
+    let run_with = |h: &FaultHypothesis, k: usize, stop: Stop| {
+        let mut device = |i: usize| {
+            dev.borrow_mut()
+                .step(i)
+                .map(<[f32]>::to_vec)
+                .map_err(|e| format!("the device's request could not be recorded again: {e}"))
+        };
         replay_one(
-            s,
+            (model, &ids),
             replayer.as_ref(),
             h,
             &start,
-            &device[..k],
+            &mut device,
+            (k, stop),
             &tokens,
             &healthy,
         )
     };
+    let run = |h: &FaultHypothesis, k: usize| run_with(h, k, Stop::Whole);
+    // the rule's own cause may stop once exact: an exact replay of it ends the search
+    let run_own = |h: &FaultHypothesis, k: usize| run_with(h, k, Stop::Exact);
     let mut own = candidates(&table, d.verdict, &fits);
     own.retain(|(_, h)| !replayer.leaves_out(&h.name));
     let mut search = Search::default();
-    search.own_cause(own, &table, n, &run);
+    search.own_cause(own, &table, n, &run, &run_own);
     // every other candidate, unless the rule's reproduces at the noise floor
     let exact = search
         .replays
@@ -127,7 +137,7 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     let command = |r: &Replay| replayer.command(&r.fault.text(), n);
     let expected = |r: &Replay| table.expected(&r.fault.text()).ok();
     let choice = choose(d.verdict, &replays, &expected);
-    apply(d, choice, tried, &refused, &command);
+    apply(d, choice, tried, &refused, &command, n);
 }
 
 /// A replay of `h` over the first `k` steps.
@@ -176,12 +186,22 @@ impl Search {
         table: &FaultTable,
         n: usize,
         run: &Run,
+        run_own: &Run,
     ) {
         let top = own.first().map_or(0, |c| c.0);
         let rank: Vec<(String, usize)> = own.iter().map(|(k, h)| (h.text(), *k)).collect();
         let (pointed, rest): (Vec<_>, Vec<_>) =
             own.into_iter().partition(|c| top > 0 && c.0 == top);
-        self.replay_all(pointed.into_iter().map(|c| c.1).collect(), n, run);
+        // more pointed candidates than replays (a fitted value on a named scope and on its
+        // first layer alone, several decoded layouts): screened like the rest, so the budget
+        // never decides which of them is tried
+        let pointed: Vec<FaultHypothesis> = pointed.into_iter().map(|c| c.1).collect();
+        let pointed = if pointed.len() > MAX_REPLAYS {
+            screen(pointed, SCREEN_STEPS.min(n), run, &mut self.refused)
+        } else {
+            pointed
+        };
+        self.replay_all(pointed, n, run_own);
         if !self.reproduced() && self.replays.len() < MAX_REPLAYS {
             let rest: Vec<FaultHypothesis> = rest.into_iter().map(|c| c.1).collect();
             let rest = if rest.len() > MAX_REPLAYS - self.replays.len() {
@@ -189,7 +209,7 @@ impl Search {
             } else {
                 rest
             };
-            self.replay_all(rest, n, run);
+            self.replay_all(rest, n, run_own);
         }
         if self.reproduced() {
             return;
@@ -209,7 +229,7 @@ impl Search {
             })
             .map(|r| r.fault.clone());
         if let Some(h) = factor.and_then(|h| refine(&h, SCREEN_STEPS.min(n), run)) {
-            if let Ok(r) = run(&h, n) {
+            if let Ok(r) = run_own(&h, n) {
                 self.push(r);
             }
         }
@@ -223,7 +243,18 @@ fn apply(
     tried: Vec<(String, f64)>,
     refused: &[String],
     command: &dyn Fn(&Replay) -> Vec<String>,
+    n: usize,
 ) {
+    // a replay of the rule's cause stops once exact (`Stop::Exact`): say over how many steps
+    let early = |r: &Replay| {
+        (r.steps.len() < n).then(|| {
+            format!(
+                "decided after {} of {n} steps: more than half replayed at the noise floor \
+                 ({STEP_NOISE_FLOOR:e}), so the median over all {n} is at it too",
+                r.steps.len()
+            )
+        })
+    };
     match choice {
         Choice::Refused => not_replayed(
             d,
@@ -238,9 +269,9 @@ fn apply(
             }
             d.reproducer = Some(Reproducer {
                 command: command(&r),
+                note: early(&r),
                 replay: Some(r),
                 tried,
-                note: None,
             });
         }
         Choice::Rename(v, r) => {
@@ -258,9 +289,15 @@ fn apply(
             ));
             d.reproducer = Some(Reproducer {
                 command: command(&r),
+                note: Some(
+                    ["the replayed steps do not tell a fault from healthy".to_string()]
+                        .into_iter()
+                        .chain(early(&r))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                ),
                 replay: Some(r),
                 tried,
-                note: Some("the replayed steps do not tell a fault from healthy".into()),
             });
         }
         Choice::Unknown(r) => {

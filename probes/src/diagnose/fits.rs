@@ -2,7 +2,8 @@
 //! docs/diagnosis.md "Replay"): the fitted attention scale and position shift, the cache scale
 //! the declared quant infos imply, the layouts a reader repair decoded, and every set of rings the
 //! evidence names (inconsistent quant infos, layers bound crosswise, re-encoded reader edges,
-//! truncated or misplaced rings). A hypothesis at a value or a scope the evidence points at is
+//! truncated or misplaced rings, kvdiff's first divergent ring), and of each set naming several
+//! layers its lowest layer alone. A hypothesis at a value or a scope the evidence points at is
 //! replayed before the ones the table only allows, and the value search runs at its scope: a
 //! fault on two layers is not found by replaying it on every layer.
 
@@ -92,6 +93,9 @@ pub struct Fits {
     pub kept_bytes: Vec<f64>,
     /// Every set of rings a probe names, each as the grammar's scope.
     pub rings: Vec<RingScope>,
+    /// Rings where the evidence sees a fault first show without naming its extent (kvdiff's
+    /// first divergent layer and side): tried after the declared scopes, not pointed at.
+    pub hinted: Vec<RingScope>,
     /// Cache entry size in bytes and head dimension (for the byte- and width-valued faults).
     pub entry_bytes: usize,
     pub head_dim: usize,
@@ -198,9 +202,24 @@ impl Fits {
         }
         let mut rings: Vec<RingScope> = Vec::new();
         for (r, groups) in named.into_iter().filter(|(r, _)| !r.is_empty()) {
-            let scope = RingScope::of(&r, groups, n_layers);
+            let first = first_layer(&r);
+            let scopes = [
+                Some(RingScope::of(&r, groups.clone(), n_layers)),
+                first.map(|f| RingScope::of(&f, groups, n_layers)),
+            ];
+            for scope in scopes.into_iter().flatten() {
+                if !rings.contains(&scope) {
+                    rings.push(scope);
+                }
+            }
+        }
+        // kvdiff's first divergent ring: where the cache first leaves its band. A candidate
+        // scope, but not a pointed one: a fault on every layer diverges first at layer 0 too
+        let mut hinted: Vec<RingScope> = Vec::new();
+        if let Some(k) = p.kvdiff.as_ref().and_then(|k| k.first_divergent.as_ref()) {
+            let scope = RingScope::of(&[(Some(k.layer), Some(k.kind))], vec![], n_layers);
             if !rings.contains(&scope) {
-                rings.push(scope);
+                hinted.push(scope);
             }
         }
         Fits {
@@ -211,6 +230,7 @@ impl Fits {
             writer_layouts,
             kept_bytes,
             rings,
+            hinted,
             entry_bytes,
             head_dim,
         }
@@ -236,6 +256,22 @@ impl Fits {
             _ => false,
         }
     }
+}
+
+/// The rings of `rings` on its lowest layer, when it names more than one layer: a fault on one
+/// layer changes what every later layer computes and writes, never an earlier one, so evidence
+/// read from what the rings hold (a reader repair, a quant check, a zero tap) can name the
+/// layers after the faulty one too; the lowest named layer alone is then the fault's scope.
+fn first_layer(rings: &[Ring]) -> Option<Vec<Ring>> {
+    let lowest = rings.iter().filter_map(|r| r.0).min()?;
+    let more = rings.iter().any(|r| r.0 != Some(lowest));
+    more.then(|| {
+        rings
+            .iter()
+            .filter(|r| r.0 == Some(lowest))
+            .copied()
+            .collect()
+    })
 }
 
 /// The bytes a truncating writer kept of `c`'s entries: the columns before its trailing run
@@ -285,6 +321,14 @@ pub fn scopes(decl: &FaultDecl, fits: &Fits) -> Vec<(RingScope, bool)> {
                 kinds: k.clone(),
                 layers: vec![],
             };
+            if !out.iter().any(|(x, _)| *x == s) {
+                out.push((s, false));
+            }
+        }
+    }
+    if ringed {
+        for r in &fits.hinted {
+            let s = r.for_decl(decl);
             if !out.iter().any(|(x, _)| *x == s) {
                 out.push((s, false));
             }
@@ -350,6 +394,23 @@ mod tests {
         assert!(scopes(decl("tbt-attn-scale"), &fits)
             .iter()
             .all(|(_, named)| !named));
+    }
+
+    #[test]
+    fn a_set_of_several_layers_also_names_its_lowest_layer_alone() {
+        let k = Some(CacheKind::K);
+        let rings = [(Some(1), k), (Some(0), k)];
+        let first = first_layer(&rings).expect("two layers named");
+        assert_eq!(first, vec![(Some(0), k)]);
+        // on a two-layer model the set is K of every layer, its lowest layer alone layer 0
+        assert!(RingScope::of(&rings, vec![], 2).layers.is_empty());
+        assert_eq!(RingScope::of(&first, vec![], 2).layers, vec![0]);
+        // one layer named (both kinds) or no layer at all: nothing narrower
+        assert_eq!(
+            first_layer(&[(Some(3), k), (Some(3), Some(CacheKind::V))]),
+            None
+        );
+        assert_eq!(first_layer(&[(None, k)]), None);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod fits;
 #[cfg(test)]
 mod invariant;
 mod outcome;
+pub mod output_fit;
 mod repeat;
 pub mod replay;
 pub mod replayer;

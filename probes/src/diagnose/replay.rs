@@ -11,16 +11,18 @@
 
 use kvprobe_npu::contract::faults::{FaultDecl, FaultTable, FaultText, Scope, SweepValue, Values};
 use kvprobe_npu::HostState;
+use kvprobe_reference::Model;
 use kvprobe_schema::{FaultHypothesis, FaultValue, GreedyFinding, Replay, ReplayStep, Verdict};
 
 use super::evidence::{beats_healthy, MILD_FACTORS};
 pub use super::fits::Fits;
 use super::fits::{hypothesis, scopes};
 pub use super::replayer::Replayer;
-use crate::determinism::record;
+use crate::determinism::{next_logits, start_logits};
 use crate::metrics::cosine;
 use crate::progress::NoProgress;
 use crate::session::Session;
+use crate::thresholds::STEP_NOISE_FLOOR;
 
 /// At most this many hypotheses are replayed per diagnosis (each builds an emulator and runs
 /// the prompt and every greedy step): the `diagnose` benchmark's budget, not a decision.
@@ -145,9 +147,24 @@ pub(super) fn median(mut v: Vec<f64>) -> Option<f64> {
 /// noise floor) and at most 1/`PRECISION_RATIO` of the healthy hypothesis' median miss (the
 /// ratio a stage must leave the matched reference by to fail).
 pub fn judge(fault: FaultHypothesis, steps: Vec<ReplayStep>) -> Replay {
+    let healthy: Vec<(Option<f64>, Option<f64>)> = steps
+        .iter()
+        .map(|s| (s.healthy_miss, s.precision))
+        .collect();
+    judge_over(fault, steps, &healthy)
+}
+
+/// [`judge`] of a replay whose `steps` may stop short of the compared steps (`healthy`, one per
+/// step compared): the healthy hypothesis and the precision are the medians over every compared
+/// step, so a replay decided early is judged against the same bar as a whole one.
+fn judge_over(
+    fault: FaultHypothesis,
+    steps: Vec<ReplayStep>,
+    healthy: &[(Option<f64>, Option<f64>)],
+) -> Replay {
     let replay_miss = median(steps.iter().map(|s| s.replay_miss).collect()).unwrap_or(1.0);
-    let healthy_miss = median(steps.iter().filter_map(|s| s.healthy_miss).collect());
-    let precision = median(steps.iter().filter_map(|s| s.precision).collect());
+    let healthy_miss = median(healthy.iter().filter_map(|h| h.0).collect());
+    let precision = median(healthy.iter().filter_map(|h| h.1).collect());
     // no matched reference: the f32 reference is the healthy hypothesis; without either, only
     // the precision decides
     let reproduces = beats_healthy(
@@ -177,13 +194,64 @@ fn miss(replay: &[f32], device: &[f32]) -> f64 {
     1.0 - cosine(replay, device)
 }
 
-/// One hypothesis replayed: prefill the prompt, step on the device's tokens, miss per step.
+/// What a replay compares against: the device's logits per step, recorded on demand.
+pub(super) type DeviceLogits<'a> = dyn FnMut(usize) -> Result<Vec<f32>, String> + 'a;
+
+/// The device's request recorded from a fresh start one step at a time, as far as a replay
+/// asks (issue 34: a replay decided after half the steps needs the device's first half only).
+pub(super) struct DeviceSteps<'s, 'a> {
+    s: &'s mut Session<'a>,
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+}
+
+impl<'s, 'a> DeviceSteps<'s, 'a> {
+    pub(super) fn new(s: &'s mut Session<'a>, tokens: Vec<u32>) -> Self {
+        DeviceSteps {
+            s,
+            tokens,
+            logits: Vec::new(),
+        }
+    }
+
+    /// The logits of step `i` (0: the prompt's prefill), recording the steps up to it.
+    pub(super) fn step(&mut self, i: usize) -> crate::Result<&[f32]> {
+        if self.logits.is_empty() {
+            self.logits.push(start_logits(self.s)?);
+        }
+        while self.logits.len() <= i {
+            let k = self.logits.len();
+            let token = self
+                .tokens
+                .get(k - 1)
+                .copied()
+                .unwrap_or_else(|| crate::metrics::top1(&self.logits[k - 1]));
+            self.logits.push(next_logits(self.s, token)?);
+        }
+        Ok(&self.logits[i])
+    }
+}
+
+/// Whether a replay may stop before its last step: `Exact` once more than half of the compared
+/// steps replayed at the noise floor (the median over every step is then at the floor too: the
+/// replay is exact, and an exact replay of the rule's cause ends the search — nothing can be more
+/// precise). `Whole` replays every step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Stop {
+    Whole,
+    Exact,
+}
+
+/// One hypothesis replayed over the first `k` steps: prefill the prompt, step on the device's
+/// tokens, miss per step against `device`. `model` and `ids` are the device session's.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn replay_one(
-    s: &Session,
+    (model, ids): (&Model, &[u32]),
     replayer: &dyn Replayer,
     fault: &FaultHypothesis,
     start: &HostState,
-    device: &[Vec<f32>],
+    device: &mut DeviceLogits,
+    (k, stop): (usize, Stop),
     tokens: &[u32],
     healthy: &[(Option<f64>, Option<f64>)],
 ) -> Result<Replay, String> {
@@ -191,25 +259,46 @@ pub(super) fn replay_one(
     let mut dev = replayer.open(&text).map_err(|e| e.to_string())?;
     let progress = NoProgress;
     let mut rs =
-        Session::new(s.model, dev.as_mut(), s.ids.clone(), &progress).map_err(|e| e.to_string())?;
+        Session::new(model, dev.as_mut(), ids.to_vec(), &progress).map_err(|e| e.to_string())?;
     // the host's ring window as the device's request started from it (a reset keeps it,
     // contract §2.10): where in the ring the request sits is the driver's, not the hypothesis'
     rs.driver.set_host_state(start.clone());
-    let logits = record(&mut rs, device.len(), tokens)
-        .map_err(|e| e.to_string())?
-        .logits;
-    let steps = logits
-        .iter()
-        .zip(device)
-        .enumerate()
-        .map(|(step, (r, d))| ReplayStep {
+    let k = k.max(1);
+    let at_floor_needed = k / 2 + 1;
+    let mut steps: Vec<ReplayStep> = Vec::with_capacity(k);
+    let mut last: Vec<f32> = Vec::new();
+    for step in 0..k {
+        let logits = if step == 0 {
+            start_logits(&mut rs)
+        } else {
+            // the device's token (past their end, the replay's own argmax, as `record` does)
+            let token = tokens
+                .get(step - 1)
+                .copied()
+                .unwrap_or_else(|| crate::metrics::top1(&last));
+            next_logits(&mut rs, token)
+        }
+        .map_err(|e| e.to_string())?;
+        steps.push(ReplayStep {
             step,
-            replay_miss: miss(r, d),
+            replay_miss: miss(&logits, &device(step)?),
             healthy_miss: healthy.get(step).and_then(|h| h.0),
             precision: healthy.get(step).and_then(|h| h.1),
-        })
-        .collect();
-    Ok(judge(fault.clone(), steps))
+        });
+        last = logits;
+        let at_floor = steps
+            .iter()
+            .filter(|x| x.replay_miss <= STEP_NOISE_FLOOR)
+            .count();
+        if stop == Stop::Exact && at_floor >= at_floor_needed {
+            break;
+        }
+    }
+    Ok(judge_over(
+        fault.clone(),
+        steps,
+        &healthy[..k.min(healthy.len())],
+    ))
 }
 
 /// Per greedy step, the healthy hypothesis' miss against the device (the matched reference's,
@@ -346,6 +435,22 @@ mod tests {
             kinds: vec![],
             layers: vec![],
         }
+    }
+
+    #[test]
+    fn a_replay_stopped_early_is_judged_by_the_medians_of_every_compared_step() {
+        let healthy = vec![(Some(0.2), Some(1e-3)); 5];
+        let r = judge_over(h(), vec![step(0.0, 0.2, 1e-3); 3], &healthy);
+        assert!(r.reproduces && r.replay_miss == 0.0 && r.steps.len() == 3);
+        // the healthy hypothesis' median over all five steps compared, not over the two replayed
+        let quiet = [
+            vec![(Some(0.2), Some(1e-3)); 2],
+            vec![(Some(1e-5), Some(1e-3)); 3],
+        ]
+        .concat();
+        let r = judge_over(h(), vec![step(0.0, 0.2, 1e-3); 2], &quiet);
+        assert!(!r.reproduces);
+        assert_eq!(r.healthy_miss, Some(1e-5));
     }
 
     #[test]

@@ -19,8 +19,10 @@ use kvprobe_schema::{FaultHypothesis, FaultValue, Hypothesis, Replay, Reproducer
 use super::evidence::{beats_healthy, MILD_FACTORS};
 use super::fits::{hypothesis, scopes};
 use super::outcome::Diagnosis;
-use super::replay::{healthy_steps, median, replay_one, screen, Fits, Replayer, SCREEN_STEPS};
-use crate::determinism::record;
+use super::replay::{
+    healthy_steps, median, replay_one, screen, Fits, Replayer, Stop, SCREEN_STEPS,
+};
+use crate::determinism::record_logits;
 use crate::session::Session;
 use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
 
@@ -91,7 +93,7 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
     let tokens = greedy.device_ids.clone();
     let n = greedy.steps.len();
     let start = s.driver.host_state();
-    let Ok(device) = record(s, n, &tokens).map(|r| r.logits) else {
+    let Ok(device) = record_logits(s, n, &tokens) else {
         return;
     };
     let none = FaultHypothesis {
@@ -103,12 +105,19 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
     };
     // the healthy hypothesis per step: the closer of the matched reference and the fault-free
     // emulator
+    let recorded = |i: usize| {
+        device
+            .get(i)
+            .cloned()
+            .ok_or_else(|| format!("the device's request has no step {i}"))
+    };
     let free = replay_one(
-        s,
+        (s.model, &s.ids),
         replayer.as_ref(),
         &none,
         &start,
-        &device,
+        &mut { recorded },
+        (device.len(), Stop::Whole),
         &tokens,
         &healthy,
     )
@@ -122,11 +131,12 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
         .collect();
     let replay = |s: &Session, h: &FaultHypothesis, k: usize| {
         replay_one(
-            s,
+            (s.model, &s.ids),
             replayer.as_ref(),
             h,
             &start,
-            &device[..k],
+            &mut { recorded },
+            (k, Stop::Whole),
             &tokens,
             &judged,
         )

@@ -12,8 +12,14 @@
 //! scores are never read and a finite value's product with +0 is ±0, which leaves every sum
 //! unchanged (an accumulator that starts at +0 never becomes −0 by adding ±0). A non-finite value
 //! there (0 × NaN = NaN) would change the output: such a run is computed, never remembered.
+//!
+//! The remembered runs are shared by every emulator of the process built on the same weights
+//! (issue 34): a diagnosis builds one emulator per replayed hypothesis, each prefilling the same
+//! prompt from the same host window, and a fault that changes the prefill graph changes its input
+//! (the key), one that acts on the rings or the tbt graph does not touch it.
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use kvprobe_reference::{GraphInput, GraphOutput, Model, PositionInput};
 
@@ -24,35 +30,62 @@ use crate::Result;
 /// own run of it); an entry is about one chunk's K/V twice, 8 MB on a 1.5B model at P 64.
 const BUDGET: usize = 160 << 20;
 
+/// One emulator's view of the shared memory: whether it uses it, and its hits.
 #[derive(Default)]
 pub(super) struct GraphMemo {
-    entries: VecDeque<(Vec<u32>, GraphOutput)>,
-    bytes: usize,
     off: bool,
     hits: usize,
 }
 
+/// Remembered runs of every emulator, each with the weights it ran on. A `Weak` keeps the
+/// weights' allocation from being reused while the entry exists, so an address names one model;
+/// entries of dropped weights are never matched and go first.
+#[derive(Default)]
+struct Shared {
+    entries: VecDeque<(Weak<Model>, Vec<u32>, GraphOutput)>,
+    bytes: usize,
+}
+
+fn shared() -> &'static Mutex<Shared> {
+    static SHARED: OnceLock<Mutex<Shared>> = OnceLock::new();
+    SHARED.get_or_init(|| Mutex::new(Shared::default()))
+}
+
 impl GraphMemo {
-    /// `model.run_graph(input)`, or the remembered output of an equal input.
-    pub(super) fn run(&mut self, model: &Model, input: &GraphInput) -> Result<GraphOutput> {
+    /// `model.run_graph(input)`, or the remembered output of an equal input on these weights.
+    pub(super) fn run(&mut self, model: &Arc<Model>, input: &GraphInput) -> Result<GraphOutput> {
         let key = if self.off { None } else { key(input)? };
         let Some(key) = key else {
             return Ok(model.run_graph(input)?);
         };
-        if let Some(i) = self.entries.iter().position(|(k, _)| *k == key) {
-            if let Some(e) = self.entries.remove(i) {
-                let out = e.1.clone();
-                self.entries.push_back(e);
-                self.hits += 1;
-                return Ok(out);
+        let same = |w: &Weak<Model>| std::ptr::eq(w.as_ptr(), Arc::as_ptr(model));
+        // a poisoned lock (a panic elsewhere while it was held) only costs the memory
+        if let Ok(mut m) = shared().lock() {
+            if let Some(i) = m.entries.iter().position(|(w, k, _)| same(w) && *k == key) {
+                if let Some(e) = m.entries.remove(i) {
+                    let out = e.2.clone();
+                    m.entries.push_back(e);
+                    self.hits += 1;
+                    return Ok(out);
+                }
             }
         }
         let out = model.run_graph(input)?;
-        self.bytes += size(&key, &out);
-        self.entries.push_back((key, out.clone()));
-        while self.bytes > BUDGET && self.entries.len() > 1 {
-            if let Some((k, o)) = self.entries.pop_front() {
-                self.bytes -= size(&k, &o);
+        if let Ok(mut m) = shared().lock() {
+            let Shared { entries, bytes } = &mut *m;
+            entries.retain(|(w, k, o)| {
+                let live = w.strong_count() > 0;
+                if !live {
+                    *bytes -= size(k, o);
+                }
+                live
+            });
+            *bytes += size(&key, &out);
+            entries.push_back((Arc::downgrade(model), key, out.clone()));
+            while *bytes > BUDGET && entries.len() > 1 {
+                if let Some((_, k, o)) = entries.pop_front() {
+                    *bytes -= size(&k, &o);
+                }
             }
         }
         Ok(out)
@@ -60,10 +93,6 @@ impl GraphMemo {
 
     pub(super) fn set_enabled(&mut self, on: bool) {
         self.off = !on;
-        if !on {
-            self.entries.clear();
-            self.bytes = 0;
-        }
     }
 
     pub(super) fn hits(&self) -> usize {

@@ -9,7 +9,7 @@
 
 mod cache;
 mod facts;
-mod fits;
+pub(super) mod fits;
 pub(super) mod graph;
 mod reader;
 #[cfg(test)]

@@ -1,0 +1,320 @@
+//! Host-wiring hypotheses fitted on the reference side against logits a device gave
+//! (docs/diagnosis.md "Stateful devices", rules `output-position` / `output-mask`, and the chat's
+//! fit). A device whose K/V states are out of reach (OpenVINO's C API), or whose host sets the
+//! position ids and the mask itself (openvino.genai), cannot be driven at another position or
+//! mask, so the ring's `positions` / `maskconv` sweeps and the state position check do not apply;
+//! the reference can be. A run is recomputed, teacher-forced on the device's tokens, under each
+//! hypothesis of how a host feeds the runs after the prompt wrong — every position id off by δ,
+//! one column of the mask hidden (the newest stored entry, the oldest, the row's own), or an
+//! appended chat turn's position ids restarted at 0 — and each is judged like a replay
+//! (`diagnose::evidence::beats_healthy`): its median miss per compared row within the declared
+//! precision and `PRECISION_RATIO` times below the healthy hypothesis'.
+
+use kvprobe_reference::{ForwardOptions, Model};
+use kvprobe_schema::{GreedyStep, Verdict};
+use serde::{Deserialize, Serialize};
+
+use crate::diagnose::evidence::beats_healthy;
+use crate::metrics::cosine;
+use crate::thresholds::{REL_NOISE_FLOOR, STEP_NOISE_FLOOR};
+use crate::Result;
+
+/// How the runs after the prompt are fed, as a hypothesis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Wiring {
+    /// Every position id after the prompt off by δ.
+    Shift(i64),
+    /// The newest stored entry (the previous token) hidden from each run after the prompt.
+    HideNewest,
+    /// The oldest entry (position 0) hidden.
+    HideOldest,
+    /// The run's own column hidden.
+    HideOwn,
+    /// Each appended chat turn's rows get position ids from 0, as a new prompt's would.
+    TurnRestart,
+}
+
+/// The hypotheses for one greedy request.
+pub const REQUEST: [Wiring; 7] = [
+    Wiring::Shift(1),
+    Wiring::Shift(-1),
+    Wiring::Shift(2),
+    Wiring::Shift(-2),
+    Wiring::HideNewest,
+    Wiring::HideOldest,
+    Wiring::HideOwn,
+];
+
+/// The hypotheses for a conversation: the request's, and a turn's positions restarted.
+pub const CHAT: [Wiring; 8] = [
+    Wiring::TurnRestart,
+    Wiring::Shift(1),
+    Wiring::Shift(-1),
+    Wiring::Shift(2),
+    Wiring::Shift(-2),
+    Wiring::HideNewest,
+    Wiring::HideOldest,
+    Wiring::HideOwn,
+];
+
+impl Wiring {
+    pub fn verdict(self) -> Verdict {
+        match self {
+            Wiring::Shift(_) | Wiring::TurnRestart => Verdict::PositionMismatch,
+            Wiring::HideNewest | Wiring::HideOldest | Wiring::HideOwn => Verdict::MaskConvention,
+        }
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            Wiring::Shift(d) => format!("every position id after the prompt {d:+}"),
+            Wiring::HideNewest => {
+                "the newest stored entry (the previous token) masked out after the prompt".into()
+            }
+            Wiring::HideOldest => {
+                "the oldest entry (position 0) masked out after the prompt".into()
+            }
+            Wiring::HideOwn => "the run's own column masked out after the prompt".into(),
+            Wiring::TurnRestart => {
+                "each appended turn fed with position ids restarting at 0".into()
+            }
+        }
+    }
+
+    fn short(self) -> String {
+        match self {
+            Wiring::Shift(d) => format!("position {d:+}"),
+            Wiring::HideNewest => "hide newest".into(),
+            Wiring::HideOldest => "hide oldest".into(),
+            Wiring::HideOwn => "hide own".into(),
+            Wiring::TurnRestart => "turn positions from 0".into(),
+        }
+    }
+}
+
+/// Where the rows of a run sit: `t` rows of which the first `prompt` are the first request's
+/// prompt, each appended turn `(start, fed)`, the reference windowed to `window` keys.
+#[derive(Debug, Clone)]
+pub struct Rows<'a> {
+    pub prompt: usize,
+    pub t: usize,
+    pub window: usize,
+    pub turns: &'a [(usize, usize)],
+}
+
+/// The positions and the "may attend" mask under `w`; `None` when `w` says nothing here (a
+/// shift below position 0, a turn restart without appended turns).
+fn inputs(w: Wiring, r: &Rows) -> Option<(Vec<usize>, Vec<bool>)> {
+    let t = r.t;
+    let mut pos: Vec<usize> = (0..t).collect();
+    let mut mask: Vec<bool> = (0..t * t)
+        .map(|k| (k % t) <= (k / t) && (k / t) - (k % t) < r.window)
+        .collect();
+    if w == Wiring::TurnRestart {
+        if r.turns.is_empty() {
+            return None;
+        }
+        for &(start, fed) in r.turns {
+            for (i, p) in pos.iter_mut().enumerate().skip(start).take(fed) {
+                *p = i - start;
+            }
+        }
+        return Some((pos, mask));
+    }
+    for row in r.prompt..t {
+        match w {
+            Wiring::Shift(d) => pos[row] = usize::try_from(row as i64 + d).ok()?,
+            Wiring::HideNewest => mask[row * t + row - 1] = false,
+            Wiring::HideOldest => mask[row * t] = false,
+            Wiring::HideOwn => mask[row * t + row] = false,
+            Wiring::TurnRestart => {}
+        }
+    }
+    Some((pos, mask))
+}
+
+/// The best wiring hypothesis and how it compares with the healthy one (median misses, 1 −
+/// cosine, over the compared rows).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WiringFit {
+    pub wiring: Wiring,
+    pub miss: f64,
+    pub healthy_miss: f64,
+    /// The declared precision's cost plus the cache-free controls' miss.
+    pub precision: f64,
+    /// Every hypothesis tried with its median miss.
+    pub tried: Vec<(Wiring, f64)>,
+}
+
+impl WiringFit {
+    /// The best hypothesis reproduces the device as `beats_healthy` asks of a replay.
+    pub fn reproduces(&self) -> bool {
+        beats_healthy(self.miss, self.healthy_miss, self.precision)
+    }
+
+    pub fn line(&self) -> String {
+        let tried: Vec<String> = self
+            .tried
+            .iter()
+            .map(|(w, m)| format!("{} {m:.1e}", w.short()))
+            .collect();
+        format!(
+            "wiring fit (reference side, the device's tokens): {} → median miss {:.1e}, the healthy hypothesis {:.1e}, the declared precision {:.1e} (tried: {})",
+            self.wiring.describe(),
+            self.miss,
+            self.healthy_miss,
+            self.precision,
+            tried.join(", ")
+        )
+    }
+
+    /// The verdict line when the fit reproduces the device.
+    pub fn cause(&self) -> Option<String> {
+        self.reproduces().then(|| {
+            format!(
+                "the host feeds the runs after the prompt wrong: {} reproduces the device (median miss {:.1e}, the healthy hypothesis {:.1e}, the declared precision {:.1e})",
+                self.wiring.describe(),
+                self.miss,
+                self.healthy_miss,
+                self.precision
+            )
+        })
+    }
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Healthy miss and declared precision (plus `graph_noise`) over compared steps: their median
+/// miss against the precision-matched reference (the f32 one where none ran) and that
+/// reference's own median miss against f32, floored at `STEP_NOISE_FLOOR`.
+pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64) -> (f64, f64) {
+    let healthy = median(
+        steps
+            .iter()
+            .map(|x| {
+                1.0 - x
+                    .matched
+                    .map_or(x.comparison.cosine, |m| m.matched_vs_device)
+            })
+            .collect(),
+    );
+    let precision = median(
+        steps
+            .iter()
+            .map(|x| {
+                x.matched
+                    .map_or(0.0, |m| 1.0 - m.reference_vs_matched)
+                    .max(STEP_NOISE_FLOOR)
+            })
+            .collect(),
+    ) + graph_noise.max(REL_NOISE_FLOOR);
+    (healthy, precision)
+}
+
+/// Fits each of `wirings` to the device's `rows` (`(row index in seq, device logits)`).
+pub fn fit(
+    model: &Model,
+    seq: &[u32],
+    layout: &Rows,
+    wirings: &[Wiring],
+    rows: &[(usize, &[f32])],
+    (healthy_miss, precision): (f64, f64),
+) -> Result<Option<WiringFit>> {
+    let mut tried = Vec::new();
+    for &w in wirings {
+        let Some((positions, mask)) = inputs(w, layout) else {
+            continue;
+        };
+        let out = model.forward(
+            seq,
+            &ForwardOptions {
+                mask: Some(mask),
+                positions: Some(positions),
+                ..Default::default()
+            },
+        )?;
+        let misses: Vec<f64> = rows
+            .iter()
+            .map(|&(i, d)| {
+                let c = cosine(d, out.row(i));
+                if c.is_finite() {
+                    1.0 - c
+                } else {
+                    2.0
+                }
+            })
+            .collect();
+        tried.push((w, median(misses)));
+    }
+    let Some(&(wiring, miss)) = tried.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
+        return Ok(None);
+    };
+    Ok(Some(WiringFit {
+        wiring,
+        miss,
+        healthy_miss,
+        precision,
+        tried,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(prompt: usize, t: usize, turns: &[(usize, usize)]) -> Rows<'_> {
+        Rows {
+            prompt,
+            t,
+            window: 64,
+            turns,
+        }
+    }
+
+    #[test]
+    fn each_wiring_moves_only_what_it_names() {
+        let r = rows(3, 5, &[]);
+        let (pos, mask) = inputs(Wiring::Shift(1), &r).unwrap();
+        assert_eq!(pos, [0, 1, 2, 4, 5]);
+        let causal = inputs(Wiring::Shift(0), &r).unwrap().1;
+        assert_eq!(mask, causal);
+        let (pos, mask) = inputs(Wiring::HideNewest, &r).unwrap();
+        assert_eq!(pos, [0, 1, 2, 3, 4]);
+        let hidden: Vec<(usize, usize)> = (0..25)
+            .filter(|&k| causal[k] && !mask[k])
+            .map(|k| (k / 5, k % 5))
+            .collect();
+        assert_eq!(hidden, [(3, 2), (4, 3)]);
+        let own = inputs(Wiring::HideOwn, &r).unwrap().1;
+        assert!(!own[3 * 5 + 3] && !own[4 * 5 + 4] && own[2 * 5 + 2]);
+        // a shift below position 0, a restart without turns: no hypothesis
+        assert!(inputs(Wiring::Shift(-2), &rows(1, 3, &[])).is_none());
+        assert!(inputs(Wiring::TurnRestart, &r).is_none());
+        // two rows of prompt, two generated, a turn of 3 appended at 4, one generated
+        let turns = [(4, 3)];
+        let (pos, mask) = inputs(Wiring::TurnRestart, &rows(2, 8, &turns)).unwrap();
+        assert_eq!(pos, [0, 1, 2, 3, 0, 1, 2, 7]);
+        assert_eq!(mask, inputs(Wiring::Shift(0), &rows(2, 8, &[])).unwrap().1);
+    }
+
+    #[test]
+    fn a_fit_names_a_cause_only_within_precision_and_by_the_ratio() {
+        let fit = |miss, healthy| WiringFit {
+            wiring: Wiring::Shift(1),
+            miss,
+            healthy_miss: healthy,
+            precision: 2e-4,
+            tried: vec![],
+        };
+        assert!(fit(1e-7, 3e-3).reproduces());
+        assert!(!fit(1e-7, 2e-4).reproduces());
+        assert!(!fit(1e-3, 3e-2).reproduces());
+    }
+}
