@@ -10,7 +10,13 @@ the float32 → fp16 → float32 Cast pairs between them; docs/onnx-genai.md), w
 in float32 or fp16, and with each norm after a residual add reading the float32 sum (the fused
 SkipSimplifiedLayerNormalization). Prints the relative L2 of each against ONNX Runtime's logits.
 
+With --graph it prints instead, from the optimized graph ONNX Runtime writes for the export
+(SessionOptions.optimized_model_filepath), the op types it runs in fp16 and in float32 (a node
+runs in float32 when a Cast to float32 feeds it or it reads no fp16 value): what
+npu/src/onnx/ort_cpu_fp16.rs derives from the graph itself.
+
 Usage: ort-cpu-fp16-sites.py HF_DIR BUILDER_FOLDER [--ids 1,2,3]
+       ort-cpu-fp16-sites.py --graph BUILDER_FOLDER
   e.g. target/debug/examples/onnx_weights --tiny-llama 13 /tmp/hf   (the builder's tiny input)
        scripts/ort-cpu-fp16-sites.py /tmp/hf .cache/builder/tiny-fp16
 """
@@ -47,7 +53,47 @@ def device_logits(folder, ids, head_dim):
     return sess.run(["logits"], feeds)[0][0].astype(np.float32)
 
 
+def placement(folder):
+    """Per op type of the optimized graph: (runs in fp16, runs in float32) node names."""
+    import collections
+    import tempfile
+
+    import onnx
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.optimized_model_filepath = os.path.join(tmp, "opt.onnx")
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "opt.data")
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        ort.InferenceSession(os.path.join(folder, "model.onnx"), so, providers=["CPUExecutionProvider"])
+        g = onnx.load(so.optimized_model_filepath, load_external_data=False).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in list(g.value_info) + list(g.input) + list(g.output)}
+    types.update({i.name: i.data_type for i in g.initializer})
+    # the Casts ONNX Runtime inserted carry no value_info: their `to`, and on from there
+    for n in g.node:
+        for o in n.output:
+            if o in types:
+                continue
+            if n.op_type == "Cast":
+                types[o] = next(a.i for a in n.attribute if a.name == "to")
+            else:
+                types[o] = next((types[i] for i in n.input if types.get(i) in (1, 10)), None)
+    seen = collections.defaultdict(lambda: ([], []))
+    for n in g.node:
+        if n.op_type in ("Cast", "Constant") or "attn_mask_reformat" in n.name:
+            continue
+        ins = [types.get(i) for i in n.input if i]
+        if 10 in ins:
+            seen[n.op_type][0].append(n.name)
+        elif 1 in ins:
+            seen[n.op_type][1].append(n.name)
+    for op, (h, f) in sorted(seen.items()):
+        print(f"{op}: fp16 {len(h)}, float32 {len(f)}" + (f" (float32: {', '.join(f[:3])}…)" if h and f else ""))
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--graph":
+        placement(sys.argv[2])
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("hf")
     ap.add_argument("folder")

@@ -63,9 +63,9 @@ pub fn attach(s: &mut Session, d: Outcome<'_>) -> Result<()> {
         .fit
         .as_ref()
         .and_then(|w| w.cause().map(|c| (w.wiring.verdict(), c)));
-    match chat::evidence(&f) {
-        Some(line) if named.is_some() => {
-            let (verdict, cause) = named.unwrap_or((Verdict::Unknown, String::new()));
+    let line = chat::evidence(&f);
+    match (line, named) {
+        (Some(line), Some((verdict, cause))) => {
             *d.verdict = verdict;
             *d.confidence = 0.8;
             d.evidence.insert(0, format!("→ chat: {cause}"));
@@ -74,7 +74,7 @@ pub fn attach(s: &mut Session, d: Outcome<'_>) -> Result<()> {
                 format!("{line}; every single-request control passed, so `healthy` does not stand"),
             );
         }
-        Some(line) => {
+        (Some(line), None) => {
             *d.verdict = Verdict::Unknown;
             *d.confidence = 0.3;
             d.evidence.insert(
@@ -82,11 +82,11 @@ pub fn attach(s: &mut Session, d: Outcome<'_>) -> Result<()> {
                 format!("{line}; every single-request control passed, so `healthy` does not stand"),
             );
         }
-        None if f.turns.len() < 2 => d.evidence.push(format!(
+        (None, _) if f.turns.len() < 2 => d.evidence.push(format!(
             "chat: only the first turn ran, nothing was appended ({})",
             f.not_run.as_deref().unwrap_or("the context is full")
         )),
-        None => {
+        (None, _) => {
             let rows: usize = f.turns.iter().map(|t| t.steps.len()).sum();
             let min = f.turns.iter().map(|t| t.min_cosine).fold(1.0, f64::min);
             d.evidence.push(format!(

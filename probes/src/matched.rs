@@ -84,7 +84,7 @@ impl Precision {
             ),
         };
         let (arithmetic, weights, said) =
-            crate::matched_fp16::declared(desc.arithmetic, model, weights, said)?;
+            crate::matched_fp16::declared(&desc.arithmetic, model, weights, said)?;
         let Some(mut p) = Precision::of_edges(desc, model, weights.is_some()) else {
             return Ok(None);
         };

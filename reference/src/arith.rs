@@ -14,6 +14,13 @@
 //!
 //! What happens to a value beyond fp16's largest finite 65504 is a declared parameter
 //! ([`Overflow`]); the first op that loses a value that way is recorded ([`OverflowAt`]).
+//!
+//! A runtime that keeps only some values in fp16 declares which ([`Fp16::sites`], named by
+//! [`SITES`]): ONNX Runtime's CPU EP runs an fp16 graph mostly in float32 and rounds only where an
+//! fp16 kernel or a graph output sits (issue 35; npu/src/onnx/ort_cpu_fp16.rs derives the sites
+//! from the graph). Two more of its kernels' habits are declared with them: a fused
+//! skip-norm that normalises the float32 sum of its inputs ([`Fp16::skip_sum_f32`]), and fp16
+//! RoPE tables ([`Fp16::rope_tables_fp16`]).
 
 use std::cell::Cell;
 
@@ -35,6 +42,77 @@ pub enum Arithmetic {
 pub struct Fp16 {
     pub overflow: Overflow,
     pub norm: NormStatistic,
+    /// The op outputs held in fp16; None = every op output (HTP).
+    pub sites: Option<Sites>,
+    /// Each norm after a residual add reads the float32 sum, while the sum carried on is
+    /// rounded (ONNX Runtime's fp16 SkipSimplifiedLayerNormalization kernel).
+    pub skip_sum_f32: bool,
+    /// The RoPE cos/sin tables are fp16 values (the graph's fp16 cos/sin caches).
+    pub rope_tables_fp16: bool,
+}
+
+impl Fp16 {
+    /// Every op output rounded (the declaration of sessions 20-22: HTP).
+    pub fn every_op(overflow: Overflow, norm: NormStatistic) -> Fp16 {
+        Fp16 {
+            overflow,
+            norm,
+            sites: None,
+            skip_sum_f32: false,
+            rope_tables_fp16: false,
+        }
+    }
+}
+
+/// The reference's rounding sites, as [`Rounder::round`]'s callers name them (a norm's output is
+/// `norm output`; the norm's inner ops are rounded only when every op output is).
+pub const SITES: [&str; 20] = [
+    "embeddings",
+    "norm output",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "rope q",
+    "rope k",
+    "scores",
+    "softmax",
+    "attention output",
+    "o_proj",
+    "residual add",
+    "gate_proj",
+    "up_proj",
+    "silu",
+    "silu·up",
+    "down_proj",
+    "logits",
+    "present k",
+    "present v",
+];
+
+/// A set of [`SITES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sites(u32);
+
+impl Sites {
+    /// The set of `names`; a name that is no site is returned as the error.
+    pub fn of<S: AsRef<str>>(names: &[S]) -> Result<Sites, String> {
+        let mut bits = 0u32;
+        for n in names {
+            let i = SITES
+                .iter()
+                .position(|s| *s == n.as_ref())
+                .ok_or_else(|| n.as_ref().to_string())?;
+            bits |= 1 << i;
+        }
+        Ok(Sites(bits))
+    }
+
+    pub fn holds(&self, site: &str) -> bool {
+        SITES
+            .iter()
+            .position(|s| *s == site)
+            .is_some_and(|i| self.0 & (1 << i) != 0)
+    }
 }
 
 /// What an op's output beyond fp16's range becomes.
@@ -104,9 +182,34 @@ impl Rounder {
         self.first.get()
     }
 
+    /// Whether the declared arithmetic keeps a norm's statistic in float32 while the sum it
+    /// reads is rounded (see [`Fp16::skip_sum_f32`]).
+    pub fn skip_sum_f32(&self) -> bool {
+        self.fp16.is_some_and(|f| f.skip_sum_f32)
+    }
+
+    /// The RoPE tables in the declared arithmetic.
+    pub fn rope_tables(&self, t: &mut [f32]) {
+        if self.fp16.is_some_and(|f| f.rope_tables_fp16) {
+            for v in t {
+                *v = f16::from_f32(*v).to_f32();
+            }
+        }
+    }
+
     /// The op output `xs`, named `op`, in the declared arithmetic.
     pub fn round(&self, xs: &mut [f32], op: &'static str) {
         let Some(f) = self.fp16 else { return };
+        if let Some(sites) = f.sites {
+            let site = match (self.within.get(), op) {
+                (Some(_), "output") => "norm output",
+                (Some(_), _) => return,
+                _ => op,
+            };
+            if !sites.holds(site) {
+                return;
+            }
+        }
         let mut worst = 0f32;
         for v in xs.iter_mut() {
             let (r, lost) = round_fp16(*v, f.overflow);
@@ -274,10 +377,10 @@ mod tests {
 
     #[test]
     fn the_first_overflow_is_the_one_recorded() {
-        let r = Rounder::new(Arithmetic::Fp16(Fp16 {
-            overflow: Overflow::Saturate(131_008.0),
-            norm: NormStatistic::Squares,
-        }));
+        let r = Rounder::new(Arithmetic::Fp16(Fp16::every_op(
+            Overflow::Saturate(131_008.0),
+            NormStatistic::Squares,
+        )));
         r.at_layer(Some(3));
         // a row whose squares reach 769² = 5.9e5: the norm's x·x is the first op that loses it
         let x = [769.0f32, 1.0, -2.0, 0.5];
@@ -298,10 +401,10 @@ mod tests {
 
     #[test]
     fn the_max_scaled_statistic_stays_in_range_where_the_squares_do_not() {
-        let r = Rounder::new(Arithmetic::Fp16(Fp16 {
-            overflow: Overflow::Infinite,
-            norm: NormStatistic::MaxScaled,
-        }));
+        let r = Rounder::new(Arithmetic::Fp16(Fp16::every_op(
+            Overflow::Infinite,
+            NormStatistic::MaxScaled,
+        )));
         let x = [2.5e4f32, 1.0, -3.0, 700.0];
         let y = r.rms_norm("norm", &x, 4, &[1.0; 4], 1e-5).unwrap();
         assert_eq!(r.first_overflow(), None);
@@ -313,5 +416,33 @@ mod tests {
             Rounder::new(Arithmetic::F32).rms_norm("norm", &x, 4, &[1.0; 4], 1e-5),
             None
         );
+    }
+
+    #[test]
+    fn declared_sites_round_only_there() {
+        let mut f = Fp16::every_op(Overflow::Infinite, NormStatistic::Fused);
+        f.sites = Some(Sites::of(&["norm output", "logits"]).unwrap());
+        let r = Rounder::new(Arithmetic::Fp16(f));
+        let v = 1.0 + 2f32.powi(-12); // not an fp16 value
+        let mut q = [v];
+        r.round(&mut q, "q_proj");
+        assert_eq!(q, [v], "q_proj is not a declared site");
+        let mut l = [v];
+        r.round(&mut l, "logits");
+        assert_eq!(l, [1.0]);
+        // a norm's output is the `norm output` site
+        let y = r.rms_norm("norm", &[v, -v], 2, &[1.0, 1.0], 0.0).unwrap();
+        assert_eq!(y, [1.0, -1.0]);
+        assert_eq!(Sites::of(&["logits", "cosine"]), Err("cosine".to_string()));
+        // fp16 RoPE tables and the float32 skip sum are declared separately
+        assert!(!r.skip_sum_f32());
+        let mut t = [v];
+        r.rope_tables(&mut t);
+        assert_eq!(t, [v]);
+        f.rope_tables_fp16 = true;
+        f.skip_sum_f32 = true;
+        let r = Rounder::new(Arithmetic::Fp16(f));
+        r.rope_tables(&mut t);
+        assert!(t == [1.0] && r.skip_sum_f32());
     }
 }

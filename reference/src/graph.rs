@@ -150,11 +150,20 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// The residual add of a block's output `y` (op `op`, rounded first), itself rounded.
-fn add_rounded(x: &mut [f32], mut y: Vec<f32>, op: &'static str, rnd: &Rounder) {
+/// The residual add of a block's output `y` (op `op`, rounded first), itself rounded. Returns
+/// the sum before its rounding when the next norm reads that (a fused skip-norm computing in
+/// float32, [`Rounder::skip_sum_f32`]).
+fn add_rounded(
+    x: &mut [f32],
+    mut y: Vec<f32>,
+    op: &'static str,
+    rnd: &Rounder,
+) -> Option<Vec<f32>> {
     rnd.round(&mut y, op);
     add_in_place(x, &y);
+    let sum = rnd.skip_sum_f32().then(|| x.to_vec());
     rnd.round(x, "residual add");
+    sum
 }
 
 impl Model {
@@ -196,7 +205,13 @@ impl Model {
         let rnd = Rounder::new(input.graph.arithmetic);
         rnd.round(&mut x, "embeddings");
         let rope = match cfg.family {
-            Family::Llama => Some(self.rope_tables_for(&input.positions, t)?),
+            Family::Llama => {
+                let (mut qr, mut kr) = self.rope_tables_for(&input.positions, t)?;
+                for tab in [&mut qr.cos, &mut qr.sin, &mut kr.cos, &mut kr.sin] {
+                    rnd.rope_tables(tab);
+                }
+                Some((qr, kr))
+            }
             Family::Gpt2 => {
                 let wpe = self.learned_positions(&input.positions, t)?;
                 add_in_place(&mut x, &wpe);
@@ -219,11 +234,16 @@ impl Model {
         };
 
         let mut new_kv = Vec::with_capacity(self.blocks.len());
+        // what the next norm reads when it is not the rounded residual stream x
+        let mut norm_in: Option<Vec<f32>> = None;
         for (li, blk) in self.blocks.iter().enumerate() {
             rnd.at_layer(Some(li));
-            let h = blk
-                .norm1
-                .forward_rows_in("input_layernorm", &x, hidden, &rnd)?;
+            let h = blk.norm1.forward_rows_in(
+                "input_layernorm",
+                norm_in.as_deref().unwrap_or(&x),
+                hidden,
+                &rnd,
+            )?;
             let (mut q, mut k, mut v) = blk.qkv_rows(&h, t, nh * hd, nkv * hd)?;
             for (y, op) in [(&mut q, "q_proj"), (&mut k, "k_proj"), (&mut v, "v_proj")] {
                 rnd.round(y, op);
@@ -235,30 +255,37 @@ impl Model {
                 rnd.round(&mut q, "rope q");
                 rnd.round(&mut k, "rope k");
             }
-            let k_new = rows_to_heads(&k, t, nkv, hd);
-            let v_new = rows_to_heads(&v, t, nkv, hd);
+            let mut k_new = rows_to_heads(&k, t, nkv, hd);
+            let mut v_new = rows_to_heads(&v, t, nkv, hd);
             let past = if w > 0 { input.past.get(li) } else { None };
             let mut o = attn.run(&q, &k_new, &v_new, nkv, past, &rnd)?;
             rnd.round(&mut o, "attention output");
-            add_rounded(&mut x, blk.o.forward_rows(&o, t)?, "o_proj", &rnd);
-            let h2 = blk
-                .norm2
-                .forward_rows_in("post_attention_layernorm", &x, hidden, &rnd)?;
-            add_rounded(
+            norm_in = add_rounded(&mut x, blk.o.forward_rows(&o, t)?, "o_proj", &rnd);
+            let h2 = blk.norm2.forward_rows_in(
+                "post_attention_layernorm",
+                norm_in.as_deref().unwrap_or(&x),
+                hidden,
+                &rnd,
+            )?;
+            norm_in = add_rounded(
                 &mut x,
                 blk.mlp.forward_rows_in(&h2, t, &rnd)?,
                 "down_proj",
                 &rnd,
             );
+            // the present outputs as the graph writes them (this run read k/v as above)
+            rnd.round(&mut k_new, "present k");
+            rnd.round(&mut v_new, "present v");
             new_kv.push(LayerKv {
                 k: Tensor::from_vec(k_new, (nkv, t, hd), &Device::Cpu)?,
                 v: Tensor::from_vec(v_new, (nkv, t, hd), &Device::Cpu)?,
             });
         }
+        let x = norm_in.as_deref().unwrap_or(&x);
         let (x, rows) = if input.last_only {
             (&x[(t - 1) * hidden..], 1)
         } else {
-            (&x[..], t)
+            (x, t)
         };
         rnd.at_layer(None);
         let x = self.final_norm.forward_rows_in("norm", x, hidden, &rnd)?;
@@ -445,16 +472,39 @@ impl AttnCtx<'_> {
         past: Option<&LayerKv>,
         rnd: &Rounder,
     ) -> Result<Vec<f32>> {
+        let Some(p) = past else {
+            return self.run_on(q, k_new, v_new, nkv, (&[], &[], self.nh), rnd);
+        };
+        let hp = p.k.dim(0)?;
+        // the cached keys and values read where they are (a decode step copied the whole cache
+        // of every layer here); a non-contiguous or non-f32 past is copied once
+        let direct = matmul::with_slice(&p.k, |pk| {
+            matmul::with_slice(&p.v, |pv| {
+                self.run_on(q, k_new, v_new, nkv, (pk, pv, hp), rnd)
+            })
+        });
+        match direct {
+            Some(Some(o)) => o,
+            _ => {
+                let pk = p.k.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let pv = p.v.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                self.run_on(q, k_new, v_new, nkv, (&pk, &pv, hp), rnd)
+            }
+        }
+    }
+
+    /// `run` on the past's keys and values `[hp, W, hd]` as slices, `hp` their head count.
+    fn run_on(
+        &self,
+        q: &[f32],
+        k_new: &[f32],
+        v_new: &[f32],
+        nkv: usize,
+        (pk, pv, hp): (&[f32], &[f32], usize),
+        rnd: &Rounder,
+    ) -> Result<Vec<f32>> {
         let (nh, t, hd, w) = (self.nh, self.t, self.hd, self.w);
         let c = w + t;
-        let (pk, pv, hp) = match past {
-            Some(p) => (
-                p.k.flatten_all()?.to_vec1::<f32>()?,
-                p.v.flatten_all()?.to_vec1::<f32>()?,
-                p.k.dim(0)?,
-            ),
-            None => (Vec::new(), Vec::new(), nh),
-        };
         // an already-expanded input (nh heads) passes through; otherwise heads go through kv_map
         let src = |heads: usize, h: usize| if heads == nh { h } else { self.kv_map[h] };
         let mut groups: Vec<((usize, usize), Vec<usize>)> = Vec::new();

@@ -31,7 +31,7 @@ pub mod llama;
 pub mod mask;
 mod matmul;
 pub mod model;
-mod onnx_proto;
+pub mod onnx_proto;
 pub mod onnx_weights;
 mod openvino_decompress;
 mod openvino_ir;

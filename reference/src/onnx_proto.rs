@@ -1,7 +1,8 @@
 //! The few fields of an ONNX model file (`onnx/onnx.proto`) the precision-matched reference reads
-//! to compute a device's declared weights: the graph's nodes (op type, name, inputs, integer
-//! attributes) and its initializers (name, data type, inline or external data). A plain
-//! protobuf wire-format walk: no generated code, unknown fields skipped.
+//! to compute a device's declared weights and arithmetic: the graph's nodes (op type, name,
+//! inputs, outputs, integer attributes), its initializers (name, data type, inline or external
+//! data) and the element types its inputs, outputs and value_info declare. A plain protobuf
+//! wire-format walk: no generated code, unknown fields skipped.
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -15,6 +16,7 @@ pub struct Node {
     pub op_type: String,
     pub name: String,
     pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
     /// Integer attributes by name.
     pub ints: HashMap<String, i64>,
     /// Attributes of other types, by name (so a caller can refuse what it does not read).
@@ -42,12 +44,18 @@ pub struct Initializer {
 
 pub const FLOAT: i32 = 1;
 pub const UINT8: i32 = 2;
+pub const FLOAT16: i32 = 10;
 
 /// The nodes and initializers of the model file `path`.
 pub struct OnnxGraph {
     pub path: PathBuf,
     pub nodes: Vec<Node>,
     pub inits: HashMap<String, Initializer>,
+    /// The graph's output names.
+    pub outputs: Vec<String>,
+    /// Element types (`TensorProto.DataType`) the graph declares for its inputs, outputs and
+    /// value_info entries, by name.
+    pub declared_types: HashMap<String, i32>,
 }
 
 struct Wire<'a> {
@@ -128,6 +136,7 @@ fn node(b: &[u8]) -> std::result::Result<Node, ()> {
     each(b, |f, v| {
         match (f, v) {
             (1, Field::Bytes(s)) => n.inputs.push(text(s)),
+            (2, Field::Bytes(s)) => n.outputs.push(text(s)),
             (3, Field::Bytes(s)) => n.name = text(s),
             (4, Field::Bytes(s)) => n.op_type = text(s),
             (5, Field::Bytes(s)) => {
@@ -152,6 +161,31 @@ fn node(b: &[u8]) -> std::result::Result<Node, ()> {
         Ok(())
     })?;
     Ok(n)
+}
+
+/// A `ValueInfoProto`'s name and, for a tensor, its element type
+/// (ValueInfoProto.type = 2 → TypeProto.tensor_type = 1 → elem_type = 1).
+fn value_info(b: &[u8]) -> std::result::Result<(String, Option<i32>), ()> {
+    let (mut name, mut elem) = (String::new(), None);
+    each(b, |f, v| {
+        match (f, v) {
+            (1, Field::Bytes(s)) => name = text(s),
+            (2, Field::Bytes(t)) => each(t, |f, v| {
+                if let (1, Field::Bytes(tt)) = (f, v) {
+                    each(tt, |f, v| {
+                        if let (1, Field::Varint(e)) = (f, v) {
+                            elem = Some(e as i32);
+                        }
+                        Ok(())
+                    })?;
+                }
+                Ok(())
+            })?,
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok((name, elem))
 }
 
 fn initializer(b: &[u8]) -> std::result::Result<(String, Initializer), ()> {
@@ -233,12 +267,23 @@ impl OnnxGraph {
         .map_err(|_| bad())?;
         let graph = graph.ok_or_else(bad)?;
         let (mut nodes, mut inits) = (Vec::new(), HashMap::new());
+        let (mut outputs, mut declared_types) = (Vec::new(), HashMap::new());
         each(graph, |f, v| {
             match (f, v) {
                 (1, Field::Bytes(s)) => nodes.push(node(s)?),
                 (5, Field::Bytes(s)) => {
                     let (name, init) = initializer(s)?;
                     inits.insert(name, init);
+                }
+                // GraphProto.input = 11, output = 12, value_info = 13
+                (11..=13, Field::Bytes(s)) => {
+                    let (name, elem) = value_info(s)?;
+                    if f == 12 {
+                        outputs.push(name.clone());
+                    }
+                    if let Some(e) = elem {
+                        declared_types.insert(name, e);
+                    }
                 }
                 _ => {}
             }
@@ -249,6 +294,8 @@ impl OnnxGraph {
             path: path.to_path_buf(),
             nodes,
             inits,
+            outputs,
+            declared_types,
         })
     }
 

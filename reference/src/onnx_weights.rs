@@ -20,8 +20,9 @@ use crate::{Error, Model, Result};
 /// The attributes of MatMulNBits kvprobe computes; another one is refused.
 const READ_ATTRS: [&str; 5] = ["K", "N", "bits", "block_size", "accuracy_level"];
 
-/// What one MatMulNBits node replaces: (layer or None for lm_head, projection name).
-fn target(node: &str, weight: &str) -> Option<(Option<usize>, &'static str)> {
+/// What one MatMulNBits (or MatMul) node of the model builder computes, by its node and weight
+/// names: (layer or None for lm_head, projection name).
+pub fn target(node: &str, weight: &str) -> Option<(Option<usize>, &'static str)> {
     let hay = format!("{node} {weight}");
     if hay.contains("lm_head") {
         return Some((None, "lm_head"));

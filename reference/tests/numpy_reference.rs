@@ -320,10 +320,7 @@ fn the_fp16_reference_matches_numpy_fp16() {
         ("max-scaled", NormStatistic::MaxScaled),
         ("fused", NormStatistic::Fused),
     ] {
-        let f = Fp16 {
-            overflow: Overflow::Infinite,
-            norm: form,
-        };
+        let f = Fp16::every_op(Overflow::Infinite, form);
         let (ours, over, x) = run(dir.path(), Some(f));
         let (f32_logits, _, _) = run(dir.path(), None);
         let (np, np_over) = numpy_fp16(dir.path(), &arg(&x), "inf", norm);
@@ -342,10 +339,7 @@ fn the_fp16_reference_matches_numpy_fp16() {
         ("inf", Overflow::Infinite),
         ("saturate:131008", Overflow::Saturate(131_008.0)),
     ] {
-        let f = Fp16 {
-            overflow,
-            norm: NormStatistic::Squares,
-        };
+        let f = Fp16::every_op(overflow, NormStatistic::Squares);
         let (ours, over, x) = run(dir.path(), Some(f));
         let (np, np_over) = numpy_fp16(dir.path(), &arg(&x), flag, "squares");
         let over = over.expect("the first norm's squares overflow");

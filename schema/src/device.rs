@@ -327,7 +327,7 @@ pub struct DeviceDescription {
 
 /// The arithmetic a device declares its graph computes in; the precision-matched reference
 /// computes in it (kvprobe_reference::arith documents which op outputs are rounded).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeclaredArithmetic {
     #[default]
@@ -337,7 +337,22 @@ pub enum DeclaredArithmetic {
     Fp16 {
         saturate_at: Option<f32>,
         norm: DeclaredNorm,
+        /// The reference's sites (kvprobe_reference::arith::SITES) held in fp16; None (and
+        /// descriptions written before the field) = every op output.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rounded: Option<Vec<String>>,
+        /// Each norm after a residual add reads the float32 sum of its inputs (ONNX Runtime's
+        /// fp16 SkipSimplifiedLayerNormalization), the sum carried on is rounded.
+        #[serde(default, skip_serializing_if = "is_false")]
+        norm_reads_f32_sum: bool,
+        /// The RoPE cos/sin tables are fp16 values.
+        #[serde(default, skip_serializing_if = "is_false")]
+        rope_tables_fp16: bool,
     },
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 /// How the graph computes RMSNorm's statistic (where fp16 can overflow).

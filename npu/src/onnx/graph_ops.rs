@@ -42,11 +42,13 @@ pub(super) fn mask_by_length(model: &Path) -> Result<Option<String>> {
 pub const HTP_FP16_SATURATION: f32 = 131_008.0;
 
 /// The arithmetic the graph at `model` computes in, as the session declares it: fp16 with HTP's
-/// saturation when QNN's HTP runs it with `enable_htp_fp16_precision=1`; fp16 with IEEE
-/// infinities when the graph itself holds fp16 (its K/V cache is fp16: the model builder's
-/// `-p fp16`, run by ONNX Runtime's CPU kernels); float32 otherwise. The norm statistic is read
-/// off the graph: a fused SimplifiedLayerNormalization, a ReduceMax (scripts/export-onnx.py's
-/// scaled norm) or plain squares.
+/// saturation, every op output rounded, when QNN's HTP runs it with
+/// `enable_htp_fp16_precision=1`; when the graph itself holds fp16 (its K/V cache is fp16: the
+/// model builder's `-p fp16`) and ONNX Runtime's CPU kernels run it, fp16 with IEEE infinities
+/// only where the CPU EP keeps fp16 (`ort_cpu_fp16.rs`, derived from the graph's ops and
+/// types); float32 otherwise. The norm statistic is read off the graph: a fused
+/// SimplifiedLayerNormalization, a ReduceMax (scripts/export-onnx.py's scaled norm) or plain
+/// squares.
 pub(super) fn declared_arithmetic(
     model: &Path,
     htp_fp16: bool,
@@ -72,9 +74,23 @@ pub(super) fn declared_arithmetic(
     } else {
         DeclaredNorm::Squares
     };
+    if htp_fp16 {
+        return Ok(DeclaredArithmetic::Fp16 {
+            saturate_at: Some(HTP_FP16_SATURATION),
+            norm,
+            rounded: None,
+            norm_reads_f32_sum: false,
+            rope_tables_fp16: false,
+        });
+    }
+    let graph = kvprobe_reference::onnx_proto::OnnxGraph::read(model)?;
+    let cpu = super::ort_cpu_fp16::derive(&graph);
     Ok(DeclaredArithmetic::Fp16 {
-        saturate_at: htp_fp16.then_some(HTP_FP16_SATURATION),
+        saturate_at: None,
         norm,
+        rounded: Some(cpu.rounded.iter().map(|s| s.to_string()).collect()),
+        norm_reads_f32_sum: cpu.skip_sum_f32,
+        rope_tables_fp16: cpu.rope_tables_fp16,
     })
 }
 

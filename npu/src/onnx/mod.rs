@@ -25,6 +25,8 @@ pub mod host;
 mod kv_inputs;
 #[cfg(feature = "onnx")]
 mod open_checks;
+#[cfg(feature = "onnx")]
+mod ort_cpu_fp16;
 pub mod qnn;
 #[cfg(feature = "onnx")]
 mod qnn_session;

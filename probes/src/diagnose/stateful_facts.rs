@@ -30,7 +30,7 @@ pub struct StatefulFacts {
     /// f32 one (cosine 1) on a device that declares f32 throughout.
     pub greedy_steps: Vec<(f64, f64)>,
     /// The cache-free controls' miss (prefill rows run from a reset, self-only steps), the
-    /// smaller of the two: the graph's own arithmetic, which the declared precision adds to.
+    /// larger of the two: the graph's own arithmetic, which the declared precision adds to.
     pub graph_noise: f64,
     /// The host-wiring hypotheses fitted on the reference side (run when greedy failed).
     pub output_fit: Option<WiringFit>,
