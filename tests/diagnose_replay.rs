@@ -17,8 +17,13 @@ fn replayed(fault: &str, want_verdict: &str) {
     let rep = &v["reproducer"];
     let replay = &rep["replay"];
     assert_eq!(replay["reproduces"], true, "{rep}");
-    // the replay ran the prompt and every greedy step
-    assert_eq!(replay["steps"].as_array().map(Vec::len), Some(8), "{rep}");
+    // the replay ran the prompt and every greedy step, or stopped once exact: more than half
+    // of the 8 at the noise floor, which its note says
+    let steps = replay["steps"].as_array().map_or(0, Vec::len);
+    let early = rep["note"]
+        .as_str()
+        .is_some_and(|n| n.starts_with(&format!("decided after {steps} of 8 steps")));
+    assert!(steps == 8 || (steps >= 5 && early), "{rep}");
     let hypothesis = &v["hypothesis"];
     assert!(hypothesis["rule"].as_str().is_some_and(|r| !r.is_empty()));
     assert_eq!(hypothesis["fault"], replay["fault"]);
