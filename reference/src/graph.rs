@@ -472,16 +472,39 @@ impl AttnCtx<'_> {
         past: Option<&LayerKv>,
         rnd: &Rounder,
     ) -> Result<Vec<f32>> {
+        let Some(p) = past else {
+            return self.run_on(q, k_new, v_new, nkv, (&[], &[], self.nh), rnd);
+        };
+        let hp = p.k.dim(0)?;
+        // the cached keys and values read where they are (a decode step copied the whole cache
+        // of every layer here); a non-contiguous or non-f32 past is copied once
+        let direct = matmul::with_slice(&p.k, |pk| {
+            matmul::with_slice(&p.v, |pv| {
+                self.run_on(q, k_new, v_new, nkv, (pk, pv, hp), rnd)
+            })
+        });
+        match direct {
+            Some(Some(o)) => o,
+            _ => {
+                let pk = p.k.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let pv = p.v.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                self.run_on(q, k_new, v_new, nkv, (&pk, &pv, hp), rnd)
+            }
+        }
+    }
+
+    /// `run` on the past's keys and values `[hp, W, hd]` as slices, `hp` their head count.
+    fn run_on(
+        &self,
+        q: &[f32],
+        k_new: &[f32],
+        v_new: &[f32],
+        nkv: usize,
+        (pk, pv, hp): (&[f32], &[f32], usize),
+        rnd: &Rounder,
+    ) -> Result<Vec<f32>> {
         let (nh, t, hd, w) = (self.nh, self.t, self.hd, self.w);
         let c = w + t;
-        let (pk, pv, hp) = match past {
-            Some(p) => (
-                p.k.flatten_all()?.to_vec1::<f32>()?,
-                p.v.flatten_all()?.to_vec1::<f32>()?,
-                p.k.dim(0)?,
-            ),
-            None => (Vec::new(), Vec::new(), nh),
-        };
         // an already-expanded input (nh heads) passes through; otherwise heads go through kv_map
         let src = |heads: usize, h: usize| if heads == nh { h } else { self.kv_map[h] };
         let mut groups: Vec<((usize, usize), Vec<usize>)> = Vec::new();
