@@ -237,7 +237,7 @@ fn wiring_fit(
     starts: &[usize],
     from: usize,
 ) -> Result<Option<crate::wiring_fit::WiringFit>> {
-    use crate::wiring_fit::{fit, healthy_and_precision, Rows, CHAT};
+    use crate::wiring_fit::{chat, fit, healthy_and_precision, Rows};
     // an appended turn's piece runs from its start to its first generated row
     let turns: Vec<(usize, usize)> = (1..starts.len())
         .filter_map(|t| {
@@ -263,7 +263,7 @@ fn wiring_fit(
         s.model,
         seq,
         &layout,
-        &CHAT,
+        &chat(),
         &device,
         healthy_and_precision(&steps, noise),
     )

@@ -46,17 +46,12 @@ pub const REQUEST: [Wiring; 7] = [
     Wiring::HideOwn,
 ];
 
-/// The hypotheses for a conversation: the request's, and a turn's positions restarted.
-pub const CHAT: [Wiring; 8] = [
-    Wiring::TurnRestart,
-    Wiring::Shift(1),
-    Wiring::Shift(-1),
-    Wiring::Shift(2),
-    Wiring::Shift(-2),
-    Wiring::HideNewest,
-    Wiring::HideOldest,
-    Wiring::HideOwn,
-];
+/// The hypotheses for a conversation: a turn's positions restarted, then the request's.
+pub fn chat() -> Vec<Wiring> {
+    std::iter::once(Wiring::TurnRestart)
+        .chain(REQUEST)
+        .collect()
+}
 
 impl Wiring {
     pub fn verdict(self) -> Verdict {
