@@ -14,12 +14,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-scripts/fetch-model.sh >/dev/null
-MODEL=.cache/models/smollm2-135m-instruct-q4_1.gguf
-if [[ -n "${KVPROBE_BIN:-}" ]]; then BIN="$KVPROBE_BIN"; else
-    cargo build --release -q -p kvprobe
-    BIN=target/release/kvprobe
-fi
+# shellcheck source=lib/release-bin.sh
+source scripts/lib/release-bin.sh
 read -r -a GEO <<<"${GEOMETRY:---cache-len 32 --prefill-len 16}"
 if [[ $# -gt 0 ]]; then FAULTS=("$@"); else
     # one per declared verdict (ring-write-race, nondeterministic, is never replayed: a

@@ -9,12 +9,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-scripts/fetch-model.sh >/dev/null
-MODEL=.cache/models/smollm2-135m-instruct-q4_1.gguf
-if [[ -n "${KVPROBE_BIN:-}" ]]; then BIN="$KVPROBE_BIN"; else
-    cargo build --release -q -p kvprobe
-    BIN=target/release/kvprobe
-fi
+# shellcheck source=lib/release-bin.sh
+source scripts/lib/release-bin.sh
 if [[ $# -gt 0 ]]; then FAULTS=("$@"); else
     FAULTS=(tbt-position=+1 tbt-position=-1 tbt-attn-scale=0.85 tbt-attn-scale=1.15 tbt-cache-scale=0.9)
 fi

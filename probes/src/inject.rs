@@ -158,21 +158,14 @@ fn partial_swap(
     layers.sort_unstable();
     layers.dedup();
     let write = |s: &mut Session, swapped: &[usize], swap: Swap| -> Result<()> {
-        for info in infos {
-            let sw = if swapped.contains(&info.layer) {
+        let swap_of = |layer| {
+            if swapped.contains(&layer) {
                 swap
             } else {
                 Swap::No
-            };
-            let bytes = ring_bytes(infos, refs, info, sw, n, l);
-            cache_io::write(
-                s.dev,
-                info.cache_id,
-                &bytes,
-                "of reference entries (inject probe)",
-            )?;
-        }
-        Ok(())
+            }
+        };
+        write_reference_rings(s, (infos, refs), swap_of, n, l)
     };
     let mut helping = Vec::new();
     for &layer in &layers {
@@ -295,8 +288,23 @@ fn run_with_rings(
     reference: &[f32],
     mode: &MaskMode,
 ) -> Result<LogitComparison> {
+    write_reference_rings(s, (infos, refs), |_| swap, n, l)?;
+    let out = s.driver.trial_step(s.dev, q, mode)?;
+    Ok(compare(&out.logits, reference))
+}
+
+/// One golden ring: the reference entries of `info` (or of its K/V partner when swapped),
+/// quantised with the chosen declared info, token-major at slot `p mod L`.
+/// Every ring written with the reference's entries, each layer's K/V swapped as `swap_of` says.
+fn write_reference_rings(
+    s: &mut Session,
+    (infos, refs): (&[CacheInfo], &BTreeMap<u32, Vec<f32>>),
+    swap_of: impl Fn(usize) -> Swap,
+    n: usize,
+    l: usize,
+) -> Result<()> {
     for info in infos {
-        let bytes = ring_bytes(infos, refs, info, swap, n, l);
+        let bytes = ring_bytes(infos, refs, info, swap_of(info.layer), n, l);
         cache_io::write(
             s.dev,
             info.cache_id,
@@ -304,12 +312,9 @@ fn run_with_rings(
             "of reference entries (inject probe)",
         )?;
     }
-    let out = s.driver.trial_step(s.dev, q, mode)?;
-    Ok(compare(&out.logits, reference))
+    Ok(())
 }
 
-/// One golden ring: the reference entries of `info` (or of its K/V partner when swapped),
-/// quantised with the chosen declared info, token-major at slot `p mod L`.
 fn ring_bytes(
     infos: &[CacheInfo],
     refs: &BTreeMap<u32, Vec<f32>>,
