@@ -375,8 +375,8 @@ impl Device for OvDevice {
     }
 
     /// The runtime that ran the IR, the device, and every key it was configured with.
-    /// A CPU-plugin run below the reference's precision (its bf16 / u8 defaults) says so in
-    /// every output.
+    /// A CPU-plugin run below the reference's precision (its bf16 / u8 defaults), or NPUW's CPU
+    /// partitions at the CPU plugin's bf16 / int8-activation defaults, says so in every output.
     fn warnings(&self) -> Vec<String> {
         #[cfg(feature = "openvino")]
         {
