@@ -173,6 +173,19 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
         ));
         return;
     };
+    name_mild_fault(d, replayer, best, (healthy_miss, line), tried, n);
+}
+
+/// `best`, a replay that reproduced the device more closely than the healthy hypothesis, becomes
+/// the verdict, its replay the reproducer.
+fn name_mild_fault(
+    d: &mut Diagnosis,
+    replayer: &Arc<dyn Replayer>,
+    best: Replay,
+    (healthy_miss, line): (f64, String),
+    tried: Vec<(String, f64)>,
+    n: usize,
+) {
     let table = replayer.table();
     let Ok(verdict) = table.expected(&best.fault.text()) else {
         return;

@@ -22,13 +22,13 @@
 
 use kvprobe_schema::{NotApplicable, ProbeFindings, Timing, Verdict};
 
-use super::engine::{Cause, Control, Controls, Engine, Rule, Tier, When};
+use super::engine::{Control, Controls, Engine, Rule, Tier, When};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
 use super::state_evidence::{declared_quant_mismatch, non_finite_decode, ranges};
+use super::stateful_causes::*;
 pub use super::stateful_facts::StatefulFacts;
 pub use super::stateful_na::NOT_APPLICABLE;
 use super::stateful_na::{hidden_state_probes, na};
-use crate::thresholds::*;
 use crate::{determinism, greedy, prefill, selfmask, statecheck, Result};
 
 /// Steps of the repeat `diagnose` runs (the prefill and 3 tbt steps, twice, in this process).
@@ -154,195 +154,6 @@ pub const STATE: &[R] = &[
 
 /// Every stateful rule, in evaluation order.
 pub const TABLE: &[&[R]] = &[REPEAT, STALE, OVERFLOW, STATE];
-
-/// Identical inputs down to the states, different outputs: nothing before the request explains it.
-fn nondeterministic(f: &StatefulFacts) -> Option<Cause> {
-    super::repeat::nondeterministic(f.repeat.as_ref()?)
-}
-
-fn stale_cache(f: &StatefulFacts) -> Option<Cause> {
-    if f.back_to_back_identical {
-        return None;
-    }
-    let first = match &f.back_to_back_refused {
-        Some(e) => format!(
-            "back-to-back: the prompt after a reset was refused ({e}) although it fits the context alone: the previous request's state length was kept"
-        ),
-        None => format!(
-            "back-to-back: the prompt after a reset gives different logits depending on the request before it (cosine {:.4})",
-            f.back_to_back_cosine
-        ),
-    };
-    Some(Cause::new(0.9).line(first).line(
-        "→ the second request's logits depend on the first: the state is not reset between requests",
-    ))
-}
-
-/// A layer whose output at position p is non-finite shows as non-finite K/V of the next layer.
-fn numeric_overflow(f: &StatefulFacts) -> Option<Cause> {
-    let ov = f.overflow.as_ref().filter(|_| f.overflowed())?;
-    Some(Cause::new(0.95).line(statecheck::overflow_evidence(ov)))
-}
-
-/// The prefill wrote only positions inside `0..n`, from 0, and left some unwritten: rows were
-/// dropped (a graph that takes fewer query rows, or a state shorter than declared, issue 20),
-/// not moved (an offset writes outside `0..n`).
-fn state_holes(f: &StatefulFacts) -> Option<Cause> {
-    let st = f.state.as_ref()?;
-    let n = st.prompt_len;
-    let inside = st.written.first() == Some(&0) && st.written.iter().all(|&p| p < n);
-    (inside && st.written.len() < n).then(|| {
-        Cause::new(0.85).line(format!(
-            "→ capacity-overflow: the prefill of {n} tokens wrote {} positions, all inside 0..{n}, and left {} unwritten: the device dropped rows it was given and said nothing",
-            st.written.len(),
-            n - st.written.len()
-        ))
-    })
-}
-
-fn state_offset(f: &StatefulFacts) -> Option<Cause> {
-    let n = f.state.as_ref()?.prompt_len;
-    (f.written_ok() == Some(false)).then(|| {
-        Cause::new(0.9).line(format!(
-            "→ slice_update writes other slots than 0..{n}: the state positions are off"
-        ))
-    })
-}
-
-fn healthy(f: &StatefulFacts) -> Option<Cause> {
-    let states_ok = f.written_ok().unwrap_or(f.state.is_none());
-    (states_ok && f.prefill_ok() && f.greedy_ok()).then(|| {
-        Cause::new(0.9).line(if f.state.is_some() {
-            "→ prefill, decode and the states agree with the reference"
-        } else {
-            "→ prefill and decode agree with the reference (the states are not readable on this device: judged by its outputs only)"
-        })
-    })
-}
-
-/// The device computes what its declared fp16 arithmetic computes (the matched reference, which
-/// overflows fp16 inside the graph, reproduces it) and the f32 reference does not: the graph
-/// overflows fp16, not the device's K/V path (issue 36; the control is the same graph without the
-/// overflow, healthy).
-fn fp16_overflow(f: &StatefulFacts) -> Option<Cause> {
-    let (at, g) = f.fp16_overflow.as_ref()?;
-    (f.prefill_ok() && f.greedy_ok() && !f.f32_greedy_ok()).then(|| {
-        Cause::new(0.9).line(format!(
-            "→ {at}: the fp16 reference reproduces the device (greedy matched) where the f32 reference does not (greedy mean cosine {:.4}, top-1 {:.0}%)",
-            g[0],
-            100.0 * g[2]
-        ))
-    })
-}
-
-fn state_layout_cosines(f: &StatefulFacts) -> Option<Cause> {
-    let [doc, swapped] = f.state.as_ref()?.layout_cosines?;
-    Some(Cause::note(format!(
-        "state layout: reference K/V written [kv_heads, ctx, d] → cosine {doc:.4}; [ctx, kv_heads, d] → {swapped:.4}"
-    )))
-}
-
-/// The swapped state order reproduces the reference and beats the documented one.
-fn state_layout(f: &StatefulFacts) -> Option<Cause> {
-    let [doc, swapped] = f.state.as_ref()?.layout_cosines?;
-    (swapped >= REPRODUCES_COSINE && swapped >= doc + REPAIR_MARGIN)
-        .then(|| Cause::new(0.9).line("→ the attention reads the states as [ctx, kv_heads, d]"))
-}
-
-fn declared_quant(f: &StatefulFacts) -> Option<Cause> {
-    let what = f.declared_quant_mismatch.as_ref()?;
-    Some(Cause::new(0.9).line(format!(
-        "→ the cache's edges declare different element types or quantisations ({what}): the runner reads the cache in another format than the graph writes it"
-    )))
-}
-
-/// `(δ, cosine)` of the best shift δ ≠ 0 and the cosine at δ = 0.
-fn best_shift(f: &StatefulFacts) -> Option<((i64, f64), f64)> {
-    let shifts = f.state.as_ref()?.position_cosines.as_ref()?;
-    let zero = shifts.iter().find(|s| s[0] == 0.0)?[1];
-    let best = shifts
-        .iter()
-        .filter(|s| s[0] != 0.0)
-        .max_by(|a, b| a[1].total_cmp(&b[1]))?;
-    Some(((best[0] as i64, best[1]), zero))
-}
-
-fn position_cosines(f: &StatefulFacts) -> Option<Cause> {
-    let ((d, c), zero) = best_shift(f)?;
-    Some(Cause::note(format!(
-        "positions: the first decode step against the reference with its query at n + δ: best δ = {d:+} → cosine {c:.4}; δ = 0 → {zero:.4}"
-    )))
-}
-
-/// A shifted query reproduces the step at the position level and beats the documented position.
-fn state_position(f: &StatefulFacts) -> Option<Cause> {
-    let ((d, c), zero) = best_shift(f)?;
-    (c >= POSITION_REPRODUCES && c >= zero + POSITION_MARGIN).then(|| {
-        Cause::new(0.85).line(format!(
-            "→ the decode step runs at position n {d:+}: the position ids fed to the graph are off"
-        ))
-    })
-}
-
-fn mask_cosines(f: &StatefulFacts) -> Option<Cause> {
-    let st = f.state.as_ref()?;
-    let (own, full) = (st.selfonly_cosine?, st.full_cosine?);
-    Some(Cause::note(format!(
-        "mask: a self-only step against the token alone: cosine {own:.4}; the full-context step: {full:.4}"
-    )))
-}
-
-/// Blocked columns still contribute: the additive mask is not applied as 0 / −inf.
-fn self_only_mask(f: &StatefulFacts) -> Option<Cause> {
-    let st = f.state.as_ref()?;
-    let (own, _full) = (st.selfonly_cosine?, st.full_cosine?);
-    (own < REPRODUCES_COSINE).then(|| {
-        Cause::new(0.8).line(
-            "→ blocked columns still contribute: the additive mask is not applied as 0 / −inf",
-        )
-    })
-}
-
-fn output_fit_line(f: &StatefulFacts) -> Option<Cause> {
-    Some(Cause::note(f.output_fit.as_ref()?.line()))
-}
-
-/// The device's greedy run is what the reference computes with the runs after the prompt fed
-/// `verdict`'s wrong wiring, within the declared precision and clearly closer than healthy.
-fn output_wiring(f: &StatefulFacts, verdict: Verdict) -> Option<Cause> {
-    let fit = f.output_fit.as_ref()?;
-    let cause = fit.cause().filter(|_| fit.wiring.verdict() == verdict)?;
-    Some(Cause::new(0.85).line(format!("→ {cause}")))
-}
-
-fn output_position(f: &StatefulFacts) -> Option<Cause> {
-    output_wiring(f, Verdict::PositionMismatch)
-}
-
-fn output_mask(f: &StatefulFacts) -> Option<Cause> {
-    output_wiring(f, Verdict::MaskConvention)
-}
-
-/// By elimination: the graph alone is right (a self-only step matches the token alone), the
-/// positions are (no shift reproduces), the slots written are, yet the reference K/V written in
-/// the documented order do not repair the step: the graph reads the state in another arrangement
-/// than the host keeps it (the ONNX `win-k-layout` fault: K `[H, 1, D, T]` copied as
-/// `[H, 1, T, D]`, which no order the experiment writes undoes).
-fn state_reader(f: &StatefulFacts) -> Option<Cause> {
-    let st = f.state.as_ref()?;
-    let [doc, _] = st.layout_cosines?;
-    let own = st.selfonly_cosine?;
-    let ((_, shifted), _) = best_shift(f)?;
-    (f.written_ok() == Some(true)
-        && own >= REPRODUCES_COSINE
-        && doc < REPRODUCES_COSINE
-        && shifted < POSITION_REPRODUCES)
-        .then(|| {
-            Cause::new(0.6).line(format!(
-                "→ by elimination: the step alone is right (self-only {own:.4}), the slots and positions are, but reference K/V in the documented order do not repair it ({doc:.4}): the graph reads the state in another layout than the host writes it"
-            ))
-        })
-}
 
 struct Run<'s, 'a> {
     s: &'s mut crate::session::Session<'a>,
@@ -658,6 +469,7 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::diagnose::engine::Cause;
     use kvprobe_schema::{DeterminismFinding, OverflowFinding, StateFinding};
 
     /// A healthy stateful run: every check ran, nothing is off.
