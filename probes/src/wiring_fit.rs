@@ -103,9 +103,8 @@ pub struct Rows<'a> {
 fn inputs(w: Wiring, r: &Rows) -> Option<(Vec<usize>, Vec<bool>)> {
     let t = r.t;
     let mut pos: Vec<usize> = (0..t).collect();
-    let mut mask: Vec<bool> = (0..t * t)
-        .map(|k| (k % t) <= (k / t) && (k / t) - (k % t) < r.window)
-        .collect();
+    // causal within the reference's window of `window` keys (the row itself and window − 1 before)
+    let mut mask = kvprobe_reference::mask::banded(t, r.window.saturating_sub(1));
     if w == Wiring::TurnRestart {
         if r.turns.is_empty() {
             return None;
