@@ -25,12 +25,7 @@ use crate::Result;
 /// Logits of rows `from..seq.len()` when row `i` is fed alone at position `positions[i]` into a
 /// cache of slots indexed by position, the host's mask opening the `i` slots it counts (slots
 /// never written hold zeros); the first `from` rows are a causal prefix at positions 0..from.
-pub fn rows(
-    model: &Model,
-    seq: &[u32],
-    positions: &[usize],
-    from: usize,
-) -> Result<Vec<Vec<f32>>> {
+pub fn rows(model: &Model, seq: &[u32], positions: &[usize], from: usize) -> Result<Vec<Vec<f32>>> {
     let t = seq.len();
     let prefix: Vec<usize> = (0..from).collect();
     let hist = model.prefix_state(&seq[..from], &prefix)?;
