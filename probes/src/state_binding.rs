@@ -21,6 +21,7 @@ use kvprobe_reference::{ForwardOptions, KeySet, KvState, LayerKv, Model};
 use crate::cache_io;
 use crate::metrics::cosine;
 use crate::session::Session;
+use crate::thresholds::REPRODUCES_COSINE;
 use crate::{Error, Result};
 
 /// What the binding experiment measured.
@@ -99,7 +100,10 @@ fn prompt_state(model: &Model, ids: &[u32]) -> Result<KvState> {
     })
 }
 
-/// The binding each layer's state shows: the reference layer whose prompt K/V it holds best.
+/// The binding each layer's state shows: the reference layer whose prompt K/V it holds best,
+/// where it holds them (mean cosine ≥ `REPRODUCES_COSINE`, the bar a repaired step meets); a
+/// state that holds no layer's K/V (garbage, another arrangement) keeps its own index: that is
+/// for the layout and reader rules, not a binding.
 fn fit(states: &[(Vec<f32>, Vec<f32>)], reference: &[LayerKv]) -> Result<Vec<usize>> {
     let refs: Vec<(Vec<f32>, Vec<f32>)> = reference
         .iter()
@@ -111,7 +115,12 @@ fn fit(states: &[(Vec<f32>, Vec<f32>)], reference: &[LayerKv]) -> Result<Vec<usi
         .map(|(l, (k, v))| {
             let score = |m: usize| (cosine(k, &refs[m].0) + cosine(v, &refs[m].1)) / 2.0;
             // ties keep the layer's own index: only a strictly better layer moves it
-            (0..refs.len()).fold(l, |best, m| if score(m) > score(best) { m } else { best })
+            let best = (0..refs.len()).fold(l, |b, m| if score(m) > score(b) { m } else { b });
+            if score(best) >= REPRODUCES_COSINE {
+                best
+            } else {
+                l
+            }
         })
         .collect())
 }
@@ -188,5 +197,42 @@ mod tests {
             .collect();
         assert_eq!(prompt_rows(&bytes, 2, 3, 1, 2).unwrap(), [1., 2., 4., 5.]);
         assert!(prompt_rows(&bytes[2..], 2, 3, 1, 2).is_err());
+    }
+
+    #[test]
+    fn the_fit_binds_a_layer_to_the_k_v_it_holds_and_nothing_else() {
+        // three layers of [kv 1, n 2, hd 2] K/V, far apart from each other
+        let kv = |x: [f32; 4]| {
+            let t = |v: [f32; 4]| {
+                candle_core::Tensor::from_vec(v.to_vec(), (1, 2, 2), &candle_core::Device::Cpu)
+                    .unwrap()
+            };
+            LayerKv {
+                k: t(x),
+                v: t([x[3], x[2], x[1], x[0]]),
+            }
+        };
+        let reference = [
+            kv([1., 0., 0., 0.]),
+            kv([0., 1., 0., 0.]),
+            kv([0., 0., 1., 1.]),
+        ];
+        let held = |l: usize| {
+            (
+                flat(&reference[l].k).unwrap(),
+                flat(&reference[l].v).unwrap(),
+            )
+        };
+        // layers 0 and 1 hold each other's, layer 2 its own
+        assert_eq!(
+            fit(&[held(1), held(0), held(2)], &reference).unwrap(),
+            [1, 0, 2]
+        );
+        // a state that holds no layer's K/V well keeps its own index
+        let garbage = (vec![0.5, 0.5, -0.5, 0.1], vec![0.3, -0.2, 0.1, 0.4]);
+        assert_eq!(
+            fit(&[garbage, held(1), held(2)], &reference).unwrap(),
+            [0, 1, 2]
+        );
     }
 }
