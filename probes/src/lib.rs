@@ -42,6 +42,7 @@ pub mod session;
 pub mod splits;
 pub mod stale;
 pub mod statecheck;
+pub mod teacher_steps;
 pub mod thresholds;
 pub mod wiring_fit;
 pub mod wiring_slots;
