@@ -41,6 +41,7 @@ pub mod selfmask;
 pub mod session;
 pub mod splits;
 pub mod stale;
+pub mod state_binding;
 pub mod statecheck;
 pub mod teacher_steps;
 pub mod thresholds;
