@@ -43,6 +43,7 @@ pub mod splits;
 pub mod stale;
 pub mod state_binding;
 pub mod statecheck;
+pub mod teacher_steps;
 pub mod thresholds;
 pub mod wiring_fit;
 pub mod wiring_slots;
