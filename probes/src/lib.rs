@@ -45,6 +45,7 @@ pub mod state_binding;
 pub mod statecheck;
 pub mod thresholds;
 pub mod wiring_fit;
+pub mod wiring_slots;
 pub mod ztap;
 
 /// The stateful rules under their former module name (the CLI reads `NOT_APPLICABLE`).
