@@ -8,7 +8,8 @@
 #     (scripts/export-builder.sh smollm2 PRECISION; GroupQueryAttention, shared buffer), --max-ctx 128
 # Extra arguments go to diagnose (e.g. --ep qnn --ep-option backend_path=QnnHtp.dll).
 # PROFILE=dev uses the dev-profile binary (optimised too, see Cargo.toml) instead of a release
-# build. Needs GNU time (scripts/ensure-gnu-time.sh).
+# build; KVPROBE_BIN names a binary already built (e.g. with --features onnx,openvino) and skips
+# the build. Needs GNU time (scripts/ensure-gnu-time.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-.cache/models/smollm2-135m-instruct-q4_1.gguf}
@@ -29,7 +30,9 @@ else
   EXTRA=()
 fi
 scripts/ensure-gnu-time.sh bench-onnx >/dev/null
-if [ "$PROFILE" = dev ]; then
+if [ -n "${KVPROBE_BIN:-}" ]; then
+  BIN="$KVPROBE_BIN"
+elif [ "$PROFILE" = dev ]; then
   cargo build --quiet --features onnx --bin kvprobe
   BIN=./target/debug/kvprobe
 else

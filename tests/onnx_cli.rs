@@ -320,47 +320,57 @@ fn a_length_only_mask_makes_the_self_only_probes_not_applicable() {
     );
 }
 
-/// A host fault on top of the model builder's int4 export (issue 35): the clean int4 is healthy
-/// against the precision-matched reference, and the runner binding layers 0 and 1 to each
-/// other's pasts (`dec-layer-swap`) is not. The table declares kv-binding; the diagnosis does not
-/// name it yet (the stateful rules have no kv-binding rule: docs/onnx-genai.md), so this checks
-/// that the fault is seen, and prints what it is called. A win-* fault there is one line.
+/// A host fault on top of the model builder's exports (issue 35): the clean fp32 and int4 exports
+/// are healthy against the precision-matched reference, and the runner binding layers 0 and 1 to
+/// each other's pasts (`dec-layer-swap`) is named kv-binding by the stateful rules' binding
+/// hypothesis (its replay beats the right K/V), with kvdiff's first divergent layer where the
+/// cache first goes wrong: layer 0. A win-* fault there is one line.
 #[test]
-fn a_host_fault_on_the_builders_int4_export_is_not_healthy() {
+fn a_host_fault_on_the_builders_exports_is_named_kv_binding() {
+    for precision in ["fp32", "int4"] {
+        let (hf, dir) = tiny_builder_export(precision);
+        let (hf, dir) = (hf.to_str().unwrap(), dir.to_str().unwrap());
+        let run = |extra: &[&str]| {
+            let mut a = vec![
+                "diagnose",
+                "--onnx",
+                dir,
+                "--model",
+                hf,
+                "--ids",
+                "1,5,9,22,7,3",
+                "--steps",
+                "6",
+            ];
+            a.extend_from_slice(extra);
+            kvprobe_json(&a)
+        };
+        let (code, v, err) = run(&[]);
+        assert_eq!((code, verdict(&v).as_str()), (0, "healthy"), "{err} {v}");
+        let (code, v, err) = run(&["--fault", "dec-layer-swap"]);
+        assert_eq!(
+            (code, verdict(&v).as_str()),
+            (1, "kv-binding"),
+            "{precision}: {err} {v}"
+        );
+        let binding = evidence(&v)
+            .into_iter()
+            .find(|e| e.starts_with("K/V binding:"))
+            .unwrap_or_else(|| panic!("no binding line: {v}"));
+        assert!(
+            binding.contains("layer 0 holds layer 1's, layer 1 holds layer 0's"),
+            "{binding}"
+        );
+        let first = &v["probes"]["kvdiff"]["first_divergent"];
+        assert_eq!(first["layer"].as_u64(), Some(0), "{precision}: {v}");
+    }
     let (hf, dir) = tiny_builder_export("int4");
-    let (hf, dir) = (hf.to_str().unwrap(), dir.to_str().unwrap());
-    let run = |extra: &[&str]| {
-        let mut a = vec![
-            "diagnose",
-            "--onnx",
-            dir,
-            "--model",
-            hf,
-            "--ids",
-            "1,5,9,22,7,3",
-            "--steps",
-            "6",
-        ];
-        a.extend_from_slice(extra);
-        kvprobe_json(&a)
-    };
-    let (code, v, err) = run(&[]);
-    assert_eq!((code, verdict(&v).as_str()), (0, "healthy"), "{err} {v}");
-    let (code, v, err) = run(&["--fault", "dec-layer-swap"]);
-    assert_eq!(code, 1, "{err} {v}");
-    assert_ne!(verdict(&v), "healthy", "{v}");
-    let greedy = evidence(&v)
-        .into_iter()
-        .find(|e| e.starts_with("greedy against the precision-matched reference"))
-        .unwrap_or_else(|| panic!("no matched greedy line: {v}"));
-    assert!(!greedy.contains("top-1 100%"), "{greedy}");
-    eprintln!("dec-layer-swap on the builder's int4: {}", verdict(&v));
     let out = kvprobe(&[
         "diagnose",
         "--onnx",
-        dir,
+        dir.to_str().unwrap(),
         "--model",
-        hf,
+        hf.to_str().unwrap(),
         "--fault",
         "win-write-left",
     ]);

@@ -17,7 +17,8 @@ use kvprobe_schema::{
 };
 
 use crate::metrics::compare;
-use crate::session::{append, window_step, Session};
+use crate::session::Session;
+use crate::teacher_steps::step_rows;
 use crate::thresholds::{REL_NOISE_FLOOR, REL_RATIO, STAGE_MEAN_COSINE, STAGE_MIN_COSINE};
 use crate::Result;
 
@@ -235,30 +236,6 @@ fn causal_rows_and_prefix(
     want.sort_unstable();
     want.dedup();
     Ok(model.rows_in_pieces(&seq[..t], &want, window, keep)?)
-}
-
-/// Reference logits of `tokens` fed one at a time after `state`, the first at position
-/// `state.len()`, each step seeing the newest `window` tokens itself included (all when `None`):
-/// the rows a windowed forward over the whole sequence gives there.
-fn step_rows(
-    model: &Model,
-    mut state: KvState,
-    tokens: &[u32],
-    window: Option<usize>,
-) -> Result<Vec<Vec<f32>>> {
-    let max_pos = model.config().max_position;
-    let mut rows = Vec::with_capacity(tokens.len());
-    for &token in tokens {
-        let position = state.len();
-        if position >= max_pos {
-            break;
-        }
-        let past = window.map_or(position, |w| w.saturating_sub(1));
-        let (logits, kv) = window_step(model, &state, token, position, past)?;
-        rows.push(logits);
-        append(&mut state, &kv, token, position)?;
-    }
-    Ok(rows)
 }
 
 /// Refusal or output of one request.
@@ -576,7 +553,8 @@ mod tests {
     use super::*;
     use kvprobe_reference::ForwardOptions;
 
-    /// Generation's reference rows come from the prompt's keys and one decode step per token;
+    /// Generation's reference rows come from the prompt's keys and the steps run in chunks (of
+    /// one token, three, and `STEP_CHUNK`);
     /// they must be the rows of one forward over the whole sequence (causal, and windowed as
     /// the runtime slides), the property "a decode step equals the last row of a full forward".
     #[test]
@@ -617,9 +595,17 @@ mod tests {
                     assert!(worst < 1e-4, "causal row {r}: {worst}");
                 }
             }
-            let rows = step_rows(&model, prefix, &seq[g0..], window).expect("steps");
+            let one =
+                crate::teacher_steps::step_rows_in(&model, prefix.clone(), &seq[g0..], window, 1)
+                    .expect("steps");
+            let rows = step_rows(&model, prefix.clone(), &seq[g0..], window).expect("steps");
+            let threes = crate::teacher_steps::step_rows_in(&model, prefix, &seq[g0..], window, 3)
+                .expect("steps");
             assert_eq!(rows.len(), seq.len() - g0);
-            for (i, row) in rows.iter().enumerate() {
+            assert_eq!((one.len(), threes.len()), (rows.len(), rows.len()));
+            let all = rows.iter().chain(&one).chain(&threes);
+            for (k, row) in all.enumerate() {
+                let i = k % rows.len();
                 let want = full.row(g0 + i);
                 let worst = row
                     .iter()

@@ -42,9 +42,12 @@ pub mod selfmask;
 pub mod session;
 pub mod splits;
 pub mod stale;
+pub mod state_binding;
 pub mod statecheck;
+pub mod teacher_steps;
 pub mod thresholds;
 pub mod wiring_fit;
+pub mod wiring_slots;
 pub mod ztap;
 
 /// The stateful rules under their former module name (the CLI reads `NOT_APPLICABLE`).

@@ -95,7 +95,7 @@ impl Precision {
     }
 
     /// The model the matched reference computes with: the declared weights, else `given`.
-    fn model<'a>(&'a self, given: &'a Model) -> &'a Model {
+    pub fn model<'a>(&'a self, given: &'a Model) -> &'a Model {
         self.weights.as_deref().unwrap_or(given)
     }
 

@@ -33,6 +33,10 @@ pub enum Wiring {
     HideOwn,
     /// Each appended chat turn's rows get position ids from 0, as a new prompt's would.
     TurnRestart,
+    /// The same restarted position ids into a pipeline that stores each run's K/V at the slot
+    /// its position id names, the host's mask opening the slots it counts
+    /// (`crate::wiring_slots`).
+    TurnRestartSlots,
 }
 
 /// The hypotheses for one greedy request.
@@ -48,7 +52,8 @@ pub const REQUEST: [Wiring; 7] = [
 
 /// The hypotheses for a conversation: a turn's positions restarted, then the request's.
 pub fn chat() -> Vec<Wiring> {
-    std::iter::once(Wiring::TurnRestart)
+    [Wiring::TurnRestart, Wiring::TurnRestartSlots]
+        .into_iter()
         .chain(REQUEST)
         .collect()
 }
@@ -56,7 +61,9 @@ pub fn chat() -> Vec<Wiring> {
 impl Wiring {
     pub fn verdict(self) -> Verdict {
         match self {
-            Wiring::Shift(_) | Wiring::TurnRestart => Verdict::PositionMismatch,
+            Wiring::Shift(_) | Wiring::TurnRestart | Wiring::TurnRestartSlots => {
+                Verdict::PositionMismatch
+            }
             Wiring::HideNewest | Wiring::HideOldest | Wiring::HideOwn => Verdict::MaskConvention,
         }
     }
@@ -74,6 +81,9 @@ impl Wiring {
             Wiring::TurnRestart => {
                 "each appended turn fed with position ids restarting at 0".into()
             }
+            Wiring::TurnRestartSlots => {
+                "each appended turn fed with position ids restarting at 0, into a cache that stores each token's K/V at the slot its position id names (overwriting the history from slot 0) while the host's mask opens every slot it counts".into()
+            }
         }
     }
 
@@ -84,6 +94,7 @@ impl Wiring {
             Wiring::HideOldest => "hide oldest".into(),
             Wiring::HideOwn => "hide own".into(),
             Wiring::TurnRestart => "turn positions from 0".into(),
+            Wiring::TurnRestartSlots => "turn positions from 0, K/V at their slots".into(),
         }
     }
 }
@@ -105,7 +116,7 @@ fn inputs(w: Wiring, r: &Rows) -> Option<(Vec<usize>, Vec<bool>)> {
     let mut pos: Vec<usize> = (0..t).collect();
     // causal within the reference's window of `window` keys (the row itself and window − 1 before)
     let mut mask = kvprobe_reference::mask::banded(t, r.window.saturating_sub(1));
-    if w == Wiring::TurnRestart {
+    if matches!(w, Wiring::TurnRestart | Wiring::TurnRestartSlots) {
         if r.turns.is_empty() {
             return None;
         }
@@ -122,7 +133,7 @@ fn inputs(w: Wiring, r: &Rows) -> Option<(Vec<usize>, Vec<bool>)> {
             Wiring::HideNewest => mask[row * t + row - 1] = false,
             Wiring::HideOldest => mask[row * t] = false,
             Wiring::HideOwn => mask[row * t + row] = false,
-            Wiring::TurnRestart => {}
+            Wiring::TurnRestart | Wiring::TurnRestartSlots => {}
         }
     }
     Some((pos, mask))
@@ -177,6 +188,24 @@ impl WiringFit {
     }
 }
 
+/// A hypothesis' logits: a forward pass, or the rows `from..` of the slot emulation.
+enum Fitted {
+    Pass(kvprobe_reference::ForwardOutput),
+    Slots { from: usize, rows: Vec<Vec<f32>> },
+}
+
+impl Fitted {
+    fn row(&self, i: usize) -> Option<&[f32]> {
+        match self {
+            Fitted::Pass(out) => Some(out.row(i)),
+            Fitted::Slots { from, rows } => i
+                .checked_sub(*from)
+                .and_then(|k| rows.get(k))
+                .map(Vec::as_slice),
+        }
+    }
+}
+
 pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -226,18 +255,25 @@ pub fn fit(
         let Some((positions, mask)) = inputs(w, layout) else {
             continue;
         };
-        let out = model.forward(
-            seq,
-            &ForwardOptions {
-                mask: Some(mask),
-                positions: Some(positions),
-                ..Default::default()
-            },
-        )?;
+        let out = if w == Wiring::TurnRestartSlots {
+            // rows from the first appended turn on, each fed alone into position-indexed slots
+            let from = layout.turns.first().map_or(layout.t, |&(start, _)| start);
+            let got = crate::wiring_slots::rows(model, seq, &positions, from)?;
+            Fitted::Slots { from, rows: got }
+        } else {
+            Fitted::Pass(model.forward(
+                seq,
+                &ForwardOptions {
+                    mask: Some(mask),
+                    positions: Some(positions),
+                    ..Default::default()
+                },
+            )?)
+        };
         let misses: Vec<f64> = rows
             .iter()
             .map(|&(i, d)| {
-                let c = cosine(d, out.row(i));
+                let c = out.row(i).map_or(f64::NAN, |r| cosine(d, r));
                 if c.is_finite() {
                     1.0 - c
                 } else {

@@ -22,6 +22,7 @@ pub mod score;
 pub mod stage;
 mod state_evidence;
 pub mod stateful;
+mod stateful_binding;
 mod stateful_causes;
 mod stateful_facts;
 mod stateful_na;

@@ -104,6 +104,20 @@ pub const STATE: &[R] = &[
     )
     .stop(),
     R::new(
+        "kv-binding-fit",
+        T,
+        None,
+        super::stateful_binding::binding_fit,
+    ),
+    R::new(
+        "kv-binding",
+        T,
+        Some(Verdict::KvBinding),
+        super::stateful_binding::kv_binding,
+    )
+    .needs(Control::Greedy)
+    .stop(),
+    R::new(
         "declared-quant",
         T,
         Some(Verdict::CacheQuantization),
@@ -251,6 +265,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         state: None,
         declared_quant_mismatch: declared_quant_mismatch(run.s.describe()),
         fp16_overflow: None,
+        binding: None,
     };
     run.eng.apply(REPEAT, &f);
     if run.eng.stopped() {
@@ -463,17 +478,21 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     ));
     run.p.state = Some(st.clone());
     f.state = Some(st);
+    if experiments {
+        let noise = f.graph_noise;
+        f.binding = run.timed("binding", |s| crate::state_binding::run(s, noise))?;
+    }
     Ok(())
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::diagnose::engine::Cause;
     use kvprobe_schema::{DeterminismFinding, OverflowFinding, StateFinding};
 
     /// A healthy stateful run: every check ran, nothing is off.
-    fn healthy_facts() -> StatefulFacts {
+    pub(in crate::diagnose) fn healthy_facts() -> StatefulFacts {
         StatefulFacts {
             repeat: None,
             back_to_back_identical: true,
@@ -504,6 +523,7 @@ mod tests {
             }),
             declared_quant_mismatch: None,
             fp16_overflow: None,
+            binding: None,
         }
     }
 

@@ -41,6 +41,9 @@ pub struct StatefulFacts {
     /// Cache edges that declare different element types or quantisations for one cache
     /// (the description's, e.g. a uint16 runner input over a uint8 graph output).
     pub declared_quant_mismatch: Option<String>,
+    /// The K/V binding the states show after the first decode step and its replay
+    /// (`crate::state_binding`; run with the state experiments, `None` when the identity).
+    pub binding: Option<crate::state_binding::BindingFit>,
 }
 
 /// Passes the stage floors of the ring rules, top-1 ignored near identical logits.

@@ -8,6 +8,14 @@ use crate::kv::LayerKv;
 use crate::matmul::{self, Rhs};
 use crate::Result;
 
+thread_local! {
+    /// The grouped keys and values of the last attention this thread ran, kept for the next:
+    /// over an 8192-entry window they are megabytes per layer, and fresh ones per layer cost a
+    /// page fault per 4 KiB (25 M minor faults in one emulated 8192-entry diagnose).
+    static GROUPED: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 /// Everything one layer's attention needs besides its tensors.
 pub(super) struct AttnCtx<'a> {
     pub(super) nh: usize,
@@ -88,8 +96,9 @@ impl AttnCtx<'_> {
                 .collect();
         }
         let (g, per) = (groups.len(), groups[0].1.len());
-        let mut kg = Vec::with_capacity(g * c * hd);
-        let mut vg = Vec::with_capacity(g * c * hd);
+        let (mut kg, mut vg) = GROUPED.with_borrow_mut(std::mem::take);
+        kg.clear();
+        vg.clear();
         let mut qg = Vec::with_capacity(g * per * t * hd);
         for ((ph, nw), hs) in &groups {
             kg.extend_from_slice(&pk[ph * w * hd..(ph + 1) * w * hd]);
@@ -109,11 +118,12 @@ impl AttnCtx<'_> {
                 row_of[h] = gi * per + a;
             }
         }
-        let mut s = matmul::batched(&qg, &kg, Rhs::Transposed, g, per * t, hd, c)?; // [G, per*T, C]
+        let mut s = self.scores(&qg, &kg, g, per * t, rnd)?; // [G, per*T, C]
         rnd.round(&mut s, "scores");
         self.masked_softmax_rows(&mut s, |h, i| (row_of[h] * t + i) * c);
         rnd.round(&mut s, "softmax");
         let og = matmul::batched(&s, &vg, Rhs::Plain, g, per * t, c, hd)?; // [G, per*T, hd]
+        GROUPED.set((kg, vg));
         let mut o = vec![0f32; t * nh * hd];
         for (h, &r) in row_of.iter().enumerate() {
             for i in 0..t {
@@ -123,6 +133,60 @@ impl AttnCtx<'_> {
             }
         }
         Ok(o)
+    }
+
+    /// `q·kᵀ` of every group, `[G, m, C]` from q `[G, m, hd]` and keys `[G, C, hd]`: only the
+    /// columns from the first one any row may attend to the last are multiplied (a long ring
+    /// early in a prompt is mostly columns nothing attends), the others left 0, which the
+    /// softmax gives them anyway. Each score is one dot product over `hd` in gemm's order
+    /// whatever the column count (one k-block), as long as the narrowed product keeps gemm's
+    /// general kernel: more than 16×16 outputs (`matmul::SPLIT_MIN_COLUMNS`), at least 2 rows and
+    /// columns (else its gemv). Not under fp16 rounding: a device computes every column's score
+    /// before masking, and an overflow there is what the rounder reports.
+    pub(super) fn scores(
+        &self,
+        qg: &[f32],
+        kg: &[f32],
+        g: usize,
+        m: usize,
+        rnd: &Rounder,
+    ) -> Result<Vec<f32>> {
+        let (hd, c) = (self.hd, self.w + self.t);
+        let (lo, hi) = self.attended_columns();
+        let n = hi.saturating_sub(lo);
+        if rnd.is_fp16() || n == c || m < 2 || n < 2 || m * n <= 16 * 16 {
+            return matmul::batched(qg, kg, Rhs::Transposed, g, m, hd, c);
+        }
+        let mut s = vec![0f32; g * m * c];
+        for b in 0..g {
+            let part = matmul::batched(
+                &qg[b * m * hd..(b + 1) * m * hd],
+                &kg[(b * c + lo) * hd..(b * c + hi) * hd],
+                Rhs::Transposed,
+                1,
+                m,
+                hd,
+                n,
+            )?;
+            for (r, row) in part.chunks_exact(n).enumerate() {
+                s[(b * m + r) * c + lo..][..n].copy_from_slice(row);
+            }
+        }
+        Ok(s)
+    }
+
+    /// The columns `lo..hi` from the first any row of any head may attend to the last.
+    pub(super) fn attended_columns(&self) -> (usize, usize) {
+        let c = self.w + self.t;
+        let (mut lo, mut hi) = (c, 0);
+        for row in self.mask.chunks_exact(c) {
+            let (a, b) = span(row);
+            if a < b {
+                lo = lo.min(a);
+                hi = hi.max(b);
+            }
+        }
+        (lo.min(hi), hi)
     }
 
     /// Scores `[nh, T, C]` (C = W+T) → probabilities in place, mask `[T, nh, C]`.
@@ -142,19 +206,28 @@ impl AttnCtx<'_> {
         let midx = |h: usize, i: usize| (i * nh + h) * c;
         for i in 0..t {
             for heads in self.softmax_groups {
+                // a ring window is mostly columns nothing attends (an emulated 8192-entry ring
+                // early in a long prompt): each row's loops run over its allowed span only, in
+                // the same order, so the sum adds the same terms in the same order
+                let spans: Vec<(usize, usize)> = heads
+                    .iter()
+                    .map(|&h| span(&self.mask[midx(h, i)..][..c]))
+                    .collect();
                 let mut m = f32::NEG_INFINITY;
-                for &h in heads {
+                for (&h, &(lo, hi)) in heads.iter().zip(&spans) {
                     let (sr, mr) = (row(h, i), midx(h, i));
-                    for j in 0..c {
-                        if self.mask[mr + j] {
-                            m = m.max(s[sr + j] * self.scale);
-                        }
-                    }
+                    m = m.max(masked_max(
+                        &s[sr + lo..sr + hi],
+                        &self.mask[mr + lo..mr + hi],
+                        self.scale,
+                    ));
                 }
                 let mut sum = 0f64;
-                for &h in heads {
+                for (&h, &(lo, hi)) in heads.iter().zip(&spans) {
                     let (sr, mr) = (row(h, i), midx(h, i));
-                    for j in 0..c {
+                    s[sr..sr + lo].fill(0.0);
+                    s[sr + hi..sr + c].fill(0.0);
+                    for j in lo..hi {
                         let k = sr + j;
                         s[k] = if self.mask[mr + j] {
                             let e = (s[k] * self.scale - m).exp();
@@ -177,4 +250,34 @@ impl AttnCtx<'_> {
             }
         }
     }
+}
+
+/// The columns `lo..hi` from a row's first allowed column to its last (`0..0` when none is).
+fn span(mask: &[bool]) -> (usize, usize) {
+    match mask.iter().position(|&a| a) {
+        Some(lo) => (lo, mask.iter().rposition(|&a| a).map_or(lo, |l| l + 1)),
+        None => (0, 0),
+    }
+}
+
+/// The largest `x * scale` over the allowed `x` of `s` (−∞ when none is). Eight running maxima
+/// instead of one chain: the maximum of a set does not depend on the order it is taken in
+/// (NaN is skipped by `f32::max` either way), and one chain waits on every compare.
+fn masked_max(s: &[f32], mask: &[bool], scale: f32) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let (sc, mc) = (s.chunks_exact(8), mask.chunks_exact(8));
+    let (sr, mr) = (sc.remainder(), mc.remainder());
+    for (xs, ms) in sc.zip(mc) {
+        for l in 0..8 {
+            if ms[l] {
+                lanes[l] = lanes[l].max(xs[l] * scale);
+            }
+        }
+    }
+    for (x, &a) in sr.iter().zip(mr) {
+        if a {
+            lanes[0] = lanes[0].max(x * scale);
+        }
+    }
+    lanes.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x))
 }

@@ -70,3 +70,39 @@ fn shared_softmax_splits_mass_over_heads() {
     let z = 2.0 + 2.0 * e;
     assert!((s[0] - 1.0 / z).abs() < 1e-6 && (s[2] - e / z).abs() < 1e-6);
 }
+
+#[test]
+fn scores_over_the_attended_columns_have_the_full_products_bits() {
+    use crate::arith::{Arithmetic, Rounder};
+    use crate::matmul::{self, Rhs};
+    // 6 query heads over 2 KV heads (3 per group), 16 rows, a window of 584 past columns of
+    // which the first 200 nothing attends: the narrowed product must give every attended
+    // column the bits of the full one (gemm's order per output depends on hd alone)
+    let (nh, t, w, hd, g, per) = (6usize, 16usize, 584usize, 4usize, 2usize, 3usize);
+    let c = w + t;
+    let mask: Vec<bool> = (0..t * nh * c).map(|i| i % c >= 200).collect();
+    let map = [0usize, 0, 0, 1, 1, 1];
+    let cx = ctx(nh, t, w, &mask, &map, false);
+    let mut x = 0x9e37_79b9_u32;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        (x as f32 / u32::MAX as f32) * 8.0 - 4.0
+    };
+    let q: Vec<f32> = (0..g * per * t * hd).map(|_| next()).collect();
+    let k: Vec<f32> = (0..g * c * hd).map(|_| next()).collect();
+    let m = per * t;
+    let narrow = cx
+        .scores(&q, &k, g, m, &Rounder::new(Arithmetic::F32))
+        .unwrap();
+    let full = matmul::batched(&q, &k, Rhs::Transposed, g, m, hd, c).unwrap();
+    assert_eq!(cx.attended_columns(), (200, c));
+    for (i, (a, b)) in narrow.iter().zip(&full).enumerate() {
+        if i % c >= 200 {
+            assert_eq!(a.to_bits(), b.to_bits(), "score {i}");
+        } else {
+            assert_eq!(*a, 0.0, "score {i}");
+        }
+    }
+}

@@ -13,14 +13,15 @@ use crate::quant::{self, dequantize};
 use crate::Result;
 
 impl SimDevice {
-    /// Read one cache edge's window as the graph sees it: `[in][features]` floats.
+    /// Read one cache edge's window as the graph sees it: `[in][features]` floats into `out`.
     pub(super) fn read_edge(
         &mut self,
         g: GroupKind,
         layer: usize,
         kind: CacheKind,
         n_in: usize,
-    ) -> Result<Vec<f32>> {
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let swap = g == GroupKind::Tbt
             && self
                 .edge_fault(layer, kind, |k| *k == FaultKind::KvSwap)
@@ -38,21 +39,24 @@ impl SimDevice {
         let lay = self.layout_of(g, layer, kind, CacheDirection::Input);
         layout::decode(lay, shape, &stream, &mut block);
         let q = self.reader_quant(g, layer, kind);
-        let out: Vec<f32> = match self.opts.cache_quant {
-            CacheQuant::U8 => block.iter().map(|&c| dequantize(c as f32, &q)).collect(),
-            CacheQuant::U16 => block
-                .chunks_exact(2)
-                .map(|c| dequantize(u16::from_le_bytes([c[0], c[1]]) as f32, &q))
-                .collect(),
+        out.clear();
+        match self.opts.cache_quant {
+            CacheQuant::U8 => out.extend(block.iter().map(|&c| dequantize(c as f32, &q))),
+            CacheQuant::U16 => out.extend(
+                block
+                    .chunks_exact(2)
+                    .map(|c| dequantize(u16::from_le_bytes([c[0], c[1]]) as f32, &q)),
+            ),
             // float edges: the declared scale still multiplies (the scale fault declares F)
-            CacheQuant::Float => block
-                .chunks_exact(4)
-                .map(|c| dequantize(f32::from_le_bytes([c[0], c[1], c[2], c[3]]), &q))
-                .collect(),
-        };
+            CacheQuant::Float => out.extend(
+                block
+                    .chunks_exact(4)
+                    .map(|c| dequantize(f32::from_le_bytes([c[0], c[1], c[2], c[3]]), &q)),
+            ),
+        }
         self.stream = stream;
         self.block = block;
-        Ok(out)
+        Ok(())
     }
 
     /// Write one cache edge's new rows (`[T][features]` floats) through the writer's quant and layout.
@@ -157,12 +161,18 @@ impl SimDevice {
         Ok(out)
     }
 
-    pub(super) fn heads_tensor(&self, floats: Vec<f32>, n: usize) -> Result<Tensor> {
+    /// `[n][features]` entries → a `[h, n, hd]` tensor, transposed in one pass into the
+    /// tensor's own buffer.
+    pub(super) fn heads_tensor(&self, floats: &[f32], n: usize) -> Result<Tensor> {
         let hd = self.desc.shape.head_dim;
         let h = self.features / hd;
-        Ok(Tensor::from_vec(floats, (n, h, hd), &CDevice::Cpu)?
-            .transpose(0, 1)?
-            .contiguous()?)
+        let mut heads = Vec::with_capacity(h * n * hd);
+        for head in 0..h {
+            for entry in floats.chunks_exact(self.features).take(n) {
+                heads.extend_from_slice(&entry[head * hd..(head + 1) * hd]);
+            }
+        }
+        Ok(Tensor::from_vec(heads, (h, n, hd), &CDevice::Cpu)?)
     }
 
     /// All layers' past read up front: read and write windows are disjoint (contract §1.5).
@@ -174,18 +184,22 @@ impl SimDevice {
         let n_layers = self.desc.shape.n_layers;
         let mut past = Vec::with_capacity(n_layers);
         let mut taps = BTreeMap::new();
+        // one window's floats at a time in a buffer the device keeps: a window of an 8192-entry
+        // ring is megabytes, and fresh ones per edge per run cost a page fault per 4 KiB
+        let mut floats = std::mem::take(&mut self.floats);
         for layer in 0..n_layers {
-            let k = self.read_edge(g, layer, CacheKind::K, geom.input_len)?;
-            let v = self.read_edge(g, layer, CacheKind::V, geom.input_len)?;
-            if self.opts.taps {
-                taps.insert(cache_id(layer, CacheKind::K), k.clone());
-                taps.insert(cache_id(layer, CacheKind::V), v.clone());
-            }
-            past.push(LayerKv {
-                k: self.heads_tensor(k, geom.input_len)?,
-                v: self.heads_tensor(v, geom.input_len)?,
-            });
+            let mut heads = |kind: CacheKind| -> Result<Tensor> {
+                self.read_edge(g, layer, kind, geom.input_len, &mut floats)?;
+                if self.opts.taps {
+                    taps.insert(cache_id(layer, kind), floats.clone());
+                }
+                self.heads_tensor(&floats, geom.input_len)
+            };
+            let k = heads(CacheKind::K)?;
+            let v = heads(CacheKind::V)?;
+            past.push(LayerKv { k, v });
         }
+        self.floats = floats;
         Ok((past, taps))
     }
 

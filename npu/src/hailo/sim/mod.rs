@@ -100,6 +100,8 @@ pub struct SimDevice {
     // scratch
     stream: Vec<u8>,
     block: Vec<u8>,
+    /// One cache window's floats as the graph reads them (`read_past`).
+    floats: Vec<f32>,
 }
 
 impl SimDevice {
@@ -204,6 +206,7 @@ impl SimDevice {
             memo: memo::GraphMemo::default(),
             stream: Vec::new(),
             block: Vec::new(),
+            floats: Vec::new(),
         };
         dev.desc.groups = vec![
             dev.describe_group(GroupKind::Prefill),
