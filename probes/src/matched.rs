@@ -302,18 +302,14 @@ fn drive_from(
 /// steps and the chat's first turn share the prompt and its first replies), the rest driven from
 /// its store. Exact: a step's logits and K/V depend only on the tokens up to it. A run whose
 /// fp16 arithmetic overflowed is not reused (the overflow is reported per run).
-#[allow(clippy::too_many_arguments)]
+/// `geometry` as [`drive`]'s.
 pub fn greedy_logits_shared(
-    memo: &DriveMemo,
-    model: &Model,
+    (memo, model): (&DriveMemo, &Model),
     p: &Precision,
     seq: &[u32],
-    n: usize,
-    steps: usize,
-    cache_len: usize,
-    prefill_len: usize,
+    geometry: (usize, usize, usize, usize),
 ) -> Result<Vec<Vec<f32>>> {
-    let geometry = (n, steps, cache_len, prefill_len);
+    let (n, steps, cache_len, prefill_len) = geometry;
     let driven = &seq[..(n + steps.max(1) - 1).min(seq.len())];
     let (mut out, resume) = memo.resume(driven, (n, cache_len, prefill_len), steps);
     let r = out.len();
@@ -468,14 +464,10 @@ pub fn three_way_at(
     let rows = positions.last().map_or(0, |&last| last + 2 - n);
     let matched = match &precision {
         Some(p) => Some(greedy_logits_shared(
-            memo,
-            model,
+            (memo, model),
             p,
             seq,
-            n,
-            rows,
-            desc.cache_len,
-            desc.prefill_len,
+            (n, rows, desc.cache_len, desc.prefill_len),
         )?),
         None => None,
     };

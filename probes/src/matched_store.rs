@@ -193,7 +193,7 @@ mod tests {
         b[14] = 5;
         let n = 10;
         let memo = DriveMemo::default();
-        let first = greedy_logits_shared(&memo, &model, &p, &a, n, 11, 24, 8).expect("a");
+        let first = greedy_logits_shared((&memo, &model), &p, &a, (n, 11, 24, 8)).expect("a");
         assert_eq!(
             first,
             greedy_logits(&model, &p, &a, n, 11, 24, 8).expect("a fresh")
@@ -201,7 +201,7 @@ mod tests {
         // steps 0..=4 read positions up to 13, before the first differing token
         let (kept, store) = memo.resume(&b[..17], (n, 24, 8), 8);
         assert_eq!((kept.len(), store.map(|s| s.k[0].len())), (5, Some(n + 4)));
-        let second = greedy_logits_shared(&memo, &model, &p, &b, n, 8, 24, 8).expect("b");
+        let second = greedy_logits_shared((&memo, &model), &p, &b, (n, 8, 24, 8)).expect("b");
         assert_eq!(second[..5], first[..5]);
         assert_eq!(
             second,
