@@ -7,8 +7,8 @@ append_tokens call, then each next token (GenAI's own greedy argmax) with anothe
 row of `logits` after every call. kvprobe's host side must give the same logits
 (npu/tests/onnx_genai.rs).
 
-Usage: onnx-genai-logits.py DIR --ids 1,2,3 --steps N --out FILE.npy
-Writes FILE.npy (float32 [N, vocab]) and prints JSON {"tokens": [...]} (the N generated ids).
+Usage: onnx-genai-logits.py DIR --ids 1,2,3 --steps N --out FILE.npy [--then 4,5,6]
+Writes FILE.npy (float32 [N, vocab], one more row with --then) and prints JSON {"tokens": [...]} (the N generated ids).
 Exit 3 with one line when onnxruntime_genai is not installed.
 """
 import argparse
@@ -32,11 +32,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-length", type=int, default=None,
                     help="search max_length [default: prompt + steps; a windowed model counts its pads too]")
+    ap.add_argument("--then", default=None,
+                    help="ids appended as one more append_tokens call after the steps (GenAI's continuous "
+                         "decoding: a chunk over the past); its last row is one more row")
     a = ap.parse_args()
     ids = [int(x) for x in a.ids.split(",")]
+    then = [int(x) for x in a.then.split(",")] if a.then else []
     model = og.Model(a.dir)
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=a.max_length or len(ids) + a.steps, do_sample=False)
+    params.set_search_options(max_length=a.max_length or len(ids) + a.steps + len(then), do_sample=False)
     gen = og.Generator(model, params)
     rows, tokens = [], []
     feed = ids
@@ -47,6 +51,10 @@ def main():
         rows.append(row)
         tokens.append(int(np.argmax(row)))
         feed = [tokens[-1]]
+    if then:
+        gen.append_tokens(np.array(then, dtype=np.int32))
+        lg = np.array(gen.get_output("logits"), dtype=np.float32)
+        rows.append(lg.reshape(-1, lg.shape[-1])[-1])
     np.save(a.out, np.stack(rows))
     print(json.dumps({"tokens": tokens}))
 

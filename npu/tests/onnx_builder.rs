@@ -151,6 +151,63 @@ fn builder_fp16_export_matches_the_genai_runtime_bit_for_bit() {
     }
 }
 
+/// GenAI's continuous decoding (`Generator::AppendTokens` after generated tokens, allowed where
+/// the KV cache lives on the CPU: `SupportsContinuousDecoding`, src/generators.cpp) runs a
+/// multi-token chunk over the past, the run kvprobe's stateful prefill makes after steps
+/// (diagnose's chunked runs). Both give the same logits bit for bit on the fp32 and int4 exports,
+/// so a device failing that run fails a run GenAI makes: a finding, never a probe the device
+/// cannot run (docs/onnx-genai.md "Session 24").
+#[test]
+fn a_chunk_over_a_past_is_genai_s_continuous_decoding() {
+    let (_hf, model) = tiny_llama(13);
+    let tmp = tempfile::tempdir().unwrap();
+    let list = |v: &[u32]| {
+        v.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    for precision in ["fp32", "int4"] {
+        let dir = builder_folder(precision);
+        let (mut dev, mut drv) = open(&model, &dir, None);
+        let (prompt, chunk, steps) = (ids(7, 300, 6), ids(5, 300, 7), 4);
+        let npy = tmp.path().join(format!("then-{precision}.npy"));
+        let o = std::process::Command::new("python3")
+            .arg(root().join("scripts/onnx-genai-logits.py"))
+            .arg(&dir)
+            .args(["--ids", &list(&prompt), "--steps", &steps.to_string()])
+            .args(["--then", &list(&chunk), "--out"])
+            .arg(&npy)
+            .output()
+            .expect("python3");
+        assert!(
+            o.status.success(),
+            "onnx-genai-logits.py --then: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let tokens: Vec<u32> = serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+            ["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        let genai: ndarray::Array2<f32> = ndarray_npy::read_npy(&npy).unwrap();
+        drv.reset(&mut dev).unwrap();
+        drv.prefill(&mut dev, &prompt).unwrap();
+        for t in &tokens[..steps - 1] {
+            drv.step(&mut dev, *t, &MaskMode::Ring).unwrap();
+        }
+        let ours = drv.prefill(&mut dev, &chunk).unwrap().logits;
+        let d = max_abs_diff(&ours, genai.row(steps).as_slice().unwrap());
+        assert_eq!(
+            d, 0.0,
+            "{precision}: the chunk over the past, max |Δlogit| {d}"
+        );
+        eprintln!("builder {precision}: a {}-token chunk over a past of {}: bit-identical to GenAI's continuation", chunk.len(), prompt.len() + steps - 1);
+    }
+}
+
 #[test]
 fn builder_int4_export_matches_the_genai_runtime_bit_for_bit() {
     matches_genai("int4");

@@ -26,6 +26,7 @@ pub mod maskconv;
 pub mod matched;
 mod matched_edges;
 mod matched_fp16;
+mod matched_store;
 mod matched_summary;
 pub mod metrics;
 pub mod positions;
