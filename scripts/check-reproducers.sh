@@ -2,12 +2,16 @@
 # One reproducer per verdict kind, run and compared (issue 34): for one faulty case of each
 # verdict the HailoRT emulator's fault table declares, `diagnose` runs on the faulty emulator,
 # then the reproducer command its verdict prints runs as written (kvprobe greedy on the
-# emulator with only the hypothesis as fault), and the two runs' greedy steps are compared step
-# by step. Both runs compare each step's logits with the same f32 reference, so equal per-step
-# cosines and KLs (to 1e-6) and equal top-1 tokens say the reproducer's logits agree with the
-# device's in those projections; the diagnosis' own replay miss (1 − cosine of the two logit
-# vectors, from results.json) is printed beside it. The diagnose greedy probe runs after other
-# probes (rings not cleared) and the reproducer from a fresh emulator, as a user would run it.
+# emulator with only the hypothesis as fault), and so does the same command on the diagnosed
+# device (the faulty emulator: `--fault` the fault under test), both fresh processes as a user
+# with and without the device would run them. The two greedy runs are compared step by step:
+# both compare each step's logits with the same f32 reference, so equal per-step cosines and KLs
+# (to 1e-6) and equal top-1 tokens say the reproducer's logits agree with the device's in those
+# projections. The diagnosis' own replay miss (1 − cosine of the two logit vectors, from
+# results.json) is printed beside it: its replays and its second recording of the device start
+# from a fresh start as the commands do (reset, rings cleared, a new process' host window). The
+# last column compares the reproducer with diagnose's own greedy probe instead, which ran after
+# other probes (their window rows and ring bytes are history a fault may read).
 # Usage: scripts/check-reproducers.sh [FAULT ...]   (default: one fault per verdict kind)
 #        KVPROBE_BIN=path runs that binary instead of building target/release/kvprobe;
 #        GEOMETRY="--cache-len 32 --prefill-len 16" (default) sets the emulator's geometry
@@ -27,8 +31,8 @@ fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 echo "machine: $(nproc) cpus, load average $(cut -d' ' -f1-3 /proc/loadavg); geometry ${GEO[*]}"
-echo "| fault | verdict | reproducer fault | replay miss (diagnose) | steps | top-1 equal | max Δ cosine | max Δ KL | verdict |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| fault | verdict | reproducer fault | replay miss (diagnose) | steps | top-1 equal | max Δ cosine | max Δ KL | verdict | vs diagnose's greedy probe (top-1) |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 n=0
 for fault in "${FAULTS[@]}"; do
     n=$((n + 1))
@@ -44,14 +48,21 @@ cmd = (d.get("reproducer") or {}).get("command") or []
 print("\0".join(cmd[1:]), end="")
 PY
     repro="$TMP/repro-$n.json"
+    device="$TMP/device-$n.json"
     if [[ -s "$TMP/argv-$n" ]]; then
         mapfile -d '' -t argv <"$TMP/argv-$n"
         "$BIN" "${argv[@]}" --json >"$repro" 2>"$TMP/err" || [[ $? -le 1 ]] \
             || { echo "| $fault | reproducer error: $(tail -1 "$TMP/err") |"; continue; }
+        # the same command on the diagnosed device: its fault in place of the hypothesis (the
+        # reproducer's argv ends `--fault HYPOTHESIS --steps N`)
+        argv[${#argv[@]} - 3]="$fault"
+        "$BIN" "${argv[@]}" --json >"$device" 2>"$TMP/err" || [[ $? -le 1 ]] \
+            || { echo "| $fault | device greedy error: $(tail -1 "$TMP/err") |"; continue; }
     else
         : >"$repro"
+        : >"$device"
     fi
-    python3 - "$out/results.json" "$repro" "$fault" <<'PY'
+    python3 - "$out/results.json" "$repro" "$fault" "$device" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 fault = sys.argv[3]
@@ -72,16 +83,20 @@ if not raw:
     print(f"| {fault} | {d['verdict']} | none ({rep.get('note', 'no reproducer')}) | {miss} | | | | | |")
     sys.exit(0)
 g = json.loads(raw)
+dev = json.loads(open(sys.argv[4]).read())
 def steps(x):
     p = x.get("probes") or x.get("findings") or x
     gr = p.get("greedy") if isinstance(p, dict) else None
     return (gr or {}).get("steps") or []
-a, b = steps(d), steps(g)
-k = min(len(a), len(b))
-top = sum(a[i]["comparison"]["device_top1"] == b[i]["comparison"]["device_top1"] for i in range(k))
+def top1(a, b):
+    k = min(len(a), len(b))
+    return k, sum(a[i]["comparison"]["device_top1"] == b[i]["comparison"]["device_top1"] for i in range(k))
+a, b = steps(dev), steps(g)
+k, top = top1(a, b)
 dc = max((abs(a[i]["comparison"]["cosine"] - b[i]["comparison"]["cosine"]) for i in range(k)), default=float("nan"))
 dk = max((abs(a[i]["comparison"]["kl"] - b[i]["comparison"]["kl"]) for i in range(k)), default=float("nan"))
 ok = k > 0 and top == k and dc < 1e-6 and dk < 1e-6
-print(f"| {fault} | {d['verdict']} | `{text(f)}` | {miss} | {k} | {top}/{k} | {dc:.1e} | {dk:.1e} | {'reproduced' if ok else 'differs'} |")
+kp, tp = top1(steps(d), b)
+print(f"| {fault} | {d['verdict']} | `{text(f)}` | {miss} | {k} | {top}/{k} | {dc:.1e} | {dk:.1e} | {'reproduced' if ok else 'differs'} | {tp}/{kp} |")
 PY
 done

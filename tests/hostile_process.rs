@@ -113,3 +113,56 @@ fn an_unwritable_stdout_is_one_line() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("standard output"), "{err}");
 }
+
+/// A model folder, or one of its files, that the user may not read is named as unreadable, with
+/// the cause once: the folder said "missing config.json", tokenizer.json said "replace
+/// tokenizer.json with the model's original file", config.json and model.safetensors printed
+/// "Permission denied" twice (issue 38). As root, whom mode 000 stops from nothing, kvprobe runs
+/// as `nobody` through setpriv; without setpriv the test says so and passes.
+#[test]
+fn unreadable_model_files_are_named_as_unreadable() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipped: running as root without setpriv");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mode =
+        |p: &Path, m: u32| std::fs::set_permissions(p, PermissionsExt::from_mode(m)).unwrap();
+    mode(tmp.path(), 0o755);
+    let m = tmp.path().join("model");
+    std::fs::create_dir(&m).unwrap();
+    for e in std::fs::read_dir(fixture("llama", 7)).unwrap().flatten() {
+        std::fs::copy(e.path(), m.join(e.file_name())).unwrap();
+        mode(&m.join(e.file_name()), 0o644);
+    }
+    for (locked, needle) in [
+        (m.clone(), "cannot read the model folder"),
+        (m.join("config.json"), "config.json: could not read"),
+        (m.join("tokenizer.json"), "tokenizer.json: could not read"),
+        (
+            m.join("model.safetensors"),
+            "model.safetensors: could not read",
+        ),
+    ] {
+        let was = std::fs::metadata(&locked).unwrap().permissions().mode();
+        mode(&locked, 0);
+        let mut cmd = Command::new(if root {
+            "setpriv"
+        } else {
+            env!("CARGO_BIN_EXE_kvprobe")
+        });
+        if root {
+            cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(env!("CARGO_BIN_EXE_kvprobe"));
+        }
+        let r = cmd.args(generate(m.to_str().unwrap())).output().unwrap();
+        mode(&locked, was & 0o777);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{}: {err}", locked.display());
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(needle), "{needle}: {err}");
+        assert_eq!(err.matches("Permission denied").count(), 1, "{err}");
+    }
+}

@@ -324,3 +324,38 @@ fn prompt_of_l_tokens_is_refused_and_reset_keeps_the_window() {
     );
     assert_eq!(drv.window_positions()[15], 0);
 }
+
+/// A fresh start (issue 34: what a new `kvprobe` process sends) does not re-send the previous
+/// conversation's window rows: after `fresh_host_state` the padding rows are the raw zeros a new
+/// driver starts with, so the request's inputs are a new driver's.
+#[test]
+fn a_fresh_host_state_sends_what_a_new_driver_sends() {
+    let (_d, m) = tiny_llama(23);
+    let v = m.config().vocab_size;
+    let (inner, mut drv) = sim(&m, float_opts(24, 16));
+    let mut dev = Rec {
+        inner,
+        runs: Vec::new(),
+    };
+    drv.prefill(&mut dev, &ids(23, v, 0)).unwrap();
+    drv.reset(&mut dev).unwrap();
+    let fresh = drv.fresh_host_state();
+    drv.set_host_state(fresh);
+    drv.prefill(&mut dev, &[1]).unwrap();
+    let (inner, mut new_drv) = sim(&m, float_opts(24, 16));
+    let mut new_dev = Rec {
+        inner,
+        runs: Vec::new(),
+    };
+    new_drv.prefill(&mut new_dev, &[1]).unwrap();
+    let (Buffer::F32(a), Buffer::F32(b)) = (
+        input(&dev, dev.runs.len() - 1, InputRole::Embeddings),
+        input(&new_dev, 0, InputRole::Embeddings),
+    ) else {
+        panic!()
+    };
+    let f = m.config().hidden_size;
+    assert!(a[..15 * f].iter().all(|&x| x == 0.0), "padding rows zero");
+    assert_eq!(a, b);
+    assert_eq!(drv.window_positions(), new_drv.window_positions());
+}

@@ -67,7 +67,7 @@ pub fn run_with(
     }
     let rows: Vec<&[f32]> = (0..steps).map(|i| reference.row(n - 1 + i)).collect();
     let matched = matched::three_way(
-        s.model,
+        (s.model, &s.matched_runs),
         s.describe(),
         &seq,
         n,

@@ -152,11 +152,9 @@ fn prefill_per_head(s: &mut Session) -> Result<Option<(f64, f64)>> {
         .prefill_chunk_masked(dev, &prefix, &per_head)?
         .logits;
     let mut mask = vec![false; n * nh * n];
-    let mut causal_ref = vec![false; n * nh * n];
     for i in 0..n {
         for h in 0..nh {
             let at = (i * nh + h) * n;
-            causal_ref[at..at + i + 1].fill(true);
             if h == 0 {
                 mask[at..at + i + 1].fill(true);
             } else {
@@ -164,20 +162,20 @@ fn prefill_per_head(s: &mut Session) -> Result<Option<(f64, f64)>> {
             }
         }
     }
-    let reference = |mask: Vec<bool>| -> Result<Vec<f32>> {
-        Ok(s.model
-            .run_graph(&GraphInput {
-                hidden: s.model.embed(&prefix)?,
-                positions: PositionInput::Ids((0..n).map(|i| i as f32).collect()),
-                past: Vec::new(),
-                mask,
-                graph: GraphOptions::default(),
-                last_only: true,
-            })?
-            .logits)
-    };
-    let ref_varied = reference(mask)?;
-    let ref_plain = reference(causal_ref)?;
+    let ref_varied = s
+        .model
+        .run_graph(&GraphInput {
+            hidden: s.model.embed(&prefix)?,
+            positions: PositionInput::Ids((0..n).map(|i| i as f32).collect()),
+            past: Vec::new(),
+            mask,
+            graph: GraphOptions::default(),
+            last_only: true,
+        })?
+        .logits;
+    // the plain causal row is the prompt's own (row n − 1 of its causal forward: the prefix is
+    // the prompt's first n tokens), computed once per session
+    let ref_plain = s.prompt_ref()?.row(n - 1).to_vec();
     Ok(Some((
         cosine(&varied, &plain),
         cosine(&ref_varied, &ref_plain),

@@ -20,15 +20,15 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::{Device as CDevice, Tensor};
-use kvprobe_reference::{
-    Arithmetic, GraphInput, GraphOptions, LayerKv, Model, OverflowAt, PositionInput,
-};
+use kvprobe_reference::{Arithmetic, GraphInput, GraphOptions, Model, OverflowAt, PositionInput};
 use kvprobe_schema::{
     CacheDirection, CacheKind, DeclaredWeights, DeviceDescription, GreedyStep, GroupKind,
     MatchedStep, MatchedSummary, RuntimeKind,
 };
 
 use crate::matched_edges::{name, Edges, Round};
+pub use crate::matched_store::DriveMemo;
+use crate::matched_store::Store;
 pub use crate::matched_summary::against_matched;
 use crate::metrics::{cosine, top1};
 use crate::rings::cache_infos;
@@ -217,80 +217,6 @@ impl Precision {
     }
 }
 
-/// K/V rows already rounded as the cache holds them: per layer, per position, `[n_kv][hd]`.
-struct Store {
-    k: Vec<Vec<Vec<f32>>>,
-    v: Vec<Vec<Vec<f32>>>,
-    n_kv: usize,
-    hd: usize,
-}
-
-impl Store {
-    /// An empty store for `model`'s layers and KV heads.
-    fn new(model: &Model) -> Store {
-        let c = model.config();
-        Store {
-            k: vec![Vec::new(); c.n_layers],
-            v: vec![Vec::new(); c.n_layers],
-            n_kv: c.n_kv_heads,
-            hd: c.head_dim,
-        }
-    }
-
-    /// Past tensors `[n_kv, W, hd]` of positions `from..to`.
-    fn past(&self, from: usize, to: usize) -> Result<Vec<LayerKv>> {
-        let w = to - from;
-        if w == 0 {
-            return Ok(Vec::new());
-        }
-        let gather = |rows: &[Vec<f32>]| -> Result<Tensor> {
-            let mut out = vec![0f32; self.n_kv * w * self.hd];
-            for (j, row) in rows[from..to].iter().enumerate() {
-                for h in 0..self.n_kv {
-                    let dst = (h * w + j) * self.hd;
-                    out[dst..dst + self.hd].copy_from_slice(&row[h * self.hd..(h + 1) * self.hd]);
-                }
-            }
-            Ok(Tensor::from_vec(
-                out,
-                (self.n_kv, w, self.hd),
-                &CDevice::Cpu,
-            )?)
-        };
-        self.k
-            .iter()
-            .zip(&self.v)
-            .map(|(k, v)| {
-                Ok(LayerKv {
-                    k: gather(k)?,
-                    v: gather(v)?,
-                })
-            })
-            .collect()
-    }
-
-    /// Appends the new rows (`[n_kv, T, hd]` per layer), rounded as each ring holds them.
-    fn push(&mut self, new_kv: &[LayerKv], p: &Precision) -> Result<()> {
-        for (layer, kv) in new_kv.iter().enumerate() {
-            for (which, t) in [(0, &kv.k), (1, &kv.v)] {
-                let (h, rows, hd) = t.dims3()?;
-                let flat: Vec<f32> = t.flatten_all()?.to_vec1()?;
-                for r in 0..rows {
-                    let mut row = Vec::with_capacity(h * hd);
-                    for head in 0..h {
-                        let src = (head * rows + r) * hd;
-                        row.extend_from_slice(&flat[src..src + hd]);
-                    }
-                    p.kv[layer][which].apply(&mut row);
-                    let dst = if which == 0 { &mut self.k } else { &mut self.v };
-                    dst[layer].push(row);
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Logits of the precision-matched reference for greedy steps `0..steps` of `seq` (the prompt of
 /// `n` tokens followed by the device's tokens): step 0 is the prefill's last row, step t the tbt
 /// row at position `n − 1 + t`.
@@ -324,22 +250,41 @@ pub fn drive(
     model: &Model,
     p: &Precision,
     seq: &[u32],
-    (n, steps, cache_len, prefill_len): (usize, usize, usize, usize),
+    geometry: (usize, usize, usize, usize),
     each: &mut OnStep,
 ) -> Result<()> {
+    drive_from(model, p, seq, geometry, None, each).map(|_| ())
+}
+
+/// [`drive`], from step `r` on when `resume` is `(the store after step r − 1, r)`; returns the
+/// store after the last step.
+fn drive_from(
+    model: &Model,
+    p: &Precision,
+    seq: &[u32],
+    (n, steps, cache_len, prefill_len): (usize, usize, usize, usize),
+    resume: Option<(Store, usize)>,
+    each: &mut OnStep,
+) -> Result<Store> {
     let model = p.model(model);
-    let mut store = Store::new(model);
-    let mut last = Vec::new();
-    for (a, b, chunk_start) in chunks(n, prefill_len.max(1), p.ring) {
-        let from = if p.ring {
-            chunk_start.saturating_sub(p.prefill_in as i64).max(0) as usize
-        } else {
-            0
-        };
-        last = run_rows(model, p, &mut store, seq, a..b, from, PREFILL)?;
-    }
-    each(last, &store.k, &store.v)?;
-    for t in 1..steps {
+    let (mut store, first) = match resume {
+        Some((store, r)) if r >= 1 => (store, r),
+        _ => {
+            let mut store = Store::new(model);
+            let mut last = Vec::new();
+            for (a, b, chunk_start) in chunks(n, prefill_len.max(1), p.ring) {
+                let from = if p.ring {
+                    chunk_start.saturating_sub(p.prefill_in as i64).max(0) as usize
+                } else {
+                    0
+                };
+                last = run_rows(model, p, &mut store, seq, a..b, from, PREFILL)?;
+            }
+            each(last, &store.k, &store.v)?;
+            (store, 1)
+        }
+    };
+    for t in first..steps {
         let pos = n - 1 + t;
         let from = if p.ring {
             pos.saturating_sub(cache_len - 1)
@@ -349,7 +294,41 @@ pub fn drive(
         let logits = run_rows(model, p, &mut store, seq, pos..pos + 1, from, TBT)?;
         each(logits, &store.k, &store.v)?;
     }
-    Ok(())
+    Ok(store)
+}
+
+/// [`greedy_logits`] through this session's `memo`: the steps a remembered run of the same
+/// prompt and geometry already computed on the same tokens are taken from it (greedy's 32
+/// steps and the chat's first turn share the prompt and its first replies), the rest driven from
+/// its store. Exact: a step's logits and K/V depend only on the tokens up to it. A run whose
+/// fp16 arithmetic overflowed is not reused (the overflow is reported per run).
+/// `geometry` as [`drive`]'s.
+pub fn greedy_logits_shared(
+    (memo, model): (&DriveMemo, &Model),
+    p: &Precision,
+    seq: &[u32],
+    geometry: (usize, usize, usize, usize),
+) -> Result<Vec<Vec<f32>>> {
+    let (n, steps, cache_len, prefill_len) = geometry;
+    let driven = &seq[..(n + steps.max(1) - 1).min(seq.len())];
+    let (mut out, resume) = memo.resume(driven, (n, cache_len, prefill_len), steps);
+    let r = out.len();
+    let store = drive_from(
+        model,
+        p,
+        seq,
+        geometry,
+        resume.map(|s| (s, r)),
+        &mut |l, _, _| {
+            out.push(l);
+            Ok(())
+        },
+    )?;
+    let overflowed = p.overflow.lock().map_or(true, |o| o.is_some());
+    if !overflowed {
+        memo.keep(driven, (n, cache_len, prefill_len), store, &out);
+    }
+    Ok(out)
 }
 
 /// Prefill chunks as `(first real row, end, chunk start)`: a ring runs the remainder first, its
@@ -430,7 +409,7 @@ fn run_graph_rows(
     if let (Some(o), Ok(mut first)) = (out.overflow, p.overflow.lock()) {
         first.get_or_insert(o);
     }
-    store.push(&out.new_kv, p)?;
+    store.push(&out.new_kv, &p.kv)?;
     let vocab = model.config().vocab_size;
     let n = out.rows;
     let logits = if last_only {
@@ -445,7 +424,7 @@ fn run_graph_rows(
 /// reference's logits (`reference[step]`), running the precision-matched reference when the device
 /// declares one. Without it the band is the f32 noise floor, so only exact ties count.
 pub fn three_way(
-    model: &Model,
+    (model, memo): (&Model, &DriveMemo),
     desc: &DeviceDescription,
     seq: &[u32],
     n: usize,
@@ -454,7 +433,16 @@ pub fn three_way(
     steps: &mut [GreedyStep],
 ) -> Result<Option<MatchedSummary>> {
     let positions: Vec<usize> = (0..device.len()).map(|i| n - 1 + i).collect();
-    three_way_at(model, desc, seq, n, &positions, device, reference, steps)
+    three_way_at(
+        (model, memo),
+        desc,
+        seq,
+        n,
+        &positions,
+        device,
+        reference,
+        steps,
+    )
 }
 
 /// [`three_way`] for logits compared at some positions only (`positions[i]` ≥ `n − 1`, rising):
@@ -463,7 +451,7 @@ pub fn three_way(
 /// stateful device's K/V rounding does not depend on how many rows a run had).
 #[allow(clippy::too_many_arguments)]
 pub fn three_way_at(
-    model: &Model,
+    (model, memo): (&Model, &DriveMemo),
     desc: &DeviceDescription,
     seq: &[u32],
     n: usize,
@@ -475,14 +463,11 @@ pub fn three_way_at(
     let precision = Precision::of(desc, model)?;
     let rows = positions.last().map_or(0, |&last| last + 2 - n);
     let matched = match &precision {
-        Some(p) => Some(greedy_logits(
-            model,
+        Some(p) => Some(greedy_logits_shared(
+            (memo, model),
             p,
             seq,
-            n,
-            rows,
-            desc.cache_len,
-            desc.prefill_len,
+            (n, rows, desc.cache_len, desc.prefill_len),
         )?),
         None => None,
     };

@@ -80,6 +80,9 @@ pub struct Session<'a> {
     pub progress: &'a dyn Progress,
     /// Compared logits of the probes that ran (device and reference side by side).
     pub compared: Vec<ComparedLogits>,
+    /// The matched reference's last greedy drive, shared by the probes that drive the same
+    /// prompt and tokens (greedy, the chat's first turn).
+    pub matched_runs: crate::matched::DriveMemo,
     prompt: Option<Rc<PromptRef>>,
     first: Option<Rc<FirstStep>>,
 }
@@ -147,6 +150,7 @@ impl<'a> Session<'a> {
             ids,
             progress,
             compared: Vec::new(),
+            matched_runs: Default::default(),
             prompt: None,
             first: None,
         })

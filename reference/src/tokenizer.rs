@@ -84,13 +84,18 @@ impl TextTokenizer {
                 one_line(&e.to_string())
             ),
         };
-        let meta = std::fs::metadata(path).map_err(|e| bad(&e))?;
+        // a file that cannot be read is not a broken tokenizer: its own error names the fix
+        let unreadable = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(unreadable)?;
         if !meta.is_file() || meta.len() > MAX_TOKENIZER_BYTES {
             return Err(bad(&format!(
                 "not a regular file of at most {MAX_TOKENIZER_BYTES} bytes"
             )));
         }
-        let bytes = std::fs::read(path).map_err(|e| bad(&e))?;
+        let bytes = std::fs::read(path).map_err(unreadable)?;
         // tokenizers 0.23 panics (`expect("Helper")`) on a decoder holding invalid UTF-8 or a
         // number out of range (found by examples/fuzz): the whole file is checked as JSON first.
         let json = serde_json::from_slice::<serde_json::Value>(&bytes).map_err(|e| bad(&e))?;

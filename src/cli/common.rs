@@ -42,10 +42,25 @@ pub fn report_error(e: &anyhow::Error) -> ExitCode {
     if super::interrupt::interrupted() {
         super::interrupt::finish("a signal");
     }
-    let msg = format!("{e:#}");
+    let msg = without_repeats(e);
     let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
     eprintln!("error: {one_line}");
     ExitCode::from(exit_code(e))
+}
+
+/// The error and its causes joined by ": " as `{:#}` joins them, leaving out a cause the
+/// message already says: an error that names its cause in its own words and also returns it as
+/// its source printed it twice ("could not read (Permission denied (os error 13)); check …:
+/// Permission denied (os error 13)").
+fn without_repeats(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg = format!("{msg}: {c}");
+        }
+    }
+    msg
 }
 
 /// Exit code of an error chain: device errors are 3, everything else is an input/usage error (2).

@@ -190,3 +190,13 @@ pub(super) enum Window {
     U16(Vec<u16>),
     F32(Vec<f32>),
 }
+
+impl Window {
+    /// The same shape, all raw zeros.
+    pub(super) fn zeroed(&self) -> Window {
+        match self {
+            Window::U16(v) => Window::U16(vec![0; v.len()]),
+            Window::F32(v) => Window::F32(vec![0.0; v.len()]),
+        }
+    }
+}

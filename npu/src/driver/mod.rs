@@ -35,6 +35,16 @@ impl HostState {
     pub fn position(&self) -> u64 {
         self.position
     }
+    /// What a new host process starts with: the server's window matrix is uninitialised on
+    /// first use, so we start from raw zeros; nothing processed, position 0.
+    fn fresh(window: Window, rows: usize) -> HostState {
+        HostState {
+            window,
+            window_pos: vec![0; rows],
+            usage: 0,
+            position: 0,
+        }
+    }
     /// The same state with the position counter moved by `by` (position sweeps: the next token
     /// gets position `position + by`; usage, window and ring are unchanged).
     pub fn with_position_offset(mut self, by: i64) -> HostState {
@@ -165,7 +175,6 @@ impl Driver {
         let window = if want_float {
             Window::F32(vec![0.0; p * features])
         } else {
-            // The server's matrix is uninitialised on first use; we start from raw zeros.
             Window::U16(vec![0; p * features])
         };
         Ok(Driver {
@@ -180,12 +189,7 @@ impl Driver {
             table,
             prefill,
             tbt,
-            state: HostState {
-                window,
-                window_pos: vec![0; p],
-                usage: 0,
-                position: 0,
-            },
+            state: HostState::fresh(window, p),
             saved: None,
             mask_buf: Vec::new(),
         })
@@ -248,6 +252,12 @@ impl Driver {
     }
     pub fn set_host_state(&mut self, s: HostState) {
         self.state = s;
+    }
+    /// The host state of a new host process (a fresh window of raw zeros, position 0): what a
+    /// reset does not give back (contract §2.10 keeps the window), so a request started from it
+    /// is the one a fresh `kvprobe` process makes.
+    pub fn fresh_host_state(&self) -> HostState {
+        HostState::fresh(self.state.window.zeroed(), self.prefill_len)
     }
 
     /// Reset as the server's "clear context": `init_cache(0)`, `U = 0`, position counter 0. The host

@@ -60,11 +60,11 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     let Some(greedy) = d.probes.greedy.as_ref() else {
         return not_replayed(d, "no greedy run to compare a replay with");
     };
-    // The device's request again from a fresh start (reset, cleared rings), as the replay
-    // starts: the greedy probe ran after other probes, whose bytes a faulty reader may see in
+    // The device's request again from a fresh start (reset, cleared rings, the host window a
+    // new process starts with), as every replay and the reproducer command start: the greedy
+    // probe ran after other probes, whose bytes and window rows a faulty reader may see in
     // never-written slots, and no emulator can replay that history. Recorded step by step as
     // far as the replays compare (an exact replay of the rule's cause is decided after half).
-    let start = s.driver.host_state();
     let tokens = greedy.device_ids.clone();
     let healthy = healthy_steps(greedy);
     let n = greedy.steps.len().max(1);
@@ -89,7 +89,6 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
             (model, &ids),
             replayer.as_ref(),
             h,
-            &start,
             &mut device,
             (k, stop),
             &tokens,

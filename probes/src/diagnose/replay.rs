@@ -10,7 +10,6 @@
 //! the device under test is never read: the replayer gets only the hypothesis.
 
 use kvprobe_npu::contract::faults::{FaultDecl, FaultTable, FaultText, Scope, SweepValue, Values};
-use kvprobe_npu::HostState;
 use kvprobe_reference::Model;
 use kvprobe_schema::{FaultHypothesis, FaultValue, GreedyFinding, Replay, ReplayStep, Verdict};
 
@@ -249,7 +248,6 @@ pub(super) fn replay_one(
     (model, ids): (&Model, &[u32]),
     replayer: &dyn Replayer,
     fault: &FaultHypothesis,
-    start: &HostState,
     device: &mut DeviceLogits,
     (k, stop): (usize, Stop),
     tokens: &[u32],
@@ -260,9 +258,8 @@ pub(super) fn replay_one(
     let progress = NoProgress;
     let mut rs =
         Session::new(model, dev.as_mut(), ids.to_vec(), &progress).map_err(|e| e.to_string())?;
-    // the host's ring window as the device's request started from it (a reset keeps it,
-    // contract §2.10): where in the ring the request sits is the driver's, not the hypothesis'
-    rs.driver.set_host_state(start.clone());
+    // a fresh start (`start_logits`: reset, rings cleared, a new process' host window), as the
+    // device's request was recorded again and as the reproducer command runs
     let k = k.max(1);
     let at_floor_needed = k / 2 + 1;
     let mut steps: Vec<ReplayStep> = Vec::with_capacity(k);

@@ -92,7 +92,7 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
     let t = std::time::Instant::now();
     let tokens = greedy.device_ids.clone();
     let n = greedy.steps.len();
-    let start = s.driver.host_state();
+    // from a fresh start (a new process' host window), as the replays and the reproducer run
     let Ok(device) = record_logits(s, n, &tokens) else {
         return;
     };
@@ -115,7 +115,6 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
         (s.model, &s.ids),
         replayer.as_ref(),
         &none,
-        &start,
         &mut { recorded },
         (device.len(), Stop::Whole),
         &tokens,
@@ -134,7 +133,6 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
             (s.model, &s.ids),
             replayer.as_ref(),
             h,
-            &start,
             &mut { recorded },
             (k, Stop::Whole),
             &tokens,
