@@ -461,7 +461,7 @@ impl Device for OvDevice {
                 c.max_prompt + 1,
                 Some(PastLimit::Refused),
                 None,
-                "NPUW's static prefill model takes at most NPUW_LLM_MAX_PROMPT_LEN (rounded up to 64) tokens; its KV-cache model holds that plus NPUW_LLM_MIN_RESPONSE_LEN (rounded up to 64) (npuw/llm_compiled_model.cpp; docs/openvino.md)",
+                "NPUW's static prefill model takes at most NPUW_LLM_MAX_PROMPT_LEN (rounded up to 64) tokens; its KV-cache model is reshaped to that plus NPUW_LLM_MIN_RESPONSE_LEN (rounded up to 64), of which a request holds all but the run's own NPUW_LLM_MAX_GENERATION_TOKEN_LEN rows (npuw/llm_compiled_model.cpp, llm_infer_request.cpp; docs/openvino.md)",
             ));
         }
         out

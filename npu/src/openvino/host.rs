@@ -9,7 +9,9 @@
 //!
 //! NPUW (`src/plugins/intel_npu/src/plugin/npuw/llm_compiled_model.cpp`): the prompt limit is
 //! `NPUW_LLM_MAX_PROMPT_LEN` rounded up to a multiple of 64, the response reserve
-//! `NPUW_LLM_MIN_RESPONSE_LEN` rounded up to 64, and the static KV-cache model holds their sum.
+//! `NPUW_LLM_MIN_RESPONSE_LEN` rounded up to 64; the static KV-cache model is reshaped to their
+//! sum, of which a step may fill all but the run's own `NPUW_LLM_MAX_GENERATION_TOKEN_LEN` rows
+//! (`llm_infer_request.cpp`: "KV-Cache is full: num_stored_tokens=127 capacity=127" for 64 + 64).
 
 /// NPUW's rounding of both lengths (`align_to(value, 64u)`).
 pub const NPUW_ALIGN: usize = 64;
@@ -45,20 +47,30 @@ pub struct NpuwContract {
     pub max_prompt: usize,
     /// The reserve for generated tokens.
     pub min_response: usize,
-    /// The static KV-cache model's positions: prompt and generated tokens together.
+    /// The most tokens a request holds, prompt and fed generated tokens together: the KV-cache
+    /// model's `max_prompt + min_response` positions less the run's own `max_generation` rows.
+    /// NPUW 2026.4.1 refuses the step that would hold one more ("KV-Cache is full:
+    /// num_stored_tokens=127 capacity=127" at 64 + 64; 191 at 128 + 64; 120 at 64 + 64 with
+    /// `NPUW_LLM_MAX_GENERATION_TOKEN_LEN=8`; measured, docs/openvino.md). The pipeline's promise
+    /// still holds: a full prompt gets `min_response` tokens, the last of which is never fed.
     pub capacity: usize,
     /// The most tokens one run after the prompt takes (the KV-cache model's input rows).
     pub max_generation: usize,
 }
 
 impl NpuwContract {
-    pub fn new(max_prompt_len: usize, min_response_len: usize) -> NpuwContract {
+    pub fn new(
+        max_prompt_len: usize,
+        min_response_len: usize,
+        max_generation: usize,
+    ) -> NpuwContract {
         let (max_prompt, min_response) = (align(max_prompt_len), align(min_response_len));
+        let max_generation = max_generation.clamp(1, min_response);
         NpuwContract {
             max_prompt,
             min_response,
-            capacity: max_prompt + min_response,
-            max_generation: NPUW_DEFAULT_MAX_GENERATION,
+            capacity: max_prompt + min_response - max_generation,
+            max_generation,
         }
     }
 
@@ -73,16 +85,14 @@ impl NpuwContract {
                     .map_err(|_| format!("{key}={v}: not a whole number")),
             }
         };
-        let mut c = NpuwContract::new(
+        Ok(NpuwContract::new(
             get("NPUW_LLM_MAX_PROMPT_LEN", NPUW_DEFAULT_MAX_PROMPT)?,
             get("NPUW_LLM_MIN_RESPONSE_LEN", NPUW_DEFAULT_MIN_RESPONSE)?,
-        );
-        c.max_generation = get(
-            "NPUW_LLM_MAX_GENERATION_TOKEN_LEN",
-            NPUW_DEFAULT_MAX_GENERATION,
-        )?
-        .max(1);
-        Ok(c)
+            get(
+                "NPUW_LLM_MAX_GENERATION_TOKEN_LEN",
+                NPUW_DEFAULT_MAX_GENERATION,
+            )?,
+        ))
     }
 
     /// How a run of `n` tokens after the prompt is fed: pieces of at most `max_generation`
@@ -140,13 +150,16 @@ mod tests {
 
     #[test]
     fn npuw_rounds_both_lengths_up_to_64_and_adds_them() {
-        let c = NpuwContract::new(64, 64);
-        assert_eq!((c.max_prompt, c.min_response, c.capacity), (64, 64, 128));
-        let c = NpuwContract::new(65, 1);
-        assert_eq!((c.max_prompt, c.min_response, c.capacity), (128, 64, 192));
+        // capacities as NPUW 2026.4.1's own refusal names them ("KV-Cache is full:
+        // num_stored_tokens=N capacity=N"), measured with SmolLM2 through Python's openvino
+        let c = NpuwContract::new(64, 64, 1);
+        assert_eq!((c.max_prompt, c.min_response, c.capacity), (64, 64, 127));
+        let c = NpuwContract::new(65, 1, 1);
+        assert_eq!((c.max_prompt, c.min_response, c.capacity), (128, 64, 191));
         assert!(!c.refuses_prompt(128) && c.refuses_prompt(129));
+        assert_eq!(NpuwContract::new(64, 64, 8).capacity, 120);
         let d = NpuwContract::from_config(&[]).unwrap();
-        assert_eq!(d.capacity, 1024 + 128);
+        assert_eq!(d.capacity, 1024 + 128 - 1);
         assert_eq!(d.continuation_pieces(3), vec![0..1, 1..2, 2..3]);
         let cfg = vec![(
             "NPUW_LLM_MAX_GENERATION_TOKEN_LEN".to_string(),

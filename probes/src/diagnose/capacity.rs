@@ -131,8 +131,24 @@ fn summary(f: &CapacityFinding) -> String {
         .points
         .iter()
         .any(|p| p.outcome == CapacityOutcome::Refused);
+    // a refusal inside the declared limits is the device taking less than kvprobe reads from
+    // its documentation (no verdict: the device says so); said first, not as one word
+    let early = f
+        .points
+        .iter()
+        .find(|p| p.outcome == CapacityOutcome::RefusedEarly)
+        .map_or(String::new(), |p| {
+            let limits: Vec<String> =
+                f.limits.iter().map(|l| format!("{} {}", l.kind.name(), l.value)).collect();
+            format!(
+                "the device refuses {} although it declares {}: it holds less than its documented limits say (the refusal: {}); ",
+                what(p.phase, p.tokens),
+                limits.join(", "),
+                p.refusal.as_deref().unwrap_or("no message")
+            )
+        });
     format!(
-        "capacity (cheap check, not the whole sweep: `kvprobe capacity` runs it): {}{}",
+        "capacity (cheap check, not the whole sweep: `kvprobe capacity` runs it): {early}{}{}",
         parts.join("; "),
         if refused {
             "; past the limit the runtime refuses with a typed error"
@@ -287,5 +303,30 @@ mod tests {
             "{:?}",
             c.evidence
         );
+    }
+    /// A refusal inside the declared limits is said first, with the refusal and the limits, not
+    /// as one outcome word among the points (NPUW's "KV-Cache is full" one step before the
+    /// capacity kvprobe read until session 24).
+    #[test]
+    fn a_refusal_inside_the_declared_limits_is_said_first() {
+        let mut early = point(128, 0.0, CapacityOutcome::RefusedEarly);
+        early.phase = CapacityPhase::Generation;
+        early.comparison = None;
+        early.refusal = Some("KV-Cache is full".into());
+        let mut f = facts(vec![point(64, 0.9999, CapacityOutcome::Matches), early]).finding;
+        f.limits = vec![kvprobe_schema::DeviceLimit {
+            kind: kvprobe_schema::LimitKind::MaxContext,
+            value: 128,
+            prompt: None,
+            generation: Some(PastLimit::Refused),
+            source: String::new(),
+        }];
+        let line = summary(&f);
+        assert!(
+            line.contains("): the device refuses the generation step that sees 128 tokens although it declares max-context 128: it holds less than its documented limits say (the refusal: KV-Cache is full); a prompt of 64"),
+            "{line}"
+        );
+        f.points.pop();
+        assert!(!summary(&f).contains("holds less"));
     }
 }
