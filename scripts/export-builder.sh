@@ -8,10 +8,8 @@
 # .cache/builder/<model>-<precision> and prints each on a line, once: a folder is kept while the
 # pinned versions, the arguments and the input are unchanged (a stamp).
 #
-# The builder imports torch. The registries' torch 2.15.0 wheel does not import without its CUDA
-# packages (libtorch_global_deps.so and libtorch_cuda.so link libcudart, cublas, cudnn, nccl, …;
-# measured: `import torch` raises "libcublasLt.so.*[0-9] not found"), so torch is installed with
-# its dependencies, pinned, into .cache/builder/py (2.8 GB of wheels, 5.6 GB installed). With
+# The builder imports torch: installed with its dependencies, pinned, into .cache/builder/py
+# (2.8 GB of wheels, 5.6 GB installed; scripts/lib/builder-torch.sh says why). With
 # KVPROBE_BUILDER_DROP=1 (CI) that folder is removed after the export; the exported folders stay.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +21,9 @@ case "$MODEL" in tiny|smollm2) ;; *) usage ;; esac
 for p in "$@"; do case "$p" in fp32|fp16|bf16|int4) ;; *) usage ;; esac; done
 # the builder ships inside this wheel (.ci/run installs it)
 GENAI=onnxruntime-genai==0.18.0
-PINS=(torch==2.15.0 transformers==5.23.0 onnx_ir==1.1.0)
-PY=.cache/builder/py
+. scripts/lib/builder-torch.sh
+PINS=("${BUILDER_TORCH_PINS[@]}")
+PY=$BUILDER_TORCH_PY
 GGUF=.cache/models/smollm2-135m-instruct-q4_1.gguf
 have_genai="$(python3 -c 'import importlib.metadata as m; print(m.version("onnxruntime-genai"))' 2>/dev/null || true)"
 if [ "onnxruntime-genai==$have_genai" != "$GENAI" ]; then
@@ -46,13 +45,7 @@ for PREC in "$@"; do
         echo "$(pwd)/$OUT"
         continue
     fi
-    t0=$SECONDS
-    if [ "$(cat "$PY/.kvprobe-pins" 2>/dev/null)" != "${PINS[*]}" ]; then
-        rm -rf "$PY"
-        python3 -m pip install -q --disable-pip-version-check --no-cache-dir --target "$PY" "${PINS[@]}" >&2
-        echo "${PINS[*]}" > "$PY/.kvprobe-pins"
-        echo "export-builder.sh: builder environment installed in $((SECONDS - t0)) s ($(du -sh "$PY" | cut -f1))" >&2
-    fi
+    builder_torch_env
     if [ ! -d "$tmp/hf" ]; then
         # the example built with the workspace's features (the tests' build), not -p's own set
         cargo build -q --workspace --features onnx --example onnx_weights >&2
@@ -65,7 +58,7 @@ for PREC in "$@"; do
     # the environment's packages first (torch, transformers, onnx_ir and their pins), the
     # system's onnxruntime-genai (the builder) after
     rm -rf "$tmp/out"
-    PYTHONPATH="$(pwd)/$PY" python3 -m onnxruntime_genai.models.builder \
+    PYTHONPATH="$(realpath "$PY")" python3 -m onnxruntime_genai.models.builder \
         -i "$tmp/hf" -o "$tmp/out" -p "$PREC" -e cpu -c "$tmp/cache" >&2
     rm -rf "$OUT"
     mkdir -p .cache/builder
@@ -74,4 +67,4 @@ for PREC in "$@"; do
     echo "export-builder.sh: $MODEL $PREC exported in $((SECONDS - t1)) s" >&2
     echo "$(pwd)/$OUT"
 done
-if [ "${KVPROBE_BUILDER_DROP:-0}" = 1 ]; then rm -rf "$PY"; fi
+if [ "${KVPROBE_BUILDER_DROP:-0}" = 1 ] && [ -z "${KVPROBE_TORCH_PY:-}" ]; then rm -rf "$PY"; fi
