@@ -91,6 +91,12 @@ impl OvDevice {
                     flag: "--ov-config".into(),
                     detail,
                 })?;
+                if c.capacity < 2 {
+                    return Err(Error::BadOption {
+                        flag: "--ov-config".into(),
+                        detail: format!("NPUW would hold {} tokens (NPUW_LLM_MAX_PROMPT_LEN + NPUW_LLM_MIN_RESPONSE_LEN − NPUW_LLM_MAX_GENERATION_TOKEN_LEN); give it at least 2", c.capacity),
+                    });
+                }
                 (config, Some(c), c.capacity, c.capacity - 1)
             }
             _ => {

@@ -65,11 +65,11 @@ impl NpuwContract {
         max_generation: usize,
     ) -> NpuwContract {
         let (max_prompt, min_response) = (align(max_prompt_len), align(min_response_len));
-        let max_generation = max_generation.clamp(1, min_response);
+        let max_generation = max_generation.max(1);
         NpuwContract {
             max_prompt,
             min_response,
-            capacity: max_prompt + min_response - max_generation,
+            capacity: (max_prompt + min_response).saturating_sub(max_generation),
             max_generation,
         }
     }
