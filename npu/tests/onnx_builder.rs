@@ -61,12 +61,7 @@ fn genai_steps(
         "onnx-genai-logits.py (CI installs onnxruntime-genai==0.18.0): {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let tokens = serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect();
+    let tokens = genai_tokens(&o);
     (ndarray_npy::read_npy(npy).unwrap(), tokens)
 }
 
@@ -161,23 +156,13 @@ fn builder_fp16_export_matches_the_genai_runtime_bit_for_bit() {
 fn a_chunk_over_a_past_is_genai_s_continuous_decoding() {
     let (_hf, model) = tiny_llama(13);
     let tmp = tempfile::tempdir().unwrap();
-    let list = |v: &[u32]| {
-        v.iter()
-            .map(|i| i.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
     for precision in ["fp32", "int4"] {
         let dir = builder_folder(precision);
         let (mut dev, mut drv) = open(&model, &dir, None);
         let (prompt, chunk, steps) = (ids(7, 300, 6), ids(5, 300, 7), 4);
         let npy = tmp.path().join(format!("then-{precision}.npy"));
-        let o = std::process::Command::new("python3")
-            .arg(root().join("scripts/onnx-genai-logits.py"))
-            .arg(&dir)
-            .args(["--ids", &list(&prompt), "--steps", &steps.to_string()])
-            .args(["--then", &list(&chunk), "--out"])
-            .arg(&npy)
+        let o = genai_command(&dir, &prompt, steps, &npy)
+            .args(["--then", &ids_arg(&chunk)])
             .output()
             .expect("python3");
         assert!(
@@ -185,13 +170,7 @@ fn a_chunk_over_a_past_is_genai_s_continuous_decoding() {
             "onnx-genai-logits.py --then: {}",
             String::from_utf8_lossy(&o.stderr)
         );
-        let tokens: Vec<u32> = serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
-            ["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect();
+        let tokens = genai_tokens(&o);
         let genai: ndarray::Array2<f32> = ndarray_npy::read_npy(&npy).unwrap();
         drv.reset(&mut dev).unwrap();
         drv.prefill(&mut dev, &prompt).unwrap();

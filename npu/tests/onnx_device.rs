@@ -315,13 +315,7 @@ fn host_side_matches_the_genai_runtime_step_by_step() {
             return;
         }
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let tokens: Vec<u32> = serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
-            ["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect();
+        let tokens = genai_tokens(&o);
         let genai: ndarray::Array2<f32> = ndarray_npy::read_npy(&npy).unwrap();
         drv.reset(&mut dev).unwrap();
         let mut worst = 0f32;

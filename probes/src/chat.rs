@@ -189,7 +189,8 @@ pub fn run_turns(s: &mut Session, steps: usize, turns: usize) -> Result<ChatFind
         &ref_rows,
         &mut all,
     )?;
-    let first_divergence = first_disagreement(&rows, &all).map(|(i, why)| ChatDivergence {
+    let judged = against_declared(s.describe(), &all);
+    let first_divergence = first_disagreement(&rows, &judged).map(|(i, why)| ChatDivergence {
         turn: rows[i].turn,
         step: rows[i].step,
         position: rows[i].position,
@@ -291,6 +292,31 @@ fn disagrees(st: &GreedyStep, turn_mean: f64) -> Option<String> {
             c.cosine
         )
     })
+}
+
+/// The rows as the divergence is judged: against the precision-matched reference where it
+/// computes everything the device declares (`matched::models_everything`: int4 / fp16 weights of
+/// an ONNX export), as the stateful rules read prefill and greedy (`diagnose::stateful`
+/// `matched_facts`); else as compared with the f32 reference. Without it an int4 export's first
+/// row (0.53 against f32 on SmolLM2, 0.99 against its declared weights) ended every healthy
+/// diagnosis `unknown`.
+fn against_declared(
+    desc: &kvprobe_schema::DeviceDescription,
+    all: &[GreedyStep],
+) -> Vec<GreedyStep> {
+    let declared = matched::models_everything(desc);
+    all.iter()
+        .map(|st| match (&st.matched, declared) {
+            (Some(m), true) => {
+                let mut st = st.clone();
+                st.comparison.cosine = m.matched_vs_device;
+                st.comparison.reference_top1 = m.matched_top1;
+                st.comparison.top1_match = st.comparison.device_top1 == m.matched_top1;
+                st
+            }
+            _ => st.clone(),
+        })
+        .collect()
 }
 
 /// The first row that disagrees, in conversation order, with why.

@@ -89,8 +89,16 @@ pub fn attach(s: &mut Session, d: Outcome<'_>) -> Result<()> {
         (None, _) => {
             let rows: usize = f.turns.iter().map(|t| t.steps.len()).sum();
             let min = f.turns.iter().map(|t| t.min_cosine).fold(1.0, f64::min);
+            // judged against the declared precision where the matched reference models it
+            // (chat::against_declared); the min is the f32 reference's
+            let judged = f
+                .matched
+                .as_deref()
+                .filter(|_| crate::matched::models_everything(s.describe()))
+                .map(|m| format!(" at the declared precision ({m})"))
+                .unwrap_or_default();
             d.evidence.push(format!(
-                "chat: {} turns appended to one state without a reset agree with the reference ({rows} rows, min cosine {min:.4})",
+                "chat: {} turns appended to one state without a reset agree with the reference{judged} ({rows} rows, min cosine against the f32 reference {min:.4})",
                 f.turns.len()
             ));
         }

@@ -25,6 +25,29 @@ pub struct PromptRef {
 }
 
 impl PromptRef {
+    /// `model`'s causal forward of `ids` with K/V taps.
+    pub fn of(model: &Model, ids: &[u32]) -> Result<PromptRef> {
+        let out = model.forward(
+            ids,
+            &ForwardOptions {
+                taps: true,
+                ..Default::default()
+            },
+        )?;
+        let layers = out
+            .taps
+            .ok_or_else(|| Error::Candle("reference forward returned no K/V taps".into()))?;
+        Ok(PromptRef {
+            logits: out.logits,
+            vocab: out.vocab,
+            state: KvState {
+                layers,
+                positions: (0..ids.len()).collect(),
+                ids: ids.to_vec(),
+            },
+        })
+    }
+
     pub fn row(&self, i: usize) -> &[f32] {
         &self.logits[i * self.vocab..(i + 1) * self.vocab]
     }
@@ -189,25 +212,7 @@ impl<'a> Session<'a> {
         if let Some(p) = &self.prompt {
             return Ok(p.clone());
         }
-        let out = self.model.forward(
-            &self.ids,
-            &ForwardOptions {
-                taps: true,
-                ..Default::default()
-            },
-        )?;
-        let layers = out
-            .taps
-            .ok_or_else(|| Error::Candle("reference forward returned no K/V taps".into()))?;
-        let p = Rc::new(PromptRef {
-            logits: out.logits,
-            vocab: out.vocab,
-            state: KvState {
-                layers,
-                positions: (0..self.ids.len()).collect(),
-                ids: self.ids.clone(),
-            },
-        });
+        let p = Rc::new(PromptRef::of(self.model, &self.ids)?);
         self.prompt = Some(p.clone());
         Ok(p)
     }

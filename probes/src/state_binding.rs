@@ -16,7 +16,7 @@
 //!    against the f32 checkpoint, at least the cache-free controls' miss the caller passes.
 
 use kvprobe_npu::MaskMode;
-use kvprobe_reference::{ForwardOptions, KeySet, KvState, LayerKv, Model};
+use kvprobe_reference::{KeySet, LayerKv};
 
 use crate::cache_io;
 use crate::metrics::cosine;
@@ -79,25 +79,6 @@ fn prompt_rows(bytes: &[u8], kv: usize, ctx: usize, hd: usize, n: usize) -> Resu
 
 fn flat(t: &candle_core::Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_vec1()?)
-}
-
-/// The prompt's K/V computed by `model` (the declared weights' own, not the checkpoint's).
-fn prompt_state(model: &Model, ids: &[u32]) -> Result<KvState> {
-    let out = model.forward(
-        ids,
-        &ForwardOptions {
-            taps: true,
-            ..Default::default()
-        },
-    )?;
-    let layers = out
-        .taps
-        .ok_or_else(|| Error::Candle("reference forward returned no K/V taps".into()))?;
-    Ok(KvState {
-        layers,
-        positions: (0..ids.len()).collect(),
-        ids: ids.to_vec(),
-    })
 }
 
 /// The binding each layer's state shows: the reference layer whose prompt K/V it holds best,
@@ -166,7 +147,7 @@ pub fn run(s: &mut Session, controls_miss: f64) -> Result<Option<BindingFit>> {
     let state = if std::ptr::eq(model, s.model) {
         prompt.state.clone()
     } else {
-        prompt_state(model, &s.ids)?
+        crate::session::PromptRef::of(model, &s.ids)?.state
     };
     let mut rebound = state.clone();
     rebound.layers = bound.iter().map(|&b| state.layers[b].clone()).collect();

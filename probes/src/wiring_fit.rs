@@ -7,8 +7,10 @@
 //! hypothesis of how a host feeds the runs after the prompt wrong — every position id off by δ,
 //! one column of the mask hidden (the newest stored entry, the oldest, the row's own), or an
 //! appended chat turn's position ids restarted at 0 — and each is judged like a replay
-//! (`diagnose::evidence::beats_healthy`): its median miss per compared row within the declared
-//! precision and `PRECISION_RATIO` times below the healthy hypothesis'.
+//! (`diagnose::evidence::beats_healthy`): its miss per compared row within the declared precision
+//! and `PRECISION_RATIO` times below the healthy hypothesis', at the median row or at the worst
+//! one — the two statistics by which the greedy control fails (`ring::fits::leaves_matched`:
+//! the median step, or one lone step far outside the band).
 
 use kvprobe_reference::{ForwardOptions, Model};
 use kvprobe_schema::{GreedyStep, Verdict};
@@ -150,12 +152,46 @@ pub struct WiringFit {
     pub precision: f64,
     /// Every hypothesis tried with its median miss.
     pub tried: Vec<(Wiring, f64)>,
+    /// The best hypothesis' and the healthy one's misses at their worst compared row (0 in
+    /// results written before they were recorded, which then decide by the median alone).
+    #[serde(default)]
+    pub worst: f64,
+    #[serde(default)]
+    pub healthy_worst: f64,
+}
+
+/// The healthy hypothesis over the compared rows (median and worst miss against the
+/// precision-matched reference) and the declared precision plus the graph's noise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Baseline {
+    pub median: f64,
+    pub worst: f64,
+    pub precision: f64,
 }
 
 impl WiringFit {
-    /// The best hypothesis reproduces the device as `beats_healthy` asks of a replay.
+    /// The best hypothesis reproduces the device as `beats_healthy` asks of a replay, at the
+    /// median row, or at the worst one: a control that failed by one step far outside the band
+    /// (a shift that matters only where the next token depends on the position, as after "The
+    /// capital of France is") is explained only by a hypothesis that reproduces that step too,
+    /// while the median row sits at the noise floor for every hypothesis alike.
     pub fn reproduces(&self) -> bool {
-        beats_healthy(self.miss, self.healthy_miss, self.precision)
+        beats_healthy(self.miss, self.healthy_miss, self.precision) || self.worst_decides()
+    }
+
+    fn worst_decides(&self) -> bool {
+        self.healthy_worst > 0.0 && beats_healthy(self.worst, self.healthy_worst, self.precision)
+    }
+
+    fn worst_text(&self) -> String {
+        if self.healthy_worst > 0.0 {
+            format!(
+                "; worst row {:.1e}, the healthy hypothesis' {:.1e}",
+                self.worst, self.healthy_worst
+            )
+        } else {
+            String::new()
+        }
     }
 
     pub fn line(&self) -> String {
@@ -165,11 +201,12 @@ impl WiringFit {
             .map(|(w, m)| format!("{} {m:.1e}", w.short()))
             .collect();
         format!(
-            "wiring fit (reference side, the device's tokens): {} → median miss {:.1e}, the healthy hypothesis {:.1e}, the declared precision {:.1e} (tried: {})",
+            "wiring fit (reference side, the device's tokens): {} → median miss {:.1e}, the healthy hypothesis {:.1e}, the declared precision {:.1e}{} (tried: {})",
             self.wiring.describe(),
             self.miss,
             self.healthy_miss,
             self.precision,
+            self.worst_text(),
             tried.join(", ")
         )
     }
@@ -178,11 +215,12 @@ impl WiringFit {
     pub fn cause(&self) -> Option<String> {
         self.reproduces().then(|| {
             format!(
-                "the host feeds the runs after the prompt wrong: {} reproduces the device (median miss {:.1e}, the healthy hypothesis {:.1e}, the declared precision {:.1e})",
+                "the host feeds the runs after the prompt wrong: {} reproduces the device (median miss {:.1e}, the healthy hypothesis {:.1e}, the declared precision {:.1e}{})",
                 self.wiring.describe(),
                 self.miss,
                 self.healthy_miss,
-                self.precision
+                self.precision,
+                self.worst_text()
             )
         })
     }
@@ -214,20 +252,18 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Healthy miss and declared precision (plus `graph_noise`) over compared steps: their median
-/// miss against the precision-matched reference (the f32 one where none ran) and that
+/// Healthy misses and declared precision (plus `graph_noise`) over compared steps: their median
+/// and worst miss against the precision-matched reference (the f32 one where none ran) and that
 /// reference's own median miss against f32, floored at `STEP_NOISE_FLOOR`.
-pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64) -> (f64, f64) {
-    let healthy = median(
-        steps
-            .iter()
-            .map(|x| {
-                1.0 - x
-                    .matched
-                    .map_or(x.comparison.cosine, |m| m.matched_vs_device)
-            })
-            .collect(),
-    );
+pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64) -> Baseline {
+    let healthy: Vec<f64> = steps
+        .iter()
+        .map(|x| {
+            1.0 - x
+                .matched
+                .map_or(x.comparison.cosine, |m| m.matched_vs_device)
+        })
+        .collect();
     let precision = median(
         steps
             .iter()
@@ -238,7 +274,19 @@ pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64) -> (f64, f
             })
             .collect(),
     ) + graph_noise.max(REL_NOISE_FLOOR);
-    (healthy, precision)
+    Baseline {
+        worst: worst(&healthy),
+        median: median(healthy),
+        precision,
+    }
+}
+
+/// The largest miss (NaN-free: a non-finite row counts as 2, the largest 1 − cosine).
+fn worst(misses: &[f64]) -> f64 {
+    misses
+        .iter()
+        .map(|&m| if m.is_finite() { m } else { 2.0 })
+        .fold(0.0, f64::max)
 }
 
 /// Fits each of `wirings` to the device's `rows` (`(row index in seq, device logits)`).
@@ -248,7 +296,7 @@ pub fn fit(
     layout: &Rows,
     wirings: &[Wiring],
     rows: &[(usize, &[f32])],
-    (healthy_miss, precision): (f64, f64),
+    base: Baseline,
 ) -> Result<Option<WiringFit>> {
     let mut tried = Vec::new();
     for &w in wirings {
@@ -281,17 +329,19 @@ pub fn fit(
                 }
             })
             .collect();
-        tried.push((w, median(misses)));
+        tried.push((w, median(misses.clone()), worst(&misses)));
     }
-    let Some(&(wiring, miss)) = tried.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
+    let Some(&(wiring, miss, worst)) = tried.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
         return Ok(None);
     };
     Ok(Some(WiringFit {
         wiring,
         miss,
-        healthy_miss,
-        precision,
-        tried,
+        healthy_miss: base.median,
+        precision: base.precision,
+        tried: tried.iter().map(|&(w, m, _)| (w, m)).collect(),
+        worst,
+        healthy_worst: base.worst,
     }))
 }
 
@@ -342,9 +392,34 @@ mod tests {
             healthy_miss: healthy,
             precision: 2e-4,
             tried: vec![],
+            worst: miss,
+            healthy_worst: healthy,
         };
         assert!(fit(1e-7, 3e-3).reproduces());
         assert!(!fit(1e-7, 2e-4).reproduces());
         assert!(!fit(1e-3, 3e-2).reproduces());
+        // SmolLM2 on the CPU plugin at f32, `ov-position-shift`, "The capital of France is": the
+        // shift matters at one step; every hypothesis' median sits at the floor, the healthy
+        // one's worst row misses by 3.2e-3 and position +1 reproduces every row
+        let lone = WiringFit {
+            healthy_miss: 1.0e-4,
+            worst: 1.2e-8,
+            healthy_worst: 3.2e-3,
+            ..fit(1.2e-8, 1.0e-4)
+        };
+        assert!(lone.reproduces());
+        // the worst row reproduced by the ratio but not within the precision: no cause
+        assert!(!WiringFit {
+            worst: 5e-4,
+            ..lone.clone()
+        }
+        .reproduces());
+        // a result written before the worst rows were recorded decides by the median alone
+        assert!(!WiringFit {
+            worst: 0.0,
+            healthy_worst: 0.0,
+            ..lone
+        }
+        .reproduces());
     }
 }

@@ -105,6 +105,33 @@ pub fn driver_for(dev: &dyn kvprobe_npu::Device, model: &Model) -> Driver {
     Driver::new(dev, table).unwrap()
 }
 
+/// `scripts/onnx-genai-logits.py DIR --ids … --steps N --out NPY`, to add options to.
+pub fn genai_command(
+    dir: &Path,
+    prompt: &[u32],
+    steps: usize,
+    npy: &Path,
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/onnx-genai-logits.py"))
+        .arg(dir)
+        .arg("--ids")
+        .arg(ids_arg(prompt))
+        .arg("--steps")
+        .arg(steps.to_string())
+        .arg("--out")
+        .arg(npy);
+    cmd
+}
+
+/// Ids as the scripts take them: `1,2,3`.
+pub fn ids_arg(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// `scripts/onnx-genai-logits.py DIR --ids … --steps N [--max-length M] --out NPY`: the real GenAI
 /// runtime's per-step logits (into NPY) and greedy tokens (stdout JSON).
 pub fn genai_logits(
@@ -114,23 +141,19 @@ pub fn genai_logits(
     max_length: Option<usize>,
     npy: &Path,
 ) -> std::process::Output {
-    let mut cmd = std::process::Command::new("python3");
-    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/onnx-genai-logits.py"))
-        .arg(dir)
-        .arg("--ids")
-        .arg(
-            prompt
-                .iter()
-                .map(|i| i.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
-        )
-        .arg("--steps")
-        .arg(steps.to_string())
-        .arg("--out")
-        .arg(npy);
+    let mut cmd = genai_command(dir, prompt, steps, npy);
     if let Some(m) = max_length {
         cmd.arg("--max-length").arg(m.to_string());
     }
     cmd.output().expect("python3")
+}
+
+/// The greedy tokens onnx-genai-logits.py printed (stdout JSON `{"tokens": [...]}`).
+pub fn genai_tokens(o: &std::process::Output) -> Vec<u32> {
+    serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
 }

@@ -114,19 +114,46 @@ fn capacity_overflow(f: &CapacityFacts) -> Option<Cause> {
     )))
 }
 
-/// One evidence line for the quick check.
+/// One evidence line for the quick check. Consecutive generation steps with the same outcome
+/// are one range with their cosines' span: NPUW's cheap check walks 60-odd steps from the
+/// longest prompt to the end of its KV model, and a line listing each one buries the refusal.
 fn summary(f: &CapacityFinding) -> String {
-    let parts: Vec<String> = f
-        .points
-        .iter()
-        .map(|p| {
-            let cos = p
-                .comparison
-                .as_ref()
-                .map_or(String::new(), |c| format!(" {:.4}", c.cosine));
-            format!("{} {}{cos}", what(p.phase, p.tokens), p.outcome.name())
-        })
-        .collect();
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < f.points.len() {
+        let p = &f.points[i];
+        let mut j = i + 1;
+        while j < f.points.len() && same_run(&f.points[j - 1], &f.points[j]) {
+            j += 1;
+        }
+        parts.push(if j - i >= 3 {
+            let cosines: Vec<f64> = f.points[i..j]
+                .iter()
+                .filter_map(|q| q.comparison.as_ref().map(|c| c.cosine))
+                .collect();
+            let span = match (
+                cosines.iter().copied().reduce(f64::min),
+                cosines.iter().copied().reduce(f64::max),
+            ) {
+                (Some(lo), Some(hi)) => format!(" {lo:.4}–{hi:.4}"),
+                _ => String::new(),
+            };
+            format!(
+                "the {} generation steps that see {}–{} tokens: {}{span}",
+                j - i,
+                p.tokens,
+                f.points[j - 1].tokens,
+                p.outcome.name()
+            )
+        } else {
+            f.points[i..j]
+                .iter()
+                .map(point_text)
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
+        i = j;
+    }
     let refused = f
         .points
         .iter()
@@ -140,6 +167,22 @@ fn summary(f: &CapacityFinding) -> String {
             ""
         }
     )
+}
+
+fn point_text(p: &kvprobe_schema::CapacityPoint) -> String {
+    let cos = p
+        .comparison
+        .as_ref()
+        .map_or(String::new(), |c| format!(" {:.4}", c.cosine));
+    format!("{} {}{cos}", what(p.phase, p.tokens), p.outcome.name())
+}
+
+/// Two points are one run of the summary: consecutive generation steps, the same outcome.
+fn same_run(a: &kvprobe_schema::CapacityPoint, b: &kvprobe_schema::CapacityPoint) -> bool {
+    a.phase == CapacityPhase::Generation
+        && b.phase == CapacityPhase::Generation
+        && a.outcome == b.outcome
+        && b.tokens == a.tokens + 1
 }
 
 /// Runs the cheap check and the capacity rule; true when the rule ended the diagnosis.
@@ -287,5 +330,39 @@ mod tests {
             "{:?}",
             c.evidence
         );
+    }
+
+    /// NPUW's walk from the longest prompt to the end of its KV model: the matching steps are one
+    /// range with their cosines' span, the refusal after them stays on its own.
+    #[test]
+    fn consecutive_matching_steps_are_one_range_in_the_summary() {
+        let step = |tokens, cos, outcome| {
+            let mut p = point(tokens, cos, outcome);
+            p.phase = CapacityPhase::Generation;
+            p
+        };
+        let mut points = vec![point(64, 0.9999, CapacityOutcome::Matches)];
+        points.extend((65..=70).map(|t| {
+            step(
+                t,
+                if t == 67 { 0.9993 } else { 1.0 },
+                CapacityOutcome::Matches,
+            )
+        }));
+        let mut refused = step(71, 0.0, CapacityOutcome::Refused);
+        refused.comparison = None;
+        points.push(refused);
+        let line = summary(&facts(points).finding);
+        assert!(
+            line.contains("a prompt of 64 tokens matches 0.9999; the 6 generation steps that see 65–70 tokens: matches 0.9993–1.0000; the generation step that sees 71 tokens refused"),
+            "{line}"
+        );
+        // two steps are not a range
+        let two = facts(vec![
+            step(5, 1.0, CapacityOutcome::Matches),
+            step(6, 1.0, CapacityOutcome::Matches),
+        ]);
+        assert!(summary(&two.finding)
+            .contains("sees 5 tokens matches 1.0000; the generation step that sees 6"));
     }
 }

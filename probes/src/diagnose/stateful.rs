@@ -773,6 +773,8 @@ pub(super) mod tests {
             healthy_miss: 2.5e-3,
             precision: 1.1e-4,
             tried: vec![],
+            worst: miss,
+            healthy_worst: 2.5e-3,
         };
         f.output_fit = Some(fit(Wiring::Shift(1), 1e-8));
         assert_eq!(conclude(&f), (Verdict::PositionMismatch, 0.85));

@@ -120,8 +120,14 @@ fn push_usize(key: &mut Vec<u32>, x: usize) {
     key.extend([x as u32, (x >> 32) as u32]);
 }
 
-/// The words the output depends on; `None` when a column no row attends holds a non-finite value.
+/// The words the output depends on; `None` when a column no row attends holds a non-finite value,
+/// or when the key alone would not fit the memory's budget.
 fn key(input: &GraphInput) -> Result<Option<Vec<u32>>> {
+    key_within(input, BUDGET)
+}
+
+/// [`key`] under a budget of `budget` bytes.
+fn key_within(input: &GraphInput, budget: usize) -> Result<Option<Vec<u32>>> {
     let (t, hidden) = input.hidden.dims2()?;
     let w = match input.past.first() {
         Some(l) => l.k.dims3()?.1,
@@ -129,7 +135,34 @@ fn key(input: &GraphInput) -> Result<Option<Vec<u32>>> {
     };
     let cols = w + t;
     let heads = input.mask.len() / (t * cols).max(1);
-    let mut key = Vec::with_capacity(t * hidden + input.mask.len() / 32 + 16);
+    let live: Vec<bool> = (0..w)
+        .map(|j| (0..t * heads).any(|r| input.mask[r * cols + j]))
+        .collect();
+    // the key holds every live past value: past the budget it could never stay remembered
+    // beside the runs around it (a chunk late in an 8192-token prompt: 190 MB of key, built
+    // and compared per chunk for no hit), so such a run is computed without one
+    let past_words: usize = input
+        .past
+        .iter()
+        .map(|l| {
+            l.k.dims3().map_or(0, |(h, _, hd)| h * hd) + l.v.dims3().map_or(0, |(h, _, hd)| h * hd)
+        })
+        .sum::<usize>()
+        * live.iter().filter(|&&on| on).count();
+    let position_words = match &input.positions {
+        PositionInput::Ids(p) => p.len(),
+        PositionInput::Rope {
+            q_cos,
+            q_sin,
+            k_cos,
+            k_sin,
+        } => q_cos.len() + q_sin.len() + k_cos.len() + k_sin.len(),
+    };
+    let words = t * hidden + position_words + input.mask.len() / 32 + past_words + 64;
+    if 4 * words > budget {
+        return Ok(None);
+    }
+    let mut key = Vec::with_capacity(words);
     push_usize(&mut key, t);
     push_usize(&mut key, w);
     key.push(u32::from(input.last_only));
@@ -160,9 +193,6 @@ fn key(input: &GraphInput) -> Result<Option<Vec<u32>>> {
             .enumerate()
             .fold(0u32, |a, (i, &m)| a | (u32::from(m) << i))
     }));
-    let live: Vec<bool> = (0..w)
-        .map(|j| (0..t * heads).any(|r| input.mask[r * cols + j]))
-        .collect();
     for l in &input.past {
         for (x, is_v) in [(&l.k, false), (&l.v, true)] {
             let (h, _, hd) = x.dims3()?;
@@ -214,5 +244,16 @@ mod tests {
         let mut other_mask = input(1.0, 2.0);
         other_mask.mask = vec![true, true, true];
         assert_ne!(key(&other_mask).unwrap(), Some(a));
+    }
+
+    #[test]
+    fn a_key_past_the_budget_is_not_built() {
+        // the key of `input`: 10 words of sizes and options, 1 + 2 hidden, 1 + 1 + 1 positions,
+        // 2 + 1 mask, the live column's K and V (1 each): 21 words; the estimate before it is
+        // built counts the 2 hidden, 1 position and 2 K/V values, plus 64 words for the rest
+        let k = key(&input(1.0, 2.0)).unwrap().expect("within the budget");
+        assert_eq!(k.len(), 21);
+        assert_eq!(key_within(&input(1.0, 2.0), 4 * 64).unwrap(), None);
+        assert_eq!(key_within(&input(1.0, 2.0), 4 * 80).unwrap(), Some(k));
     }
 }
