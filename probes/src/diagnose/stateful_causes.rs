@@ -4,6 +4,7 @@
 use kvprobe_schema::Verdict;
 
 use super::engine::Cause;
+use super::evidence::beats_healthy;
 use super::stateful_facts::StatefulFacts;
 use crate::statecheck;
 use crate::thresholds::*;
@@ -127,14 +128,36 @@ pub(super) fn position_cosines(f: &StatefulFacts) -> Option<Cause> {
     )))
 }
 
-/// A shifted query reproduces the step at the position level and beats the documented position.
+/// A shifted query reproduces the first decode step at the position level, beats the documented
+/// position, and passes the rule of evidence (`evidence::beats_healthy`) at that step's declared
+/// precision. The level and margin against f32 alone called a healthy fp16 ANE emulator's
+/// sensitive step a shift (SmolLM2, max-ctx 25, a 5-token prompt: δ = +2 at 0.9750 against
+/// 0.9612 at δ = 0, while the precision-matched reference is closer to the device than either).
+/// The rule of evidence alone is not enough here: its band adds the cache-free controls' miss,
+/// which a fault that breaks the prefill itself inflates (`win-mask-all-valid` on SmolLM2: a band
+/// of 0.44 let δ = −4 at 0.936 through).
 pub(super) fn state_position(f: &StatefulFacts) -> Option<Cause> {
     let ((d, c), zero) = best_shift(f)?;
-    (c >= POSITION_REPRODUCES && c >= zero + POSITION_MARGIN).then(|| {
+    let (healthy, precision) = first_step_band(f, zero);
+    let level = c >= POSITION_REPRODUCES && c >= zero + POSITION_MARGIN;
+    (level && beats_healthy(1.0 - c, healthy, precision)).then(|| {
         Cause::new(0.85).line(format!(
-            "→ the decode step runs at position n {d:+}: the position ids fed to the graph are off"
+            "→ the decode step runs at position n {d:+}: the position ids fed to the graph are off (query at n {d:+} misses the device by {:.1e}, the healthy hypothesis by {healthy:.1e}, the declared precision {precision:.1e})",
+            1.0 - c
         ))
     })
+}
+
+/// The healthy hypothesis' miss at the first decode step and that step's declared precision:
+/// the precision-matched reference against the device, and its own miss against f32 floored at
+/// `STEP_NOISE_FLOOR` (the shifted queries are f32 runs), plus the graph's noise; without a
+/// greedy comparison, the f32 reference at δ = 0 and the floor.
+fn first_step_band(f: &StatefulFacts, zero: f64) -> (f64, f64) {
+    let noise = f.graph_noise.max(REL_NOISE_FLOOR);
+    match f.greedy_steps.first() {
+        Some(&(rm, md)) => (1.0 - md, (1.0 - rm).max(STEP_NOISE_FLOOR) + noise),
+        None => (1.0 - zero, STEP_NOISE_FLOOR + noise),
+    }
 }
 
 pub(super) fn mask_cosines(f: &StatefulFacts) -> Option<Cause> {
