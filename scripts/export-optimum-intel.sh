@@ -16,9 +16,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/builder-torch.sh
 OUT="${1:-.cache/openvino-ir/smollm2-135m-optimum}"
-PINS=(optimum-intel==2.2.0 optimum==2.3.0 "transformers>=5.5,<5.6" "huggingface-hub>=1.0,<1.22"
-      torchvision==0.29.2 openvino-tokenizers==2026.4.1.0 httpx httpcore certifi idna sniffio
-      tokenizers==0.22.2)
+# exact versions (the ones the measured export ran with): optimum-intel 2.2.0 asks
+# transformers < 5.6 and huggingface-hub < 1.22, whose client needs httpx
+PINS=(optimum-intel==2.2.0 optimum==2.3.0 transformers==5.5.4 huggingface-hub==1.21.0
+      torchvision==0.29.2 openvino-tokenizers==2026.4.1.0 httpx==0.29.0 httpcore==1.0.9
+      certifi==2026.10.19.post1 idna==3.20 sniffio==1.3.1 tokenizers==0.22.2)
 PY=.cache/optimum-intel/py
 GGUF=.cache/models/smollm2-135m-instruct-q4_1.gguf
 have_ov="$(python3 -c 'import openvino; print(openvino.__version__)' 2>/dev/null || true)"
