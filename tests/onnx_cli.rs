@@ -383,7 +383,7 @@ fn a_host_fault_on_the_builders_exports_is_named_kv_binding() {
 
 /// The reference fixture the tiny builder exports were made from, and the builder's folder of
 /// `precision` (CI writes them: scripts/export-builder.sh tiny fp32 fp16 int4).
-fn tiny_builder_export(precision: &str) -> (PathBuf, PathBuf) {
+pub(crate) fn tiny_builder_export(precision: &str) -> (PathBuf, PathBuf) {
     let dir =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(".cache/builder/tiny-{precision}"));
     assert!(

@@ -26,6 +26,7 @@ mod stateful_binding;
 mod stateful_causes;
 mod stateful_facts;
 mod stateful_na;
+mod unknown_kvdiff;
 
 pub use outcome::{DiagnoseOptions, Diagnosis};
 
@@ -50,6 +51,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         timings: &mut d.timings,
     };
     crate::chat_diagnose::attach(s, chat)?;
+    unknown_kvdiff::attach(s, &mut d)?;
     Ok(d)
 }
 
