@@ -212,14 +212,16 @@ impl Drop for QuietStdout {
     }
 }
 
+/// `ort_version`: the loaded library's (a part of the context cache key).
 pub(super) fn open(
     env: &Environment,
     model: &Path,
     ep_opts: &[(String, String)],
     opts: &OnnxOptions,
+    ort_version: &str,
 ) -> Result<(Session, QnnInfo)> {
     let _quiet = QuietStdout::new();
-    open_quiet(env, model, ep_opts, opts)
+    open_quiet(env, model, ep_opts, opts, ort_version)
 }
 
 fn open_quiet(
@@ -227,17 +229,14 @@ fn open_quiet(
     model: &Path,
     ep_opts: &[(String, String)],
     opts: &OnnxOptions,
+    ort_version: &str,
 ) -> Result<(Session, QnnInfo)> {
     let dir = qnn::plugin_dir();
     let options = QnnOptions::resolve(&dir, ep_opts)?;
     options.check_files()?;
     let plugin = dir.join(PLUGIN);
     register(env, &plugin)?;
-    let with = qnn_cache::compiled_with(
-        &options,
-        opts.allow_cpu_fallback,
-        &super::runtime::loaded_version(),
-    );
+    let with = qnn_cache::compiled_with(&options, opts.allow_cpu_fallback, ort_version);
     let entry = match qnn_cache::root() {
         Some(root) => Some(qnn_cache::Entry::new(&root, &qnn_cache::key(model, &with)?)),
         None => None,

@@ -237,7 +237,7 @@ impl Runtime {
             });
         }
         if opts.ep == Ep::Qnn {
-            let (s, info) = super::qnn_session::open(env, model, ep_opts, opts)?;
+            let (s, info) = super::qnn_session::open(env, model, ep_opts, opts, &loaded_version())?;
             return Ok((s, Some(info)));
         }
         let mut builder =
