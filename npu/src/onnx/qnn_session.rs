@@ -255,8 +255,14 @@ fn open_quiet(
             e.remove();
         }
     }
-    let staging = match &entry {
-        Some(e) => Some(e.staging()?),
+    // a cache folder that cannot be written costs the cache, not the run
+    let mut no_staging = None;
+    let staging = match entry.as_ref().map(qnn_cache::Entry::staging) {
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => {
+            no_staging = Some(e.to_string());
+            None
+        }
         None => None,
     };
     let t0 = std::time::Instant::now();
@@ -301,7 +307,9 @@ fn open_quiet(
             let _ = std::fs::remove_dir_all(s);
             Err("part of the graph ran on the CPU (a partial run is never cached)".into())
         }
-        _ => Err("no .cache folder (set KVPROBE_QNN_CACHE to a folder to keep it)".into()),
+        _ => Err(no_staging.unwrap_or_else(|| {
+            "no .cache folder (set KVPROBE_QNN_CACHE to a folder to keep it)".into()
+        })),
     };
     let context = qnn_cache::Origin::Compiled {
         seconds,
