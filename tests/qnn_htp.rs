@@ -223,6 +223,31 @@ fn the_compiled_context_is_cached_and_a_changed_entry_rebuilt() {
     assert_eq!(ctx.matches("from the context cache").count(), 2, "{ctx}");
 }
 
+/// The QDQ variant (`scripts/export-qdq.py`, onnxruntime's QNN QDQ config, uint16 activations):
+/// the reference does not compute quantised activations, so `diagnose` refuses the folder in one
+/// line before any session (docs/qnn.md), whatever the provider.
+#[test]
+fn a_qdq_folder_is_refused_in_one_line() {
+    let (hf, dir) = exported(
+        7,
+        "static",
+        &["--window", "8", "--max-length", "64", "--static"],
+    );
+    let qdq = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/export-qdq.py"))
+        .arg(&dir)
+        .arg(qdq.path())
+        .output()
+        .expect("python3");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    one_line(
+        &run(qdq.path(), &hf, &[]),
+        2,
+        "the graph quantises its activations",
+    );
+}
+
 /// The failing control of `fp16-overflow` (issue 36), through the binary on the HTP simulator: a
 /// fixture whose residual stream is carried at 300× (the same function in float32, the squares of
 /// its norm inputs beyond fp16), exported with the textbook norm, is named numeric-overflow at its

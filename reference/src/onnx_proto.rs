@@ -198,12 +198,14 @@ fn initializer(b: &[u8]) -> std::result::Result<(String, Initializer), ()> {
             (4, Field::Fixed32(x)) => floats.extend_from_slice(&x.to_le_bytes()),
             (4, Field::Bytes(s)) => floats.extend_from_slice(s),
             (5, Field::Varint(x)) => int32s.push(x as u8),
-            (5, Field::Bytes(s)) => each(s, |_, v| {
-                if let Field::Varint(x) = v {
-                    int32s.push(x as u8);
+            // packed int32_data: consecutive varints, not fields (a uint16 zero point of a
+            // QDQ graph is one)
+            (5, Field::Bytes(s)) => {
+                let mut w = Wire { b: s, at: 0 };
+                while w.at < s.len() {
+                    int32s.push(w.varint().ok_or(())? as u8);
                 }
-                Ok(())
-            })?,
+            }
             (8, Field::Bytes(s)) => name = text(s),
             (9, Field::Bytes(s)) => raw = Some(s.to_vec()),
             (13, Field::Bytes(s)) => {

@@ -94,6 +94,52 @@ pub(super) fn declared_arithmetic(
     })
 }
 
+/// Why the reference cannot compute the QDQ graph at `model` (one line, without the path): a QuantizeLinear / DequantizeLinear
+/// whose scale or zero point is not a constant of the graph (a QDQ model without scales), or a
+/// QuantizeLinear whose output is not a graph output, i.e. activations quantised inside the graph
+/// (`onnxruntime.quantization`'s QDQ format). The uint8 cache of `export-onnx.py --kv-dtype
+/// uint8` quantises only its present outputs, which the reference's cache model computes.
+pub(super) fn qdq_refusal(model: &Path) -> Result<Option<String>> {
+    let g = kvprobe_reference::onnx_proto::OnnxGraph::read(model)?;
+    let constants: std::collections::HashSet<&str> = g
+        .inits
+        .keys()
+        .map(String::as_str)
+        .chain(
+            g.nodes
+                .iter()
+                .filter(|n| n.op_type == "Constant")
+                .flat_map(|n| n.outputs.iter().map(String::as_str)),
+        )
+        .collect();
+    let qdq = g
+        .nodes
+        .iter()
+        .filter(|n| n.op_type == "QuantizeLinear" || n.op_type == "DequantizeLinear");
+    for n in qdq.clone() {
+        let scale = n.inputs.get(1).map(String::as_str).unwrap_or("");
+        let zero = n.inputs.get(2).map(String::as_str).unwrap_or("");
+        if !constants.contains(scale) || !(zero.is_empty() || constants.contains(zero)) {
+            return Ok(Some(format!(
+                "{} `{}` takes its scale / zero point from `{scale}` / `{zero}`, not from a constant of the graph (a QDQ model without scales); re-quantise it with static scales (onnxruntime.quantization)",
+                n.op_type,
+                n.name
+            )));
+        }
+    }
+    let inside: Vec<&str> = qdq
+        .filter(|n| n.op_type == "QuantizeLinear")
+        .filter(|n| n.outputs.iter().any(|o| !g.outputs.contains(o)))
+        .map(|n| n.name.as_str())
+        .collect();
+    Ok(inside.first().map(|first| {
+        format!(
+            "the graph quantises its activations ({} QuantizeLinear node(s) inside it, e.g. `{first}`): the precision-matched reference does not compute QDQ activations yet (docs/qnn.md); run the float export",
+            inside.len()
+        )
+    }))
+}
+
 /// Whether a node of the model's graph (or of a subgraph) has `op` as its op_type.
 fn holds_op(model: &[u8], op: &str) -> std::result::Result<bool, String> {
     let mut r = Reader::new(model, 0, "ModelProto");
@@ -178,5 +224,80 @@ mod tests {
         );
         assert_eq!(holds_op(&named, LENGTH_MASK_OP), Ok(false));
         assert!(holds_op(&[0x3a, 0x7f], LENGTH_MASK_OP).is_err());
+    }
+
+    /// A length-delimited field of any length (varint length).
+    fn fld(n: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![n << 3 | 2];
+        let mut len = body.len();
+        while len >= 0x80 {
+            v.push((len as u8 & 0x7f) | 0x80);
+            len >>= 7;
+        }
+        v.push(len as u8);
+        v.extend_from_slice(body);
+        v
+    }
+
+    /// A node with inputs `ins`, outputs `outs`.
+    fn node_io(op: &str, ins: &[&str], outs: &[&str]) -> Vec<u8> {
+        let mut b: Vec<u8> = Vec::new();
+        for i in ins {
+            b.extend(fld(1, i.as_bytes()));
+        }
+        for o in outs {
+            b.extend(fld(2, o.as_bytes()));
+        }
+        b.extend(fld(3, format!("{op}_{}", outs[0]).as_bytes()));
+        b.extend(fld(4, op.as_bytes()));
+        fld(1, &b)
+    }
+
+    fn qdq_line(graph: &[u8]) -> Option<String> {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.onnx");
+        std::fs::write(&p, fld(7, graph)).unwrap();
+        qdq_refusal(&p).unwrap()
+    }
+
+    #[test]
+    fn qdq_graphs_the_reference_cannot_compute_are_named() {
+        // a float scale and a uint8 zero point as initializers (TensorProto: name 8, raw 9)
+        let init = |name: &str| fld(5, &[fld(8, name.as_bytes()), fld(9, &[0; 4])].concat());
+        let inits = [init("s"), init("z")].concat();
+        let output = |name: &str| fld(12, &fld(1, name.as_bytes()));
+        // the uint8 cache: only the present output is quantised
+        let cache = [
+            node_io("QuantizeLinear", &["k", "s", "z"], &["present.0.key"]),
+            node_io("DequantizeLinear", &["present.0.key", "s", "z"], &["k2"]),
+            inits.clone(),
+            output("present.0.key"),
+        ]
+        .concat();
+        assert_eq!(qdq_line(&cache), None);
+        // an activation quantised inside the graph
+        let inside = [
+            node_io("QuantizeLinear", &["h", "s", "z"], &["hq"]),
+            node_io("DequantizeLinear", &["hq", "s", "z"], &["h2"]),
+            inits.clone(),
+        ]
+        .concat();
+        let line = qdq_line(&inside).unwrap();
+        assert!(line.starts_with("the graph quantises its activations (1 QuantizeLinear node(s) inside it, e.g. `QuantizeLinear_hq`)"), "{line}");
+        // a scale that is a graph input, not a constant: a QDQ model without scales
+        let no_scale = [
+            node_io("DequantizeLinear", &["w", "scale_in", "z"], &["w2"]),
+            inits,
+        ]
+        .concat();
+        let line = qdq_line(&no_scale).unwrap();
+        assert!(
+            line.contains(
+                "`scale_in` / `z`, not from a constant of the graph (a QDQ model without scales)"
+            ),
+            "{line}"
+        );
+        // a graph without Q/DQ nodes
+        assert_eq!(qdq_line(&node_io("MatMul", &["a", "b"], &["c"])), None);
     }
 }

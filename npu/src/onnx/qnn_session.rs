@@ -212,14 +212,16 @@ impl Drop for QuietStdout {
     }
 }
 
+/// `ort_version`: the loaded library's (a part of the context cache key).
 pub(super) fn open(
     env: &Environment,
     model: &Path,
     ep_opts: &[(String, String)],
     opts: &OnnxOptions,
+    ort_version: &str,
 ) -> Result<(Session, QnnInfo)> {
     let _quiet = QuietStdout::new();
-    open_quiet(env, model, ep_opts, opts)
+    open_quiet(env, model, ep_opts, opts, ort_version)
 }
 
 fn open_quiet(
@@ -227,17 +229,14 @@ fn open_quiet(
     model: &Path,
     ep_opts: &[(String, String)],
     opts: &OnnxOptions,
+    ort_version: &str,
 ) -> Result<(Session, QnnInfo)> {
     let dir = qnn::plugin_dir();
     let options = QnnOptions::resolve(&dir, ep_opts)?;
     options.check_files()?;
     let plugin = dir.join(PLUGIN);
     register(env, &plugin)?;
-    let with = qnn_cache::compiled_with(
-        &options,
-        opts.allow_cpu_fallback,
-        &super::runtime::loaded_version(),
-    );
+    let with = qnn_cache::compiled_with(&options, opts.allow_cpu_fallback, ort_version);
     let entry = match qnn_cache::root() {
         Some(root) => Some(qnn_cache::Entry::new(&root, &qnn_cache::key(model, &with)?)),
         None => None,
@@ -256,8 +255,14 @@ fn open_quiet(
             e.remove();
         }
     }
-    let staging = match &entry {
-        Some(e) => Some(e.staging()?),
+    // a cache folder that cannot be written costs the cache, not the run
+    let mut no_staging = None;
+    let staging = match entry.as_ref().map(qnn_cache::Entry::staging) {
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => {
+            no_staging = Some(e.to_string());
+            None
+        }
         None => None,
     };
     let t0 = std::time::Instant::now();
@@ -302,7 +307,9 @@ fn open_quiet(
             let _ = std::fs::remove_dir_all(s);
             Err("part of the graph ran on the CPU (a partial run is never cached)".into())
         }
-        _ => Err("no .cache folder (set KVPROBE_QNN_CACHE to a folder to keep it)".into()),
+        _ => Err(no_staging.unwrap_or_else(|| {
+            "no .cache folder (set KVPROBE_QNN_CACHE to a folder to keep it)".into()
+        })),
     };
     let context = qnn_cache::Origin::Compiled {
         seconds,

@@ -230,8 +230,14 @@ impl Runtime {
         ep_opts: &[(String, String)],
         opts: &OnnxOptions,
     ) -> Result<(Session, Option<super::qnn_session::QnnInfo>)> {
+        if let Some(line) = super::graph_ops::qdq_refusal(model)? {
+            return Err(Error::Io {
+                path: model.to_path_buf(),
+                detail: line,
+            });
+        }
         if opts.ep == Ep::Qnn {
-            let (s, info) = super::qnn_session::open(env, model, ep_opts, opts)?;
+            let (s, info) = super::qnn_session::open(env, model, ep_opts, opts, &loaded_version())?;
             return Ok((s, Some(info)));
         }
         let mut builder =
