@@ -134,6 +134,95 @@ fn the_static_fixture_compiles_entirely_on_htp() {
     );
 }
 
+/// The compiled context is kept (ONNX Runtime's EP context model, `.cache/qnn-context`, here a
+/// fresh folder): the first run compiles both graphs and saves them, the second loads them and
+/// computes the same evidence, and an entry whose context binary changed on disk is not used but
+/// compiled again, the provenance saying why.
+#[test]
+fn the_compiled_context_is_cached_and_a_changed_entry_rebuilt() {
+    let (hf, dir) = exported(
+        7,
+        "static",
+        &["--window", "8", "--max-length", "64", "--static"],
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let go = |what: &str| -> (serde_json::Value, String) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvprobe"))
+            .args([
+                "diagnose",
+                "--onnx",
+                dir.to_str().unwrap(),
+                "--model",
+                hf.to_str().unwrap(),
+                "--ids",
+                "1,2,3,4,5,6,7,8,9,10,11",
+                "--steps",
+                "4",
+                "--ep",
+                "qnn",
+                "--json",
+            ])
+            .env("KVPROBE_QNN_CACHE", cache.path())
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run kvprobe");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{what}: stdout not JSON ({e}): {err}"));
+        let ctx = v["provenance"]["versions"]["qnn context"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        eprintln!("{what}: {} | {ctx}", verdict(&v));
+        (v, ctx)
+    };
+    let (first, ctx) = go("first");
+    assert_eq!(ctx.matches("compiled in").count(), 2, "{ctx}");
+    assert_eq!(ctx.matches("saved to").count(), 2, "{ctx}");
+    let (second, ctx) = go("second");
+    assert_eq!(ctx.matches("from the context cache").count(), 2, "{ctx}");
+    assert!(
+        ctx.starts_with("model.prefill.onnx: from the context cache"),
+        "{ctx}"
+    );
+    let timings = second["provenance"]["timings"].to_string();
+    assert!(
+        timings.contains("qnn context load (model.decode.onnx, cached)"),
+        "{timings}"
+    );
+    assert!(timings.contains("device: decode steps"), "{timings}");
+    assert_eq!(verdict(&first), "healthy", "{first}");
+    assert_eq!(evidence(&first), evidence(&second));
+    let placement = second["provenance"]["versions"]["qnn placement"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        placement.starts_with("every node on QNN htp"),
+        "{placement}"
+    );
+    // one byte of every saved context binary changed: each entry is refused and rebuilt
+    let mut changed = 0;
+    for e in std::fs::read_dir(cache.path()).unwrap() {
+        let bin = e.unwrap().path().join("model_ctx_qnn.bin");
+        let mut b = std::fs::read(&bin).unwrap();
+        let mid = b.len() / 2;
+        b[mid] ^= 0x55;
+        std::fs::write(&bin, b).unwrap();
+        changed += 1;
+    }
+    assert_eq!(changed, 2);
+    let (third, ctx) = go("third");
+    assert_eq!(
+        ctx.matches("unusable (model_ctx_qnn.bin changed since it was written")
+            .count(),
+        2,
+        "{ctx}"
+    );
+    assert_eq!(evidence(&first), evidence(&third));
+    let (_, ctx) = go("fourth");
+    assert_eq!(ctx.matches("from the context cache").count(), 2, "{ctx}");
+}
+
 /// The failing control of `fp16-overflow` (issue 36), through the binary on the HTP simulator: a
 /// fixture whose residual stream is carried at 300× (the same function in float32, the squares of
 /// its norm inputs beyond fp16), exported with the textbook norm, is named numeric-overflow at its

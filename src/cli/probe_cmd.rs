@@ -86,6 +86,8 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         what: "probes total".into(),
         seconds: t2.elapsed().as_secs_f64(),
     });
+    let device_times = backend.device().timings().into_iter();
+    timings.extend(device_times.map(|(what, seconds)| Timing { what, seconds }));
     // The emulator already hashed these weights for its manifest; hash them here only otherwise.
     let identity = match &manifest {
         Some(m) => m.model.clone(),

@@ -76,6 +76,12 @@ pub trait Device {
         Vec::new()
     }
 
+    /// Device time so far by kind of work (what, seconds) for the run's timings, read after the
+    /// probes: e.g. a compile, the prompt windows, the decode steps. Nothing by default.
+    fn timings(&self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
+
     /// The limits this device declares (prompt rows, cache, context, window, compiled prompt
     /// length) and what its documented runtime does past each (issue 20). The default reads
     /// `prefill_len` and `cache_len` by runtime (`contract::limits::declared`).

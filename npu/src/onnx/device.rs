@@ -376,6 +376,23 @@ impl Device for OnnxDevice {
         v.collect()
     }
 
+    /// The QNN compile (or context-cache load) per graph, then the graph runs by kind.
+    fn timings(&self) -> Vec<(String, f64)> {
+        #[cfg(feature = "onnx")]
+        {
+            let mut v: Vec<(String, f64)> = Vec::new();
+            for (g, o) in self.rt.qnn.iter().flat_map(|q| q.context.iter()) {
+                v.push(o.timing(g));
+            }
+            let [(wn, ws), (sn, ss)] = self.rt.times;
+            v.push((format!("device: prompt windows ({wn} runs)"), ws));
+            v.push((format!("device: decode steps ({sn} runs)"), ss));
+            v
+        }
+        #[cfg(not(feature = "onnx"))]
+        Vec::new()
+    }
+
     fn limits(&self) -> Vec<DeviceLimit> {
         let mut out = crate::contract::limits::declared(&self.desc, CAPABILITIES.stateful);
         if let Some((st, _)) = &self.win {

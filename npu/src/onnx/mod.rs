@@ -29,6 +29,8 @@ mod open_checks;
 mod ort_cpu_fp16;
 pub mod qnn;
 #[cfg(feature = "onnx")]
+mod qnn_cache;
+#[cfg(feature = "onnx")]
 mod qnn_session;
 #[cfg(feature = "onnx")]
 mod runtime;

@@ -10,7 +10,8 @@ use ort::environment::Environment;
 use ort::logging::LogLevel;
 use ort::session::Session;
 
-use super::qnn::{self, CompileLog, LogCapture, QnnOptions, EP_NAME, PLUGIN};
+use super::qnn::{self, CompileLog, LogCapture, QnnOptions, EP_NAME, PLUGIN, QNN_BACKEND_BUILD};
+use super::qnn_cache;
 use super::OnnxOptions;
 use crate::{Error, Result};
 
@@ -25,6 +26,8 @@ pub struct QnnInfo {
     pub log: CompileLog,
     pub fallback_allowed: bool,
     pub plugin: PathBuf,
+    /// Per graph (file name): compiled this run or loaded from the context cache (qnn_cache.rs).
+    pub context: Vec<(String, qnn_cache::Origin)>,
 }
 
 impl QnnInfo {
@@ -47,6 +50,7 @@ impl QnnInfo {
     pub fn merge(&mut self, other: QnnInfo) {
         self.log.on_qnn += other.log.on_qnn;
         self.log.on_cpu.extend(other.log.on_cpu);
+        self.context.extend(other.context);
     }
 
     /// Provenance entries.
@@ -87,6 +91,14 @@ impl QnnInfo {
             ),
             ("qnn options".into(), self.options.describe()),
             ("qnn placement".into(), placement),
+            (
+                "qnn context".into(),
+                self.context
+                    .iter()
+                    .map(|(g, o)| format!("{g}: {}", o.describe()))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
         ]
     }
 }
@@ -221,6 +233,162 @@ fn open_quiet(
     options.check_files()?;
     let plugin = dir.join(PLUGIN);
     register(env, &plugin)?;
+    let with = qnn_cache::compiled_with(
+        &options,
+        opts.allow_cpu_fallback,
+        &super::runtime::loaded_version(),
+    );
+    let entry = match qnn_cache::root() {
+        Some(root) => Some(qnn_cache::Entry::new(&root, &qnn_cache::key(model, &with)?)),
+        None => None,
+    };
+    let mut rebuilt = None;
+    if let Some(e) = &entry {
+        match e.check() {
+            Ok(Some(m)) => match open_cached(env, model, e, &m, &options, opts, &plugin) {
+                Ok(found) => return Ok(found),
+                Err(why) => rebuilt = Some(why),
+            },
+            Ok(None) => {}
+            Err(why) => rebuilt = Some(why),
+        }
+        if rebuilt.is_some() {
+            e.remove();
+        }
+    }
+    let staging = match &entry {
+        Some(e) => Some(e.staging()?),
+        None => None,
+    };
+    let t0 = std::time::Instant::now();
+    let (result, log) = compile(env, model, &options, opts, staging.as_deref())?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let checked = qnn::check_build(&log, &dir).and_then(|()| match log.invalid.first() {
+        Some(w) => Err(Error::BadOption {
+            flag: "--ep-option".into(),
+            detail: format!("the QNN provider ignored an option: {w}"),
+        }),
+        None => Ok(()),
+    });
+    let session = match (checked, result) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Ok(s)) => Ok(s),
+        (Ok(()), Err(e)) => Err(compile_error(env, model, &log, &options, &e.to_string())),
+    };
+    let session = match session {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(s) = &staging {
+                let _ = std::fs::remove_dir_all(s);
+            }
+            return Err(e);
+        }
+    };
+    let kept = match (&entry, &staging) {
+        (Some(e), Some(s)) if log.on_cpu.is_empty() => {
+            let m = qnn_cache::Manifest {
+                format: 0, // set by seal
+                key: e.key.clone(),
+                model: model.display().to_string(),
+                compiled_with: with,
+                compile_seconds: seconds,
+                partitions: log.on_qnn,
+                signature: signature(&session),
+                files: Vec::new(),
+            };
+            e.seal(s, m).map(|()| e.dir.clone())
+        }
+        (Some(_), Some(s)) => {
+            let _ = std::fs::remove_dir_all(s);
+            Err("part of the graph ran on the CPU (a partial run is never cached)".into())
+        }
+        _ => Err("no .cache folder (set KVPROBE_QNN_CACHE to a folder to keep it)".into()),
+    };
+    let context = qnn_cache::Origin::Compiled {
+        seconds,
+        kept,
+        rebuilt,
+    };
+    Ok((
+        session,
+        QnnInfo {
+            options,
+            log,
+            fallback_allowed: opts.allow_cpu_fallback,
+            plugin,
+            context: vec![(graph_name(model), context)],
+        },
+    ))
+}
+
+fn graph_name(model: &Path) -> String {
+    model.file_name().map_or_else(
+        || model.display().to_string(),
+        |f| f.to_string_lossy().into_owned(),
+    )
+}
+
+/// The one line for a session the provider did not build.
+fn compile_error(
+    env: &Environment,
+    model: &Path,
+    log: &CompileLog,
+    options: &QnnOptions,
+    msg: &str,
+) -> Error {
+    if !log.refused.is_empty() || msg.contains("fallback to CPU EP has been explicitly disabled") {
+        let symbolic = symbolic_inputs(env, model);
+        return Error::Device(qnn::fallback_line(log, &symbolic, options.backend));
+    }
+    Error::Io {
+        path: model.to_path_buf(),
+        detail: crate::error::one_line(&format!(
+            "QNN {} cannot compile it: {msg}",
+            options.backend.name()
+        )),
+    }
+}
+
+/// The session's inputs and outputs as `name: type`, what a cached context must still take.
+fn signature(s: &Session) -> Vec<String> {
+    let io = s.inputs().iter().map(|o| ("in", o.name(), o.dtype()));
+    let io = io.chain(s.outputs().iter().map(|o| ("out", o.name(), o.dtype())));
+    io.map(|(k, n, t)| format!("{k} {n}: {t:?}")).collect()
+}
+
+/// A session builder on the provider's EP device with the resolved options; with `ctx_dir`,
+/// ONNX Runtime writes the EP context model (the compiled QNN context) into it.
+fn compile(
+    env: &Environment,
+    model: &Path,
+    options: &QnnOptions,
+    opts: &OnnxOptions,
+    ctx_dir: Option<&Path>,
+) -> Result<(ort::Result<Session>, CompileLog)> {
+    let capture = LogCapture::default();
+    let sink = capture.clone();
+    let mut builder = builder(env, options, opts, sink)?;
+    if let Some(d) = ctx_dir {
+        let ctx = d.join(qnn_cache::CTX_MODEL);
+        let err = |e: String| device(format!("--ep qnn: EP context options: {e}"));
+        builder = builder
+            .with_config_entry("ep.context_enable", "1")
+            .map_err(|e| err(e.to_string()))?
+            .with_config_entry("ep.context_file_path", ctx.display().to_string())
+            .map_err(|e| err(e.to_string()))?
+            .with_config_entry("ep.context_embed_mode", "0")
+            .map_err(|e| err(e.to_string()))?;
+    }
+    let result = builder.commit_from_file(model);
+    Ok((result, CompileLog::parse(&capture.messages())))
+}
+
+fn builder(
+    env: &Environment,
+    options: &QnnOptions,
+    opts: &OnnxOptions,
+    sink: LogCapture,
+) -> Result<ort::session::builder::SessionBuilder> {
     let devices: Vec<_> = env
         .devices()
         .filter(|d| d.ep().is_ok_and(|n| n == EP_NAME))
@@ -228,11 +396,9 @@ fn open_quiet(
     if devices.is_empty() {
         return Err(device(format!(
             "{}: the QNN plugin registered but offers no device",
-            plugin.display()
+            options.dir.join(PLUGIN).display()
         )));
     }
-    let capture = LogCapture::default();
-    let sink = capture.clone();
     let prefixed: Vec<(String, String)> = options
         .provider
         .iter()
@@ -250,53 +416,59 @@ fn open_quiet(
             .with_config_entry("session.disable_cpu_ep_fallback", "1")
             .map_err(|e| session_err(e.to_string()))?;
     }
-    let mut builder = builder
-        .with_devices(devices, Some(&prefixed))
-        .map_err(|e| {
-            device(format!(
-                "--ep qnn: the QNN provider refused its options ({}): {e}",
-                options.describe()
-            ))
-        })?;
-    let result = builder.commit_from_file(model);
-    let log = CompileLog::parse(&capture.messages());
-    qnn::check_build(&log, &dir)?;
-    if let Some(w) = log.invalid.first() {
-        return Err(Error::BadOption {
-            flag: "--ep-option".into(),
-            detail: format!("the QNN provider ignored an option: {w}"),
-        });
+    builder.with_devices(devices, Some(&prefixed)).map_err(|e| {
+        device(format!(
+            "--ep qnn: the QNN provider refused its options ({}): {e}",
+            options.describe()
+        ))
+    })
+}
+
+/// The entry's context model opened on the provider: Err(why) when it cannot be (the caller
+/// removes the entry and compiles again) or takes other inputs than the compiled graph did.
+fn open_cached(
+    env: &Environment,
+    model: &Path,
+    entry: &qnn_cache::Entry,
+    m: &qnn_cache::Manifest,
+    options: &QnnOptions,
+    opts: &OnnxOptions,
+    plugin: &Path,
+) -> std::result::Result<(Session, QnnInfo), String> {
+    let t0 = std::time::Instant::now();
+    let (result, log) =
+        compile(env, &entry.ctx_model(), options, opts, None).map_err(|e| e.to_string())?;
+    let session = result.map_err(|e| crate::error::one_line(&format!("ONNX Runtime: {e}")))?;
+    if !log.on_cpu.is_empty() {
+        return Err("ONNX Runtime placed part of the cached context model on the CPU".into());
     }
-    let session = match result {
-        Ok(s) => s,
-        Err(e) => {
-            let msg = e.to_string();
-            if !log.refused.is_empty()
-                || msg.contains("fallback to CPU EP has been explicitly disabled")
-            {
-                let symbolic = symbolic_inputs(env, model);
-                return Err(Error::Device(qnn::fallback_line(
-                    &log,
-                    &symbolic,
-                    options.backend,
-                )));
-            }
-            return Err(Error::Io {
-                path: model.to_path_buf(),
-                detail: crate::error::one_line(&format!(
-                    "QNN {} cannot compile it: {msg}",
-                    options.backend.name()
-                )),
-            });
-        }
+    if let Some(b) = log
+        .build
+        .as_deref()
+        .filter(|b| !b.starts_with(QNN_BACKEND_BUILD))
+    {
+        return Err(format!("the backend reports build {b}"));
+    }
+    if signature(&session) != m.signature {
+        return Err("its inputs and outputs differ from the compiled graph's".into());
+    }
+    let log = CompileLog {
+        on_qnn: m.partitions,
+        ..log
+    };
+    let context = qnn_cache::Origin::Cached {
+        entry: entry.dir.clone(),
+        compile_seconds: m.compile_seconds,
+        seconds: t0.elapsed().as_secs_f64(),
     };
     Ok((
         session,
         QnnInfo {
-            options,
+            options: options.clone(),
             log,
             fallback_allowed: opts.allow_cpu_fallback,
-            plugin,
+            plugin: plugin.to_path_buf(),
+            context: vec![(graph_name(model), context)],
         },
     ))
 }

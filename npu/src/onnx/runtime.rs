@@ -175,6 +175,8 @@ pub(super) struct Runtime {
     decode: Option<Session>,
     /// `--ep qnn`: what the provider compiled and with which options (provenance, warnings).
     pub(super) qnn: Option<super::qnn_session::QnnInfo>,
+    /// Graph-run time so far: (runs, seconds) of multi-token runs and of one-token runs.
+    pub(super) times: [(usize, f64); 2],
 }
 
 impl Runtime {
@@ -347,6 +349,7 @@ impl Runtime {
             inputs,
             decode: None,
             qnn: None,
+            times: [(0, 0.0); 2],
         })
     }
 
@@ -389,7 +392,9 @@ impl Runtime {
                 feed.push((IoNames::layer(t, l), float_value(self.kv, shape, &past[c])?));
             }
         }
+        let t0 = std::time::Instant::now();
         let out = self.session.run(feed).map_err(ort_err)?;
+        timed(&mut self.times, s, t0);
         let (lshape, logits) = floats(
             out.get(&self.names.logits).ok_or_else(|| {
                 device(format!("the graph has no output `{}`", self.names.logits))
@@ -470,7 +475,9 @@ impl Runtime {
             Some(d) if q == 1 => d,
             _ => &mut self.session,
         };
+        let t0 = std::time::Instant::now();
         let out = session.run(feed).map_err(ort_err)?;
+        timed(&mut self.times, q, t0);
         let (lshape, logits) = out
             .get(&self.names.logits)
             .ok_or_else(|| device(format!("the graph has no output `{}`", self.names.logits)))?
@@ -504,6 +511,13 @@ impl Runtime {
     pub(super) fn inputs(&self) -> &[String] {
         &self.inputs
     }
+}
+
+/// Adds a graph run of `tokens` tokens that started at `t0` to the run times.
+fn timed(times: &mut [(usize, f64); 2], tokens: usize, t0: std::time::Instant) {
+    let t = &mut times[usize::from(tokens == 1)];
+    t.0 += 1;
+    t.1 += t0.elapsed().as_secs_f64();
 }
 
 fn ort_err(e: ort::Error) -> Error {
