@@ -14,6 +14,7 @@ pub mod fits;
 mod invariant;
 mod outcome;
 pub mod output_fit;
+mod partial;
 mod repeat;
 pub mod replay;
 pub mod replayer;
@@ -40,7 +41,10 @@ fn runs_stateful(s: &Session) -> bool {
 }
 
 pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
-    let mut d = diagnose_runtime(s, opts)?;
+    let mut d = match diagnose_runtime(s, opts) {
+        Ok(d) => d,
+        Err(e) => return partial::after_failure(s, opts, e),
+    };
     decide::attach(s, opts.replay.as_ref(), &mut d);
     score::compete(s, opts.replay.as_ref(), &mut d);
     let chat = crate::chat_diagnose::Outcome {
