@@ -145,7 +145,9 @@ impl Precision {
                     .cache_edges
                     .iter()
                     .find(|e| e.direction == CacheDirection::Input)
-                    .map_or(desc.cache_len.saturating_sub(desc.prefill_len), |e| e.length);
+                    .map_or(desc.cache_len.saturating_sub(desc.prefill_len), |e| {
+                        e.length
+                    });
                 let cache = match infos.first().map(|i| i.elem_bytes) {
                     Some(b @ (1 | 2)) => format!("uint{}", 8 * b),
                     _ => "float32".to_string(),
@@ -170,8 +172,8 @@ impl Precision {
                         name(&pre.logits)
                     ),
                 };
-                let all_exact = p.groups.iter().all(Edges::exact)
-                    && p.kv.iter().flatten().all(Round::exact);
+                let all_exact =
+                    p.groups.iter().all(Edges::exact) && p.kv.iter().flatten().all(Round::exact);
                 (!all_exact || even_if_exact).then_some(p)
             }
         }
