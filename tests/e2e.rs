@@ -27,6 +27,7 @@ mod kvdiff_report;
 mod layout_infer_cli;
 mod np_reference_check;
 mod onnx_cli;
+mod onnx_graph_faults;
 mod onnx_window;
 mod openvino_cli;
 mod precision_matched;

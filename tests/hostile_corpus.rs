@@ -146,14 +146,17 @@ fn hostile_inputs_end_in_one_line_and_a_documented_code() {
             Some(c) if c != case.code => why.push(format!("exit {c}, expected {}", case.code)),
             _ => {}
         }
+        // an `incomplete` diagnosis (exit 3) prints and writes the stages that ran before the
+        // device failed, marked partial (issue 35): its case names what stdout must hold
+        let partial = case.code == 3 && case.stdout_needle.is_some();
         if case.code >= 2 {
             if lines.len() != 1 {
                 why.push(format!("{} stderr lines", lines.len()));
             }
-            if !out.is_empty() {
+            if !out.is_empty() && !partial {
                 why.push("wrote to stdout".into());
             }
-            if let Some(o) = &case.out {
+            if let Some(o) = case.out.as_ref().filter(|_| !partial) {
                 if o.exists() && !out_existed {
                     why.push(format!("left {}", o.display()));
                 }

@@ -185,10 +185,9 @@ fn a_cache_path_verdict_names_kvdiffs_first_divergent_layer() {
     );
     let ev = evidence(&v);
     assert!(
-        ev.iter().any(
-            |e| e.starts_with("kvdiff (run for cache-path verdicts only")
-                && e.contains("first divergent layer 1")
-        ),
+        ev.iter()
+            .any(|e| e.starts_with("kvdiff (run for cache-path verdicts")
+                && e.contains("first divergent layer 1")),
         "{ev:?}"
     );
     assert!(v["probes"]["kvdiff"].is_object());

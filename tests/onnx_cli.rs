@@ -381,9 +381,71 @@ fn a_host_fault_on_the_builders_exports_is_named_kv_binding() {
     );
 }
 
+/// The builder's fp16 CPU export fails its first token run inside ONNX Runtime (a Cast whose
+/// declared shape disagrees with what it computes; GenAI fails the same run): `diagnose` is
+/// `incomplete`, exit 3, and still reports the stage that ran before, the prefill judged with
+/// its cosines, and the step that failed — in stdout, results.json (no verdict, `incomplete`),
+/// report.html and summary.md, each marked partial (issue 35).
+#[test]
+fn a_device_failure_keeps_the_stages_before_it_marked_partial() {
+    let (hf, dir) = tiny_builder_export("fp16");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let (hf, dir, o) = (
+        hf.to_str().unwrap(),
+        dir.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    let ids = ["--ids", "1,5,9,22,7,3", "--steps", "6"];
+    let mut a = vec!["diagnose", "--onnx", dir, "--model", hf, "--out", o];
+    a.extend_from_slice(&ids);
+    let (code, v, err) = kvprobe_json(&a);
+    assert_eq!(code, 3, "{err} {v}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(v["verdict"].is_null(), "{v}");
+    let why = v["incomplete"].as_str().unwrap_or_default();
+    assert!(why.contains("the decode step at position 6"), "{v}");
+    let prefill = &v["probes"]["prefill"];
+    assert!(
+        prefill["mean_cosine"].as_f64().unwrap_or(0.0) > 0.999,
+        "{v}"
+    );
+    let ev = evidence(&v);
+    assert!(
+        ev.iter().any(
+            |e| e.starts_with("prefill (the stage before the failing step")
+                && e.contains("passes the prefill control")
+        ),
+        "{ev:#?}"
+    );
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(saved["incomplete"], v["incomplete"]);
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("Verdict: incomplete"), "report.html");
+    let md = kvprobe(&["report", o, "--markdown"]);
+    assert_eq!(md.status.code(), Some(0));
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(
+        md.starts_with("## kvprobe: `incomplete` (partial results"),
+        "{md}"
+    );
+    // the text summary on stdout without --json
+    let mut a = vec!["diagnose", "--onnx", dir, "--model", hf];
+    a.extend_from_slice(&ids);
+    let text = kvprobe(&a);
+    assert_eq!(text.status.code(), Some(3));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.starts_with("verdict: incomplete (partial results"),
+        "{text}"
+    );
+    assert!(text.contains("mean cosine"), "{text}");
+}
+
 /// The reference fixture the tiny builder exports were made from, and the builder's folder of
 /// `precision` (CI writes them: scripts/export-builder.sh tiny fp32 fp16 int4).
-fn tiny_builder_export(precision: &str) -> (PathBuf, PathBuf) {
+pub(crate) fn tiny_builder_export(precision: &str) -> (PathBuf, PathBuf) {
     let dir =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(".cache/builder/tiny-{precision}"));
     assert!(

@@ -37,10 +37,10 @@ const F32_ROUNDOFF: f64 = 5.960464477539063e-8;
 /// (bounded so diagnose stays within its time budget).
 pub const DIAGNOSE_STEPS: usize = 8;
 
-/// The evidence line `diagnose` adds to a cache-path verdict.
+/// The evidence line `diagnose` adds to a cache-path verdict (and a stateful `unknown`).
 pub fn verdict_line(k: &KvdiffFinding) -> String {
     format!(
-        "kvdiff (run for cache-path verdicts only; the prefill and {} greedy steps): {}",
+        "kvdiff (run for cache-path verdicts and unknowns; the prefill and {} greedy steps): {}",
         k.steps.len().saturating_sub(1),
         k.evidence()
     )

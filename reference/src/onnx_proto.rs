@@ -301,6 +301,53 @@ impl OnnxGraph {
         })
     }
 
+    /// Every external data file an initializer names exists beside the model and reaches the
+    /// initializer's last byte (a folder copied without its `.data` file, or a truncated one):
+    /// checked before a runtime is handed the graph, so its refusal is the graph's alone.
+    pub fn check_external_data(&self) -> Result<()> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let mut sizes: HashMap<&str, u64> = HashMap::new();
+        let mut names: Vec<&String> = self.inits.keys().collect();
+        names.sort();
+        for name in names {
+            let Data::External {
+                location,
+                offset,
+                length,
+            } = &self.inits[name].data
+            else {
+                continue;
+            };
+            let file = dir.join(location);
+            let size = match sizes.get(location.as_str()) {
+                Some(s) => *s,
+                None => {
+                    let s = std::fs::metadata(&file)
+                        .map_err(|e| Error::Format {
+                            path: file.clone(),
+                            detail: format!(
+                                "cannot be read ({e}); {} stores initializer `{name}` in it: copy the model folder whole, with its external data",
+                                self.path.display()
+                            ),
+                        })?
+                        .len();
+                    sizes.insert(location, s);
+                    s
+                }
+            };
+            let end = offset.saturating_add(length.unwrap_or(0));
+            if end > size {
+                return Err(Error::Format {
+                    path: file,
+                    detail: format!(
+                        "{size} bytes, but initializer `{name}` ends at byte {end}: the external data file is truncated; copy or export the model folder again"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The bytes of initializer `name` (inline, or read from its external data file beside the
     /// model); checked to hold `count` values of `elem` bytes.
     pub fn bytes(&self, name: &str, count: usize, elem: usize) -> Result<Vec<u8>> {

@@ -513,6 +513,7 @@ pub fn healthy_results() -> Results {
         stage: None,
         hypothesis: None,
         reproducer: None,
+        incomplete: None,
         probes: findings(n, false),
         provenance: provenance(n, vec![]),
     }
@@ -538,6 +539,7 @@ pub fn faulty_results() -> Results {
         stage: None,
         hypothesis: Some(super::fixtures_replay::faulty_hypothesis()),
         reproducer: Some(super::fixtures_replay::faulty_reproducer()),
+        incomplete: None,
         probes: findings(n, true),
         provenance: provenance(
             n,

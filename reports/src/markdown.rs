@@ -26,6 +26,9 @@ pub fn summary(r: &Results) -> String {
                 r.confidence.unwrap_or(0.0)
             );
         }
+        None if r.incomplete.is_some() => {
+            s += "## kvprobe: `incomplete` (partial results: the device failed before a verdict)\n\n";
+        }
         None => {
             let _ = writeln!(s, "## kvprobe {}\n", cell(&r.command));
         }

@@ -40,6 +40,13 @@ pub fn text(r: &Results) -> String {
                 s += &format!("  - {e}\n");
             }
         }
+        // a diagnosis the device ended: what ran before the failure, marked partial
+        None if r.incomplete.is_some() => {
+            s += "verdict: incomplete (partial results: the device failed before a verdict)\n";
+            for e in &r.evidence {
+                s += &format!("  - {e}\n");
+            }
+        }
         // the probes' own lines only for a single probe: a verdict's evidence already says it
         None => s += &sections::summaries(r),
     }

@@ -105,6 +105,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         stage: ran.stage,
         hypothesis: ran.hypothesis,
         reproducer: ran.reproducer,
+        incomplete: ran.incomplete,
         probes: ran.probes,
         provenance: Provenance {
             command: argv,
@@ -149,14 +150,17 @@ struct RunParts {
     stage: Option<kvprobe_schema::Stage>,
     hypothesis: Option<kvprobe_schema::Hypothesis>,
     reproducer: Option<kvprobe_schema::Reproducer>,
+    /// The device failure that ended a diagnosis (its findings are partial).
+    incomplete: Option<String>,
 }
 
 impl RunParts {
     fn of(ran: Ran) -> RunParts {
         match ran {
             Ran::Diagnosis(d) => RunParts {
-                verdict: Some(d.verdict),
-                confidence: Some(d.confidence),
+                // a diagnosis the device ended has no verdict: its findings are partial
+                verdict: d.incomplete.is_none().then_some(d.verdict),
+                confidence: d.incomplete.is_none().then_some(d.confidence),
                 evidence: d.evidence,
                 also: d.also,
                 warnings: d.warnings,
@@ -165,6 +169,7 @@ impl RunParts {
                 stage: d.stage,
                 hypothesis: d.hypothesis,
                 reproducer: d.reproducer,
+                incomplete: d.incomplete,
             },
             Ran::Probe(p, t) => RunParts {
                 verdict: None,
@@ -177,6 +182,7 @@ impl RunParts {
                 stage: None,
                 hypothesis: None,
                 reproducer: None,
+                incomplete: None,
             },
         }
     }
@@ -238,7 +244,15 @@ fn print_and_exit(results: &Results, json: bool) -> anyhow::Result<()> {
         kvprobe_reports::summary(results)
     };
     super::common::print_stdout(text.as_bytes())?;
-    let outcome = RunOutcome::of_verdict(results.verdict);
+    let outcome = match &results.incomplete {
+        // the device ended the diagnosis: the partial results are written and printed, the
+        // failure is also the one stderr line every device failure gives, the exit is its
+        Some(why) => {
+            eprintln!("error: {why}");
+            RunOutcome::DeviceFailed
+        }
+        None => RunOutcome::of_verdict(results.verdict),
+    };
     if outcome != RunOutcome::Done {
         // a fault diagnosed (or unknown); everything is written and flushed
         std::process::exit(outcome.exit_code().into());

@@ -106,6 +106,10 @@ pub fn device_outputs(c: &mut Corpus) {
             Some("the decode step at position 11"),
             &a,
         );
+        if cmd == "diagnose" {
+            // the stages before the failure, marked partial (issue 35)
+            c.expect_stdout("verdict: incomplete (partial results");
+        }
     }
 }
 

@@ -123,6 +123,37 @@ fn name(v: Option<&Value>, key: &str, default: &str) -> String {
 /// The largest genai_config.json read.
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
+/// Options GenAI acts on that kvprobe does not compute, refused in one line naming the option
+/// (issue 35): other sessions feeding the decoder (a multimodal model's vision, speech or
+/// embedding model) and several sequences at once (beam search, several returned sequences:
+/// a batched KV cache GenAI reorders per step). kvprobe drives one greedy sequence through the
+/// decoder. Sampling options are not refused: they act on the logits after the graph, and
+/// kvprobe compares the logits.
+fn not_computed(model: &Value, search: Option<&Value>, path: &Path) -> Result<()> {
+    for section in ["vision", "speech", "embedding"] {
+        if model.get(section).is_some() {
+            return Err(bad(
+                path,
+                format!("model.{section}: a multimodal model (GenAI runs the {section} session and feeds the decoder its output); kvprobe drives the text decoder alone, from token ids: diagnose a text-only export"),
+            ));
+        }
+    }
+    for (key, what) in [
+        ("num_beams", "beam search"),
+        ("num_return_sequences", "several sequences"),
+    ] {
+        if let Some(n) = search.map(|s| uint(s, key, path)).transpose()?.flatten() {
+            if n > 1 {
+                return Err(bad(
+                    path,
+                    format!("search.{key} {n}: {what} (a batch of {n} sequences whose KV cache GenAI reorders each step); kvprobe computes one greedy sequence only: set {key} to 1"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl GenaiConfig {
     /// Reads `DIR/genai_config.json`. A missing file is one line naming it and the fix.
     pub fn load(dir: &Path) -> Result<GenaiConfig> {
@@ -165,6 +196,7 @@ impl GenaiConfig {
         }
         let context_length = need(model, "context_length", "model", path)?;
         let search = v.get("search");
+        not_computed(model, search, path)?;
         let max_length = match search.map(|s| uint(s, "max_length", path)).transpose()? {
             None | Some(None) | Some(Some(0)) => context_length,
             Some(Some(n)) if n > context_length => {
@@ -376,6 +408,39 @@ mod tests {
             serde_json::json!({"window_size": 16, "alignment": "left"});
         let e = GenaiConfig::parse(&v, Path::new("g.json")).unwrap_err();
         assert!(e.to_string().contains("alignment `left`"), "{e}");
+    }
+
+    /// Options kvprobe does not compute are refused naming the option (issue 35); sampling and
+    /// a single beam are not.
+    #[test]
+    fn options_kvprobe_does_not_compute_are_named() {
+        for (edit, needle) in [
+            (
+                ("search", "num_beams", serde_json::json!(4)),
+                "search.num_beams 4",
+            ),
+            (
+                ("search", "num_return_sequences", serde_json::json!(2)),
+                "search.num_return_sequences 2",
+            ),
+            (
+                ("model", "vision", serde_json::json!({"filename": "v.onnx"})),
+                "model.vision: a multimodal model",
+            ),
+        ] {
+            let mut v = cfg();
+            v[edit.0][edit.1] = edit.2;
+            let e = GenaiConfig::parse(&v, Path::new("g.json")).unwrap_err();
+            assert!(
+                e.to_string().starts_with(&format!("g.json: {needle}")),
+                "{e}"
+            );
+            assert_eq!(e.to_string().lines().count(), 1);
+        }
+        let mut v = cfg();
+        v["search"]["num_beams"] = 1.into();
+        v["search"]["do_sample"] = true.into();
+        GenaiConfig::parse(&v, Path::new("g.json")).unwrap();
     }
 
     #[test]

@@ -196,3 +196,39 @@ pub(super) fn check_faults(cfg: &GenaiConfig, opts: &OnnxOptions) -> Result<()> 
     }
     Ok(())
 }
+
+/// ONNX Runtime refused to create a session on `model`. A file that is not an ONNX model, or a
+/// model whose external data is missing or short, is the folder's (exit 2, the file named);
+/// a well-formed graph whose data is all there that ONNX Runtime still refuses (a node whose
+/// attributes disagree with its inputs: issue 35's KV head count baked into a builder export)
+/// is the export's failure, the device's: exit 3, ONNX Runtime's message naming the node.
+pub(super) fn load_failure(model: &std::path::Path, e: &ort::Error) -> Error {
+    use ort::error::ErrorCode;
+    let file = |detail: String| Error::Io {
+        path: model.to_path_buf(),
+        detail: crate::error::one_line(&detail),
+    };
+    if matches!(
+        e.code(),
+        ErrorCode::InvalidProtobuf | ErrorCode::NoSuchFile | ErrorCode::NoModel
+    ) {
+        return file(format!("ONNX Runtime cannot open it: {e}"));
+    }
+    let data =
+        kvprobe_reference::onnx_proto::OnnxGraph::read(model).and_then(|g| g.check_external_data());
+    match data {
+        Ok(()) => {}
+        Err(kvprobe_reference::Error::Format { path, detail }) => {
+            return Error::Io { path, detail };
+        }
+        Err(bad) => return file(bad.to_string()),
+    }
+    Error::ByDevice {
+        device: "onnx-genai".into(),
+        step: "session creation (ONNX Runtime loading the graph, its files all present)".into(),
+        cause: Box::new(Error::Device(crate::error::one_line(&format!(
+            "ONNX Runtime refused the graph {}: {e}",
+            model.display()
+        )))),
+    }
+}

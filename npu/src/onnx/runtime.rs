@@ -250,10 +250,9 @@ impl Runtime {
                 ))
             })?;
         }
-        let session = builder.commit_from_file(model).map_err(|e| Error::Io {
-            path: model.to_path_buf(),
-            detail: crate::error::one_line(&format!("ONNX Runtime cannot open it: {e}")),
-        })?;
+        let session = builder
+            .commit_from_file(model)
+            .map_err(|e| super::open_checks::load_failure(model, &e))?;
         Ok((session, None))
     }
 

@@ -14,6 +14,7 @@ pub mod fits;
 mod invariant;
 mod outcome;
 pub mod output_fit;
+mod partial;
 mod repeat;
 pub mod replay;
 pub mod replayer;
@@ -26,6 +27,7 @@ mod stateful_binding;
 mod stateful_causes;
 mod stateful_facts;
 mod stateful_na;
+mod unknown_kvdiff;
 
 pub use outcome::{DiagnoseOptions, Diagnosis};
 
@@ -39,7 +41,10 @@ fn runs_stateful(s: &Session) -> bool {
 }
 
 pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
-    let mut d = diagnose_runtime(s, opts)?;
+    let mut d = match diagnose_runtime(s, opts) {
+        Ok(d) => d,
+        Err(e) => return partial::after_failure(s, opts, e),
+    };
     decide::attach(s, opts.replay.as_ref(), &mut d);
     score::compete(s, opts.replay.as_ref(), &mut d);
     let chat = crate::chat_diagnose::Outcome {
@@ -50,6 +55,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         timings: &mut d.timings,
     };
     crate::chat_diagnose::attach(s, chat)?;
+    unknown_kvdiff::attach(s, &mut d)?;
     Ok(d)
 }
 

@@ -63,6 +63,9 @@ pub struct Diagnosis {
     pub hypothesis: Option<Hypothesis>,
     /// The replay's command and how close it came (fault verdicts).
     pub reproducer: Option<Reproducer>,
+    /// The device failure that ended the diagnosis before a verdict (`partial.rs`): the
+    /// findings are the stages that ran before it, and `verdict` means nothing.
+    pub incomplete: Option<String>,
 }
 
 impl Diagnosis {
@@ -84,6 +87,24 @@ impl Diagnosis {
             stage: None,
             hypothesis,
             reproducer: None,
+            incomplete: None,
+        }
+    }
+
+    /// A diagnosis the device ended with `failure`: no verdict, findings to be added.
+    pub(crate) fn incomplete(failure: String) -> Self {
+        Diagnosis {
+            verdict: Verdict::Unknown,
+            confidence: 0.0,
+            evidence: Vec::new(),
+            also: Vec::new(),
+            warnings: Vec::new(),
+            probes: ProbeFindings::default(),
+            timings: Vec::new(),
+            stage: None,
+            hypothesis: None,
+            reproducer: None,
+            incomplete: Some(failure),
         }
     }
 }

@@ -47,7 +47,7 @@ pub struct StatefulFacts {
 }
 
 /// Passes the stage floors of the ring rules, top-1 ignored near identical logits.
-fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
+pub(super) fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
     mean >= STAGE_MEAN_COSINE
         && min >= STAGE_MIN_COSINE
         && (top1 >= top1_floor || mean >= TOP1_IRRELEVANT_ABOVE)

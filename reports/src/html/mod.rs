@@ -82,6 +82,7 @@ pub(crate) fn banner_class(r: &Results) -> &'static str {
         Some(Verdict::Healthy) => "good",
         Some(Verdict::Unknown) => "warn",
         Some(_) => "bad",
+        None if r.incomplete.is_some() => "warn",
         None => "info",
     }
 }
@@ -161,6 +162,9 @@ pub(crate) fn banner(r: &Results, heading: Option<&str>) -> String {
                 ));
             }
         }
+        None if r.incomplete.is_some() => s.push_str(
+            "<div class=\"verdict\">Verdict: incomplete</div><div class=\"meta\">partial results: the device failed before a verdict; the evidence below is what ran before the failure</div>",
+        ),
         None => s.push_str(&format!(
             "<div class=\"verdict\">Probe: {}</div><div class=\"meta\">a single probe ran; no diagnosis was made</div>",
             crate::text::html_visible(&r.command)

@@ -21,6 +21,7 @@ const FOOT: &str = "</body>\n</html>\n";
 fn title_of(r: &Results) -> String {
     match r.verdict {
         Some(v) => format!("kvprobe {}: {}", r.command, v.name()),
+        None if r.incomplete.is_some() => format!("kvprobe {}: incomplete (partial)", r.command),
         None => format!("kvprobe {}", r.command),
     }
 }

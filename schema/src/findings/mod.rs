@@ -153,6 +153,10 @@ pub struct Results {
     /// (diagnose only; schema 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reproducer: Option<Reproducer>,
+    /// The device failure that ended a diagnosis before any verdict (exit 3): `verdict` is
+    /// `None` and the findings are partial, the stages that ran before it (issue 35).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
     pub probes: ProbeFindings,
     pub provenance: Provenance,
 }

@@ -1,0 +1,46 @@
+//! An `unknown` on a stateful device still says where its cache first goes wrong (issue 35).
+//!
+//! A cause's verdict carries kvdiff's first divergent layer (`stateful.rs` `cache_kvdiff`); an
+//! `unknown` did not, so a graph that writes one layer's cache wrong in a way no rule names (the
+//! builder exports' graph-level faults: a present written in another layout, a K/V pair swapped
+//! on one layer) ended with no layer at all. The evidence that is left to give is the layer where
+//! the device's cache first leaves the reference's, so kvdiff runs on every stateful `unknown`
+//! whose states can be read. It names no cause and changes no verdict.
+
+use kvprobe_schema::Verdict;
+
+use super::outcome::{timed, Diagnosis};
+use crate::session::Session;
+use crate::Result;
+
+/// Runs kvdiff on a stateful `unknown` that has none yet, and records it like a cause's.
+pub(super) fn attach(s: &mut Session, d: &mut Diagnosis) -> Result<()> {
+    let caps = s.dev.capabilities();
+    if d.verdict != Verdict::Unknown
+        || d.probes.kvdiff.is_some()
+        || !caps.stateful
+        || !caps.read_cache
+    {
+        return Ok(());
+    }
+    let opts = crate::kvdiff::KvdiffOptions {
+        steps: crate::kvdiff::DIAGNOSE_STEPS,
+    };
+    match timed(&mut d.timings, "kvdiff", || crate::kvdiff::run(s, &opts)) {
+        Ok(k) => {
+            d.evidence.push(format!(
+                "{} (on an unknown: where the cache first leaves the reference, no cause named)",
+                crate::kvdiff::verdict_line(&k)
+            ));
+            d.probes.kvdiff = Some(k);
+        }
+        // as for a cause's kvdiff: a cache it cannot compare, or the device refusing a request,
+        // is said, not the run's end
+        Err(crate::Error::Input(why)) => d.evidence.push(format!("kvdiff not run: {why}")),
+        Err(crate::Error::Npu(e)) if e.origin() == kvprobe_npu::Origin::Device => d
+            .evidence
+            .push(format!("kvdiff not run: {}", e.what_device_did())),
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
