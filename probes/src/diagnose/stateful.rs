@@ -196,23 +196,9 @@ impl Run<'_, '_> {
         if !self.eng.has_causes() || self.eng.fired().contains(&"healthy") {
             return Ok(());
         }
-        let opts = crate::kvdiff::KvdiffOptions {
-            steps: crate::kvdiff::DIAGNOSE_STEPS,
-        };
-        match self.timed("kvdiff", |s| crate::kvdiff::run(s, &opts)) {
-            Ok(k) => {
-                self.eng.line(crate::kvdiff::verdict_line(&k));
-                self.p.kvdiff = Some(k);
-            }
-            // a cache kvdiff cannot compare (ONNX windowed): said, not fatal
-            Err(crate::Error::Input(why)) => self.eng.line(format!("kvdiff not run: {why}")),
-            // the device failed a request the verdict already explains (a stale state running
-            // out of context): evidence beside the verdict, not the run's end
-            Err(crate::Error::Npu(e)) if e.origin() == kvprobe_npu::Origin::Device => self
-                .eng
-                .line(format!("kvdiff not run: {}", e.what_device_did())),
-            Err(e) => return Err(e),
-        }
+        let (k, line) = super::unknown_kvdiff::run_for_evidence(self.s, &mut self.t)?;
+        self.eng.line(line);
+        self.p.kvdiff = k;
         Ok(())
     }
 }
