@@ -336,7 +336,8 @@ fn matched_facts<'a>(
 
 /// The cache-free controls' miss: the larger of the prefill rows' (each prefix one run from a
 /// reset) and the self-only steps'. Not the smaller, as the ring rules take it: the stateful
-/// matched reference does not model the graph's own arithmetic (matched.rs), and a one-token
+/// matched reference models only the arithmetic a device declares (the ANE emulator's fp16, not
+/// a float32 runtime's own kernels, matched.rs), and a one-token
 /// self-only step exercises none of the accumulation over a context that a prefill row and a tbt
 /// step share (NPUW on SmolLM2: self-only 1.4e-5, prefill rows 2e-4, a healthy "Write a haiku
 /// about autumn." greedy at 3e-4 … 5e-4 a step). A prefill graph fault does not hide here: its
