@@ -118,6 +118,14 @@ pub const STATE: &[R] = &[
     .needs(Control::Greedy)
     .stop(),
     R::new(
+        "state-writer-layout",
+        T,
+        Some(Verdict::CacheLayoutMismatch),
+        super::stateful_binding::state_writer_layout,
+    )
+    .needs(Control::Greedy)
+    .stop(),
+    R::new(
         "declared-quant",
         T,
         Some(Verdict::CacheQuantization),
