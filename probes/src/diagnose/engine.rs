@@ -118,6 +118,11 @@ pub struct Rule<F> {
     pub verdict: Option<Verdict>,
     /// The control that must fail before the verdict stands.
     pub needs: Control,
+    /// A control the rule's hypothesis leaves as a healthy device computes it (a wiring of the
+    /// runs after the prompt leaves the cache-free prefill alone): when that control fails, the
+    /// hypothesis does not reproduce what the device did there, so it cannot be the cause
+    /// (issue 34: a hypothesis is scored across every control, not only the one it explains).
+    pub keeps: Control,
     pub when: When,
     pub then: Then,
     pub check: fn(&F) -> Option<Cause>,
@@ -150,6 +155,7 @@ impl<F> Rule<F> {
             stage,
             verdict,
             needs,
+            keeps: Control::Exempt,
             when: When::Always,
             then: Then::Continue,
             check,
@@ -168,6 +174,11 @@ impl<F> Rule<F> {
 
     pub const fn stop(mut self) -> Self {
         self.then = Then::Stop;
+        self
+    }
+
+    pub const fn keeps(mut self, control: Control) -> Self {
+        self.keeps = control;
         self
     }
 }
@@ -296,7 +307,9 @@ impl Engine {
                 When::AfterCause => !self.causes.is_empty(),
             };
             if let Some(cause) = asked.then(|| (rule.check)(facts)).flatten() {
-                if rule.needs == Control::Exempt || facts.fails(rule.needs) {
+                if rule.keeps != Control::Exempt && facts.fails(rule.keeps) {
+                    self.contradicted(rule, cause);
+                } else if rule.needs == Control::Exempt || facts.fails(rule.needs) {
                     self.record(rule, cause);
                 } else {
                     self.set_aside(rule, cause);
@@ -345,6 +358,24 @@ impl Engine {
             "set aside: rule `{}` would name {verdict}, but its control ({}) passes within the device's precision; a fit or variant may explain a failure, never create one",
             rule.id,
             rule.needs.name()
+        ));
+        self.warnings.extend(
+            cause
+                .evidence
+                .into_iter()
+                .map(|l| format!("  (set aside) {l}")),
+        );
+        self.warnings.extend(cause.warnings);
+    }
+
+    /// A rule whose hypothesis predicts a healthy `keeps` control the device failed: it explains
+    /// one control and contradicts another, so it names no cause (its lines become warnings).
+    fn contradicted<F>(&mut self, rule: &Rule<F>, cause: Cause) {
+        let verdict = rule.verdict.map_or("a cause", |v| v.name());
+        self.warnings.push(format!(
+            "set aside: rule `{}` would name {verdict}, but its hypothesis leaves the {} as a healthy device computes them, and the device failed them: it does not reproduce what the device did there",
+            rule.id,
+            rule.keeps.name()
         ));
         self.warnings.extend(
             cause

@@ -141,6 +141,7 @@ pub const STATE: &[R] = &[
         state_position,
     )
     .needs(Control::Greedy)
+    .keeps(Control::PrefillSingle)
     .stop(),
     R::new("mask-cosines", T, None, mask_cosines),
     R::new(
@@ -159,9 +160,11 @@ pub const STATE: &[R] = &[
         output_position,
     )
     .needs(Control::Greedy)
+    .keeps(Control::PrefillSingle)
     .stop(),
     R::new("output-mask", T, Some(Verdict::MaskConvention), output_mask)
         .needs(Control::Greedy)
+        .keeps(Control::PrefillSingle)
         .stop(),
     R::new(
         "state-reader",
@@ -793,6 +796,17 @@ pub(super) mod tests {
         assert_eq!(conclude(&f), (Verdict::PositionMismatch, 0.85));
         f.output_fit = Some(fit(Wiring::HideNewest, 1e-8));
         assert_eq!(conclude(&f).0, Verdict::MaskConvention);
+        // a wiring of the runs after the prompt leaves the prefill as healthy computes it: with
+        // the prefill failing too it does not reproduce the device (issue 35's norm weight
+        // dropped on one layer of a builder export was named mask-convention this way)
+        let prefill = f.prefill;
+        f.prefill = Some([0.43, 0.2, 0.1]);
+        assert!(f.fails(Control::PrefillSingle));
+        assert_eq!(conclude(&f).0, Verdict::Unknown);
+        f.output_fit = Some(fit(Wiring::Shift(1), 1e-8));
+        assert_eq!(conclude(&f).0, Verdict::Unknown);
+        f.prefill = prefill;
+        f.output_fit = Some(fit(Wiring::HideNewest, 1e-8));
         // closest, but not within the precision: no cause
         f.output_fit = Some(fit(Wiring::Shift(1), 5e-4));
         assert_eq!(conclude(&f).0, Verdict::Unknown);
