@@ -229,8 +229,7 @@ pub fn run_turns(s: &mut Session, steps: usize, turns: usize) -> Result<ChatFind
 }
 
 /// The wiring fit over the rows from the diverging turn `from` on; the graph's own arithmetic is
-/// the miss of the conversation's first row (the prompt's prefill from a reset reads no cache),
-/// as a hypothesis' band counts it.
+/// the miss of the conversation's first row (the prompt's prefill from a reset reads no cache).
 fn wiring_fit(
     s: &Session,
     seq: &[u32],
@@ -260,16 +259,7 @@ fn wiring_fit(
         .iter()
         .map(|&i| (rows[i].position, rows[i].logits.as_slice()))
         .collect();
-    // capped at the row's declared precision (`band_noise`): a fault that breaks the prefill
-    // must not widen the band of the hypotheses it competes with
-    let noise = all.first().map_or(0.0, |x| {
-        crate::diagnose::evidence::band_noise([x
-            .matched
-            .as_ref()
-            .map_or((1.0, x.comparison.cosine), |m| {
-                (m.reference_vs_matched, m.matched_vs_device)
-            })])
-    });
+    let noise = all.first().map_or(0.0, |x| 1.0 - x.comparison.cosine);
     fit(
         s.model,
         seq,

@@ -133,10 +133,9 @@ pub(super) fn position_cosines(f: &StatefulFacts) -> Option<Cause> {
 /// precision. The level and margin against f32 alone called a healthy fp16 ANE emulator's
 /// sensitive step a shift (SmolLM2, max-ctx 25, a 5-token prompt: δ = +2 at 0.9750 against
 /// 0.9612 at δ = 0, while the precision-matched reference is closer to the device than either).
-/// The level stays beside the rule of evidence: with the cache-free controls' miss in the band
-/// uncapped, a fault that broke the prefill itself inflated it (`win-mask-all-valid` on SmolLM2:
-/// a band of 0.44 let δ = −4 at 0.936 through); the band now counts that miss capped at the
-/// declared precision (`StatefulFacts::band_noise`).
+/// The rule of evidence alone is not enough here: its band adds the cache-free controls' miss,
+/// which a fault that breaks the prefill itself inflates (`win-mask-all-valid` on SmolLM2: a band
+/// of 0.44 let δ = −4 at 0.936 through).
 pub(super) fn state_position(f: &StatefulFacts) -> Option<Cause> {
     let ((d, c), zero) = best_shift(f)?;
     let (healthy, precision) = first_step_band(f, zero);
@@ -151,10 +150,10 @@ pub(super) fn state_position(f: &StatefulFacts) -> Option<Cause> {
 
 /// The healthy hypothesis' miss at the first decode step and that step's declared precision:
 /// the precision-matched reference against the device, and its own miss against f32 floored at
-/// `STEP_NOISE_FLOOR` (the shifted queries are f32 runs), plus the graph's noise as a band
-/// counts it; without a greedy comparison, the f32 reference at δ = 0 and the floor.
+/// `STEP_NOISE_FLOOR` (the shifted queries are f32 runs), plus the graph's noise; without a
+/// greedy comparison, the f32 reference at δ = 0 and the floor.
 fn first_step_band(f: &StatefulFacts, zero: f64) -> (f64, f64) {
-    let noise = f.band_noise.max(REL_NOISE_FLOOR);
+    let noise = f.graph_noise.max(REL_NOISE_FLOOR);
     match f.greedy_steps.first() {
         Some(&(rm, md)) => (1.0 - md, (1.0 - rm).max(STEP_NOISE_FLOOR) + noise),
         None => (1.0 - zero, STEP_NOISE_FLOOR + noise),

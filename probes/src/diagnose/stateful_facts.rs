@@ -32,10 +32,6 @@ pub struct StatefulFacts {
     /// The cache-free controls' miss (prefill rows run from a reset, self-only steps), the
     /// larger of the two: the graph's own arithmetic, which the declared precision adds to.
     pub graph_noise: f64,
-    /// The same controls' miss as a hypothesis' band counts it: each row capped at its declared
-    /// precision's own miss × `PRECISION_RATIO` (`evidence::band_noise`), so a fault that breaks
-    /// them cannot widen the band a competing hypothesis is judged by.
-    pub band_noise: f64,
     /// The host-wiring hypotheses fitted on the reference side (run when greedy failed).
     pub output_fit: Option<WiringFit>,
     /// Greedy against the f32 reference when `greedy` holds the matched comparison, and the
