@@ -6,11 +6,17 @@ use common::*;
 
 /// Diagnoses `fault` on the fixture, checks the replay reproduced it, runs the reproducer.
 fn replayed(fault: &str, want_verdict: &str) {
+    replayed_on(&["--fault", fault], want_verdict);
+}
+
+/// Diagnoses the fixture's emulator with `device` (its fault or manifest), checks the replay
+/// reproduced it, runs the reproducer.
+fn replayed_on(device: &[&str], want_verdict: &str) {
     let f = fixture("llama", 7);
     let m = f.to_str().unwrap();
     let mut args = vec!["diagnose", "--sim", "--model", m];
     args.extend(geometry("24", "8", IDS_REMAINDER, "8"));
-    args.extend(["--fault", fault]);
+    args.extend(device);
     let (code, v, stderr) = kvprobe_json(&args);
     assert_eq!((code, verdict(&v).as_str()), (1, want_verdict), "{stderr}");
     assert_eq!(v["schema_version"], 2);
@@ -56,6 +62,32 @@ fn a_kv_swap_verdict_is_replayed_and_its_command_reproduces_the_tokens() {
 fn a_truncation_is_replayed_at_the_bytes_and_writer_the_zero_tap_shows() {
     replayed("truncate-entry=12@v", "cache-truncation");
     replayed("truncate-entry=20@prefill,k", "cache-truncation");
+}
+
+/// A `--sim-manifest` run replays on the emulator its manifest describes, its faults replaced by
+/// the hypothesis (before: no replayer, the rule path's verdict "not replayed"), and the
+/// reproducer spells the manifest's device as flags (it gives the tokens again, above).
+#[test]
+fn a_manifest_run_is_replayed_on_the_emulator_its_manifest_describes() {
+    let f = fixture("llama", 7);
+    let m = f.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut args = vec!["diagnose", "--sim", "--model", m];
+    args.extend(geometry("24", "8", IDS_REMAINDER, "8"));
+    args.extend(["--fault", "kv-swap", "--out", out.to_str().unwrap()]);
+    let r = kvprobe(&args);
+    assert_eq!(
+        r.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let manifest = out.join("sim-manifest.json");
+    replayed_on(
+        &["--sim-manifest", manifest.to_str().unwrap()],
+        "kv-binding",
+    );
 }
 
 #[test]
