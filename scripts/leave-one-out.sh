@@ -5,8 +5,9 @@
 # case passes when it comes out `unknown` or `healthy`, or names its declared verdict through a
 # reproducing replay of another fault, or names the graph stage the fault lives in
 # (`prefill-graph` / `tbt-graph`: "the right stage", counted apart); a rule-named cause no replay
-# reproduces fails the row, as does any other cause. Prints one row per case (with its wall
-# time and the load average when it ended).
+# reproduces fails the row, as does any other cause; the declared cause named with no replay
+# at all (a verdict the scorer leaves to its rule, as nondeterministic) is shown as such.
+# Prints one row per case (with its wall time and the load average when it ended).
 # Usage: scripts/leave-one-out.sh [FAULT ...]   (default: the mild faults on SmolLM2, L 32 / P 16,
 #        16 steps); KVPROBE_BIN=path runs that binary instead of building target/release/kvprobe
 set -euo pipefail
@@ -66,6 +67,8 @@ if v in ("unknown", "healthy"):
     ok = "yes"
 elif declared and v == declared and r.get("reproduces") and r["fault"]["name"] != family:
     ok = "yes (another family's replay reproduces)"
+elif declared and v == declared and not r:
+    ok = "right cause, not replayed (a rule the scorer does not decide)"
 elif group and v == f"{group}-graph":
     ok = "yes (the right stage)"
 else:

@@ -335,6 +335,7 @@ fn builder_fp16_export_declares_what_onnx_runtime_computes() {
         rounded: Some(rounded),
         norm_reads_f32_sum,
         rope_tables_fp16,
+        fp16_sums: false,
     } = dev.describe().arithmetic.clone()
     else {
         panic!("{:?}", dev.describe().arithmetic)

@@ -20,12 +20,14 @@ pub fn arithmetic_of(a: &DeclaredArithmetic) -> Result<Arithmetic> {
             rounded,
             norm_reads_f32_sum,
             rope_tables_fp16,
+            fp16_sums,
         } => Arithmetic::Fp16(Fp16 {
             overflow: saturate_at.map_or(Overflow::Infinite, Overflow::Saturate),
             norm: match norm {
                 DeclaredNorm::Squares => NormStatistic::Squares,
                 DeclaredNorm::MaxScaled => NormStatistic::MaxScaled,
                 DeclaredNorm::Fused => NormStatistic::Fused,
+                DeclaredNorm::MaxDivided => NormStatistic::MaxDivided,
             },
             sites: rounded
                 .as_deref()
@@ -38,6 +40,7 @@ pub fn arithmetic_of(a: &DeclaredArithmetic) -> Result<Arithmetic> {
                 })?,
             skip_sum_f32: *norm_reads_f32_sum,
             rope_tables_fp16: *rope_tables_fp16,
+            fp16_sums: *fp16_sums,
         }),
     })
 }
@@ -75,8 +78,13 @@ pub(crate) fn declared(
     if f.rope_tables_fp16 {
         habits.push_str(", fp16 RoPE tables");
     }
+    let accumulation = if f.fp16_sums {
+        "f32 accumulation in products, fp16 in norm means and softmax sums"
+    } else {
+        "f32 accumulation"
+    };
     said.push_str(&format!(
-        ", fp16 arithmetic inside the graph ({rounded}, f32 accumulation, {}, norm statistic {:?}{habits})",
+        ", fp16 arithmetic inside the graph ({rounded}, {accumulation}, {}, norm statistic {:?}{habits})",
         match f.overflow {
             Overflow::Infinite => "±inf beyond 65504".to_string(),
             Overflow::Saturate(l) => format!("saturating at ±{l}"),
@@ -121,6 +129,7 @@ mod tests {
                 rounded: None,
                 norm_reads_f32_sum: false,
                 rope_tables_fp16: false,
+                fp16_sums: false,
             })
             .unwrap(),
             Arithmetic::Fp16(Fp16::every_op(
@@ -134,6 +143,7 @@ mod tests {
             rounded: Some(sites.iter().map(|s| s.to_string()).collect()),
             norm_reads_f32_sum: true,
             rope_tables_fp16: true,
+            fp16_sums: false,
         };
         let Ok(Arithmetic::Fp16(f)) = arithmetic_of(&ort(&["norm output", "logits"])) else {
             panic!("fp16")

@@ -49,6 +49,11 @@ pub struct Fp16 {
     pub skip_sum_f32: bool,
     /// The RoPE cos/sin tables are fp16 values (the graph's fp16 cos/sin caches).
     pub rope_tables_fp16: bool,
+    /// The sums inside a norm's mean and softmax's denominator accumulate in fp16, one term at a
+    /// time in index order (the ANE emulator's fp16 reductions); matrix products still
+    /// accumulate wider. Small terms after a large one are lost: a row with a massive
+    /// activation gets a smaller mean of squares than its exact one.
+    pub fp16_sums: bool,
 }
 
 impl Fp16 {
@@ -60,6 +65,7 @@ impl Fp16 {
             sites: None,
             skip_sum_f32: false,
             rope_tables_fp16: false,
+            fp16_sums: false,
         }
     }
 }
@@ -135,6 +141,9 @@ pub enum NormStatistic {
     /// One fused op computing the statistic in float32 (`SimplifiedLayerNormalization`): only
     /// its output is rounded.
     Fused,
+    /// y = x / m, m = the row's max |x| (at least 1e-4), then y / sqrt(mean(y·y) + eps / m²):
+    /// the form ANE ports use (npu/src/coreml/graph.rs), op by op as that graph computes it.
+    MaxDivided,
 }
 
 /// The first op whose output left the declared fp16 range.
@@ -186,6 +195,21 @@ impl Rounder {
     /// reads is rounded (see [`Fp16::skip_sum_f32`]).
     pub fn skip_sum_f32(&self) -> bool {
         self.fp16.is_some_and(|f| f.skip_sum_f32)
+    }
+
+    /// Whether softmax's denominator accumulates in fp16 (see [`Fp16::fp16_sums`]).
+    pub fn fp16_sums(&self) -> bool {
+        self.fp16.is_some_and(|f| f.fp16_sums)
+    }
+
+    /// The mean of the op output `xs` (already rounded) as the declared arithmetic sums it:
+    /// in fp16 term by term then times 1/n in fp16 (candle's f16 `mean`), else in f64.
+    fn mean_of(&self, xs: &[f32]) -> f32 {
+        if !self.fp16_sums() {
+            return mean(xs.iter().copied());
+        }
+        let sum = fp16_sum(xs.iter().copied());
+        f16::from_f32(sum * f16::from_f32(1.0 / xs.len() as f32).to_f32()).to_f32()
     }
 
     /// The RoPE tables in the declared arithmetic.
@@ -266,6 +290,10 @@ impl Rounder {
         self.within.set(Some(name));
         let mut out = vec![0f32; x.len()];
         for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+            if f.norm == NormStatistic::MaxDivided {
+                self.max_divided(xr, w, eps, or);
+                continue;
+            }
             let den = match f.norm {
                 NormStatistic::Fused => {
                     let ms = mean(xr.iter().map(|v| v * v));
@@ -274,7 +302,7 @@ impl Rounder {
                 NormStatistic::Squares => {
                     let mut sq: Vec<f32> = xr.iter().map(|v| v * v).collect();
                     self.round(&mut sq, "x·x");
-                    let ms = self.one(mean(sq.iter().copied()), "mean(x·x)");
+                    let ms = self.one(self.mean_of(&sq), "mean(x·x)");
                     self.one(self.one(ms + eps, "mean + eps").sqrt(), "sqrt")
                 }
                 NormStatistic::MaxScaled => {
@@ -285,11 +313,12 @@ impl Rounder {
                         *s *= *s;
                     }
                     self.round(&mut sq, "y·y");
-                    let ms = self.one(mean(sq.iter().copied()), "mean(y·y)");
+                    let ms = self.one(self.mean_of(&sq), "mean(y·y)");
                     let e = self.one(eps / m, "eps/m");
                     let s = self.one(self.one(ms + e, "mean + eps").sqrt(), "sqrt");
                     self.one(r * s, "denominator")
                 }
+                NormStatistic::MaxDivided => unreachable!("computed above"),
             };
             if f.norm == NormStatistic::Fused {
                 for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
@@ -310,6 +339,45 @@ impl Rounder {
         self.within.set(None);
         Some(out)
     }
+}
+
+impl Rounder {
+    /// [`NormStatistic::MaxDivided`] on one row `xr` into `or`, every op's output rounded.
+    fn max_divided(&self, xr: &[f32], w: &[f32], eps: f32, or: &mut [f32]) {
+        let m = xr
+            .iter()
+            .fold(f16::from_f32(1e-4).to_f32(), |a, v| a.max(v.abs()));
+        for (o, &v) in or.iter_mut().zip(xr) {
+            *o = v / m;
+        }
+        self.round(or, "x/m");
+        let mut sq: Vec<f32> = or.iter().map(|y| y * y).collect();
+        self.round(&mut sq, "y·y");
+        let ms = self.one(self.mean_of(&sq), "mean(y·y)");
+        // m² is inf past 256 by design: its reciprocal is then 0, which eps / m² rounds to in
+        // fp16 anyway, so that inf loses nothing and is not recorded as an overflow
+        let inv_m2 = f16::from_f32(1.0 / f16::from_f32(m * m).to_f32()).to_f32();
+        let e = self.one(inv_m2 * f16::from_f32(eps).to_f32(), "eps/m²");
+        let s = self.one(self.one(ms + e, "mean + eps").sqrt(), "sqrt");
+        let inv = self.one(1.0 / s, "1/sqrt");
+        for o in or.iter_mut() {
+            *o *= inv;
+        }
+        self.round(or, "x/den");
+        for (o, &g) in or.iter_mut().zip(w) {
+            *o *= g;
+        }
+        self.round(or, "output");
+    }
+}
+
+/// The sum of fp16 values accumulated in fp16, one term at a time in order (each partial sum
+/// the f32 sum of two fp16 values rounded to fp16, as `half`'s addition computes it).
+pub(crate) fn fp16_sum(xs: impl Iterator<Item = f32>) -> f32 {
+    xs.fold(f16::ZERO, |acc, v| {
+        f16::from_f32(acc.to_f32() + f16::from_f32(v).to_f32())
+    })
+    .to_f32()
 }
 
 /// A norm's mean, accumulated in f64 (ONNX Runtime's CPU LayerNormalization kernels accumulate
@@ -416,6 +484,52 @@ mod tests {
             Rounder::new(Arithmetic::F32).rms_norm("norm", &x, 4, &[1.0; 4], 1e-5),
             None
         );
+    }
+
+    #[test]
+    fn fp16_sums_lose_the_small_terms_after_a_large_one() {
+        // 2^-12 is a quarter of fp16's step at 1: added to 1 it is lost, every time; added
+        // first, 1000 of them make 0.244140625 (a multiple of fp16's step there), then 1 more
+        let small = 2f32.powi(-12);
+        let big_first = std::iter::once(1.0).chain(std::iter::repeat_n(small, 1000));
+        assert_eq!(fp16_sum(big_first), 1.0);
+        let big_last = std::iter::repeat_n(small, 1000).chain(std::iter::once(1.0));
+        // 1.244140625 = 1 + 250/1024, exact in fp16 and f32
+        assert_eq!(fp16_sum(big_last), 1.0 + 250.0 / 1024.0);
+    }
+
+    #[test]
+    fn the_max_divided_norm_with_fp16_sums_by_hand() {
+        let mut f = Fp16::every_op(Overflow::Infinite, NormStatistic::MaxDivided);
+        // a row of four powers of two: every op is exact in fp16, whichever way it sums
+        let x = [4.0f32, -2.0, 1.0, 1.0];
+        let exact = (22.0f32 / 4.0).sqrt(); // rms = sqrt(mean(x²)), eps 0
+        for sums in [false, true] {
+            f.fp16_sums = sums;
+            let y = Rounder::new(Arithmetic::Fp16(f))
+                .rms_norm("norm", &x, 4, &[1.0; 4], 0.0)
+                .unwrap();
+            for (a, b) in y.iter().zip(&x) {
+                assert!((a - b / exact).abs() <= 1e-3 * (b / exact).abs(), "{y:?}");
+            }
+        }
+        // a massive activation first (300, like SmolLM2's late layers), then 575 entries of 3:
+        // y = 1 then 0.01 (fp16 0.010002136), y² ≈ 1.0004e-4 each, below half of fp16's step
+        // at 1 — summed in fp16 after the 1 they are lost, so the mean is 1/576 (fp16
+        // 0.0017356873) instead of (1 + 575·1.0004e-4)/576 and the output is sqrt(1.0575)
+        // ≈ 1.028 times too large (24 at the 300)
+        let mut x = vec![3.0f32; 576];
+        x[0] = 300.0;
+        let mut out = |sums: bool| {
+            f.fp16_sums = sums;
+            Rounder::new(Arithmetic::Fp16(f))
+                .rms_norm("norm", &x, 576, &[1.0; 576], 1e-5)
+                .unwrap()
+        };
+        let (wide, narrow) = (out(false), out(true));
+        let ratio = narrow[0] / wide[0];
+        assert!((ratio - 1.0575f32.sqrt()).abs() < 3e-3, "{ratio}");
+        assert_eq!(narrow[0], f16::from_f32(576f32.sqrt()).to_f32());
     }
 
     #[test]

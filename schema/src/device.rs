@@ -348,6 +348,10 @@ pub enum DeclaredArithmetic {
         /// The RoPE cos/sin tables are fp16 values.
         #[serde(default, skip_serializing_if = "is_false")]
         rope_tables_fp16: bool,
+        /// A norm's mean and softmax's denominator accumulate in fp16, term by term in index
+        /// order (the ANE emulator's reductions); matrix products accumulate wider.
+        #[serde(default, skip_serializing_if = "is_false")]
+        fp16_sums: bool,
     },
 }
 
@@ -365,6 +369,8 @@ pub enum DeclaredNorm {
     MaxScaled,
     /// One fused op computing in float32 (SimplifiedLayerNormalization).
     Fused,
+    /// x / max|x|, then the mean of its squares and eps / max|x|² (the ANE-port form).
+    MaxDivided,
 }
 
 /// What a device declares about its weights; the precision-matched reference computes with

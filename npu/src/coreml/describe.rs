@@ -2,7 +2,10 @@
 //! (`Prefill` up to `max_query` rows, `Tbt` 1 row) with fp16 states as cache edges.
 
 use kvprobe_reference::ModelConfig;
-use kvprobe_schema::{DType, DeviceDescription, GroupKind, ModelShape, QuantInfo, RuntimeKind};
+use kvprobe_schema::{
+    DType, DeclaredArithmetic, DeclaredNorm, DeviceDescription, GroupKind, ModelShape, QuantInfo,
+    RuntimeKind,
+};
 
 use super::{CAUSAL_MASK, EMBEDDINGS, POSITION_IDS};
 use crate::contract::describe::{state_edges, StatefulGraph};
@@ -52,6 +55,16 @@ pub(super) fn description(
         },
         groups,
         weights: kvprobe_schema::DeclaredWeights::Checkpoint,
-        arithmetic: kvprobe_schema::DeclaredArithmetic::Float32,
+        // what the graph computes (graph.rs): every op on fp16 values, products accumulating
+        // wider, the ANE-port norm, fp16 RoPE tables, and candle's f16 reductions summing in
+        // fp16 — a row with a massive activation loses the small squares after it
+        arithmetic: DeclaredArithmetic::Fp16 {
+            saturate_at: None,
+            norm: DeclaredNorm::MaxDivided,
+            rounded: None,
+            norm_reads_f32_sum: false,
+            rope_tables_fp16: true,
+            fp16_sums: true,
+        },
     }
 }

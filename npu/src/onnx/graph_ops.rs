@@ -81,6 +81,7 @@ pub(super) fn declared_arithmetic(
             rounded: None,
             norm_reads_f32_sum: false,
             rope_tables_fp16: false,
+            fp16_sums: false,
         });
     }
     let graph = kvprobe_reference::onnx_proto::OnnxGraph::read(model)?;
@@ -91,6 +92,7 @@ pub(super) fn declared_arithmetic(
         rounded: Some(cpu.rounded.iter().map(|s| s.to_string()).collect()),
         norm_reads_f32_sum: cpu.skip_sum_f32,
         rope_tables_fp16: cpu.rope_tables_fp16,
+        fp16_sums: false,
     })
 }
 

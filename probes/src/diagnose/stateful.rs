@@ -118,6 +118,14 @@ pub const STATE: &[R] = &[
     .needs(Control::Greedy)
     .stop(),
     R::new(
+        "state-writer-layout",
+        T,
+        Some(Verdict::CacheLayoutMismatch),
+        super::stateful_binding::state_writer_layout,
+    )
+    .needs(Control::Greedy)
+    .stop(),
+    R::new(
         "declared-quant",
         T,
         Some(Verdict::CacheQuantization),
@@ -196,23 +204,9 @@ impl Run<'_, '_> {
         if !self.eng.has_causes() || self.eng.fired().contains(&"healthy") {
             return Ok(());
         }
-        let opts = crate::kvdiff::KvdiffOptions {
-            steps: crate::kvdiff::DIAGNOSE_STEPS,
-        };
-        match self.timed("kvdiff", |s| crate::kvdiff::run(s, &opts)) {
-            Ok(k) => {
-                self.eng.line(crate::kvdiff::verdict_line(&k));
-                self.p.kvdiff = Some(k);
-            }
-            // a cache kvdiff cannot compare (ONNX windowed): said, not fatal
-            Err(crate::Error::Input(why)) => self.eng.line(format!("kvdiff not run: {why}")),
-            // the device failed a request the verdict already explains (a stale state running
-            // out of context): evidence beside the verdict, not the run's end
-            Err(crate::Error::Npu(e)) if e.origin() == kvprobe_npu::Origin::Device => self
-                .eng
-                .line(format!("kvdiff not run: {}", e.what_device_did())),
-            Err(e) => return Err(e),
-        }
+        let (k, line) = super::unknown_kvdiff::run_for_evidence(self.s, &mut self.t)?;
+        self.eng.line(line);
+        self.p.kvdiff = k;
         Ok(())
     }
 }
@@ -350,7 +344,8 @@ fn matched_facts<'a>(
 
 /// The cache-free controls' miss: the larger of the prefill rows' (each prefix one run from a
 /// reset) and the self-only steps'. Not the smaller, as the ring rules take it: the stateful
-/// matched reference does not model the graph's own arithmetic (matched.rs), and a one-token
+/// matched reference models only the arithmetic a device declares (the ANE emulator's fp16, not
+/// a float32 runtime's own kernels, matched.rs), and a one-token
 /// self-only step exercises none of the accumulation over a context that a prefill row and a tbt
 /// step share (NPUW on SmolLM2: self-only 1.4e-5, prefill rows 2e-4, a healthy "Write a haiku
 /// about autumn." greedy at 3e-4 … 5e-4 a step). A prefill graph fault does not hide here: its

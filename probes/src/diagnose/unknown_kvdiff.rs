@@ -7,7 +7,7 @@
 //! the device's cache first leaves the reference's, so kvdiff runs on every stateful `unknown`
 //! whose states can be read. It names no cause and changes no verdict.
 
-use kvprobe_schema::Verdict;
+use kvprobe_schema::{KvdiffFinding, Timing, Verdict};
 
 use super::outcome::{timed, Diagnosis};
 use crate::session::Session;
@@ -23,24 +23,38 @@ pub(super) fn attach(s: &mut Session, d: &mut Diagnosis) -> Result<()> {
     {
         return Ok(());
     }
+    let (k, line) = run_for_evidence(s, &mut d.timings)?;
+    d.evidence.push(match &k {
+        Some(_) => format!(
+            "{line} (on an unknown: where the cache first leaves the reference, no cause named)"
+        ),
+        None => line,
+    });
+    d.probes.kvdiff = k;
+    Ok(())
+}
+
+/// kvdiff as diagnose's evidence (a cause's, `stateful.rs`, and an unknown's): the finding and
+/// its line, or the line saying why it did not run.
+pub(super) fn run_for_evidence(
+    s: &mut Session,
+    timings: &mut Vec<Timing>,
+) -> Result<(Option<KvdiffFinding>, String)> {
     let opts = crate::kvdiff::KvdiffOptions {
         steps: crate::kvdiff::DIAGNOSE_STEPS,
     };
-    match timed(&mut d.timings, "kvdiff", || crate::kvdiff::run(s, &opts)) {
+    match timed(timings, "kvdiff", || crate::kvdiff::run(s, &opts)) {
         Ok(k) => {
-            d.evidence.push(format!(
-                "{} (on an unknown: where the cache first leaves the reference, no cause named)",
-                crate::kvdiff::verdict_line(&k)
-            ));
-            d.probes.kvdiff = Some(k);
+            let line = crate::kvdiff::verdict_line(&k);
+            Ok((Some(k), line))
         }
-        // as for a cause's kvdiff: a cache it cannot compare, or the device refusing a request,
-        // is said, not the run's end
-        Err(crate::Error::Input(why)) => d.evidence.push(format!("kvdiff not run: {why}")),
-        Err(crate::Error::Npu(e)) if e.origin() == kvprobe_npu::Origin::Device => d
-            .evidence
-            .push(format!("kvdiff not run: {}", e.what_device_did())),
-        Err(e) => return Err(e),
+        // a cache kvdiff cannot compare (ONNX windowed): said, not fatal
+        Err(crate::Error::Input(why)) => Ok((None, format!("kvdiff not run: {why}"))),
+        // the device failed a request the verdict already explains (a stale state running out
+        // of context): evidence beside the verdict, not the run's end
+        Err(crate::Error::Npu(e)) if e.origin() == kvprobe_npu::Origin::Device => {
+            Ok((None, format!("kvdiff not run: {}", e.what_device_did())))
+        }
+        Err(e) => Err(e),
     }
-    Ok(())
 }

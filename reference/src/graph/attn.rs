@@ -120,7 +120,7 @@ impl AttnCtx<'_> {
         }
         let mut s = self.scores(&qg, &kg, g, per * t, rnd)?; // [G, per*T, C]
         rnd.round(&mut s, "scores");
-        self.masked_softmax_rows(&mut s, |h, i| (row_of[h] * t + i) * c);
+        self.masked_softmax_rows(&mut s, |h, i| (row_of[h] * t + i) * c, rnd.fp16_sums());
         rnd.round(&mut s, "softmax");
         let og = matmul::batched(&s, &vg, Rhs::Plain, g, per * t, c, hd)?; // [G, per*T, hd]
         GROUPED.set((kg, vg));
@@ -193,7 +193,7 @@ impl AttnCtx<'_> {
     #[cfg(test)]
     pub(super) fn masked_softmax(&self, s: &mut [f32]) {
         let (t, c) = (self.t, self.w + self.t);
-        self.masked_softmax_rows(s, |h, i| (h * t + i) * c);
+        self.masked_softmax_rows(s, |h, i| (h * t + i) * c, false);
     }
 
     /// Scores → probabilities in place; `row(h, i)` is where head h's score row of query i starts,
@@ -201,7 +201,16 @@ impl AttnCtx<'_> {
     ///
     /// A softmax group whose mask allows nothing gets all-zero
     /// probabilities, so its attention output is zero and never NaN (design.md).
-    fn masked_softmax_rows(&self, s: &mut [f32], row: impl Fn(usize, usize) -> usize) {
+    ///
+    /// `fp16_sums` (a declared fp16 arithmetic, `Fp16::fp16_sums`): `s − max` and each exp are
+    /// fp16 values, the denominator accumulates them in fp16 in column order, and each
+    /// probability is the fp16 quotient.
+    fn masked_softmax_rows(
+        &self,
+        s: &mut [f32],
+        row: impl Fn(usize, usize) -> usize,
+        fp16_sums: bool,
+    ) {
         let (nh, t, c) = (self.nh, self.t, self.w + self.t);
         let midx = |h: usize, i: usize| (i * nh + h) * c;
         for i in 0..t {
@@ -223,22 +232,36 @@ impl AttnCtx<'_> {
                     ));
                 }
                 let mut sum = 0f64;
+                let mut sum16 = half::f16::ZERO;
                 for (&h, &(lo, hi)) in heads.iter().zip(&spans) {
                     let (sr, mr) = (row(h, i), midx(h, i));
                     s[sr..sr + lo].fill(0.0);
                     s[sr + hi..sr + c].fill(0.0);
                     for j in lo..hi {
                         let k = sr + j;
-                        s[k] = if self.mask[mr + j] {
+                        s[k] = if !self.mask[mr + j] {
+                            0.0
+                        } else if fp16_sums {
+                            let d = half::f16::from_f32(s[k] * self.scale - m).to_f32();
+                            let e = half::f16::from_f32(d.exp());
+                            sum16 = half::f16::from_f32(sum16.to_f32() + e.to_f32());
+                            e.to_f32()
+                        } else {
                             let e = (s[k] * self.scale - m).exp();
                             sum += e as f64;
                             e
-                        } else {
-                            0.0
                         };
                     }
                 }
-                if sum > 0.0 {
+                if fp16_sums && sum16 > half::f16::ZERO {
+                    let d = sum16.to_f32();
+                    for &h in heads {
+                        let sr = row(h, i);
+                        for x in &mut s[sr..sr + c] {
+                            *x = half::f16::from_f32(*x / d).to_f32();
+                        }
+                    }
+                } else if sum > 0.0 {
                     let inv = (1.0 / sum) as f32;
                     for &h in heads {
                         let sr = row(h, i);
