@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use kvprobe_schema::{ProbeFindings, Timing, Verdict};
+use kvprobe_schema::{Hypothesis, ProbeFindings, Timing, Verdict};
 
 use crate::chat;
 use crate::session::Session;
@@ -22,11 +22,20 @@ pub const TURNS: usize = 2;
 /// Greedy rows a turn (its prefill row and two generated tokens).
 pub const STEPS: usize = 3;
 
+/// The rule id results.json's `hypothesis.rule` carries when the chat overrides a healthy
+/// verdict: the chat's wiring fit named the cause (its cause line is the decisive one), or the
+/// chat diverged and no wiring reproduced it (`unknown`). Neither is a rule of the tables: the
+/// chat runs after them, like `replay-score`.
+pub const RULE_WIRING: &str = "chat-wiring";
+pub const RULE_DIVERGED: &str = "chat-diverged";
+
 /// A diagnosis's parts the chat reads and writes (diagnose's `Diagnosis`, which this module does
 /// not import: diagnose calls it).
 pub struct Outcome<'a> {
     pub verdict: &'a mut Verdict,
     pub confidence: &'a mut f64,
+    /// The healthy rule's hypothesis, replaced by the chat's when it overrides the verdict.
+    pub hypothesis: &'a mut Option<Hypothesis>,
     pub evidence: &'a mut Vec<String>,
     pub probes: &'a mut ProbeFindings,
     pub timings: &'a mut Vec<Timing>,
@@ -68,6 +77,11 @@ pub fn attach(s: &mut Session, d: Outcome<'_>) -> Result<()> {
         (Some(line), Some((verdict, cause))) => {
             *d.verdict = verdict;
             *d.confidence = 0.8;
+            *d.hypothesis = Some(Hypothesis {
+                rule: RULE_WIRING.into(),
+                decisive: vec![cause.clone()],
+                fault: None,
+            });
             d.evidence.insert(0, format!("→ chat: {cause}"));
             d.evidence.insert(
                 1,
@@ -77,10 +91,14 @@ pub fn attach(s: &mut Session, d: Outcome<'_>) -> Result<()> {
         (Some(line), None) => {
             *d.verdict = Verdict::Unknown;
             *d.confidence = 0.3;
-            d.evidence.insert(
-                0,
-                format!("{line}; every single-request control passed, so `healthy` does not stand"),
-            );
+            let head =
+                format!("{line}; every single-request control passed, so `healthy` does not stand");
+            *d.hypothesis = Some(Hypothesis {
+                rule: RULE_DIVERGED.into(),
+                decisive: vec![head.clone()],
+                fault: None,
+            });
+            d.evidence.insert(0, head);
         }
         (None, _) if f.turns.len() < 2 => d.evidence.push(format!(
             "chat: only the first turn ran, nothing was appended ({})",
@@ -217,6 +235,8 @@ mod tests {
         let c = &faulty.probes.extra["chat"];
         assert_eq!(c["first_divergence"]["turn"], 2, "{c}");
         assert_eq!(c["fresh"]["fresh_agrees"], true, "{c}");
+        let rule = faulty.hypothesis.as_ref().map(|h| h.rule.as_str());
+        assert_eq!(rule, Some(RULE_DIVERGED), "{:?}", faulty.hypothesis);
         let first = &faulty.evidence[0];
         assert!(
             first.contains("at turn 2 of 2")

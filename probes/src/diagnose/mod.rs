@@ -50,6 +50,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let chat = crate::chat_diagnose::Outcome {
         verdict: &mut d.verdict,
         confidence: &mut d.confidence,
+        hypothesis: &mut d.hypothesis,
         evidence: &mut d.evidence,
         probes: &mut d.probes,
         timings: &mut d.timings,
