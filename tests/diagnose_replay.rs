@@ -76,13 +76,8 @@ fn a_manifest_run_is_replayed_on_the_emulator_its_manifest_describes() {
     let mut args = vec!["diagnose", "--sim", "--model", m];
     args.extend(geometry("24", "8", IDS_REMAINDER, "8"));
     args.extend(["--fault", "kv-swap", "--out", out.to_str().unwrap()]);
-    let r = kvprobe(&args);
-    assert_eq!(
-        r.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
+    let (code, v, stderr) = kvprobe_json(&args);
+    assert_eq!((code, verdict(&v).as_str()), (1, "kv-binding"), "{stderr}");
     let manifest = out.join("sim-manifest.json");
     replayed_on(
         &["--sim-manifest", manifest.to_str().unwrap()],

@@ -270,9 +270,13 @@ mod tests {
         );
     }
 
+    fn strings(xs: &[&str]) -> Vec<String> {
+        xs.iter().map(|s| s.to_string()).collect()
+    }
+
     #[test]
     fn a_manifest_run_reproducer_spells_its_device_as_flags_once() {
-        let argv: Vec<String> = [
+        let argv = strings(&[
             "kvprobe",
             "diagnose",
             "--sim",
@@ -281,32 +285,19 @@ mod tests {
             "m.json",
             "--ids",
             "1,2",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let device: Vec<String> = [
-            "--sim",
-            "--cache-len",
-            "24",
-            "--prefill-len",
-            "8",
-            "--sim-taps",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        ]);
+        let device = strings(&["--cache-len", "24", "--prefill-len", "8", "--sim-taps"]);
         assert_eq!(
             reproducer_argv(&argv, &device, "kv-swap", 4),
             [
                 "kvprobe",
                 "greedy",
-                "--sim",
                 "--cache-len",
                 "24",
                 "--prefill-len",
                 "8",
                 "--sim-taps",
+                "--sim",
                 "--ids",
                 "1,2",
                 "--fault",
