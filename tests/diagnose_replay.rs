@@ -66,7 +66,8 @@ fn a_truncation_is_replayed_at_the_bytes_and_writer_the_zero_tap_shows() {
 
 /// A `--sim-manifest` run replays on the emulator its manifest describes, its faults replaced by
 /// the hypothesis (before: no replayer, the rule path's verdict "not replayed"), and the
-/// reproducer spells the manifest's device as flags (it gives the tokens again, above).
+/// reproducer spells the manifest's device as flags (it gives the tokens again, above); a
+/// manifest the emulator does not rebuild is not replayed.
 #[test]
 fn a_manifest_run_is_replayed_on_the_emulator_its_manifest_describes() {
     let f = fixture("llama", 7);
@@ -79,6 +80,24 @@ fn a_manifest_run_is_replayed_on_the_emulator_its_manifest_describes() {
     let (code, v, stderr) = kvprobe_json(&args);
     assert_eq!((code, verdict(&v).as_str()), (1, "kv-binding"), "{stderr}");
     let manifest = out.join("sim-manifest.json");
+    // quant infos the fault-free rebuild does not give again (an edited manifest) are not
+    // replayed on: the rule's verdict stands, saying so
+    let mut edited: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let scale = &mut edited["quant"][0]["quant"]["scale"];
+    *scale = (scale.as_f64().unwrap() * 1.01).into();
+    let edited_path = dir.path().join("edited.json");
+    std::fs::write(&edited_path, edited.to_string()).unwrap();
+    let mut args = vec!["diagnose", "--sim", "--model", m];
+    args.extend(geometry("24", "8", IDS_REMAINDER, "8"));
+    args.extend(["--sim-manifest", edited_path.to_str().unwrap()]);
+    let (code, v, stderr) = kvprobe_json(&args);
+    assert_eq!((code, verdict(&v).as_str()), (1, "kv-binding"), "{stderr}");
+    assert!(v["reproducer"].get("replay").is_none(), "{v}");
+    assert!(
+        evidence(&v).iter().any(|e| e.starts_with("not replayed")),
+        "{v}"
+    );
     replayed_on(
         &["--sim-manifest", manifest.to_str().unwrap()],
         "kv-binding",

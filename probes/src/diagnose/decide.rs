@@ -47,7 +47,7 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     let Some(replayer) = replayer else {
         return not_replayed(
             d,
-            "this device has no emulator to replay on (replays run for --sim, --device ane-sim and their --sim-manifest runs)",
+            "this device has no emulator to replay on (replays run for --sim, --device ane-sim and the manifests the emulator rebuilds)",
         );
     };
     if d.verdict == Verdict::Nondeterministic {
