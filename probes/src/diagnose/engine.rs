@@ -353,29 +353,28 @@ impl Engine {
     /// A rule whose check fired while its control passes: its lines become warnings, it names
     /// no cause and stops nothing.
     fn set_aside<F>(&mut self, rule: &Rule<F>, cause: Cause) {
-        let verdict = rule.verdict.map_or("a cause", |v| v.name());
-        self.warnings.push(format!(
-            "set aside: rule `{}` would name {verdict}, but its control ({}) passes within the device's precision; a fit or variant may explain a failure, never create one",
-            rule.id,
+        let why = format!(
+            "its control ({}) passes within the device's precision; a fit or variant may explain a failure, never create one",
             rule.needs.name()
-        ));
-        self.warnings.extend(
-            cause
-                .evidence
-                .into_iter()
-                .map(|l| format!("  (set aside) {l}")),
         );
-        self.warnings.extend(cause.warnings);
+        self.warn_set_aside(rule, &why, cause);
     }
 
     /// A rule whose hypothesis predicts a healthy `keeps` control the device failed: it explains
     /// one control and contradicts another, so it names no cause (its lines become warnings).
     fn contradicted<F>(&mut self, rule: &Rule<F>, cause: Cause) {
+        let why = format!(
+            "its hypothesis leaves the {} as a healthy device computes them, and the device failed them: it does not reproduce what the device did there",
+            rule.keeps.name()
+        );
+        self.warn_set_aside(rule, &why, cause);
+    }
+
+    fn warn_set_aside<F>(&mut self, rule: &Rule<F>, why: &str, cause: Cause) {
         let verdict = rule.verdict.map_or("a cause", |v| v.name());
         self.warnings.push(format!(
-            "set aside: rule `{}` would name {verdict}, but its hypothesis leaves the {} as a healthy device computes them, and the device failed them: it does not reproduce what the device did there",
-            rule.id,
-            rule.keeps.name()
+            "set aside: rule `{}` would name {verdict}, but {why}",
+            rule.id
         ));
         self.warnings.extend(
             cause
