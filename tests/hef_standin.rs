@@ -337,7 +337,11 @@ fn colmap_through_the_standin_equals_the_emulator() {
 }
 
 /// `diagnose` reaches the same verdict through the stand-in as the emulator, healthy and under
-/// three faults the stand-in's emulator injects (layout, offset, mask).
+/// three faults the stand-in's emulator injects (layout, offset, mask). Under a fault the
+/// manifest run replays its hypotheses on the emulator the manifest describes, while a `--hef`
+/// run has no replayer yet (docs/diagnosis.md, Known limits, "HEF replay"): the two differ in
+/// the replay's confidence, evidence and hypothesis only, so there the device's measurements
+/// (`probes`) must agree number for number.
 #[test]
 fn diagnose_verdicts_match_under_faults() {
     let c = Case::new(32, 8);
@@ -357,7 +361,15 @@ fn diagnose_verdicts_match_under_faults() {
             verdict(&hef)
         );
         assert_eq!(verdict(&sim), verdict(&hef), "{faults:?}");
-        assert_same_numbers(&sim, &hef, &format!("{faults:?}"));
+        if faults.is_empty() {
+            assert_same_numbers(&sim, &hef, "[]");
+        } else {
+            assert_same_numbers(
+                &sim["probes"],
+                &hef["probes"],
+                &format!("{faults:?}.probes"),
+            );
+        }
     }
 }
 
