@@ -24,6 +24,8 @@ import time
 import numpy as np
 import onnx
 
+from lib.static_window import prompt_feed  # scripts/lib (this script's folder is on sys.path)
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -61,14 +63,7 @@ def main():
     pre_feeds, dec_feeds = [], []
     for i in range(a.windows):
         n = w - i % 3  # a full window and two shorter prompts, right-aligned
-        f = {"input_ids": np.zeros((1, w), np.int32), "attention_mask": np.zeros((1, c), np.int32),
-             "position_ids": np.zeros((1, w), np.int32)}
-        f["input_ids"][0, w - n:] = rng.randint(0, vocab, n)
-        f["attention_mask"][0, c - n:] = 1
-        f["position_ids"][0, w - n:] = np.arange(n)
-        for k, s in ps.items():
-            if k.startswith("past"):
-                f[k] = np.zeros(s, np.float32)
+        f = prompt_feed(rng, vocab, n, ps)
         pre_feeds.append(f)
         outs = dict(zip([o.name for o in cpu.get_outputs()], cpu.run(None, f)))
         g = {"input_ids": rng.randint(0, vocab, (1, 1)).astype(np.int32),

@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 import onnx
+
+from lib.static_window import prompt_feed  # scripts/lib (this script's folder is on sys.path)
 import onnxruntime as ort
 
 QNN = os.environ.get("KVPROBE_QNN_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache",
@@ -56,14 +58,7 @@ def main():
         return (x * y).sum(-1) / np.linalg.norm(x, axis=-1) / np.linalg.norm(y, axis=-1)
 
     for i in range(a.windows):
-        f = {"input_ids": np.zeros((1, w), np.int32), "attention_mask": np.zeros((1, c), np.int32),
-             "position_ids": np.zeros((1, w), np.int32)}
-        f["input_ids"][0, w - n:] = rng.randint(0, vocab, n)
-        f["attention_mask"][0, c - n:] = 1
-        f["position_ids"][0, w - n:] = np.arange(n)
-        for k, s in shapes.items():
-            if k.startswith("past"):
-                f[k] = np.zeros(s, np.float32)
+        f = prompt_feed(rng, vocab, n, shapes)
         t = time.time()
         h = htp.run(["logits"], f)[0].reshape(-1, vocab)[-n:]
         th = time.time() - t

@@ -17,8 +17,11 @@ fn exported(seed: u64, name: &str, extra: &[&str]) -> (PathBuf, PathBuf) {
     (hf, out)
 }
 
-fn run(dir: &Path, model: &Path, extra: &[&str]) -> std::process::Output {
-    let mut a = vec![
+/// `diagnose` of `dir` on HTP with the tests' ids and steps, `extra` appended (a command, so a
+/// test can set the environment too).
+fn diagnose_cmd(dir: &Path, model: &Path, extra: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvprobe"));
+    cmd.args([
         "diagnose",
         "--onnx",
         dir.to_str().unwrap(),
@@ -30,9 +33,16 @@ fn run(dir: &Path, model: &Path, extra: &[&str]) -> std::process::Output {
         "4",
         "--ep",
         "qnn",
-    ];
-    a.extend_from_slice(extra);
-    kvprobe(&a)
+    ])
+    .args(extra)
+    .current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd
+}
+
+fn run(dir: &Path, model: &Path, extra: &[&str]) -> std::process::Output {
+    diagnose_cmd(dir, model, extra)
+        .output()
+        .expect("run kvprobe")
 }
 
 fn one_line(out: &std::process::Output, code: i32, needle: &str) {
@@ -147,23 +157,8 @@ fn the_compiled_context_is_cached_and_a_changed_entry_rebuilt() {
     );
     let cache = tempfile::tempdir().unwrap();
     let go = |what: &str| -> (serde_json::Value, String) {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvprobe"))
-            .args([
-                "diagnose",
-                "--onnx",
-                dir.to_str().unwrap(),
-                "--model",
-                hf.to_str().unwrap(),
-                "--ids",
-                "1,2,3,4,5,6,7,8,9,10,11",
-                "--steps",
-                "4",
-                "--ep",
-                "qnn",
-                "--json",
-            ])
+        let out = diagnose_cmd(&dir, &hf, &["--json"])
             .env("KVPROBE_QNN_CACHE", cache.path())
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
             .output()
             .expect("run kvprobe");
         let err = String::from_utf8_lossy(&out.stderr);
