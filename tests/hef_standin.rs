@@ -337,11 +337,11 @@ fn colmap_through_the_standin_equals_the_emulator() {
 }
 
 /// `diagnose` reaches the same verdict through the stand-in as the emulator, healthy and under
-/// three faults the stand-in's emulator injects (layout, offset, mask). Under a fault the
-/// manifest run replays its hypotheses on the emulator the manifest describes, while a `--hef`
-/// run has no replayer yet (docs/diagnosis.md, Known limits, "HEF replay"): the two differ in
-/// the replay's confidence, evidence and hypothesis only, so there the device's measurements
-/// (`probes`) must agree number for number.
+/// three faults the stand-in's emulator injects (layout, offset, mask): a `--hef` run replays
+/// its hypotheses on the emulator the HEF describes (`inspect --emit-sim`'s manifest, faults
+/// replaced by the hypothesis), as the manifest run does on its manifest, so everything but the
+/// reproducer's command agrees number for number; that command, run as a user would (its
+/// `inspect --emit-sim` first), gives the device's tokens.
 #[test]
 fn diagnose_verdicts_match_under_faults() {
     let c = Case::new(32, 8);
@@ -356,20 +356,94 @@ fn diagnose_verdicts_match_under_faults() {
         let sim = json(&c.sim_run(&m, &args));
         let hef = json(&c.hef_run(&m, &[], &args));
         eprintln!(
-            "{faults:?}: --sim {} / --hef {}",
+            "{faults:?}: --sim {} / --hef {}; replay {} s / {} s",
             verdict(&sim),
-            verdict(&hef)
+            verdict(&hef),
+            replay_seconds(&sim),
+            replay_seconds(&hef)
         );
         assert_eq!(verdict(&sim), verdict(&hef), "{faults:?}");
-        if faults.is_empty() {
-            assert_same_numbers(&sim, &hef, "[]");
-        } else {
-            assert_same_numbers(
-                &sim["probes"],
-                &hef["probes"],
-                &format!("{faults:?}.probes"),
-            );
+        assert_same_numbers(&sim, &hef, &format!("{faults:?}"));
+        if !faults.is_empty() {
+            c.assert_reproducer_gives_the_device_tokens(&hef, &m);
         }
+    }
+}
+
+/// The diagnosis' replay phase, in seconds (0 when none ran).
+fn replay_seconds(v: &serde_json::Value) -> f64 {
+    v["provenance"]["timings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["what"].as_str().is_some_and(|w| w.contains("replay")))
+        .filter_map(|t| t["seconds"].as_f64())
+        .sum()
+}
+
+impl Case {
+    /// A `--hef` verdict's reproducer: `inspect --emit-sim` then a `--sim-manifest` greedy run
+    /// with the hypothesis, run in the case's folder; its tokens are those of the same greedy
+    /// run on the device (`device`: the stand-in's manifest), both fresh processes (the
+    /// diagnosis' own greedy probe runs after other probes, from another ring state).
+    fn assert_reproducer_gives_the_device_tokens(&self, hef: &serde_json::Value, device: &Path) {
+        let rep = &hef["reproducer"];
+        let argv = |key: &str| -> Vec<String> {
+            rep[key]
+                .as_array()
+                .unwrap_or_else(|| panic!("no reproducer {key}: {rep}"))
+                .iter()
+                .map(|a| a.as_str().unwrap().to_string())
+                .collect()
+        };
+        let (setup, command) = (argv("setup"), argv("command"));
+        assert_eq!(&setup[..2], ["kvprobe", "inspect"], "{rep}");
+        assert_eq!(&command[..2], ["kvprobe", "greedy"], "{rep}");
+        let fault = rep["replay"]["fault"].to_string();
+        eprintln!(
+            "reproducer: {} && {} ({fault})",
+            setup.join(" "),
+            command.join(" ")
+        );
+        let run = |a: &[String]| {
+            Command::new(env!("CARGO_BIN_EXE_kvprobe"))
+                .args(&a[1..])
+                .current_dir(self.hef.parent().unwrap())
+                .output()
+                .expect("run kvprobe")
+        };
+        let o = run(&setup);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let mut greedy = command.clone();
+        greedy.push("--json".into());
+        let g = json(&run(&greedy));
+        let at = command
+            .iter()
+            .position(|a| a == "--steps")
+            .expect("--steps");
+        let on_device = json(&self.hef_run(
+            device,
+            &[],
+            &[
+                "greedy",
+                "--ids",
+                IDS,
+                "--steps",
+                &command[at + 1],
+                "--json",
+            ],
+        ));
+        let ids = &g["probes"]["greedy"]["device_ids"];
+        assert!(ids.as_array().is_some_and(|a| !a.is_empty()), "{g}");
+        assert_eq!(
+            ids, &on_device["probes"]["greedy"]["device_ids"],
+            "{command:?}"
+        );
     }
 }
 

@@ -35,6 +35,7 @@ pub fn faulty_reproducer() -> kvprobe_schema::Reproducer {
         })
         .collect();
     kvprobe_schema::Reproducer {
+        setup: Vec::new(),
         command: [
             "kvprobe",
             "greedy",

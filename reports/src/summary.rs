@@ -78,7 +78,14 @@ impl Head {
             h.decisive = hyp.decisive.iter().take(DECISIVE_LINES).cloned().collect();
         }
         if let Some(rep) = &r.reproducer {
-            h.command = (!rep.command.is_empty()).then(|| shell_join(&rep.command));
+            // a HEF's reproducer first writes the emulator's description (`inspect --emit-sim`)
+            h.command = (!rep.command.is_empty()).then(|| {
+                if rep.setup.is_empty() {
+                    shell_join(&rep.command)
+                } else {
+                    format!("{} && {}", shell_join(&rep.setup), shell_join(&rep.command))
+                }
+            });
             h.replay = Some(rep.line());
         }
         h

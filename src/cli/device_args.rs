@@ -148,7 +148,8 @@ pub struct DeviceArgs {
     /// halves positive) or `sign-folded` (first half negated, HailoRT's fallback).
     #[arg(help_heading = "Hailo emulator (--sim)", value_parser = rope_theta_values(), long, requires = "sim")]
     pub sim_rope_theta: Option<String>,
-    /// Emulator: reproduce a previous run from its manifest.
+    /// Emulator: reproduce a previous run from its manifest (--sim: with --fault, those faults
+    /// instead of the manifest's).
     #[arg(
         help_heading = "Emulators (--sim, --device ane-sim)",
         long,

@@ -8,10 +8,12 @@ mod args;
 mod bar;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use kvprobe_npu::sim::manifest::model_identity;
 use kvprobe_probes::{ProbeOptions, Session};
+use kvprobe_reference::Model;
 use kvprobe_reports::NamedArray;
 use kvprobe_schema::{ProbeFindings, Provenance, Results, RunOutcome, Timing, SCHEMA_VERSION};
 
@@ -69,17 +71,18 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let hef_path = backend.hef_path().map(Path::to_path_buf);
     let bar = Bar::new();
     let t2 = Instant::now();
-    let (outcome, compared) = {
+    let (outcome, compared, setup) = {
         let mut s =
             Session::new(&model, backend.device(), ids.clone(), &bar).map_err(probe_error)?;
-        let replay = super::replay::EmulatorReplay::for_run(args, &model, &argv).map(|r| {
-            std::sync::Arc::new(r) as std::sync::Arc<dyn kvprobe_probes::diagnose::replay::Replayer>
-        });
+        let (replay, setup) = replayer(args, &model, &argv, &ids);
         let outcome = run_probe(&cmd, &mut s, replay);
-        (outcome, std::mem::take(&mut s.compared))
+        (outcome, std::mem::take(&mut s.compared), setup)
     };
     bar.finish();
-    let ran = RunParts::of(outcome.map_err(probe_error)?);
+    let mut ran = RunParts::of(outcome.map_err(probe_error)?);
+    if let Some(r) = ran.reproducer.as_mut().filter(|r| !r.command.is_empty()) {
+        r.setup = setup;
+    }
     let warnings: Vec<String> = device_warnings.into_iter().chain(ran.warnings).collect();
     timings.extend(ran.timings);
     timings.push(Timing {
@@ -186,6 +189,24 @@ impl RunParts {
             },
         }
     }
+}
+
+/// The emulator a diagnosis replays its hypotheses on (issue 34), and what its reproducer runs
+/// before its command (`inspect --emit-sim` for a HEF).
+fn replayer(
+    args: &DeviceArgs,
+    model: &Arc<Model>,
+    argv: &[String],
+    ids: &[u32],
+) -> (
+    Option<Arc<dyn kvprobe_probes::diagnose::replay::Replayer>>,
+    Vec<String>,
+) {
+    let Some(r) = super::replay::EmulatorReplay::for_run(args, model, argv, ids) else {
+        return (None, Vec::new());
+    };
+    let setup = r.setup();
+    (Some(Arc::new(r)), setup)
 }
 
 /// The last generated token sits at position `prompt + steps − 2`: past the model's context the

@@ -254,21 +254,40 @@ pub fn cache_len(c: &mut Corpus) {
 /// Flags a manifest or the device would not use are refused, never ignored (issue 38).
 pub fn unused_flags(c: &mut Corpus) {
     let good = s(&c.root().join("good-manifest.json")); // written by `manifests`
-    for (name, extra, needle) in [
-        (
-            "manifest with another fault",
-            vec!["--fault", "kv-swap"],
-            "--fault kv-swap",
-        ),
-        ("ep without onnx", vec!["--ep", "qnn"], "--ep qnn"),
-    ] {
-        let mut e: Vec<&str> = extra;
-        if name.starts_with("manifest") {
-            e.extend(["--sim-manifest", &good]);
-        }
-        let a = c.sim_args(&name.replace(' ', "-"), &e);
-        c.add(&format!("cli {name}"), 2, Some(needle), &a);
-    }
+    let a = c.sim_args("ep-without-onnx", &["--ep", "qnn"]);
+    c.add("cli ep without onnx", 2, Some("--ep qnn"), &a);
+    // the Hailo emulator's `--fault` replaces its manifest's (a reproducer's hypothesis);
+    // ane-sim's manifest keeps its own
+    let m = std::sync::Arc::new(kvprobe_reference::Model::load(c.model()).unwrap());
+    let o = kvprobe_npu::coreml::AneOptions {
+        max_ctx: 32,
+        max_query: 8,
+        ..Default::default()
+    };
+    let dev = kvprobe_npu::coreml::AneDevice::new(m, o).unwrap();
+    let ane_good = c.file(
+        "ane-good-manifest.json",
+        serde_json::to_string(dev.manifest()).unwrap().as_bytes(),
+    );
+    let a = ane(
+        c,
+        &[
+            "--ids",
+            "1,5,9",
+            "--steps",
+            "2",
+            "--sim-manifest",
+            &s(&ane_good),
+            "--fault",
+            "kv-swap",
+        ],
+    );
+    c.add(
+        "cli ane manifest with another fault",
+        2,
+        Some("--fault kv-swap"),
+        &a,
+    );
     let mut a = c.sim_args("manifest-other-cache-len", &["--sim-manifest", &good]);
     let i = a
         .iter()

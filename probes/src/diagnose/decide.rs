@@ -267,6 +267,7 @@ fn apply(
                 h.fault = Some(r.fault.clone());
             }
             d.reproducer = Some(Reproducer {
+                setup: Vec::new(),
                 command: command(&r),
                 note: early(&r),
                 replay: Some(r),
@@ -287,6 +288,7 @@ fn apply(
                 d.verdict.name()
             ));
             d.reproducer = Some(Reproducer {
+                setup: Vec::new(),
                 command: command(&r),
                 note: Some(
                     ["the replayed steps do not tell a fault from healthy".to_string()]
@@ -406,6 +408,7 @@ fn not_replayed(d: &mut Diagnosis, why: &str) {
         d.verdict.name()
     ));
     d.reproducer = Some(Reproducer {
+        setup: Vec::new(),
         command: Vec::new(),
         replay: None,
         tried: Vec::new(),
@@ -448,6 +451,7 @@ fn renamed(
         fault: Some(r.fault.clone()),
     });
     d.reproducer = Some(Reproducer {
+        setup: Vec::new(),
         command,
         replay: Some(r),
         tried,
@@ -483,6 +487,7 @@ fn unknown(d: &mut Diagnosis, r: Replay, command: Vec<String>, tried: Vec<(Strin
         fault: None,
     });
     d.reproducer = Some(Reproducer {
+        setup: Vec::new(),
         command,
         replay: Some(r),
         tried,

@@ -205,6 +205,7 @@ fn name_mild_fault(
         fault: Some(best.fault.clone()),
     });
     d.reproducer = Some(Reproducer {
+        setup: Vec::new(),
         command: replayer.command(&best.fault.text(), n),
         replay: Some(best),
         tried,

@@ -123,6 +123,10 @@ pub struct Replay {
 pub struct Reproducer {
     /// argv of the command (emulator, geometry, fault, prompt, steps); empty when no replay ran.
     pub command: Vec<String>,
+    /// argv of a command to run first: a HEF's emulator description (`kvprobe inspect HEF
+    /// --emit-sim FILE`, the manifest `command` runs with).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setup: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<Replay>,
     /// Every hypothesis replayed, with its median miss, in the order tried.
