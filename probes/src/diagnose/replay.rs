@@ -15,7 +15,7 @@ use kvprobe_schema::{FaultHypothesis, FaultValue, GreedyFinding, Replay, ReplayS
 
 use super::evidence::{beats_healthy, MILD_FACTORS};
 pub use super::fits::Fits;
-use super::fits::{evidence_scopes, hypothesis, scopes};
+use super::fits::{evidence_scopes, hypothesis, scopes, RingScope};
 pub use super::replayer::Replayer;
 use crate::determinism::{next_logits, start_logits};
 use crate::metrics::cosine;
@@ -123,24 +123,7 @@ pub(super) fn small_shifts(fits: &Fits) -> (Vec<f64>, Vec<f64>) {
 /// competes with a named cause no replay of which is exact: a fault on one layer is a scope
 /// question the scorer answers, not a rule.
 pub fn proposals(table: &FaultTable, fits: &Fits) -> Vec<(usize, FaultHypothesis)> {
-    let mut out: Vec<(usize, FaultHypothesis)> = Vec::new();
-    for decl in table.faults {
-        for (value, was_fitted) in values(decl, fits) {
-            for (scope, named) in evidence_scopes(decl, fits) {
-                let h = hypothesis(decl, value.clone(), &scope);
-                let text = h.text();
-                let f = FaultText::split(&text);
-                let parses = table
-                    .decl(&f)
-                    .is_ok_and(|d| d.name == decl.name && Scope::parse(&f, d).is_ok());
-                if parses && !out.iter().any(|x| x.1.text() == text) {
-                    out.push((usize::from(was_fitted) + usize::from(named), h));
-                }
-            }
-        }
-    }
-    out.sort_by_key(|(k, _)| std::cmp::Reverse(*k));
-    out
+    ranked(table, fits, evidence_scopes, &|_| true)
 }
 
 /// Every hypothesis of `table` whose declared verdict is `verdict`, each with how many of its
@@ -151,19 +134,32 @@ pub fn candidates(
     verdict: Verdict,
     fits: &Fits,
 ) -> Vec<(usize, FaultHypothesis)> {
+    ranked(table, fits, scopes, &|v| v == verdict)
+}
+
+/// Every fault of `table` at each of its values and of the scopes `scopes_of` gives it, whose
+/// declared verdict under that scope `keeps`, each with how much of it the evidence points at
+/// (a fitted value, a named scope), most pointed first.
+fn ranked(
+    table: &FaultTable,
+    fits: &Fits,
+    scopes_of: fn(&FaultDecl, &Fits) -> Vec<(RingScope, bool)>,
+    keeps: &dyn Fn(Verdict) -> bool,
+) -> Vec<(usize, FaultHypothesis)> {
     let mut out: Vec<(usize, FaultHypothesis)> = Vec::new();
     for decl in table.faults {
         for (value, was_fitted) in values(decl, fits) {
-            for (scope, named) in scopes(decl, fits) {
+            for (scope, named) in scopes_of(decl, fits) {
                 let h = hypothesis(decl, value.clone(), &scope);
                 let text = h.text();
                 let f = FaultText::split(&text);
+                // a scope the grammar refuses for this fault is no hypothesis
                 let expected = table
                     .decl(&f)
                     .ok()
                     .filter(|d| d.name == decl.name)
                     .and_then(|d| Scope::parse(&f, d).ok().map(|s| d.expected(&s)));
-                if expected != Some(verdict) || out.iter().any(|x| x.1.text() == text) {
+                if !expected.is_some_and(keeps) || out.iter().any(|x| x.1.text() == text) {
                     continue;
                 }
                 out.push((usize::from(was_fitted) + usize::from(named), h));
