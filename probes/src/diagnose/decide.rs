@@ -489,6 +489,7 @@ fn unknown(d: &mut Diagnosis, r: Replay, command: Vec<String>, tried: Vec<(Strin
     if d.verdict == Verdict::Unknown {
         // the rules' own `unknown` (its rule and stage) stands; the replays are its evidence
         d.reproducer = Some(Reproducer {
+            setup: Vec::new(),
             command,
             replay: Some(r),
             tried,
