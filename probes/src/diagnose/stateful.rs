@@ -409,21 +409,9 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     ) {
         f.prefill = Some(m);
     }
-    if crate::matched::computes_prefill(run.s.describe()) {
-        f.prefill_rows = pf
-            .rows
-            .iter()
-            .map(|r| {
-                r.matched.map_or((1.0, r.comparison.cosine), |m| {
-                    (m.reference_vs_matched, m.matched_vs_device)
-                })
-            })
-            .collect();
-    }
+    f.prefill_rows = super::stateful_facts::declared_rows(run.s.describe(), &pf);
     if f.prefill_leaves_matched() {
-        run.eng.line(
-            "prefill: the rows leave the precision-matched reference by more than the declared precision explains (median row ≥ 2.5× its precision, floored at 1e-4)",
-        );
+        run.eng.line(super::stateful_facts::PREFILL_LEAVES_MATCHED);
     }
     run.p.prefill = Some(pf);
     let gr = run.timed("greedy", |s| {

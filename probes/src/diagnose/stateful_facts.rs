@@ -1,7 +1,9 @@
 //! What the stateful diagnosis measured ([`StatefulFacts`]) and which of its controls failed:
 //! the facts the rules of [`super::stateful`] and their evidence text read.
 
-use kvprobe_schema::{DeterminismFinding, OverflowFinding, StateFinding};
+use kvprobe_schema::{
+    DeterminismFinding, DeviceDescription, OverflowFinding, PrefillFinding, StateFinding,
+};
 
 use super::engine::{Control, Controls};
 use super::ring::fits::leaves_matched;
@@ -49,6 +51,25 @@ pub struct StatefulFacts {
     /// The K/V binding the states show after the first decode step and its replay
     /// (`crate::state_binding`; run with the state experiments, `None` when the identity).
     pub binding: Option<crate::state_binding::BindingFit>,
+}
+
+/// The evidence line of a prefill control that fails at the declared precision.
+pub(super) const PREFILL_LEAVES_MATCHED: &str = "prefill: the rows leave the precision-matched reference by more than the declared precision explains (median row ≥ 2.5× its precision, floored at 1e-4)";
+
+/// Each prefill row's `(f32 vs matched, matched vs device)`, where the matched reference
+/// computes the rows as `desc` declares them (`matched::computes_prefill`); empty otherwise.
+pub(super) fn declared_rows(desc: &DeviceDescription, pf: &PrefillFinding) -> Vec<(f64, f64)> {
+    if !crate::matched::computes_prefill(desc) {
+        return Vec::new();
+    }
+    pf.rows
+        .iter()
+        .map(|r| {
+            r.matched.map_or((1.0, r.comparison.cosine), |m| {
+                (m.reference_vs_matched, m.matched_vs_device)
+            })
+        })
+        .collect()
 }
 
 /// Passes the stage floors of the ring rules, top-1 ignored near identical logits.
