@@ -409,7 +409,8 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     ) {
         f.prefill = Some(m);
     }
-    f.prefill_rows = super::stateful_facts::declared_rows(run.s.describe(), &pf);
+    let unmodelled = run.s.dev.unmodelled_precision().is_some();
+    f.prefill_rows = super::stateful_facts::declared_rows(run.s.describe(), unmodelled, &pf);
     if f.prefill_leaves_matched() {
         run.eng.line(super::stateful_facts::PREFILL_LEAVES_MATCHED);
     }
