@@ -12,8 +12,17 @@ graph is calibrated on one token after each window, its past the window's presen
 from the float prefill graph. OUT gets the other files of the folder as links. Prints, per graph,
 the time and the Q/DQ node counts, then OUT on the last line.
 
-kvprobe's precision-matched reference does not compute quantised activations yet, so
-`diagnose` refuses these graphs in one line (docs/qnn.md); the folder is the input of that work."""
+Two things of the float graphs would not survive a per-tensor grid, so the copy that is
+quantised differs from them (docs/qnn.md "The QDQ variant"):
+- the masked score is `mask_min` = float32's lowest; a tensor holding it next to the real scores
+  gets a scale of ~5e33, every visible score rounds to 0 and attention becomes uniform. The copy
+  masks with MASK_ON_GRID instead (exp(-100) next to any visible score is below float32's step).
+- the prefill graph's past is all zeros in a first window, so its grid would be [0, 1e-4] and a
+  second window's past would be wiped: each calibration prompt is followed by a second window
+  that reads the first window's presents.
+
+kvprobe's precision-matched reference fake-quantises at the Q/DQ tensors it maps onto its own
+computation (kvprobe_reference::qdq)."""
 
 import argparse
 import json
@@ -25,6 +34,49 @@ import numpy as np
 import onnx
 
 from lib.static_window import prompt_feed  # scripts/lib (this script's folder is on sys.path)
+
+# The masked score of the quantised copy: far below any visible score, inside a u16 grid
+# (a step of about 1.6e-3 over [-100, 5]).
+MASK_ON_GRID = -100.0
+
+
+def continuation_feed(rng, vocab, n, shapes, presents, names):
+    """The prefill feed of the window after a first prompt of n ids: w new ids at positions
+    n..n+w, the past the first window's presents (right-aligned), the mask over n + w slots."""
+    w, c = shapes["input_ids"][1], shapes["attention_mask"][1]
+    f = {"input_ids": rng.randint(0, vocab, (1, w)).astype(np.int32),
+         "attention_mask": np.zeros((1, c), np.int32),
+         "position_ids": np.arange(n, n + w, dtype=np.int32)[None, :]}
+    f["attention_mask"][0, c - n - w:] = 1
+    for k, s in shapes.items():
+        if k.startswith("past"):
+            f[k] = right_aligned(k, s, presents, names, w)
+    return f
+
+
+def right_aligned(k, s, presents, names, w):
+    """The past input `k` of dims `s` holding a window's presents [.., W] at its right end."""
+    layer, kind = k.split(".")[1], k.split(".")[2]
+    present = presents[names[f"present_{kind}_names"] % int(layer)]
+    past = np.zeros(s, np.float32)
+    if kind == "key":  # [H, 1, D, P] <- presents [H, 1, D, W]
+        past[..., -w:] = present
+    else:  # [H, 1, P, D] <- [H, 1, W, D]
+        past[..., -w:, :] = present
+    return past
+
+
+def on_grid_copy(src, out):
+    """`src` with its mask constant MASK_ON_GRID, written into `out` with its own copy of the
+    weights (onnx refuses external data behind a link); returns the copy's path."""
+    m = onnx.load(src)
+    found = [t for t in m.graph.initializer if t.name == "mask_min"]
+    if len(found) != 1:
+        sys.exit(f"export-qdq.py: {src} has no mask_min constant; export it with export-onnx.sh --static")
+    found[0].CopyFrom(onnx.numpy_helper.from_array(np.array(MASK_ON_GRID, np.float32), "mask_min"))
+    dst = os.path.join(out, "float." + os.path.basename(src))
+    onnx.save(m, dst, save_as_external_data=True, location=os.path.basename(dst) + ".data")
+    return dst
 
 
 def main():
@@ -66,20 +118,13 @@ def main():
         f = prompt_feed(rng, vocab, n, ps)
         pre_feeds.append(f)
         outs = dict(zip([o.name for o in cpu.get_outputs()], cpu.run(None, f)))
+        pre_feeds.append(continuation_feed(rng, vocab, n, ps, outs, names))
         g = {"input_ids": rng.randint(0, vocab, (1, 1)).astype(np.int32),
              "attention_mask": np.zeros((1, c), np.int32), "position_ids": np.full((1, 1), n, np.int32)}
         g["attention_mask"][0, c - n - 1:] = 1
         for k, s in ds.items():
-            if not k.startswith("past"):
-                continue
-            layer, kind = k.split(".")[1], k.split(".")[2]
-            present = outs[names[f"present_{kind}_names"] % int(layer)]
-            past = np.zeros(s, np.float32)
-            if kind == "key":  # [H, 1, D, C-1] ← presents [H, 1, D, W] at the right end
-                past[..., -w:] = present
-            else:  # [H, 1, C-1, D] ← [H, 1, W, D]
-                past[..., -w:, :] = present
-            g[k] = past
+            if k.startswith("past"):
+                g[k] = right_aligned(k, s, outs, names, w)
         dec_feeds.append(g)
 
     class Reader(CalibrationDataReader):
@@ -90,21 +135,25 @@ def main():
             return next(self.it, None)
 
     qt = {"u8": QuantType.QUInt8, "u16": QuantType.QUInt16}[a.activations]
+    for f in os.listdir(a.folder):
+        d = os.path.join(a.out, f)
+        if f.startswith(".") or os.path.exists(d) or f in (os.path.basename(pre), os.path.basename(dec)):
+            continue
+        os.symlink(os.path.abspath(os.path.join(a.folder, f)), d)
     for src, feeds in ((pre, pre_feeds), (dec, dec_feeds)):
         t = time.time()
-        qcfg = get_qnn_qdq_config(src, Reader(feeds), activation_type=qt, weight_type=QuantType.QUInt8)
+        copy = on_grid_copy(src, a.out)
+        qcfg = get_qnn_qdq_config(copy, Reader(feeds), activation_type=qt, weight_type=QuantType.QUInt8)
         qcfg.use_external_data_format = True
         dst = os.path.join(a.out, os.path.basename(src))
-        quantize(src, dst, qcfg)
+        quantize(copy, dst, qcfg)
+        for f in os.listdir(a.out):
+            if f.startswith("float."):
+                os.remove(os.path.join(a.out, f))
         m = onnx.load(dst, load_external_data=False)
         ops = [n.op_type for n in m.graph.node]
         print(f"{os.path.basename(src)}: {time.time() - t:.1f} s, {ops.count('QuantizeLinear')} QuantizeLinear, "
               f"{ops.count('DequantizeLinear')} DequantizeLinear ({a.activations} activations, uint8 weights)")
-    for f in os.listdir(a.folder):
-        d = os.path.join(a.out, f)
-        if f.startswith(".") or os.path.exists(d):
-            continue
-        os.symlink(os.path.abspath(os.path.join(a.folder, f)), d)
     print(a.out)
 
 
