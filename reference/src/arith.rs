@@ -23,8 +23,11 @@
 //! RoPE tables ([`Fp16::rope_tables_fp16`]).
 
 use std::cell::Cell;
+use std::sync::Arc;
 
 use half::f16;
+
+use crate::qdq::QdqGrids;
 
 /// The largest finite fp16.
 pub const FP16_MAX: f32 = 65504.0;
@@ -161,6 +164,11 @@ pub struct OverflowAt {
 /// Rounds op outputs as the arithmetic says and remembers the first overflow.
 pub(crate) struct Rounder {
     fp16: Option<Fp16>,
+    /// A QDQ graph's activation grids (the model's, qdq.rs) and this run's row count: a site
+    /// with a grid is fake-quantised there instead of rounded.
+    grids: Option<(Arc<QdqGrids>, usize)>,
+    /// The op rounded last: a residual add's grid is the one after `o_proj` or `down_proj`.
+    last: Cell<&'static str>,
     layer: Cell<Option<usize>>,
     within: Cell<Option<&'static str>>,
     first: Cell<Option<OverflowAt>>,
@@ -173,6 +181,8 @@ impl Rounder {
                 Arithmetic::F32 => None,
                 Arithmetic::Fp16(f) => Some(f),
             },
+            grids: None,
+            last: Cell::new(""),
             layer: Cell::new(None),
             within: Cell::new(None),
             first: Cell::new(None),
@@ -181,6 +191,43 @@ impl Rounder {
 
     pub fn is_fp16(&self) -> bool {
         self.fp16.is_some()
+    }
+
+    /// This rounder with a QDQ model's grids for a run of `rows` rows.
+    pub fn with_grids(mut self, grids: Option<Arc<QdqGrids>>, rows: usize) -> Rounder {
+        self.grids = grids.map(|g| (g, rows));
+        self
+    }
+
+    /// Whether the sites inside an op (the MLP's gate, SiLU and product) are rounded or
+    /// quantised apart.
+    pub fn per_site(&self) -> bool {
+        self.fp16.is_some() || self.grids.is_some()
+    }
+
+    /// Whether the grids hold norm `name`'s inner ops at the current layer.
+    fn norm_on_grids(&self, name: &str) -> bool {
+        self.grids.as_ref().is_some_and(|(g, rows)| {
+            g.for_rows(*rows)
+                .contains_key(&(self.layer.get(), format!("{name} x/√m")))
+        })
+    }
+
+    /// `xs` on its site's QDQ grids; false when no grids are declared.
+    fn quantise(&self, xs: &mut [f32], op: &'static str) -> bool {
+        let Some((g, rows)) = &self.grids else {
+            return false;
+        };
+        let site = match (self.within.get(), op) {
+            (Some(norm), "output") => norm.to_string(),
+            (Some(norm), _) => format!("{norm} {op}"),
+            (None, "residual add") => format!("residual add after {}", self.last.get()),
+            _ => op.to_string(),
+        };
+        if let Some(grids) = g.for_rows(*rows).get(&(self.layer.get(), site)) {
+            crate::qdq::apply(grids, xs);
+        }
+        true
     }
 
     pub fn at_layer(&self, layer: Option<usize>) {
@@ -223,6 +270,11 @@ impl Rounder {
 
     /// The op output `xs`, named `op`, in the declared arithmetic.
     pub fn round(&self, xs: &mut [f32], op: &'static str) {
+        let quantised = self.quantise(xs, op);
+        self.last.set(op);
+        if quantised {
+            return;
+        }
         let Some(f) = self.fp16 else { return };
         if let Some(sites) = f.sites {
             let site = match (self.within.get(), op) {
@@ -286,15 +338,21 @@ impl Rounder {
         w: &[f32],
         eps: f32,
     ) -> Option<Vec<f32>> {
-        let f = self.fp16?;
+        // a QDQ graph's norm whose ops are on grids is computed op by op in the form its graph
+        // holds (scripts/export-onnx.py's max-scaled statistic)
+        let norm = match (self.fp16, self.norm_on_grids(name)) {
+            (Some(f), _) => f.norm,
+            (None, true) => NormStatistic::MaxScaled,
+            (None, false) => return None,
+        };
         self.within.set(Some(name));
         let mut out = vec![0f32; x.len()];
         for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            if f.norm == NormStatistic::MaxDivided {
+            if norm == NormStatistic::MaxDivided {
                 self.max_divided(xr, w, eps, or);
                 continue;
             }
-            let den = match f.norm {
+            let den = match norm {
                 NormStatistic::Fused => {
                     let ms = mean(xr.iter().map(|v| v * v));
                     (ms + eps).sqrt()
@@ -307,6 +365,7 @@ impl Rounder {
                 }
                 NormStatistic::MaxScaled => {
                     let m = xr.iter().fold(2f32.powi(-14), |a, v| a.max(v.abs()));
+                    let m = self.one(m, "max");
                     let r = self.one(m.sqrt(), "sqrt(max)");
                     let mut sq: Vec<f32> = xr.iter().map(|v| self.one(v / r, "x/√m")).collect();
                     for s in &mut sq {
@@ -320,7 +379,7 @@ impl Rounder {
                 }
                 NormStatistic::MaxDivided => unreachable!("computed above"),
             };
-            if f.norm == NormStatistic::Fused {
+            if norm == NormStatistic::Fused {
                 for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
                     *o = v / den * g;
                 }

@@ -181,7 +181,7 @@ impl Model {
             .to_dtype(DType::F32)?
             .flatten_all()?
             .to_vec1()?;
-        let rnd = Rounder::new(input.graph.arithmetic);
+        let rnd = Rounder::new(input.graph.arithmetic).with_grids(self.qdq.clone(), t);
         rnd.round(&mut x, "embeddings");
         let rope = match cfg.family {
             Family::Llama => {

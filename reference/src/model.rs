@@ -71,6 +71,9 @@ pub struct Model {
     /// RoPE tables a device declares (an OpenVINO IR's compressed `cos_cache` / `sin_cache`) in
     /// place of the ones computed from `inv_freq`.
     pub(crate) stored_rope: Option<std::sync::Arc<crate::stored_rope::StoredRope>>,
+    /// The activation grids a QDQ graph declares (`onnx_qdq.rs`), fake-quantised at the
+    /// reference's sites.
+    pub(crate) qdq: Option<std::sync::Arc<crate::qdq::QdqGrids>>,
 }
 
 impl Model {
@@ -159,6 +162,7 @@ impl Model {
                     int8: Default::default(),
                     declared: Default::default(),
                     stored_rope: None,
+                    qdq: None,
                     wpe: None,
                     blocks: p.blocks,
                     final_norm: p.final_norm,
@@ -183,6 +187,7 @@ impl Model {
                     int8: Default::default(),
                     declared: Default::default(),
                     stored_rope: None,
+                    qdq: None,
                     wpe: Some(p.wpe),
                     inv_freq: None,
                     blocks: p.blocks,

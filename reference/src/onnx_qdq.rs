@@ -1,0 +1,591 @@
+//! What a QDQ graph declares (issue 36; `onnxruntime.quantization`'s QDQ format as
+//! scripts/export-qdq.py writes it for QNN): per-tensor uint8 / uint16 grids on its weights and
+//! on every activation, read off the graph and placed on the reference's computation.
+//!
+//! - Weights: every DequantizeLinear of an initializer `<name>_quantized` is the weight `<name>`
+//!   of the checkpoint (`….weight.T` transposed back), computed dequantised; `cos_cache` /
+//!   `sin_cache` become the RoPE tables.
+//! - Activations: the grid of a QuantizeLinear reading a node's output is that node's site when
+//!   the node is one the reference computes as one step (qdq.rs names them): a projection (by
+//!   its weight), the embedding Gather, a norm's product with its weight, a residual add (an
+//!   `Add` reading an o_proj / down_proj output), RoPE's final `Add`, the scaled and the masked
+//!   scores, softmax and its masked product, SiLU's product and the gate·up product, attention's
+//!   output MatMul, and the present outputs. The layer is the deepest layer whose weights the
+//!   node depends on.
+//! - The rest (inside a norm, RoPE's products, the unscaled scores, SiLU's sigmoid, the past
+//!   inputs and their concatenation, the graph's scalar constants) is computed in float32: the
+//!   declaration says how many grids that leaves.
+//!
+//! Refused in one line: a per-channel or blocked scale, an integer type other than (u)int8 /
+//! (u)int16 (int4 blocks), and weights of another model.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use crate::onnx_proto::{OnnxGraph, INT16, INT8, UINT16, UINT8};
+use crate::qdq::{Grid, QdqGrids, SiteGrids};
+use crate::{Error, Result};
+
+/// One QDQ graph read: its activation grids, its dequantised constants by name, and how many of
+/// its activation grids sit at the reference's sites.
+pub(crate) struct QdqGraph {
+    pub grids: SiteGrids,
+    pub constants: Vec<(String, Vec<f32>)>,
+    pub placed: usize,
+    pub activations: usize,
+}
+
+struct Reader<'a> {
+    g: &'a OnnxGraph,
+    /// QuantizeLinear by the tensor it reads.
+    q_of: HashMap<&'a str, usize>,
+    /// The node making each tensor.
+    producer: HashMap<&'a str, usize>,
+    /// DequantizeLinear outputs of initializers: the initializer's name without `_quantized`.
+    constant: HashMap<&'a str, &'a str>,
+    /// Per node, the deepest layer whose weights it depends on.
+    layer: Vec<Option<usize>>,
+}
+
+fn is_qdq(op: &str) -> bool {
+    op == "QuantizeLinear" || op == "DequantizeLinear"
+}
+
+/// Whether the graph quantises activations (a QuantizeLinear reading a tensor no initializer
+/// holds), i.e. is a QDQ graph this module reads.
+pub fn is_qdq_graph(g: &OnnxGraph) -> bool {
+    g.nodes.iter().any(|n| {
+        n.op_type == "QuantizeLinear"
+            && n.inputs.first().is_some_and(|i| !g.inits.contains_key(i))
+            && n.outputs.iter().any(|o| !g.outputs.contains(o))
+    })
+}
+
+impl<'a> Reader<'a> {
+    fn new(g: &'a OnnxGraph) -> Reader<'a> {
+        let mut r = Reader {
+            g,
+            q_of: HashMap::new(),
+            producer: HashMap::new(),
+            constant: HashMap::new(),
+            layer: vec![None; g.nodes.len()],
+        };
+        for (i, n) in g.nodes.iter().enumerate() {
+            for o in &n.outputs {
+                r.producer.insert(o.as_str(), i);
+            }
+            let first = n.inputs.first().map_or("", String::as_str);
+            match n.op_type.as_str() {
+                "QuantizeLinear" => {
+                    r.q_of.insert(first, i);
+                }
+                "DequantizeLinear" if g.inits.contains_key(first) => {
+                    if let Some(o) = n.outputs.first() {
+                        let name = first.strip_suffix("_quantized").unwrap_or(first);
+                        r.constant.insert(o.as_str(), name);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for i in 0..g.nodes.len() {
+            let mut deepest = None;
+            for t in &g.nodes[i].inputs {
+                let own = r
+                    .constant
+                    .get(t.as_str())
+                    .and_then(|w| crate::onnx_weights::target("", w))
+                    .and_then(|(l, _)| l);
+                let up = r.producer.get(t.as_str()).and_then(|&p| r.layer[p]);
+                deepest = deepest.max(own).max(up);
+            }
+            r.layer[i] = deepest;
+        }
+        r
+    }
+
+    /// The tensor `t` was quantised from (through DequantizeLinear / QuantizeLinear pairs).
+    fn origin(&self, mut t: &'a str) -> &'a str {
+        while let Some(&d) = self.producer.get(t) {
+            let n = &self.g.nodes[d];
+            if n.op_type != "DequantizeLinear" {
+                break;
+            }
+            let Some(&q) = n.inputs.first().and_then(|i| self.producer.get(i.as_str())) else {
+                break;
+            };
+            if self.g.nodes[q].op_type != "QuantizeLinear" {
+                break;
+            }
+            t = self.g.nodes[q].inputs.first().map_or(t, String::as_str);
+        }
+        t
+    }
+
+    /// The non-Q/DQ node making the value `t` carries.
+    fn maker(&self, t: &str) -> Option<usize> {
+        self.producer.get(self.origin(t)).copied()
+    }
+
+    fn op(&self, t: &str) -> &str {
+        self.maker(t)
+            .map_or("", |m| self.g.nodes[m].op_type.as_str())
+    }
+
+    /// The checkpoint weight a MatMul input is (layer, projection), through its DequantizeLinear.
+    fn weight(&self, t: &str) -> Option<(Option<usize>, &'static str)> {
+        crate::onnx_weights::target("", self.constant.get(t)?)
+    }
+
+    /// The projection of the MatMul node `m` makes, if it multiplies by a weight.
+    fn proj_of(&self, m: usize) -> Option<(Option<usize>, &'static str)> {
+        let n = &self.g.nodes[m];
+        (n.op_type == "MatMul")
+            .then(|| self.weight(n.inputs.get(1)?))
+            .flatten()
+    }
+
+    /// The projection upstream of `t`, following each node's first input.
+    fn upstream_proj(&self, t: &str) -> Option<&'static str> {
+        let mut m = self.maker(t)?;
+        for _ in 0..32 {
+            if let Some((_, p)) = self.proj_of(m) {
+                return Some(p);
+            }
+            m = self.maker(self.g.nodes[m].inputs.first()?)?;
+        }
+        None
+    }
+
+    /// The reference's site node `i` computes, if it is one.
+    fn site(&self, i: usize) -> Option<(Option<usize>, String)> {
+        let n = &self.g.nodes[i];
+        let ins: Vec<&str> = n.inputs.iter().map(String::as_str).collect();
+        let layer = self.layer[i];
+        let at = |s: &str| Some((layer, s.to_string()));
+        let made_by = |op: &str| ins.iter().any(|t| self.op(t) == op);
+        match n.op_type.as_str() {
+            "MatMul" => match self.proj_of(i) {
+                Some((None, _)) => Some((None, "logits".into())),
+                Some((l, p)) => Some((l, p.into())),
+                None if made_by("Softmax") || ins.iter().any(|t| self.is_softmax_mask(t)) => {
+                    at("attention output")
+                }
+                // q · kᵀ before the score scale: the reference's `scores`
+                None => at("scores"),
+            },
+            "Gather" => {
+                let w = self.constant.get(*ins.first()?)?;
+                w.contains("embed_tokens").then(|| (None, "embeddings".into()))
+            }
+            "Mul" => {
+                if let Some(norm) = ins
+                    .iter()
+                    .find_map(|t| self.constant.get(t).and_then(|w| norm_site(w)))
+                {
+                    return Some(norm);
+                }
+                if ins.iter().any(|t| self.is_raw_scores(t)) {
+                    return at("scores");
+                }
+                if made_by("Softmax") {
+                    return at("softmax");
+                }
+                if made_by("Sigmoid") {
+                    return at("silu");
+                }
+                let up = ins.iter().any(|t| {
+                    self.maker(t)
+                        .and_then(|m| self.proj_of(m))
+                        .is_some_and(|(_, p)| p == "up_proj")
+                });
+                up.then(|| (layer, "silu·up".into()))
+            }
+            "Where" if ins.get(1).is_some_and(|t| self.site_is(t, "scores")) => at("scores"),
+            "Softmax" => at("softmax"),
+            "Add" => {
+                let after = ins.iter().find_map(|t| {
+                    let (_, p) = self.proj_of(self.maker(t)?)?;
+                    ["o_proj", "down_proj"].contains(&p).then_some(p)
+                });
+                if let Some(p) = after {
+                    return at(&format!("residual add after {p}"));
+                }
+                if ins.len() == 2 && ins.iter().all(|t| self.op(t) == "Mul") {
+                    return match self.upstream_proj(ins[0])? {
+                        "q_proj" => at("rope q"),
+                        "k_proj" => at("rope k"),
+                        _ => None,
+                    };
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// The value of the one-value constant `t` (through its DequantizeLinear).
+    fn scalar(&self, t: &str) -> Option<f32> {
+        let name = self.constant.get(t)?;
+        let d = *self.producer.get(t)?;
+        let init = self.g.nodes[d].inputs.first()?;
+        let grid = self.grid(d).ok()?;
+        let width = if grid.hi > 255 { 2 } else { 1 };
+        let b = self.g.bytes(init, 1, width).ok()?;
+        let q = match width {
+            1 => i32::from(b[0]),
+            _ => i32::from(u16::from_le_bytes([b[0], b[1]])),
+        };
+        let _ = name;
+        Some((q - grid.zero) as f32 * grid.scale)
+    }
+
+    /// The inner ops of the max-scaled norm whose weight product is node `mul`, as the
+    /// reference names them (arith.rs `rms_norm`), in graph order; None if its graph is another.
+    fn norm_ops(&self, mul: usize) -> Option<Vec<(&'static str, usize)>> {
+        let node = |i: usize| &self.g.nodes[i];
+        let step = |t: &str, op: &str| self.maker(t).filter(|&m| node(m).op_type == op);
+        let input = |i: usize, k: usize| node(i).inputs.get(k).map(String::as_str);
+        let x_den = node(mul)
+            .inputs
+            .iter()
+            .find_map(|t| step(t, "Div"))?;
+        let den = step(input(x_den, 1)?, "Mul")?;
+        let r = step(input(den, 0)?, "Sqrt")?;
+        let mx = step(input(r, 0)?, "Max")?;
+        let rmx = step(input(mx, 0)?, "ReduceMax")?;
+        let abs = step(input(rmx, 0)?, "Abs")?;
+        let s = step(input(den, 1)?, "Sqrt")?;
+        let add = step(input(s, 0)?, "Add")?;
+        let mean = step(input(add, 0)?, "ReduceMean")?;
+        let e = step(input(add, 1)?, "Div")?;
+        let sq = step(input(mean, 0)?, "Mul")?;
+        let y = step(input(sq, 0)?, "Div")?;
+        Some(vec![
+            ("max", abs),
+            ("max", rmx),
+            ("max", mx),
+            ("sqrt(max)", r),
+            ("eps/m", e),
+            ("x/√m", y),
+            ("y·y", sq),
+            ("mean(y·y)", mean),
+            ("mean + eps", add),
+            ("sqrt", s),
+            ("denominator", den),
+            ("x/den", x_den),
+        ])
+    }
+
+    /// `t` is a weightless MatMul's output (q · kᵀ before its scale).
+    fn is_raw_scores(&self, t: &str) -> bool {
+        self.maker(t)
+            .is_some_and(|m| self.g.nodes[m].op_type == "MatMul" && self.proj_of(m).is_none())
+    }
+
+    /// `t` is softmax's output times the mask (a Mul reading a Softmax).
+    fn is_softmax_mask(&self, t: &str) -> bool {
+        self.maker(t).is_some_and(|m| {
+            let n = &self.g.nodes[m];
+            n.op_type == "Mul" && n.inputs.iter().any(|u| self.op(u) == "Softmax")
+        })
+    }
+
+    fn site_is(&self, t: &str, site: &str) -> bool {
+        self.maker(t)
+            .and_then(|m| self.site(m))
+            .is_some_and(|(_, s)| s == site)
+    }
+
+    /// The per-tensor grid of QuantizeLinear `q`, or the one line refusing it.
+    fn grid(&self, q: usize) -> std::result::Result<Grid, String> {
+        let n = &self.g.nodes[q];
+        let name = |i: usize| n.inputs.get(i).map_or("", String::as_str);
+        if n.ints.contains_key("block_size") || n.other_attrs.iter().any(|a| a == "block_size") {
+            return Err(format!("{} `{}` quantises in blocks", n.op_type, n.name));
+        }
+        let scale = self
+            .g
+            .bytes(name(1), 1, 4)
+            .map_err(|_| format!("{} `{}` has a per-channel scale (`{}` is not one value)", n.op_type, n.name, name(1)))?;
+        let scale = f32::from_le_bytes([scale[0], scale[1], scale[2], scale[3]]);
+        let zp = name(2);
+        let dt = self.g.inits.get(zp).map_or(UINT8, |i| i.data_type);
+        let (lo, hi, width) = match dt {
+            UINT8 => (0, 255, 1),
+            INT8 => (-128, 127, 1),
+            UINT16 => (0, 65535, 2),
+            INT16 => (-32768, 32767, 2),
+            t => return Err(format!("{} `{}` quantises to ONNX type {t} (the reference computes uint8, int8, uint16 and int16 grids)", n.op_type, n.name)),
+        };
+        let zero = if zp.is_empty() {
+            0
+        } else {
+            let b = self
+                .g
+                .bytes(zp, 1, width)
+                .map_err(|_| format!("{} `{}` has a per-channel zero point", n.op_type, n.name))?;
+            match dt {
+                UINT8 => i32::from(b[0]),
+                INT8 => i32::from(b[0] as i8),
+                UINT16 => i32::from(u16::from_le_bytes([b[0], b[1]])),
+                _ => i32::from(i16::from_le_bytes([b[0], b[1]])),
+            }
+        };
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(format!("{} `{}` has the scale {scale}", n.op_type, n.name));
+        }
+        Ok(Grid { scale, zero, lo, hi })
+    }
+}
+
+/// The norm a weight `w` belongs to, as the reference names the site.
+fn norm_site(w: &str) -> Option<(Option<usize>, String)> {
+    if w == "model.norm.weight" {
+        return Some((None, "norm".into()));
+    }
+    let rest = w.strip_prefix("model.layers.")?;
+    let (l, name) = rest.split_once('.')?;
+    let name = name.strip_suffix(".weight")?;
+    ["input_layernorm", "post_attention_layernorm"]
+        .contains(&name)
+        .then(|| (l.parse().ok(), name.to_string()))
+        .and_then(|(l, n)| Some((Some(l?), n)))
+}
+
+/// Reads the QDQ graph at `path`; `Error::Unsupported` (one line) for what the reference does
+/// not compute.
+pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
+    let g = OnnxGraph::read(path)?;
+    let refuse = |what: String| Error::Unsupported {
+        path: path.to_path_buf(),
+        what,
+    };
+    let r = Reader::new(&g);
+    let mut grids = SiteGrids::new();
+    let (mut placed, mut activations) = (0, 0);
+    let mut score_scale = None;
+    for (i, n) in g.nodes.iter().enumerate() {
+        if is_qdq(&n.op_type) {
+            if n.op_type == "QuantizeLinear" && !g.inits.contains_key(&n.inputs[0]) {
+                activations += 1;
+            }
+            continue;
+        }
+        let Some(&q) = n.outputs.first().and_then(|o| r.q_of.get(o.as_str())) else {
+            continue;
+        };
+        if let Some(site) = r.site(i) {
+            let mut grid = r.grid(q).map_err(refuse)?;
+            if site.1 == "scores" && n.op_type != "MatMul" {
+                // the scaled (Mul) and masked (Where) scores: the reference holds the scores
+                // before the scale, so the grid's step is taken back by the graph's scale
+                if n.op_type == "Mul" {
+                    score_scale = n.inputs.iter().find_map(|t| r.scalar(t));
+                }
+                let a = score_scale.ok_or_else(|| {
+                    refuse(format!("`{}` scales the scores by no constant the reference reads", n.name))
+                })?;
+                grid.scale /= a;
+            }
+            grids.entry(site).or_default().push(grid);
+            placed += 1;
+        }
+    }
+    // the inner ops of each norm whose output is a site
+    let norms: Vec<(usize, (Option<usize>, String))> = (0..g.nodes.len())
+        .filter(|&i| g.nodes[i].op_type == "Mul")
+        .filter_map(|i| Some((i, r.site(i)?)))
+        .filter(|(_, (_, s))| s.ends_with("layernorm") || s == "norm")
+        .collect();
+    for (i, (layer, name)) in norms {
+        for (op, node) in r.norm_ops(i).unwrap_or_default() {
+            if let Some(&q) = g.nodes[node].outputs.first().and_then(|o| r.q_of.get(o.as_str())) {
+                let key = (layer, format!("{name} {op}"));
+                grids.entry(key).or_default().push(r.grid(q).map_err(refuse)?);
+                placed += 1;
+            }
+        }
+    }
+    // the presents as the graph writes them: the grid in front of each output
+    for o in &g.outputs {
+        let Some(rest) = o.strip_prefix("present.") else {
+            continue;
+        };
+        let (l, kind) = rest.split_once('.').unwrap_or(("", ""));
+        let site = if kind == "key" { "present k" } else { "present v" };
+        let q = r
+            .producer
+            .get(o.as_str())
+            .and_then(|&d| g.nodes[d].inputs.first())
+            .and_then(|t| r.producer.get(t.as_str()).copied())
+            .filter(|&q| g.nodes[q].op_type == "QuantizeLinear");
+        if let (Some(q), Ok(l)) = (q, l.parse::<usize>()) {
+            grids.insert((Some(l), site.into()), vec![r.grid(q).map_err(refuse)?]);
+            placed += 1;
+        }
+    }
+    let mut constants = Vec::new();
+    let mut seen = HashSet::new();
+    for n in g.nodes.iter().filter(|n| n.op_type == "DequantizeLinear") {
+        let Some(name) = n.outputs.first().and_then(|o| r.constant.get(o.as_str())) else {
+            continue;
+        };
+        if !seen.insert(*name) {
+            continue;
+        }
+        let init = &n.inputs[0];
+        let grid = r.grid(r.producer[n.outputs[0].as_str()]).map_err(refuse)?;
+        let width = if grid.hi > 255 { 2 } else { 1 };
+        let count = g.byte_len(init).unwrap_or(0) as usize / width;
+        let b = g.bytes(init, count, width)?;
+        let values = b
+            .chunks_exact(width)
+            .map(|c| {
+                let q = match (width, grid.lo) {
+                    (1, 0) => i32::from(c[0]),
+                    (1, _) => i32::from(c[0] as i8),
+                    (_, 0) => i32::from(u16::from_le_bytes([c[0], c[1]])),
+                    _ => i32::from(i16::from_le_bytes([c[0], c[1]])),
+                };
+                (q - grid.zero) as f32 * grid.scale
+            })
+            .collect();
+        constants.push((name.to_string(), values));
+    }
+    Ok(QdqGraph {
+        grids,
+        constants,
+        placed,
+        activations,
+    })
+}
+
+/// The decode graph's grids of a static folder (`static_graphs.json` beside `prefill`), when it
+/// is another file.
+pub(crate) fn decode_grids(prefill: &Path) -> Result<Option<SiteGrids>> {
+    let dir = prefill.parent().unwrap_or(Path::new("."));
+    let Ok(text) = std::fs::read_to_string(dir.join("static_graphs.json")) else {
+        return Ok(None);
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Unsupported {
+        path: dir.join("static_graphs.json"),
+        what: format!("not JSON ({e}); export the folder again"),
+    })?;
+    let Some(file) = v["decode"]["filename"].as_str() else {
+        return Ok(None);
+    };
+    let decode = dir.join(file);
+    if decode == prefill {
+        return Ok(None);
+    }
+    Ok(Some(read(&decode)?.grids))
+}
+
+/// Both graphs' grids.
+pub(crate) fn grids(prefill: &Path, graph: &QdqGraph) -> Result<QdqGrids> {
+    Ok(QdqGrids {
+        prefill: graph.grids.clone(),
+        decode: decode_grids(prefill)?,
+    })
+}
+
+/// What `path` declares, one line for the device description.
+pub(crate) fn summary(path: &Path) -> Result<String> {
+    let g = read(path)?;
+    Ok(format!(
+        "QDQ: {} constants dequantised (uint8 / uint16 weights, RoPE tables), {} of the graph's {} activation grids at the reference's sites, the rest computed in float32",
+        g.constants.len(),
+        g.placed,
+        g.activations
+    ))
+}
+
+impl crate::Model {
+    /// This model (reloaded from its checkpoint) as the QDQ graph `path` declares it: every
+    /// quantised weight dequantised in place of the checkpoint's, the graph's RoPE tables, and
+    /// the activation grids of it and of its folder's decode graph.
+    pub fn with_onnx_qdq(&self, path: &Path) -> Result<crate::Model> {
+        use candle_core::{Device, Tensor};
+        let graph = read(path)?;
+        let refuse = |what: String| Error::Unsupported {
+            path: path.to_path_buf(),
+            what,
+        };
+        let mut parts = crate::model::stored_parts(&self.source)?;
+        let half = parts.config.head_dim / 2;
+        let (mut lm_head, mut cos, mut sin) = (None, None, None);
+        for (name, values) in &graph.constants {
+            let (hf, transposed) = match name.strip_suffix(".T") {
+                Some(n) => (n, true),
+                None => (name.as_str(), false),
+            };
+            let shaped = |dims: &[usize]| -> Result<crate::store::Weight> {
+                if dims.iter().product::<usize>() != values.len() {
+                    return Err(refuse(format!(
+                        "`{name}` holds {} values where --model's `{hf}` is {dims:?}; the graph was exported from another model",
+                        values.len()
+                    )));
+                }
+                let v = match (transposed, dims) {
+                    (true, [rows, cols]) => {
+                        let mut t = vec![0f32; values.len()];
+                        for (i, row) in values.chunks_exact(*rows).enumerate() {
+                            for (o, &x) in row.iter().enumerate() {
+                                t[o * cols + i] = x;
+                            }
+                        }
+                        t
+                    }
+                    _ => values.clone(),
+                };
+                crate::store::Weight::from_tensor(Tensor::from_vec(v, dims, &Device::Cpu)?)
+            };
+            match hf {
+                "cos_cache" => cos = Some(values.clone()),
+                "sin_cache" => sin = Some(values.clone()),
+                "lm_head.weight" if !parts.weights.contains_key(hf) => lm_head = Some(hf),
+                n => {
+                    if let Some(w) = parts.weights.get_mut(n) {
+                        *w = shaped(&w.dims().to_vec())?;
+                    }
+                    // else one of the graph's scalar constants (eps, the norm floor, the score
+                    // scale): computed at its float value
+                }
+            }
+        }
+        let mut m = crate::Model::from_stored(parts, &self.source)?;
+        if lm_head.is_some() {
+            let dims = m.lm_head.w.dims().to_vec();
+            let values = &graph
+                .constants
+                .iter()
+                .find(|(n, _)| n == "lm_head.weight.T" || n == "lm_head.weight")
+                .ok_or_else(|| refuse("lm_head: no values".into()))?;
+            let (rows, cols) = (dims[0], dims[1]);
+            if values.1.len() != rows * cols {
+                return Err(refuse(format!("lm_head holds {} values where --model's is {dims:?}", values.1.len())));
+            }
+            let mut t = values.1.clone();
+            if values.0.ends_with(".T") {
+                for (i, row) in values.1.chunks_exact(rows).enumerate() {
+                    for (o, &x) in row.iter().enumerate() {
+                        t[o * cols + i] = x;
+                    }
+                }
+            }
+            m.lm_head.w = crate::store::Weight::from_tensor(Tensor::from_vec(t, (rows, cols), &Device::Cpu)?)?;
+            m.lm_head_tied = false;
+        }
+        m.stored_rope = match (cos, sin) {
+            (Some(cos), Some(sin)) if cos.len() == sin.len() && half > 0 => {
+                Some(std::sync::Arc::new(crate::stored_rope::StoredRope { half, cos, sin }))
+            }
+            (None, None) => None,
+            _ => return Err(refuse("cos_cache and sin_cache: one quantised without the other".into())),
+        };
+        m.qdq = Some(std::sync::Arc::new(grids(path, &graph)?));
+        Ok(m)
+    }
+}
+
