@@ -205,6 +205,15 @@ impl Rounder {
         self.fp16.is_some() || self.grids.is_some()
     }
 
+    /// The grids inside RoPE `site` (`rope q` / `rope k`) at the current layer, when the graph
+    /// quantises all four.
+    pub fn rope_grids(&self, site: &str) -> Option<crate::qdq::RopeGrids> {
+        let (g, rows) = self.grids.as_ref()?;
+        let grids = g.for_rows(*rows);
+        let get = |op: &str| grids.get(&(self.layer.get(), format!("{site} {op}"))).cloned();
+        Some([get("x·cos")?, get("−x₂")?, get("rotated")?, get("x·sin")?])
+    }
+
     /// Whether the grids hold norm `name`'s inner ops at the current layer.
     fn norm_on_grids(&self, name: &str) -> bool {
         self.grids.as_ref().is_some_and(|(g, rows)| {
@@ -259,8 +268,14 @@ impl Rounder {
         f16::from_f32(sum * f16::from_f32(1.0 / xs.len() as f32).to_f32()).to_f32()
     }
 
-    /// The RoPE tables in the declared arithmetic.
-    pub fn rope_tables(&self, t: &mut [f32]) {
+    /// The RoPE table `name` (`cos` / `sin`) in the declared arithmetic.
+    pub fn rope_tables(&self, t: &mut [f32], name: &str) {
+        if let Some((g, rows)) = &self.grids {
+            if let Some(grids) = g.for_rows(*rows).get(&(None, format!("rope {name}"))) {
+                crate::qdq::apply(grids, t);
+            }
+            return;
+        }
         if self.fp16.is_some_and(|f| f.rope_tables_fp16) {
             for v in t {
                 *v = f16::from_f32(*v).to_f32();
@@ -610,12 +625,12 @@ mod tests {
         // fp16 RoPE tables and the float32 skip sum are declared separately
         assert!(!r.skip_sum_f32());
         let mut t = [v];
-        r.rope_tables(&mut t);
+        r.rope_tables(&mut t, "cos");
         assert_eq!(t, [v]);
         f.rope_tables_fp16 = true;
         f.skip_sum_f32 = true;
         let r = Rounder::new(Arithmetic::Fp16(f));
-        r.rope_tables(&mut t);
+        r.rope_tables(&mut t, "cos");
         assert!(t == [1.0] && r.skip_sum_f32());
     }
 }

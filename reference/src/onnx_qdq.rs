@@ -8,13 +8,13 @@
 //! - Activations: the grid of a QuantizeLinear reading a node's output is that node's site when
 //!   the node is one the reference computes as one step (qdq.rs names them): a projection (by
 //!   its weight), the embedding Gather, a norm's product with its weight, a residual add (an
-//!   `Add` reading an o_proj / down_proj output), RoPE's final `Add`, the scaled and the masked
+//!   `Add` reading an o_proj / down_proj output), RoPE's final `Add`, the raw, scaled and masked
 //!   scores, softmax and its masked product, SiLU's product and the gate·up product, attention's
-//!   output MatMul, and the present outputs. The layer is the deepest layer whose weights the
-//!   node depends on.
-//! - The rest (inside a norm, RoPE's products, the unscaled scores, SiLU's sigmoid, the past
-//!   inputs and their concatenation, the graph's scalar constants) is computed in float32: the
-//!   declaration says how many grids that leaves.
+//!   output MatMul, and the present outputs; each max-scaled norm and each RoPE op by op (their
+//!   inner nodes found from the weight product / the final Add). The layer is the deepest layer
+//!   whose weights the node depends on.
+//! - The rest (SiLU's sigmoid, pure moves, the past inputs and their concatenation, the graph's
+//!   scalar constants) is computed in float32: the declaration says how many grids that leaves.
 //!
 //! Refused in one line: a per-channel or blocked scale, an integer type other than (u)int8 /
 //! (u)int16 (int4 blocks), and weights of another model.
@@ -240,6 +240,32 @@ impl<'a> Reader<'a> {
         Some((q - grid.zero) as f32 * grid.scale)
     }
 
+    /// The inner ops of the RoPE whose final Add is node `add`: `x·cos + rotate_half(x)·sin`
+    /// with rotate_half(x) = Concat(Neg(x₂), x₁), and the tables' Gather → Concat → Unsqueeze
+    /// (`table cos` / `table sin`); None if its graph is another.
+    fn rope_ops(&self, add: usize) -> Option<Vec<(&'static str, usize)>> {
+        let node = |i: usize| &self.g.nodes[i];
+        let step = |t: &str, op: &str| self.maker(t).filter(|&m| node(m).op_type == op);
+        let input = |i: usize, k: usize| node(i).inputs.get(k).map(String::as_str);
+        let x_cos = step(input(add, 0)?, "Mul")?;
+        let x_sin = step(input(add, 1)?, "Mul")?;
+        let rotated = step(input(x_sin, 0)?, "Concat")?;
+        let neg = step(input(rotated, 0)?, "Neg")?;
+        let mut out = vec![
+            ("x·cos", x_cos),
+            ("−x₂", neg),
+            ("rotated", rotated),
+            ("x·sin", x_sin),
+        ];
+        for (mul, table) in [(x_cos, "table cos"), (x_sin, "table sin")] {
+            let un = step(input(mul, 1)?, "Unsqueeze")?;
+            let cat = step(input(un, 0)?, "Concat")?;
+            let gather = step(input(cat, 0)?, "Gather")?;
+            out.extend([(table, gather), (table, cat), (table, un)]);
+        }
+        Some(out)
+    }
+
     /// The inner ops of the max-scaled norm whose weight product is node `mul`, as the
     /// reference names them (arith.rs `rms_norm`), in graph order; None if its graph is another.
     fn norm_ops(&self, mul: usize) -> Option<Vec<(&'static str, usize)>> {
@@ -405,6 +431,31 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
                 grids.entry(key).or_default().push(r.grid(q).map_err(refuse)?);
                 placed += 1;
             }
+        }
+    }
+    // the inner ops of each RoPE and its tables
+    let ropes: Vec<(usize, (Option<usize>, String))> = (0..g.nodes.len())
+        .filter(|&i| g.nodes[i].op_type == "Add")
+        .filter_map(|i| Some((i, r.site(i)?)))
+        .filter(|(_, (_, s))| s.starts_with("rope "))
+        .collect();
+    for (i, (layer, name)) in ropes {
+        for (key, node) in r.rope_ops(i).unwrap_or_default() {
+            let Some(&q) = g.nodes[node].outputs.first().and_then(|o| r.q_of.get(o.as_str()))
+            else {
+                continue;
+            };
+            let grid = r.grid(q).map_err(refuse)?;
+            if let Some(table) = key.strip_prefix("table ") {
+                // shared by every layer: kept once, in graph order (gather, concat, unsqueeze)
+                let at = grids.entry((None, format!("rope {table}"))).or_default();
+                if at.len() < 3 {
+                    at.push(grid);
+                }
+            } else {
+                grids.entry((layer, format!("{name} {key}"))).or_default().push(grid);
+            }
+            placed += 1;
         }
     }
     // the presents as the graph writes them: the grid in front of each output

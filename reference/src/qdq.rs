@@ -51,6 +51,15 @@ impl QdqGrids {
     }
 }
 
+/// `v` fake-quantised on each of `grids` in turn.
+pub fn fake_all(grids: &[Grid], v: f32) -> f32 {
+    grids.iter().fold(v, |v, g| g.fake(v))
+}
+
+/// The grids inside one RoPE as a QDQ graph computes it, `x·cos + rotate_half(x)·sin`: the
+/// product with cos, the negated half, the rotated vector, the product with sin.
+pub type RopeGrids = [Vec<Grid>; 4];
+
 /// Fake-quantises `xs` on each of `grids` in turn.
 pub fn apply(grids: &[Grid], xs: &mut [f32]) {
     for g in grids {
