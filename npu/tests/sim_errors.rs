@@ -3,6 +3,8 @@
 mod common;
 use common::*;
 
+use std::path::PathBuf;
+
 use kvprobe_npu::sim::{SimDevice, SimFlags, SimOptions};
 use kvprobe_npu::{Device, Error, MaskMode};
 
@@ -235,4 +237,63 @@ fn manifest_round_trip_and_mismatch() {
         },
     );
     one_line_exit2(&e);
+}
+
+/// A manifest given as a value (a HEF's description, a replay's device) with faults that replace
+/// its own: the layouts follow from the new faults, the quant infos stay the manifest's even
+/// where the emulator would calibrate others, and the run is the flags' run with those faults.
+#[test]
+fn a_manifest_value_takes_replacing_faults_and_keeps_its_quant_infos() {
+    let (_d, m) = tiny_llama(44);
+    let geometry = |faults: &[&str]| SimOptions {
+        cache_len: 24,
+        prefill_len: 8,
+        faults: faults.iter().map(|f| f.to_string()).collect(),
+        ..SimOptions::default()
+    };
+    let faulty = SimDevice::new(m.clone(), geometry(&["tbt-read-layout=feature-major@k"])).unwrap();
+    let recorded = faulty.manifest().clone();
+    let path = PathBuf::from("recorded.json");
+    let replay = |man: &kvprobe_schema::SimManifest, faults: &[&str]| {
+        SimDevice::new(
+            m.clone(),
+            SimOptions {
+                manifest_value: Some((man.clone(), path.clone())),
+                faults: faults.iter().map(|f| f.to_string()).collect(),
+                faults_replace_manifest: true,
+                ..SimOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let flags = SimDevice::new(m.clone(), geometry(&["offset=after-run"])).unwrap();
+    let swapped = replay(&recorded, &["offset=after-run"]);
+    assert_eq!(swapped.manifest(), flags.manifest());
+    assert_ne!(swapped.manifest().layouts, recorded.layouts);
+    let prompt = ids(12, m.config().vocab_size, 1);
+    let run = |d: SimDevice| {
+        let mut d = d;
+        let mut drv = d.driver().unwrap();
+        drv.generate_greedy(&mut d, &prompt, 4).unwrap()
+    };
+    assert_eq!(run(swapped), run(flags));
+    // the healthy hypothesis: no fault at all, not the manifest's
+    assert!(replay(&recorded, &[]).manifest().faults.is_empty());
+    // quant infos the emulator would not calibrate are kept, not recalibrated
+    let mut edited = recorded.clone();
+    edited.quant[0].quant.scale *= 1.01;
+    assert_eq!(
+        replay(&edited, &["offset=after-run"]).manifest().quant,
+        edited.quant
+    );
+    // without replacing, a value is the file: its faults and layouts must agree
+    let back = SimDevice::new(
+        m.clone(),
+        SimOptions {
+            manifest_value: Some((recorded.clone(), path.clone())),
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(back.manifest(), &recorded);
 }

@@ -146,6 +146,9 @@ mod tests {
     struct RestartedTurn<'d> {
         inner: &'d mut dyn Device,
         generated: usize,
+        /// Fail (as the device) the first multi-row call after token steps instead: a runtime
+        /// that cannot append a turn to the state it kept.
+        fails: bool,
     }
 
     impl Device for RestartedTurn<'_> {
@@ -166,6 +169,10 @@ mod tests {
                     if name.as_str() == POSITION_IDS {
                         if p.len() == 1 {
                             self.generated += 1;
+                        } else if self.fails && self.generated > 0 {
+                            return Err(kvprobe_npu::Error::Device(
+                                "the appended turn's run was refused".into(),
+                            ));
                         } else {
                             let back = self.generated as f32;
                             p.iter_mut().for_each(|x| *x -= back);
@@ -191,6 +198,10 @@ mod tests {
     }
 
     fn diagnosed(faulty: bool) -> Diagnosis {
+        run_wrapped(faulty, false).expect("diagnose")
+    }
+
+    fn run_wrapped(faulty: bool, fails: bool) -> crate::Result<Diagnosis> {
         let dir = tempfile::tempdir().expect("tempdir");
         kvprobe_reference::fixtures::write_tiny_llama(dir.path(), 7).expect("fixture");
         let model = Arc::new(Model::load(dir.path()).expect("load"));
@@ -203,6 +214,7 @@ mod tests {
         let mut wrapped = RestartedTurn {
             inner: &mut ane,
             generated: 0,
+            fails,
         };
         let dev: &mut dyn Device = if faulty { &mut wrapped } else { &mut ane };
         let ids: Vec<u32> = (0..12).map(|i| 3 + 11 * i).collect();
@@ -211,7 +223,24 @@ mod tests {
             steps: 6,
             ..DiagnoseOptions::default()
         };
-        diagnose(&mut s, &opts).expect("diagnose")
+        diagnose(&mut s, &opts)
+    }
+
+    /// A device failure in the chat is evidence, not the run's error: the single-request
+    /// controls' findings are kept and the result is `incomplete` (exit 3, partial), never the
+    /// healthy verdict the controls alone gave.
+    #[test]
+    fn a_device_failure_in_the_chat_keeps_the_controls_marked_incomplete() {
+        let d = run_wrapped(true, true).expect("a partial diagnosis, not an error");
+        let failure = d.incomplete.as_deref().unwrap_or_default();
+        assert!(failure.contains("appended turn"), "{failure}");
+        assert!(d.hypothesis.is_none(), "{:?}", d.hypothesis);
+        assert!(d.probes.greedy.is_some(), "the controls' findings are kept");
+        let last = d.evidence.last().map(String::as_str).unwrap_or_default();
+        assert!(
+            last.starts_with("stopped: ") && last.contains("partial results"),
+            "{last}"
+        );
     }
 
     #[test]

@@ -55,7 +55,9 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         probes: &mut d.probes,
         timings: &mut d.timings,
     };
-    crate::chat_diagnose::attach(s, chat)?;
+    if let Err(e) = crate::chat_diagnose::attach(s, chat) {
+        return partial::after_chat_failure(d, e);
+    }
     unknown_kvdiff::attach(s, &mut d)?;
     Ok(d)
 }

@@ -1,4 +1,5 @@
-//! A stateful diagnosis the device ended (issue 35): what ran before the failure, marked partial.
+//! A diagnosis the device ended: what ran before the failure, marked partial (a stateful
+//! diagnosis, issue 35; any device's chat, [`after_chat_failure`]).
 //!
 //! The model builder's fp16 CPU export fails its first token run inside ONNX Runtime (a Cast
 //! whose declared shape disagrees with what the graph computes), the run a GenAI user of that
@@ -80,5 +81,26 @@ pub(super) fn after_failure(
     d.evidence.push(format!(
         "stopped: {failure}; no verdict: the stages after it did not run (partial results)"
     ));
+    Ok(d)
+}
+
+/// The diagnosis whose chat (the turn appended to the kept state, run only once every
+/// single-request control passed) ended on `e`. A device that fails when a turn is appended has
+/// not shown itself healthy, and the controls before it are no verdict on the appending, so the
+/// result is `incomplete` with everything that ran kept, on any device; anything not caused by
+/// the device stays the run's error.
+pub(super) fn after_chat_failure(mut d: Diagnosis, e: Error) -> Result<Diagnosis> {
+    let failure = match &e {
+        Error::Npu(f) if f.origin() == Origin::Device => f.to_string(),
+        _ => return Err(e),
+    };
+    d.evidence.push(format!(
+        "stopped: {failure}, during the chat (the prompt, then a turn appended to the state it kept); every single-request control above passed, but no verdict: the device did not complete the chat (partial results)"
+    ));
+    d.verdict = kvprobe_schema::Verdict::Unknown;
+    d.confidence = 0.0;
+    d.hypothesis = None;
+    d.reproducer = None;
+    d.incomplete = Some(failure);
     Ok(d)
 }

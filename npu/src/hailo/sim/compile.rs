@@ -15,16 +15,18 @@ use crate::driver::theta_from_inv_freq;
 use crate::layout::{self, StreamShape};
 use crate::{Error, Result};
 
-/// With `opts.manifest`: read it, check it is a Hailo emulator manifest made for these weights,
-/// and take geometry, quantisation, weights, taps, RoPE convention and faults from it.
+/// With `opts.manifest_value` or `opts.manifest` (read here): check it is a Hailo emulator
+/// manifest made for these weights, and take geometry, quantisation, weights, taps, RoPE
+/// convention and (unless `opts.faults_replace_manifest`) faults from it.
 pub(super) fn apply_manifest(
     opts: &mut SimOptions,
     identity: &ModelIdentity,
 ) -> Result<Option<(SimManifest, PathBuf)>> {
-    let Some(path) = opts.manifest.clone() else {
-        return Ok(None);
+    let (m, path) = match (&opts.manifest_value, &opts.manifest) {
+        (Some((m, path)), _) => (m.clone(), path.clone()),
+        (None, Some(path)) => (manifest::read(path)?, path.clone()),
+        (None, None) => return Ok(None),
     };
-    let m = manifest::read(&path)?;
     if m.device != "hailo-sim" {
         return Err(Error::Manifest {
             path: path.clone(),
@@ -43,7 +45,9 @@ pub(super) fn apply_manifest(
     opts.weights = SimWeights::parse(&m.weights).ok_or_else(|| bad("weights"))?;
     opts.taps = m.taps;
     opts.rope_theta = RopeTheta::parse(&m.rope_theta).ok_or_else(|| bad("rope_theta"))?;
-    opts.faults = m.faults.clone();
+    if !opts.faults_replace_manifest {
+        opts.faults = m.faults.clone();
+    }
     Ok(Some((m, path)))
 }
 
@@ -157,7 +161,8 @@ pub(super) fn manifest_of(opts: &SimOptions, identity: ModelIdentity) -> SimMani
 
 impl SimDevice {
     /// Layouts, quant infos and calibration prompts into the manifest; a manifest the run came
-    /// from must agree on the layouts and keeps its calibration prompts.
+    /// from keeps its calibration prompts and must agree on the layouts, unless other faults
+    /// replace its own (then the layouts follow from those faults).
     pub(super) fn finish_manifest(
         &mut self,
         from_manifest: Option<&(SimManifest, PathBuf)>,
@@ -173,7 +178,7 @@ impl SimDevice {
                 .collect()
         };
         if let Some((m, path)) = from_manifest {
-            if m.layouts != self.manifest.layouts {
+            if !self.opts.faults_replace_manifest && m.layouts != self.manifest.layouts {
                 return Err(Error::Manifest {
                     path: path.clone(),
                     detail: "its layouts do not follow from its faults; it was edited or written by another version, write a new one".into(),

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use kvprobe_schema::SimManifest;
+
 pub use crate::rope::RopeTheta;
 use crate::{Error, Result};
 
@@ -98,6 +100,12 @@ pub struct SimOptions {
     pub rope_theta: RopeTheta,
     /// Reproduce a previous run (`--sim-manifest FILE`): geometry, quant infos and faults come from it.
     pub manifest: Option<PathBuf>,
+    /// A manifest already read (a HEF's description, `hef::describe::to_sim_manifest`, or a
+    /// replay's device), with the file its errors name; used instead of `manifest`.
+    pub manifest_value: Option<(SimManifest, PathBuf)>,
+    /// `faults` replace the manifest's (a replay's hypothesis, `--fault` beside
+    /// `--sim-manifest`): the layouts then follow from them, the quant infos stay the manifest's.
+    pub faults_replace_manifest: bool,
     /// Group prefix (`<model_name>__prefill`); defaults to the model file's stem.
     pub model_name: Option<String>,
     /// Relative margin added to each side of a calibrated range.
@@ -116,6 +124,8 @@ impl Default for SimOptions {
             taps: false,
             rope_theta: RopeTheta::Plain,
             manifest: None,
+            manifest_value: None,
+            faults_replace_manifest: false,
             model_name: None,
             calibration_margin: 0.15,
         }
@@ -209,6 +219,8 @@ impl SimOptions {
         }
         o.taps = f.sim_taps;
         o.manifest = f.sim_manifest.clone();
+        // `--fault` beside `--sim-manifest` names the faults to run instead of the manifest's
+        o.faults_replace_manifest = !f.faults.is_empty();
         o.check_geometry()?;
         Ok(o)
     }
