@@ -273,7 +273,10 @@ fn a_qdq_folder_is_healthy_on_htp_and_its_shifted_cache_is_not() {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
     let ev = evidence(&v).join(" | ");
     assert_ne!(verdict(&v), "healthy", "{ev}");
-    assert!(ev.contains("first divergent layer 0 (KV head 0, K)"), "{ev}");
+    assert!(
+        ev.contains("first divergent layer 0 (KV head 0, K)"),
+        "{ev}"
+    );
 }
 
 /// The failing control of `fp16-overflow` (issue 36), through the binary on the HTP simulator: a

@@ -33,6 +33,7 @@ mod matmul;
 pub mod model;
 pub mod onnx_proto;
 pub mod onnx_qdq;
+pub mod onnx_qdq_model;
 pub mod onnx_weights;
 mod openvino_decompress;
 mod openvino_ir;

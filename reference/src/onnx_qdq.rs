@@ -176,7 +176,8 @@ impl<'a> Reader<'a> {
             },
             "Gather" => {
                 let w = self.constant.get(*ins.first()?)?;
-                w.contains("embed_tokens").then(|| (None, "embeddings".into()))
+                w.contains("embed_tokens")
+                    .then(|| (None, "embeddings".into()))
             }
             "Mul" => {
                 if let Some(norm) = ins
@@ -272,10 +273,7 @@ impl<'a> Reader<'a> {
         let node = |i: usize| &self.g.nodes[i];
         let step = |t: &str, op: &str| self.maker(t).filter(|&m| node(m).op_type == op);
         let input = |i: usize, k: usize| node(i).inputs.get(k).map(String::as_str);
-        let x_den = node(mul)
-            .inputs
-            .iter()
-            .find_map(|t| step(t, "Div"))?;
+        let x_den = node(mul).inputs.iter().find_map(|t| step(t, "Div"))?;
         let den = step(input(x_den, 1)?, "Mul")?;
         let r = step(input(den, 0)?, "Sqrt")?;
         let mx = step(input(r, 0)?, "Max")?;
@@ -330,10 +328,14 @@ impl<'a> Reader<'a> {
         if n.ints.contains_key("block_size") || n.other_attrs.iter().any(|a| a == "block_size") {
             return Err(format!("{} `{}` quantises in blocks", n.op_type, n.name));
         }
-        let scale = self
-            .g
-            .bytes(name(1), 1, 4)
-            .map_err(|_| format!("{} `{}` has a per-channel scale (`{}` is not one value)", n.op_type, n.name, name(1)))?;
+        let scale = self.g.bytes(name(1), 1, 4).map_err(|_| {
+            format!(
+                "{} `{}` has a per-channel scale (`{}` is not one value)",
+                n.op_type,
+                n.name,
+                name(1)
+            )
+        })?;
         let scale = f32::from_le_bytes([scale[0], scale[1], scale[2], scale[3]]);
         let zp = name(2);
         let dt = self.g.inits.get(zp).map_or(UINT8, |i| i.data_type);
@@ -361,7 +363,12 @@ impl<'a> Reader<'a> {
         if !(scale.is_finite() && scale > 0.0) {
             return Err(format!("{} `{}` has the scale {scale}", n.op_type, n.name));
         }
-        Ok(Grid { scale, zero, lo, hi })
+        Ok(Grid {
+            scale,
+            zero,
+            lo,
+            hi,
+        })
     }
 }
 
@@ -410,7 +417,10 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
                     score_scale = n.inputs.iter().find_map(|t| r.scalar(t));
                 }
                 let a = score_scale.ok_or_else(|| {
-                    refuse(format!("`{}` scales the scores by no constant the reference reads", n.name))
+                    refuse(format!(
+                        "`{}` scales the scores by no constant the reference reads",
+                        n.name
+                    ))
                 })?;
                 grid.scale /= a;
             }
@@ -418,6 +428,46 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
             placed += 1;
         }
     }
+    placed += place_inner(&r, &g, &mut grids).map_err(refuse)?;
+    // the presents as the graph writes them: the grid in front of each output
+    for o in &g.outputs {
+        let Some(rest) = o.strip_prefix("present.") else {
+            continue;
+        };
+        let (l, kind) = rest.split_once('.').unwrap_or(("", ""));
+        let site = if kind == "key" {
+            "present k"
+        } else {
+            "present v"
+        };
+        let q = r
+            .producer
+            .get(o.as_str())
+            .and_then(|&d| g.nodes[d].inputs.first())
+            .and_then(|t| r.producer.get(t.as_str()).copied())
+            .filter(|&q| g.nodes[q].op_type == "QuantizeLinear");
+        if let (Some(q), Ok(l)) = (q, l.parse::<usize>()) {
+            grids.insert((Some(l), site.into()), vec![r.grid(q).map_err(refuse)?]);
+            placed += 1;
+        }
+    }
+    let constants = dequantised(&r, &g).map_err(refuse)?;
+    Ok(QdqGraph {
+        grids,
+        constants,
+        placed,
+        activations,
+    })
+}
+
+/// Places the inner ops of each norm and each RoPE whose output is a site; returns how many
+/// grids that placed, or the line refusing one.
+fn place_inner(
+    r: &Reader,
+    g: &OnnxGraph,
+    grids: &mut SiteGrids,
+) -> std::result::Result<usize, String> {
+    let mut placed = 0;
     // the inner ops of each norm whose output is a site
     let norms: Vec<(usize, (Option<usize>, String))> = (0..g.nodes.len())
         .filter(|&i| g.nodes[i].op_type == "Mul")
@@ -426,9 +476,13 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
         .collect();
     for (i, (layer, name)) in norms {
         for (op, node) in r.norm_ops(i).unwrap_or_default() {
-            if let Some(&q) = g.nodes[node].outputs.first().and_then(|o| r.q_of.get(o.as_str())) {
+            if let Some(&q) = g.nodes[node]
+                .outputs
+                .first()
+                .and_then(|o| r.q_of.get(o.as_str()))
+            {
                 let key = (layer, format!("{name} {op}"));
-                grids.entry(key).or_default().push(r.grid(q).map_err(refuse)?);
+                grids.entry(key).or_default().push(r.grid(q)?);
                 placed += 1;
             }
         }
@@ -441,11 +495,14 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
         .collect();
     for (i, (layer, name)) in ropes {
         for (key, node) in r.rope_ops(i).unwrap_or_default() {
-            let Some(&q) = g.nodes[node].outputs.first().and_then(|o| r.q_of.get(o.as_str()))
+            let Some(&q) = g.nodes[node]
+                .outputs
+                .first()
+                .and_then(|o| r.q_of.get(o.as_str()))
             else {
                 continue;
             };
-            let grid = r.grid(q).map_err(refuse)?;
+            let grid = r.grid(q)?;
             if let Some(table) = key.strip_prefix("table ") {
                 // shared by every layer: kept once, in graph order (gather, concat, unsqueeze)
                 let at = grids.entry((None, format!("rope {table}"))).or_default();
@@ -453,29 +510,19 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
                     at.push(grid);
                 }
             } else {
-                grids.entry((layer, format!("{name} {key}"))).or_default().push(grid);
+                grids
+                    .entry((layer, format!("{name} {key}")))
+                    .or_default()
+                    .push(grid);
             }
             placed += 1;
         }
     }
-    // the presents as the graph writes them: the grid in front of each output
-    for o in &g.outputs {
-        let Some(rest) = o.strip_prefix("present.") else {
-            continue;
-        };
-        let (l, kind) = rest.split_once('.').unwrap_or(("", ""));
-        let site = if kind == "key" { "present k" } else { "present v" };
-        let q = r
-            .producer
-            .get(o.as_str())
-            .and_then(|&d| g.nodes[d].inputs.first())
-            .and_then(|t| r.producer.get(t.as_str()).copied())
-            .filter(|&q| g.nodes[q].op_type == "QuantizeLinear");
-        if let (Some(q), Ok(l)) = (q, l.parse::<usize>()) {
-            grids.insert((Some(l), site.into()), vec![r.grid(q).map_err(refuse)?]);
-            placed += 1;
-        }
-    }
+    Ok(placed)
+}
+
+/// Every initializer behind a DequantizeLinear, dequantised, by its name without `_quantized`.
+fn dequantised(r: &Reader, g: &OnnxGraph) -> std::result::Result<Vec<(String, Vec<f32>)>, String> {
     let mut constants = Vec::new();
     let mut seen = HashSet::new();
     for n in g.nodes.iter().filter(|n| n.op_type == "DequantizeLinear") {
@@ -486,10 +533,10 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
             continue;
         }
         let init = &n.inputs[0];
-        let grid = r.grid(r.producer[n.outputs[0].as_str()]).map_err(refuse)?;
+        let grid = r.grid(r.producer[n.outputs[0].as_str()])?;
         let width = if grid.hi > 255 { 2 } else { 1 };
         let count = g.byte_len(init).unwrap_or(0) as usize / width;
-        let b = g.bytes(init, count, width)?;
+        let b = g.bytes(init, count, width).map_err(|e| e.to_string())?;
         let values = b
             .chunks_exact(width)
             .map(|c| {
@@ -504,12 +551,7 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
             .collect();
         constants.push((name.to_string(), values));
     }
-    Ok(QdqGraph {
-        grids,
-        constants,
-        placed,
-        activations,
-    })
+    Ok(constants)
 }
 
 /// The decode graph's grids of a static folder (`static_graphs.json` beside `prefill`), when it
@@ -540,103 +582,3 @@ pub(crate) fn grids(prefill: &Path, graph: &QdqGraph) -> Result<QdqGrids> {
         decode: decode_grids(prefill)?,
     })
 }
-
-/// What `path` declares, one line for the device description.
-pub(crate) fn summary(path: &Path) -> Result<String> {
-    let g = read(path)?;
-    Ok(format!(
-        "QDQ: {} constants dequantised (uint8 / uint16 weights, RoPE tables), {} of the graph's {} activation grids at the reference's sites, the rest computed in float32",
-        g.constants.len(),
-        g.placed,
-        g.activations
-    ))
-}
-
-impl crate::Model {
-    /// This model (reloaded from its checkpoint) as the QDQ graph `path` declares it: every
-    /// quantised weight dequantised in place of the checkpoint's, the graph's RoPE tables, and
-    /// the activation grids of it and of its folder's decode graph.
-    pub fn with_onnx_qdq(&self, path: &Path) -> Result<crate::Model> {
-        use candle_core::{Device, Tensor};
-        let graph = read(path)?;
-        let refuse = |what: String| Error::Unsupported {
-            path: path.to_path_buf(),
-            what,
-        };
-        let mut parts = crate::model::stored_parts(&self.source)?;
-        let half = parts.config.head_dim / 2;
-        let (mut lm_head, mut cos, mut sin) = (None, None, None);
-        for (name, values) in &graph.constants {
-            let (hf, transposed) = match name.strip_suffix(".T") {
-                Some(n) => (n, true),
-                None => (name.as_str(), false),
-            };
-            let shaped = |dims: &[usize]| -> Result<crate::store::Weight> {
-                if dims.iter().product::<usize>() != values.len() {
-                    return Err(refuse(format!(
-                        "`{name}` holds {} values where --model's `{hf}` is {dims:?}; the graph was exported from another model",
-                        values.len()
-                    )));
-                }
-                let v = match (transposed, dims) {
-                    (true, [rows, cols]) => {
-                        let mut t = vec![0f32; values.len()];
-                        for (i, row) in values.chunks_exact(*rows).enumerate() {
-                            for (o, &x) in row.iter().enumerate() {
-                                t[o * cols + i] = x;
-                            }
-                        }
-                        t
-                    }
-                    _ => values.clone(),
-                };
-                crate::store::Weight::from_tensor(Tensor::from_vec(v, dims, &Device::Cpu)?)
-            };
-            match hf {
-                "cos_cache" => cos = Some(values.clone()),
-                "sin_cache" => sin = Some(values.clone()),
-                "lm_head.weight" if !parts.weights.contains_key(hf) => lm_head = Some(hf),
-                n => {
-                    if let Some(w) = parts.weights.get_mut(n) {
-                        *w = shaped(&w.dims().to_vec())?;
-                    }
-                    // else one of the graph's scalar constants (eps, the norm floor, the score
-                    // scale): computed at its float value
-                }
-            }
-        }
-        let mut m = crate::Model::from_stored(parts, &self.source)?;
-        if lm_head.is_some() {
-            let dims = m.lm_head.w.dims().to_vec();
-            let values = &graph
-                .constants
-                .iter()
-                .find(|(n, _)| n == "lm_head.weight.T" || n == "lm_head.weight")
-                .ok_or_else(|| refuse("lm_head: no values".into()))?;
-            let (rows, cols) = (dims[0], dims[1]);
-            if values.1.len() != rows * cols {
-                return Err(refuse(format!("lm_head holds {} values where --model's is {dims:?}", values.1.len())));
-            }
-            let mut t = values.1.clone();
-            if values.0.ends_with(".T") {
-                for (i, row) in values.1.chunks_exact(rows).enumerate() {
-                    for (o, &x) in row.iter().enumerate() {
-                        t[o * cols + i] = x;
-                    }
-                }
-            }
-            m.lm_head.w = crate::store::Weight::from_tensor(Tensor::from_vec(t, (rows, cols), &Device::Cpu)?)?;
-            m.lm_head_tied = false;
-        }
-        m.stored_rope = match (cos, sin) {
-            (Some(cos), Some(sin)) if cos.len() == sin.len() && half > 0 => {
-                Some(std::sync::Arc::new(crate::stored_rope::StoredRope { half, cos, sin }))
-            }
-            (None, None) => None,
-            _ => return Err(refuse("cos_cache and sin_cache: one quantised without the other".into())),
-        };
-        m.qdq = Some(std::sync::Arc::new(grids(path, &graph)?));
-        Ok(m)
-    }
-}
-

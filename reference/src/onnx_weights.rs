@@ -168,11 +168,7 @@ pub fn declared(path: &Path) -> Result<Option<String>> {
         .filter(|n| n.op_type == "MatMulNBits")
         .collect();
     let Some(first) = nodes.first() else {
-        // a QDQ graph's weights and activation grids (onnx_qdq.rs)
-        return match crate::onnx_qdq::is_qdq_graph(&g) {
-            true => crate::onnx_qdq::summary(path).map(Some),
-            false => Ok(None),
-        };
+        return Ok(None);
     };
     let attr = |n: &crate::onnx_proto::Node, k: &str| n.ints.get(k).copied().unwrap_or(-1);
     let same = |k: &str| nodes.iter().all(|n| attr(n, k) == attr(first, k));
@@ -217,9 +213,6 @@ impl Model {
     /// a shape that disagrees with the model, or a model without any MatMulNBits.
     pub fn with_onnx_block_weights(&self, path: &Path) -> Result<Model> {
         let nodes = read_nodes(path)?;
-        if nodes.is_empty() && crate::onnx_qdq::is_qdq_graph(&OnnxGraph::read(path)?) {
-            return self.with_onnx_qdq(path);
-        }
         if nodes.is_empty() {
             return Err(Error::Unsupported {
                 path: path.to_path_buf(),

@@ -88,7 +88,12 @@ mod tests {
         assert_eq!(g.fake(-10.0), -33981.0 * 9.675671e-5);
         assert_eq!(g.fake(10.0), 31554.0 * 9.675671e-5);
         // a tie rounds to even: 2.5 steps -> 2, 3.5 -> 4
-        let h = Grid { scale: 0.25, zero: 0, lo: 0, hi: 255 };
+        let h = Grid {
+            scale: 0.25,
+            zero: 0,
+            lo: 0,
+            hi: 255,
+        };
         assert_eq!((h.fake(0.625), h.fake(0.875)), (0.5, 1.0));
     }
 
@@ -96,8 +101,18 @@ mod tests {
     fn one_quantised_matmul_by_hand() {
         // x on a uint16 grid of step 2^-10 around 32768, W uint8 with step 2^-4 and zero point
         // 128, the product on a uint16 grid of step 2^-8 around 32768 (binary steps: exact)
-        let act = Grid { scale: 2f32.powi(-10), zero: 32768, lo: 0, hi: 65535 };
-        let out = Grid { scale: 2f32.powi(-8), zero: 32768, lo: 0, hi: 65535 };
+        let act = Grid {
+            scale: 2f32.powi(-10),
+            zero: 32768,
+            lo: 0,
+            hi: 65535,
+        };
+        let out = Grid {
+            scale: 2f32.powi(-8),
+            zero: 32768,
+            lo: 0,
+            hi: 65535,
+        };
         let (ws, wz) = (2f32.powi(-4), 128);
         // x = [0.3, -1.7]: 307.2 -> 307 steps, -1740.8 -> -1741 steps
         let mut x = [0.3f32, -1.7];

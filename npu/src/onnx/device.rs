@@ -141,7 +141,7 @@ impl OnnxDevice {
             Some(g) => g.prefill,
             None => opts.dir.join(&cfg.filename),
         };
-        if let Some(summary) = kvprobe_reference::onnx_weights::declared(&graph_file)? {
+        if let Some(summary) = kvprobe_reference::onnx_qdq_model::declared(&graph_file)? {
             desc.weights = kvprobe_schema::DeclaredWeights::Blocks {
                 model: graph_file.clone(),
                 summary,
