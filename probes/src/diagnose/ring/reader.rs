@@ -53,7 +53,11 @@ pub(super) fn reader_layout_repair(f: &RingFacts) -> Option<Cause> {
         reader_edges(&r.edges, layers_seen(f))
     ));
     // an attention scale that repairs the device's own rings more precisely names the cause
-    // (SmolLM2 `tbt-attn-scale=1.65`: an f8cr reader on one layer 0.981, the scale 0.997)
+    // (SmolLM2 `tbt-attn-scale=1.65`: an f8cr reader on one layer 0.981, the scale 0.997).
+    // Still needed (session 26, with every ring device replaying): without this edge
+    // `diagnose_faults::smollm2_tbt_writer_truncation_and_attention_scale_behind_golden_rings`
+    // is `unknown` — the fit's ×1.901 replays at 5.97e-3 against a declared precision of 7.60e-4,
+    // so no replay decides and the rules' order does
     Some(
         if f.scale_outdoes_golden()
             .is_some_and(|fit| fit.best_cosine > r.comparison.cosine)
