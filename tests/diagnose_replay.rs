@@ -161,3 +161,40 @@ fn a_rule_no_replay_reproduces_is_unknown() {
     assert_eq!(rep["replay"]["reproduces"], false, "{rep}");
     assert!(!rep["tried"].as_array().unwrap().is_empty(), "{rep}");
 }
+
+/// A fault on one layer that a rule names as another cause: on the llama fixture a
+/// `kv-swap@layer=0` (default sweep, seed 2504 #127) fires `reader-layout` (cache-layout-mismatch)
+/// and no replay of a reader reproduces it. The rings the evidence names (the reader repair's
+/// K of layers 0 and 1, kvdiff's layer 0 K) propose every ring fault there, and the swap on
+/// layer 0 reproduces the device: it names the verdict (main before: `unknown`, the swap never
+/// tried; closest `prefill-write-layout=feature-major@k,layer=0` 1.26e-1 against healthy 1.39e-1).
+#[test]
+fn a_ring_fault_the_evidence_names_wins_over_the_rules_other_cause() {
+    let f = fixture("llama", 7);
+    let m = f.to_str().unwrap();
+    let ids = "41,112,79,227,4,188,6,31,210,100,141,56,197,35,215,78,53,165,276,298,242,20,123,\
+               85,171,110,162,83,288,178,174,172,76,13,124,209,286,158,124,253,70,285,242,31,29,\
+               188,237,292,32,185,90,197,262,58";
+    let mut args = vec!["diagnose", "--sim", "--model", m];
+    args.extend(geometry("55", "18", ids, "21"));
+    args.extend(["--fault", "kv-swap@layer=0"]);
+    let (code, v, stderr) = kvprobe_json(&args);
+    assert_eq!((code, verdict(&v).as_str()), (1, "kv-binding"), "{stderr}");
+    let replay = &v["reproducer"]["replay"];
+    assert_eq!(replay["reproduces"], true, "{replay}");
+    assert_eq!(replay["fault"]["name"], "kv-swap", "{replay}");
+    assert_eq!(
+        replay["fault"]["layers"],
+        serde_json::json!([0]),
+        "{replay}"
+    );
+    // the rule that fired stays in `also`
+    assert!(
+        v["also"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "cache-layout-mismatch"),
+        "{v}"
+    );
+}

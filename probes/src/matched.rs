@@ -76,7 +76,7 @@ impl Precision {
                 model: file,
                 summary,
             } => (
-                Some(model.onnx_block_weights(file)?),
+                Some(model.onnx_declared_weights(file)?),
                 format!(", weights as the model file declares them ({summary})"),
             ),
             DeclaredWeights::OpenvinoIr { xml, summary } => (

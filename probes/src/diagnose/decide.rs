@@ -12,15 +12,14 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use kvprobe_npu::contract::faults::{FaultTable, FaultText, SweepValue};
-use kvprobe_schema::{
-    FaultHypothesis, FaultValue, Hypothesis, Replay, Reproducer, Timing, Verdict,
-};
+use kvprobe_npu::contract::faults::FaultTable;
+use kvprobe_schema::{FaultHypothesis, Hypothesis, Replay, Reproducer, Timing, Verdict};
 
 use super::outcome::Diagnosis;
+use super::refine::{is_factor, refine};
 use super::replay::{
-    candidates, healthy_steps, replay_one, screen, DeviceSteps, Fits, Replayer, Stop, MAX_REPLAYS,
-    SCREEN_STEPS,
+    candidates, healthy_steps, proposals, replay_one, screen, DeviceSteps, Fits, Replayer, Stop,
+    MAX_REPLAYS, SCREEN_STEPS,
 };
 use super::score::{mild, FULL_REPLAYS, RULE};
 use crate::session::Session;
@@ -30,10 +29,26 @@ use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
 pub const SCORED_CONFIDENCE: f64 = 0.75;
 
 /// Replays a named verdict's candidates and lets the scorer decide it (module doc); `healthy`
-/// is `score::compete`'s, `unknown` names nothing to replay.
+/// is `score::compete`'s. A rules' `unknown` replays what the rings its evidence names allow
+/// (`replay::proposals`), when there are such rings and a greedy run to compare with; an
+/// `unknown` the device ended (`incomplete`) replays nothing.
 pub fn attach(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
-    if matches!(d.verdict, Verdict::Healthy | Verdict::Unknown) {
+    if d.verdict == Verdict::Healthy {
         return;
+    }
+    if d.verdict == Verdict::Unknown {
+        let proposes = replayer.is_some()
+            && d.incomplete.is_none()
+            && d.probes.greedy.is_some()
+            && replayer.is_some_and(|r| {
+                let fits = Fits::of_session(s, &d.probes);
+                proposals(&r.table(), &fits)
+                    .iter()
+                    .any(|(_, h)| !r.leaves_out(&h.name))
+            });
+        if !proposes {
+            return;
+        }
     }
     let t = std::time::Instant::now();
     decide(s, replayer, d);
@@ -78,7 +93,10 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
             &format!("the device's request could not be recorded again: {e}"),
         );
     }
+    // every replay, screens included: the budget a case spends (said in the evidence)
+    let spent = std::cell::Cell::new(0usize);
     let run_with = |h: &FaultHypothesis, k: usize, stop: Stop| {
+        spent.set(spent.get() + 1);
         let mut device = |i: usize| {
             dev.borrow_mut()
                 .step(i)
@@ -98,7 +116,11 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     let run = |h: &FaultHypothesis, k: usize| run_with(h, k, Stop::Whole);
     // the rule's own cause may stop once exact: an exact replay of it ends the search
     let run_own = |h: &FaultHypothesis, k: usize| run_with(h, k, Stop::Exact);
-    let mut own = candidates(&table, d.verdict, &fits);
+    let mut own = if d.verdict == Verdict::Unknown {
+        proposals(&table, &fits)
+    } else {
+        candidates(&table, d.verdict, &fits)
+    };
     own.retain(|(_, h)| !replayer.leaves_out(&h.name));
     let mut search = Search::default();
     search.own_cause(own, &table, n, &run, &run_own);
@@ -108,11 +130,17 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
         .iter()
         .any(|r| r.reproduces && r.replay_miss <= STEP_NOISE_FLOOR);
     if !exact {
-        // the causes the other fired rules named (`also`), then the mild values: every named
-        // cause competes by its replay, not by the rules' order
+        // the causes the other fired rules named (`also`), the faults the named rings allow,
+        // then the mild values: every named cause competes by its replay, not by the rules'
+        // order
         let mut others: Vec<FaultHypothesis> = Vec::new();
         let named = d.also.iter().flat_map(|&v| candidates(&table, v, &fits));
-        for h in named.map(|(_, h)| h).chain(mild(&table, &fits)) {
+        let ringed = proposals(&table, &fits).into_iter();
+        for h in named
+            .chain(ringed)
+            .map(|(_, h)| h)
+            .chain(mild(&table, &fits))
+        {
             let t = h.text();
             if !replayer.leaves_out(&h.name)
                 && !search.tried.iter().any(|x| x.0 == t)
@@ -136,7 +164,14 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     let command = |r: &Replay| replayer.command(&r.fault.text(), n);
     let expected = |r: &Replay| table.expected(&r.fault.text()).ok();
     let choice = choose(d.verdict, &replays, &expected);
+    let whole = tried.len();
     apply(d, choice, tried, &refused, &command, n);
+    d.evidence.push(format!(
+        "replay budget: {} replays, {whole} of them over every step, the rest screens over the \
+         first {} steps",
+        spent.get(),
+        SCREEN_STEPS.min(n)
+    ));
 }
 
 /// A replay of `h` over the first `k` steps.
@@ -306,53 +341,6 @@ fn apply(
     }
 }
 
-/// Evaluations of the value fit by replay: golden-section steps that narrow ln(value) over
-/// [1/4, 4] (width ln 16) below the grammar's resolution, 0.01 on values up to 4 (a budget).
-const REFINE_STEPS: usize = 16;
-
-fn is_factor(table: &FaultTable, h: &FaultHypothesis) -> bool {
-    table
-        .decl(&FaultText::split(&h.text()))
-        .is_ok_and(|d| matches!(d.sweep, SweepValue::Factor))
-}
-
-/// `h` at the factor whose replay over the first `k` steps comes closest to the device: a
-/// golden-section search over ln(factor) in [1/4, 4], each value at the grammar's resolution
-/// (two decimals). No probe fits a cache scale, and the attention fits stop at the first tbt
-/// step and the prompt's prefill: the replay itself is the fit.
-fn refine(
-    h: &FaultHypothesis,
-    k: usize,
-    run: &dyn Fn(&FaultHypothesis, usize) -> Result<Replay, String>,
-) -> Option<FaultHypothesis> {
-    let at = |x: f64| FaultHypothesis {
-        value: FaultValue::Number((x.exp() * 100.0).round() / 100.0),
-        ..h.clone()
-    };
-    let cost = |x: f64| {
-        run(&at(x), k).map_or(f64::INFINITY, |r| {
-            r.steps.iter().map(|s| s.replay_miss).sum::<f64>()
-        })
-    };
-    let g = (5f64.sqrt() - 1.0) / 2.0;
-    let (mut a, mut b) = (0.25f64.ln(), 4f64.ln());
-    let (mut c, mut d) = (b - g * (b - a), a + g * (b - a));
-    let (mut fc, mut fd) = (cost(c), cost(d));
-    for _ in 0..REFINE_STEPS {
-        if fc < fd {
-            (b, d, fd) = (d, c, fc);
-            c = b - g * (b - a);
-            fc = cost(c);
-        } else {
-            (a, c, fc) = (c, d, fd);
-            d = a + g * (b - a);
-            fd = cost(d);
-        }
-    }
-    let best = if fc < fd { c } else { d };
-    (fc.min(fd).is_finite()).then(|| at(best))
-}
-
 /// What the scorer makes of a named verdict's replays.
 #[derive(Debug, PartialEq)]
 enum Choice {
@@ -400,6 +388,10 @@ fn choose(
 /// No replay: the rule's verdict stands, its evidence says why it was not replayed.
 fn not_replayed(d: &mut Diagnosis, why: &str) {
     d.evidence.push(format!("not replayed: {why}"));
+    if d.verdict == Verdict::Unknown {
+        // a rules' `unknown` names no cause a replay could fail to reproduce
+        return;
+    }
     d.confidence = (d.confidence - 0.1).max(0.5).min(d.confidence);
     d.warnings.push(format!(
         "the {} verdict is not reproduced on the emulator (not replayed: {why})",
@@ -427,19 +419,31 @@ fn renamed(
     command: Vec<String>,
     tried: Vec<(String, f64)>,
 ) {
-    let head = format!(
-        "{} replayed reproduces the device by {:.2e} (median), more precisely than any replay of \
-         the {} cause the rule {} named",
-        r.fault.text(),
-        r.replay_miss,
-        d.verdict.name(),
-        rule_name(d)
-    );
+    let rule_verdict = d.verdict;
+    let head = if rule_verdict == Verdict::Unknown {
+        format!(
+            "{} replayed reproduces the device by {:.2e} (median), within the declared precision \
+             and clearly better than the healthy hypothesis; no rule named a cause, the rings the \
+             evidence names proposed it",
+            r.fault.text(),
+            r.replay_miss,
+        )
+    } else {
+        format!(
+            "{} replayed reproduces the device by {:.2e} (median), more precisely than any replay \
+             of the {} cause the rule {} named",
+            r.fault.text(),
+            r.replay_miss,
+            d.verdict.name(),
+            rule_name(d)
+        )
+    };
     d.evidence.insert(0, head.clone());
     // the rule's verdict goes to `also` (its rule fired), the new one heads
-    let rule_verdict = d.verdict;
     d.also.retain(|&a| a != v && a != rule_verdict);
-    d.also.insert(0, rule_verdict);
+    if rule_verdict != Verdict::Unknown {
+        d.also.insert(0, rule_verdict);
+    }
     d.verdict = v;
     d.confidence = SCORED_CONFIDENCE;
     d.hypothesis = Some(Hypothesis {
@@ -464,16 +468,30 @@ fn unknown(d: &mut Diagnosis, r: Replay, command: Vec<String>, tried: Vec<(Strin
         .take(3)
         .map(|(h, m)| format!("{h} {m:.2e}"))
         .collect();
+    let named = if d.verdict == Verdict::Unknown {
+        "no rule named a cause, and of the faults the named rings allow".to_string()
+    } else {
+        format!("the rule {} named {}, but", rule_name(d), d.verdict.name())
+    };
     let head = format!(
-        "unknown: the rule {} named {}, but no replay reproduces the device within the declared \
-         precision {} and clearly better than the healthy hypothesis ({}); closest: {}",
-        rule_name(d),
-        d.verdict.name(),
+        "unknown: {named} no replay reproduces the device within the declared precision {} and \
+         clearly better than the healthy hypothesis ({}); closest: {}",
         r.precision.map_or("n/a".into(), |p| format!("{p:.2e}")),
         r.healthy_miss.map_or("n/a".into(), |m| format!("{m:.2e}")),
         list.join(", ")
     );
     d.evidence.insert(0, head.clone());
+    let note = "no hypothesis reproduces: the cause may lie outside the emulator's fault grammar";
+    if d.verdict == Verdict::Unknown {
+        // the rules' own `unknown` (its rule and stage) stands; the replays are its evidence
+        d.reproducer = Some(Reproducer {
+            command,
+            replay: Some(r),
+            tried,
+            note: Some(note.into()),
+        });
+        return;
+    }
     d.verdict = Verdict::Unknown;
     d.confidence = 0.3;
     d.also.clear();
@@ -486,16 +504,14 @@ fn unknown(d: &mut Diagnosis, r: Replay, command: Vec<String>, tried: Vec<(Strin
         command,
         replay: Some(r),
         tried,
-        note: Some(
-            "no hypothesis reproduces: the cause may lie outside the emulator's fault grammar"
-                .into(),
-        ),
+        note: Some(note.into()),
     });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvprobe_schema::FaultValue;
 
     fn replay(name: &str, miss: f64, reproduces: bool) -> Replay {
         Replay {

@@ -217,9 +217,11 @@ impl Fits {
         // scope, but not a pointed one: a fault on every layer diverges first at layer 0 too
         let mut hinted: Vec<RingScope> = Vec::new();
         if let Some(k) = p.kvdiff.as_ref().and_then(|k| k.first_divergent.as_ref()) {
-            let scope = RingScope::of(&[(Some(k.layer), Some(k.kind))], vec![], n_layers);
-            if !rings.contains(&scope) {
-                hinted.push(scope);
+            for r in kvdiff_rings(k.layer, k.kind) {
+                let scope = RingScope::of(&r, vec![], n_layers);
+                if !rings.contains(&scope) && !hinted.contains(&scope) {
+                    hinted.push(scope);
+                }
             }
         }
         Fits {
@@ -272,6 +274,22 @@ fn first_layer(rings: &[Ring]) -> Option<Vec<Ring>> {
             .copied()
             .collect()
     })
+}
+
+/// The rings kvdiff's first divergent ring (`layer`, `kind`) points at: that ring, and the
+/// layer before it with either kind or both. kvdiff reads what the rings store, and a layer's
+/// reader fault (a layout, a scale, a binding it reads with) leaves that layer's own stored K/V
+/// right and changes what every later layer computes and stores: the first ring out of band is
+/// then the faulty reader's next layer, whichever of its K or V the reader got wrong.
+fn kvdiff_rings(layer: usize, kind: CacheKind) -> Vec<Vec<Ring>> {
+    let mut out = vec![vec![(Some(layer), Some(kind))]];
+    if let Some(before) = layer.checked_sub(1) {
+        let (k, v) = (Some(CacheKind::K), Some(CacheKind::V));
+        out.push(vec![(Some(before), k), (Some(before), v)]);
+        out.push(vec![(Some(before), k)]);
+        out.push(vec![(Some(before), v)]);
+    }
+    out
 }
 
 /// The bytes a truncating writer kept of `c`'s entries: the columns before its trailing run
@@ -337,6 +355,26 @@ pub fn scopes(decl: &FaultDecl, fits: &Fits) -> Vec<(RingScope, bool)> {
     out
 }
 
+/// The scopes of `decl` the evidence names (each with whether a probe named it, not only kvdiff
+/// hinted it): the rings a probe named, then kvdiff's, as far as the fault takes them; none for
+/// a fault the grammar does not scope by ring, nor a scope the fault drops to every ring.
+pub fn evidence_scopes(decl: &FaultDecl, fits: &Fits) -> Vec<(RingScope, bool)> {
+    let ringed = decl.scopes.contains(&ScopeKind::Kv) || decl.scopes.contains(&ScopeKind::Layer);
+    let mut out: Vec<(RingScope, bool)> = Vec::new();
+    if !ringed {
+        return out;
+    }
+    let named = fits.rings.iter().map(|r| (r, true));
+    for (r, was_named) in named.chain(fits.hinted.iter().map(|r| (r, false))) {
+        let s = r.for_decl(decl);
+        let everywhere = s.kinds.is_empty() && s.layers.is_empty();
+        if !everywhere && !out.iter().any(|(x, _)| *x == s) {
+            out.push((s, was_named));
+        }
+    }
+    out
+}
+
 /// `decl` at `value` and `scope`.
 pub fn hypothesis(decl: &FaultDecl, value: FaultValue, scope: &RingScope) -> FaultHypothesis {
     FaultHypothesis {
@@ -351,6 +389,7 @@ pub fn hypothesis(decl: &FaultDecl, value: FaultValue, scope: &RingScope) -> Fau
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvprobe_schema::ProbeFindings;
 
     #[test]
     fn a_ring_set_becomes_the_grammars_scope() {
@@ -411,6 +450,99 @@ mod tests {
             None
         );
         assert_eq!(first_layer(&[(None, k)]), None);
+    }
+
+    #[test]
+    fn kvdiffs_first_ring_also_names_the_layer_before_it() {
+        let kvdiff = |layer: usize, kind: CacheKind| kvprobe_schema::KvdiffFinding {
+            source: String::new(),
+            layout: String::new(),
+            precision: String::new(),
+            layers: 30,
+            kv_heads: 3,
+            prompt_len: 6,
+            steps: vec![],
+            first_divergent: Some(kvprobe_schema::KvdiffDivergence {
+                step: 5,
+                layer,
+                kv_head: 0,
+                kind,
+                position: 13,
+                rel_l2: 0.39,
+                matched_rel_l2: 0.4,
+                band: 0.03,
+                positions_outside: 5,
+            }),
+            k_map: vec![],
+            v_map: vec![],
+            outside_map: vec![],
+            first_layer_rotation: None,
+        };
+        let scope = |kinds: Vec<CacheKind>, layers: Vec<usize>| RingScope {
+            groups: vec![],
+            kinds,
+            layers,
+        };
+        // layer 7's K first out of band: that ring, and layer 6 with K, V or both (a reader's
+        // fault there shows in layer 7's stored K and V)
+        let p = ProbeFindings {
+            kvdiff: Some(kvdiff(7, CacheKind::K)),
+            ..ProbeFindings::default()
+        };
+        let f = Fits::of(&p, 64, 64, 30);
+        assert!(f.rings.is_empty(), "kvdiff hints, it does not name: {f:?}");
+        assert_eq!(
+            f.hinted,
+            vec![
+                scope(vec![CacheKind::K], vec![7]),
+                scope(vec![], vec![6]),
+                scope(vec![CacheKind::K], vec![6]),
+                scope(vec![CacheKind::V], vec![6]),
+            ]
+        );
+        // layer 0 has no layer before it
+        let p = ProbeFindings {
+            kvdiff: Some(kvdiff(0, CacheKind::V)),
+            ..ProbeFindings::default()
+        };
+        assert_eq!(
+            Fits::of(&p, 64, 64, 30).hinted,
+            vec![scope(vec![CacheKind::V], vec![0])]
+        );
+    }
+
+    #[test]
+    fn evidence_scopes_are_the_named_and_hinted_rings_the_fault_takes() {
+        let table = kvprobe_npu::sim::FAMILY.faults;
+        let decl = |n: &str| table.faults.iter().find(|d| d.name == n).unwrap();
+        let fits = Fits {
+            rings: vec![RingScope {
+                kinds: vec![CacheKind::K],
+                ..RingScope::default()
+            }],
+            hinted: vec![
+                RingScope {
+                    kinds: vec![CacheKind::V],
+                    layers: vec![7],
+                    ..RingScope::default()
+                },
+                RingScope {
+                    layers: vec![6],
+                    ..RingScope::default()
+                },
+            ],
+            ..Fits::default()
+        };
+        let read = evidence_scopes(decl("tbt-read-layout"), &fits);
+        assert_eq!(read.len(), 3, "{read:?}");
+        assert_eq!(read[0], (fits.rings[0].clone(), true));
+        assert!(read[1..].iter().all(|(_, named)| !named));
+        // a swap takes layers only: K of every layer is every ring to it, so no scope
+        let swap = evidence_scopes(decl("kv-swap"), &fits);
+        let layers: Vec<Vec<usize>> = swap.iter().map(|(s, _)| s.layers.clone()).collect();
+        assert_eq!(layers, vec![vec![7], vec![6]]);
+        // a fault without ring scopes has none
+        assert!(evidence_scopes(decl("tbt-attn-scale"), &fits).is_empty());
     }
 
     #[test]

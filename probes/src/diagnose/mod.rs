@@ -15,6 +15,7 @@ mod invariant;
 mod outcome;
 pub mod output_fit;
 mod partial;
+mod refine;
 mod repeat;
 pub mod replay;
 pub mod replayer;

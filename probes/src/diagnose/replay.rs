@@ -15,7 +15,7 @@ use kvprobe_schema::{FaultHypothesis, FaultValue, GreedyFinding, Replay, ReplayS
 
 use super::evidence::{beats_healthy, MILD_FACTORS};
 pub use super::fits::Fits;
-use super::fits::{hypothesis, scopes};
+use super::fits::{evidence_scopes, hypothesis, scopes, RingScope};
 pub use super::replayer::Replayer;
 use crate::determinism::{next_logits, start_logits};
 use crate::metrics::cosine;
@@ -66,8 +66,12 @@ fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
             v.extend(numbers(MILD_FACTORS.to_vec(), false));
             v
         }
-        (SweepValue::SmallSigned, _) if fits.shift != 0 => numbers(vec![fits.shift as f64], true),
-        (SweepValue::SmallSigned, _) => numbers(vec![1.0, -1.0], false),
+        (SweepValue::SmallSigned, _) => {
+            let (fitted, small) = small_shifts(fits);
+            let mut v = numbers(fitted, true);
+            v.extend(numbers(small, false));
+            v
+        }
         (SweepValue::EntryFraction, _) => {
             // the bytes the zero tap shows kept first, then the sweep's fractions of the entry
             let mut v = numbers(fits.kept_bytes.clone(), true);
@@ -96,6 +100,32 @@ fn values(decl: &FaultDecl, fits: &Fits) -> Vec<(FaultValue, bool)> {
     }
 }
 
+/// The shifts a small signed fault is tried at: the fitted shift (when one is), then the
+/// grammar's small values ±1 beside it. A shift fitted on one tbt step can be one off (a
+/// `tbt-position=-1` on SmolLM2 at L 64 / P 16 fits +2): the fit joins the small values, never
+/// replaces them.
+pub(super) fn small_shifts(fits: &Fits) -> (Vec<f64>, Vec<f64>) {
+    let fitted: Vec<f64> = (fits.shift != 0)
+        .then_some(fits.shift as f64)
+        .into_iter()
+        .collect();
+    let small = [1.0, -1.0]
+        .into_iter()
+        .filter(|x| !fitted.contains(x))
+        .collect();
+    (fitted, small)
+}
+
+/// The hypotheses the rings the evidence names allow, whatever verdict they declare: every
+/// fault the grammar scopes by ring (layer or K/V) at each scope a probe or kvdiff names
+/// (`Fits::rings`, `Fits::hinted`), at its values, ranked as [`candidates`] ranks. What a
+/// rules' `unknown` replays (no rule named a cause, but the evidence names rings), and what
+/// competes with a named cause no replay of which is exact: a fault on one layer is a scope
+/// question the scorer answers, not a rule.
+pub fn proposals(table: &FaultTable, fits: &Fits) -> Vec<(usize, FaultHypothesis)> {
+    ranked(table, fits, evidence_scopes, &|_| true)
+}
+
 /// Every hypothesis of `table` whose declared verdict is `verdict`, each with how many of its
 /// value and scope the evidence points at (`fits`: 2 both, 1 one, 0 neither), most pointed first,
 /// then in table order.
@@ -104,19 +134,32 @@ pub fn candidates(
     verdict: Verdict,
     fits: &Fits,
 ) -> Vec<(usize, FaultHypothesis)> {
+    ranked(table, fits, scopes, &|v| v == verdict)
+}
+
+/// Every fault of `table` at each of its values and of the scopes `scopes_of` gives it, whose
+/// declared verdict under that scope `keeps`, each with how much of it the evidence points at
+/// (a fitted value, a named scope), most pointed first.
+fn ranked(
+    table: &FaultTable,
+    fits: &Fits,
+    scopes_of: fn(&FaultDecl, &Fits) -> Vec<(RingScope, bool)>,
+    keeps: &dyn Fn(Verdict) -> bool,
+) -> Vec<(usize, FaultHypothesis)> {
     let mut out: Vec<(usize, FaultHypothesis)> = Vec::new();
     for decl in table.faults {
         for (value, was_fitted) in values(decl, fits) {
-            for (scope, named) in scopes(decl, fits) {
+            for (scope, named) in scopes_of(decl, fits) {
                 let h = hypothesis(decl, value.clone(), &scope);
                 let text = h.text();
                 let f = FaultText::split(&text);
+                // a scope the grammar refuses for this fault is no hypothesis
                 let expected = table
                     .decl(&f)
                     .ok()
                     .filter(|d| d.name == decl.name)
                     .and_then(|d| Scope::parse(&f, d).ok().map(|s| d.expected(&s)));
-                if expected != Some(verdict) || out.iter().any(|x| x.1.text() == text) {
+                if !expected.is_some_and(keeps) || out.iter().any(|x| x.1.text() == text) {
                     continue;
                 }
                 out.push((usize::from(was_fitted) + usize::from(named), h));
@@ -413,6 +456,87 @@ mod tests {
             texts(&swap, Verdict::KvBinding)[0],
             "kv-swap@layer=1,layer=2"
         );
+    }
+
+    #[test]
+    fn a_fitted_shift_joins_the_small_values() {
+        let table = kvprobe_npu::sim::FAMILY.faults;
+        let texts = |shift: i64| -> Vec<String> {
+            let fits = Fits {
+                shift,
+                ..Fits::default()
+            };
+            candidates(&table, Verdict::PositionMismatch, &fits)
+                .iter()
+                .map(|(_, h)| h.text())
+                .filter(|t| t.starts_with("tbt-position"))
+                .collect()
+        };
+        // fitted −2 first, then ±1 beside it: a fit one off leaves the true value tried
+        assert_eq!(
+            texts(-2),
+            ["tbt-position=-2", "tbt-position=+1", "tbt-position=-1"]
+        );
+        // a fitted ±1 is not tried twice
+        assert_eq!(texts(1), ["tbt-position=+1", "tbt-position=-1"]);
+        assert_eq!(texts(0), ["tbt-position=+1", "tbt-position=-1"]);
+    }
+
+    #[test]
+    fn the_rings_the_evidence_names_propose_every_ring_fault_there() {
+        use super::super::fits::RingScope;
+        use kvprobe_schema::CacheKind;
+        let table = kvprobe_npu::sim::FAMILY.faults;
+        // no rule named a cause; kvdiff hints layer 7's K and the layer before it
+        let fits = Fits {
+            hinted: vec![
+                RingScope {
+                    kinds: vec![CacheKind::K],
+                    layers: vec![7],
+                    ..RingScope::default()
+                },
+                RingScope {
+                    kinds: vec![CacheKind::K],
+                    layers: vec![6],
+                    ..RingScope::default()
+                },
+            ],
+            entry_bytes: 64,
+            head_dim: 64,
+            ..Fits::default()
+        };
+        let p: Vec<String> = proposals(&table, &fits)
+            .iter()
+            .map(|(_, h)| h.text())
+            .collect();
+        for want in [
+            "tbt-read-layout=f8cr@k,layer=6",
+            "prefill-write-layout=feature-major@k,layer=7",
+            "tbt-cache-scale=1.15@k,layer=6",
+            "truncate-entry=32@k,layer=7",
+            "kv-swap@layer=6",
+        ] {
+            assert!(p.contains(&want.to_string()), "{want} missing from {p:?}");
+        }
+        // only at the rings named: no fault without a ring scope, no ring the evidence skips
+        assert!(
+            p.iter()
+                .all(|t| t.contains("layer=6") || t.contains("layer=7")),
+            "{p:?}"
+        );
+        // a probe's ring outranks kvdiff's hint, a fitted value a table's
+        let named = Fits {
+            rings: vec![fits.hinted[1].clone()],
+            reader_layouts: vec!["f8cr".into()],
+            ..fits.clone()
+        };
+        let top = &proposals(&table, &named)[0];
+        assert_eq!(
+            (top.0, top.1.text()),
+            (2, "tbt-read-layout=f8cr@k,layer=6".into())
+        );
+        // nothing named, nothing proposed
+        assert!(proposals(&table, &Fits::default()).is_empty());
     }
 
     fn step(replay: f64, healthy: f64, precision: f64) -> ReplayStep {

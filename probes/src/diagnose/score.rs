@@ -8,7 +8,7 @@
 //!
 //! The hypotheses scored here are the faults whose value approaches "no fault" continuously —
 //! factors (`SweepValue::Factor`, tried at [`MILD_FACTORS`] and at the fitted attention scales)
-//! and small shifts (`SweepValue::SmallSigned`, ±1 or the fitted shift): only they can fail by
+//! and small shifts (`SweepValue::SmallSigned`, the fitted shift and ±1): only they can fail by
 //! less than the precision. A discrete fault (a swap, a layout) is never mild.
 
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use super::evidence::{beats_healthy, MILD_FACTORS};
 use super::fits::{hypothesis, scopes};
 use super::outcome::Diagnosis;
 use super::replay::{
-    healthy_steps, median, replay_one, screen, Fits, Replayer, Stop, SCREEN_STEPS,
+    healthy_steps, median, replay_one, screen, small_shifts, Fits, Replayer, Stop, SCREEN_STEPS,
 };
 use crate::determinism::record_logits;
 use crate::session::Session;
@@ -33,7 +33,7 @@ pub(super) const FULL_REPLAYS: usize = 2;
 pub const RULE: &str = "replay-score";
 
 /// The mild hypotheses of `table`: factor faults at the fitted attention scales (for the
-/// attention-scale faults) and [`MILD_FACTORS`], small shifts at the fitted shift or ±1, every
+/// attention-scale faults) and [`MILD_FACTORS`], small shifts at the fitted shift and ±1, every
 /// scope the fault takes, the rings the evidence names first (`fits::scopes`).
 pub fn mild(table: &FaultTable, fits: &Fits) -> Vec<FaultHypothesis> {
     let mut out: Vec<FaultHypothesis> = Vec::new();
@@ -50,8 +50,10 @@ pub fn mild(table: &FaultTable, fits: &Fits) -> Vec<FaultHypothesis> {
                 };
                 fitted.into_iter().chain(MILD_FACTORS).collect()
             }
-            SweepValue::SmallSigned if fits.shift != 0 => vec![fits.shift as f64],
-            SweepValue::SmallSigned => vec![1.0, -1.0],
+            SweepValue::SmallSigned => {
+                let (fitted, small) = small_shifts(fits);
+                fitted.into_iter().chain(small).collect()
+            }
             _ => continue,
         };
         for v in values {
