@@ -5,6 +5,15 @@
 with static scales calibrated (MinMax) on prompt windows run through the float graphs.
 
     scripts/export-qdq.py STATIC_FOLDER OUT [--activations u8|u16] [--windows N] [--seed S]
+                          [--fault present-shift|rope-offset]
+
+`--fault present-shift` writes an NPU bug into both graphs before they are quantised (a cache
+written at the wrong position, docs/qnn.md): every present K / V row holds the next row's entry
+(rolled by one along the sequence axis), so the host's cache keeps each position's K / V one
+slot early while the run's own attention is unchanged. `--fault rope-offset` (field-bugs: wrong
+position encodings, Qualcomm AI Hub) makes the decode graph rotate q and k at position id + 1
+(its cos / sin rows gathered one row on) while the prefill graph is right: a uniform offset in
+both would be invisible, RoPE being relative.
 
 Calibration windows are random token ids of the folder's vocabulary (seeded; a window is the
 prompt chunk of W tokens right-aligned with an empty past, as kvprobe's first run); the decode
@@ -66,10 +75,47 @@ def right_aligned(k, s, presents, names, w):
     return past
 
 
-def on_grid_copy(src, out):
-    """`src` with its mask constant MASK_ON_GRID, written into `out` with its own copy of the
-    weights (onnx refuses external data behind a link); returns the copy's path."""
+def present_shift(m):
+    """Each present output rolled by one along its sequence axis (K [H, 1, D, S]: the last
+    axis; V [H, 1, S, D]: axis 2): row i holds row i + 1's entry."""
+    outs = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in m.graph.output}
+    nodes = []
+    for n in m.graph.node:
+        o = n.output[0] if n.output else ""
+        if not o.startswith("present.") or n.op_type != "Identity":
+            nodes.append(n)
+            continue
+        dims = outs[o]
+        axis = len(dims) - 1 if o.endswith("key") else len(dims) - 2
+        roll = np.roll(np.arange(dims[axis], dtype=np.int64), -1)  # row i <- row i + 1
+        m.graph.initializer.append(onnx.numpy_helper.from_array(roll, o + "_roll"))
+        nodes.append(onnx.helper.make_node("Gather", [n.input[0], o + "_roll"], [o], axis=axis))
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+
+
+def rope_offset(m):
+    """The cos / sin rows gathered at position_ids + 1."""
+    dt = {i.name: i.type.tensor_type.elem_type for i in m.graph.input}["position_ids"]
+    one = onnx.helper.tensor_dtype_to_np_dtype(dt)
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.array(1, one), "rope_offset_one"))
+    nodes = [onnx.helper.make_node("Add", ["position_ids", "rope_offset_one"], ["position_ids_off"])]
+    for n in m.graph.node:
+        if n.op_type == "Gather" and n.input[1] == "position_ids":
+            n.input[1] = "position_ids_off"
+        nodes.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+
+
+def on_grid_copy(src, out, fault=None):
+    """`src` with its mask constant MASK_ON_GRID (and `fault` written in), saved into `out` with
+    its own copy of the weights (onnx refuses external data behind a link); returns its path."""
     m = onnx.load(src)
+    if fault == "present-shift":
+        present_shift(m)
+    elif fault == "rope-offset":
+        rope_offset(m)
     found = [t for t in m.graph.initializer if t.name == "mask_min"]
     if len(found) != 1:
         sys.exit(f"export-qdq.py: {src} has no mask_min constant; export it with export-onnx.sh --static")
@@ -86,6 +132,7 @@ def main():
     ap.add_argument("--activations", choices=["u8", "u16"], default="u16")
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fault", choices=["present-shift", "rope-offset"], default=None)
     a = ap.parse_args()
     try:
         import onnxruntime as ort
@@ -142,7 +189,8 @@ def main():
         os.symlink(os.path.abspath(os.path.join(a.folder, f)), d)
     for src, feeds in ((pre, pre_feeds), (dec, dec_feeds)):
         t = time.time()
-        copy = on_grid_copy(src, a.out)
+        fault = None if (a.fault == "rope-offset" and src == pre) else a.fault
+        copy = on_grid_copy(src, a.out, fault)
         qcfg = get_qnn_qdq_config(copy, Reader(feeds), activation_type=qt, weight_type=QuantType.QUInt8)
         qcfg.use_external_data_format = True
         dst = os.path.join(a.out, os.path.basename(src))

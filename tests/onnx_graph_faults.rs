@@ -4,8 +4,9 @@
 //! them: what these tests hold is what any verdict must respect — a fault is never `healthy`
 //! where the evidence is plain, never a wrong cause, and a fault on one layer shows kvdiff's
 //! first divergent layer at that layer (the script's default: the middle one, layer 1 of 2).
-//! The RMSNorm faults (epsilon, weight) are not here: the diagnosis misses them on this fixture
-//! (`healthy`; docs/onnx-genai.md "Graph-level faults"), and a test must not hold a miss.
+//! The RMSNorm epsilon fault and the int4 export's dropped norm weight are not here: the
+//! diagnosis misses them on this fixture (`healthy`, inside the declared precision;
+//! docs/onnx-genai.md "Graph-level faults"), and a test must not hold a miss.
 #![cfg(feature = "onnx")]
 
 use crate::common;
@@ -101,4 +102,26 @@ fn a_kv_head_count_the_cache_does_not_have_is_the_device_refusing_the_graph() {
     );
     std::fs::remove_file(dir.join("model.onnx.data")).unwrap();
     one_line_exit_2(&args, "model.onnx.data: cannot be read");
+}
+
+/// Layer 1's RMSNorm weight set to ones on the fp32 export: every prefill row 0.996-0.998
+/// against the f32 reference, which passes the stage floors (0.94) but not the float32 precision
+/// the device declares (the prefill control at the declared precision, issue 34). Never
+/// `healthy`: the failed prefill control leaves `unknown`, with kvdiff naming layer 1.
+#[test]
+fn a_dropped_norm_weight_inside_the_stage_floors_is_not_healthy_on_an_f32_export() {
+    let (hf, dir) = faulted("fp32", "norm-weight");
+    let (code, v, err) = diagnose(&hf, &dir);
+    let what = format!("fp32 norm-weight: {err} {v}");
+    assert_eq!(code, 1, "{what}");
+    assert_eq!(verdict(&v), "unknown", "{what}");
+    assert!(
+        v["probes"]["prefill"]["mean_cosine"].as_f64() > Some(0.94),
+        "{what}"
+    );
+    assert_eq!(
+        v["probes"]["kvdiff"]["first_divergent"]["layer"].as_u64(),
+        Some(1),
+        "{what}"
+    );
 }

@@ -218,28 +218,64 @@ fn the_compiled_context_is_cached_and_a_changed_entry_rebuilt() {
     assert_eq!(ctx.matches("from the context cache").count(), 2, "{ctx}");
 }
 
-/// The QDQ variant (`scripts/export-qdq.py`, onnxruntime's QNN QDQ config, uint16 activations):
-/// the reference does not compute quantised activations, so `diagnose` refuses the folder in one
-/// line before any session (docs/qnn.md), whatever the provider.
+/// `scripts/export-qdq.py` on the static fixture into a fresh folder, `extra` appended.
+fn qdq_export(dir: &Path, extra: &[&str]) -> tempfile::TempDir {
+    let qdq = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/export-qdq.py"))
+        .arg(dir)
+        .arg(qdq.path())
+        .args(extra)
+        .output()
+        .expect("python3");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    qdq
+}
+
+/// The QDQ variant (`scripts/export-qdq.py`, onnxruntime's QNN QDQ config: uint16 activations,
+/// uint8 weights) on HTP against the reference that fake-quantises at the graph's Q/DQ tensors
+/// (kvprobe_reference::onnx_qdq): healthy, prefill and decode steps matched to 5e-4 (measured
+/// 1.0000); the same export with a
+/// cache written one slot off (`--fault present-shift`) is not healthy, and kvdiff names where
+/// the cache first leaves the reference.
 #[test]
-fn a_qdq_folder_is_refused_in_one_line() {
+fn a_qdq_folder_is_healthy_on_htp_and_its_shifted_cache_is_not() {
     let (hf, dir) = exported(
         7,
         "static",
         &["--window", "8", "--max-length", "64", "--static"],
     );
-    let qdq = tempfile::tempdir().unwrap();
-    let o = std::process::Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/export-qdq.py"))
-        .arg(&dir)
-        .arg(qdq.path())
-        .output()
-        .expect("python3");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    one_line(
-        &run(qdq.path(), &hf, &[]),
-        2,
-        "the graph quantises its activations",
+    let healthy = qdq_export(&dir, &[]);
+    let out = run(healthy.path(), &hf, &["--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    let ev = evidence(&v).join(" | ");
+    assert_eq!(verdict(&v), "healthy", "{ev}");
+    assert!(ev.contains("QDQ: 34 constants dequantised"), "{ev}");
+    // the prefill and the decode steps against the reference at the graph's grids
+    for probe in ["prefill", "greedy"] {
+        let line = format!("{probe} against the precision-matched reference");
+        let matched = ev
+            .split(" | ")
+            .find(|e| e.starts_with(&line))
+            .unwrap_or_else(|| panic!("{ev}"));
+        let mean: f64 = matched
+            .split("mean cosine ")
+            .nth(1)
+            .and_then(|m| m.split(' ').next())
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("{matched}"));
+        assert!(mean >= 0.9995, "{matched}");
+    }
+    let shifted = qdq_export(&dir, &["--fault", "present-shift"]);
+    let out = run(shifted.path(), &hf, &["--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    let ev = evidence(&v).join(" | ");
+    assert_ne!(verdict(&v), "healthy", "{ev}");
+    assert!(
+        ev.contains("first divergent layer 0 (KV head 0, K)"),
+        "{ev}"
     );
 }
 

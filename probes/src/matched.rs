@@ -76,7 +76,7 @@ impl Precision {
                 model: file,
                 summary,
             } => (
-                Some(model.onnx_block_weights(file)?),
+                Some(model.onnx_declared_weights(file)?),
                 format!(", weights as the model file declares them ({summary})"),
             ),
             DeclaredWeights::OpenvinoIr { xml, summary } => (
@@ -538,6 +538,21 @@ pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f
 /// modelled (see the module doc).
 pub fn models_everything(desc: &DeviceDescription) -> bool {
     desc.runtime == RuntimeKind::HostCache
+}
+
+/// The matched reference computes a prefill row (a prefix of the prompt from a reset) as `desc`
+/// declares it, so the row's miss against it is the device's own: every device but a host cache
+/// that declares a quantised cache. A windowed uint8 cache (ONNX `--kv-dtype uint8`) rounds the
+/// earlier windows of a prefix longer than W inside its prefill, and the host-cache reference
+/// keeps the cache exact ([`Precision`]): healthy SmolLM2 rows miss f32 by 3.7e-3 there
+/// (docs/diagnosis.md, stateful rule 7), a cost nothing here computes.
+pub fn computes_prefill(desc: &DeviceDescription) -> bool {
+    desc.runtime != RuntimeKind::HostCache
+        || desc
+            .groups
+            .iter()
+            .flat_map(|g| &g.cache_edges)
+            .all(|e| e.quant == kvprobe_schema::QuantInfo::IDENTITY)
 }
 
 /// How far the declared precision moves the gap between two logits at one step: twice the

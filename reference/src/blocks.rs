@@ -245,7 +245,7 @@ impl Mlp {
     /// SiLU and the product (the down projection's output is the caller's); GELU is not split.
     pub fn forward_rows_in(&self, x: &[f32], rows: usize, rnd: &Rounder) -> Result<Vec<f32>> {
         match self {
-            Mlp::SwiGlu { gate, up, down } if rnd.is_fp16() => {
+            Mlp::SwiGlu { gate, up, down } if rnd.per_site() => {
                 let mut g = gate.forward_rows(x, rows)?;
                 let mut u = up.forward_rows(x, rows)?;
                 rnd.round(&mut g, "gate_proj");

@@ -110,7 +110,10 @@ struct RopeTable {
 impl RopeTable {
     /// `x*cos + rotate_half(x)*sin` in place on `[T, nx, hd]` rows (rotate_half(x) = [-x2, x1]);
     /// the same f32 products and sum as the tensor form, so the same bits.
-    fn apply(&self, x: &mut [f32], nx: usize, hd: usize) {
+    /// Under a QDQ graph's grids (`g`: [`crate::qdq::RopeGrids`]) each product and the rotated
+    /// half are fake-quantised as the graph quantises them.
+    fn apply(&self, x: &mut [f32], nx: usize, hd: usize, g: Option<&crate::qdq::RopeGrids>) {
+        use crate::qdq::fake_all;
         let half = hd / 2;
         let mut tmp = vec![0f32; hd];
         for (r, xr) in x.chunks_exact_mut(hd).enumerate() {
@@ -124,7 +127,14 @@ impl RopeTable {
                 } else {
                     tmp[j - half]
                 };
-                xr[j] = tmp[j] * c[j] + rot * s[j];
+                xr[j] = match g {
+                    None => tmp[j] * c[j] + rot * s[j],
+                    Some([x_cos, neg, rotated, x_sin]) => {
+                        let rot = if j < half { fake_all(neg, rot) } else { rot };
+                        let rot = fake_all(rotated, rot);
+                        fake_all(x_cos, tmp[j] * c[j]) + fake_all(x_sin, rot * s[j])
+                    }
+                };
             }
         }
     }
@@ -181,13 +191,14 @@ impl Model {
             .to_dtype(DType::F32)?
             .flatten_all()?
             .to_vec1()?;
-        let rnd = Rounder::new(input.graph.arithmetic);
+        let rnd = Rounder::new(input.graph.arithmetic).with_grids(self.qdq.clone(), t);
         rnd.round(&mut x, "embeddings");
         let rope = match cfg.family {
             Family::Llama => {
                 let (mut qr, mut kr) = self.rope_tables_for(&input.positions, t)?;
-                for tab in [&mut qr.cos, &mut qr.sin, &mut kr.cos, &mut kr.sin] {
-                    rnd.rope_tables(tab);
+                let tables = [&mut qr.cos, &mut qr.sin, &mut kr.cos, &mut kr.sin];
+                for (tab, name) in tables.into_iter().zip(["cos", "sin", "cos", "sin"]) {
+                    rnd.rope_tables(tab, name);
                 }
                 Some((qr, kr))
             }
@@ -229,8 +240,8 @@ impl Model {
             }
             blk.qk_norm_rows(&mut q, &mut k, hd)?;
             if let Some((qr, kr)) = &rope {
-                qr.apply(&mut q, nh, hd);
-                kr.apply(&mut k, nkv, hd);
+                qr.apply(&mut q, nh, hd, rnd.rope_grids("rope q").as_ref());
+                kr.apply(&mut k, nkv, hd, rnd.rope_grids("rope k").as_ref());
                 rnd.round(&mut q, "rope q");
                 rnd.round(&mut k, "rope k");
             }

@@ -71,6 +71,8 @@ pub struct Model {
     /// RoPE tables a device declares (an OpenVINO IR's compressed `cos_cache` / `sin_cache`) in
     /// place of the ones computed from `inv_freq`.
     pub(crate) stored_rope: Option<std::sync::Arc<crate::stored_rope::StoredRope>>,
+    /// A QDQ graph's activation grids (`onnx_qdq.rs`), fake-quantised at the reference's sites.
+    pub(crate) qdq: Option<std::sync::Arc<crate::qdq::QdqGrids>>,
 }
 
 impl Model {
@@ -144,7 +146,6 @@ impl Model {
                 let g = WeightGetter::new(&weights, source);
                 let p = llama::build(&config, &g)?;
                 g.check_all_used(&config.architecture, ignorable)?;
-                let lm_head_tied = p.tied;
                 Ok(Model {
                     inv_freq: Some(llama::inv_freq_scaled(
                         config.rope_theta,
@@ -159,11 +160,12 @@ impl Model {
                     int8: Default::default(),
                     declared: Default::default(),
                     stored_rope: None,
+                    qdq: None,
                     wpe: None,
                     blocks: p.blocks,
                     final_norm: p.final_norm,
                     lm_head: p.lm_head,
-                    lm_head_tied,
+                    lm_head_tied: p.tied,
                 })
             }
             Family::Gpt2 => {
@@ -183,6 +185,7 @@ impl Model {
                     int8: Default::default(),
                     declared: Default::default(),
                     stored_rope: None,
+                    qdq: None,
                     wpe: Some(p.wpe),
                     inv_freq: None,
                     blocks: p.blocks,

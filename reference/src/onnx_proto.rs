@@ -44,6 +44,9 @@ pub struct Initializer {
 
 pub const FLOAT: i32 = 1;
 pub const UINT8: i32 = 2;
+pub const INT8: i32 = 3;
+pub const UINT16: i32 = 4;
+pub const INT16: i32 = 5;
 pub const FLOAT16: i32 = 10;
 
 /// The nodes and initializers of the model file `path`.
@@ -197,13 +200,13 @@ fn initializer(b: &[u8]) -> std::result::Result<(String, Initializer), ()> {
             (2, Field::Varint(t)) => dt = t as i32,
             (4, Field::Fixed32(x)) => floats.extend_from_slice(&x.to_le_bytes()),
             (4, Field::Bytes(s)) => floats.extend_from_slice(s),
-            (5, Field::Varint(x)) => int32s.push(x as u8),
+            (5, Field::Varint(x)) => int32s.push(x),
             // packed int32_data: consecutive varints, not fields (a uint16 zero point of a
             // QDQ graph is one)
             (5, Field::Bytes(s)) => {
                 let mut w = Wire { b: s, at: 0 };
                 while w.at < s.len() {
-                    int32s.push(w.varint().ok_or(())? as u8);
+                    int32s.push(w.varint().ok_or(())?);
                 }
             }
             (8, Field::Bytes(s)) => name = text(s),
@@ -237,7 +240,19 @@ fn initializer(b: &[u8]) -> std::result::Result<(String, Initializer), ()> {
     } else if !floats.is_empty() {
         Data::Inline(floats)
     } else {
-        Data::Inline(int32s)
+        // int32_data holds each value of the narrower integer types widened; kept here at the
+        // type's own width, little-endian (a uint16 zero point is two bytes)
+        let width = match dt {
+            UINT16 | INT16 | FLOAT16 => 2,
+            6 => 4,
+            _ => 1,
+        };
+        Data::Inline(
+            int32s
+                .iter()
+                .flat_map(|v| v.to_le_bytes().into_iter().take(width))
+                .collect(),
+        )
     };
     Ok((
         name,
@@ -346,6 +361,14 @@ impl OnnxGraph {
             }
         }
         Ok(())
+    }
+
+    /// The byte length of initializer `name`'s data, when the file says it.
+    pub fn byte_len(&self, name: &str) -> Option<u64> {
+        match &self.inits.get(name)?.data {
+            Data::Inline(b) => Some(b.len() as u64),
+            Data::External { length, .. } => *length,
+        }
     }
 
     /// The bytes of initializer `name` (inline, or read from its external data file beside the

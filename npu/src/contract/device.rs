@@ -76,6 +76,14 @@ pub trait Device {
         Vec::new()
     }
 
+    /// What this device computes that the precision-matched reference does not model, as the
+    /// device itself knows it (OpenVINO's plugin at its bf16 / int8-activation defaults): the
+    /// controls judged at the declared precision are then judged by their floors only. None (the
+    /// default): the description declares everything it computes.
+    fn unmodelled_precision(&self) -> Option<String> {
+        None
+    }
+
     /// Device time so far by kind of work (what, seconds) for the run's timings, read after the
     /// probes: e.g. a compile, the prompt windows, the decode steps. Nothing by default.
     fn timings(&self) -> Vec<(String, f64)> {

@@ -132,8 +132,16 @@ impl OnnxDevice {
             opts.faults.contains(&HostFault::U16Runner),
         );
         // the weights the graph computes with, for the precision-matched reference (issue 35)
-        let graph_file = opts.dir.join(&cfg.filename);
-        if let Some(summary) = kvprobe_reference::onnx_weights::declared(&graph_file)? {
+        // (a static folder's prefill graph: a QDQ export's grids differ from the float model.onnx)
+        let graph_file = match super::static_graphs::StaticGraphs::load(
+            &opts.dir,
+            cfg.window.as_ref().map(|w| w.window_size),
+            cfg.context_length,
+        )? {
+            Some(g) => g.prefill,
+            None => opts.dir.join(&cfg.filename),
+        };
+        if let Some(summary) = kvprobe_reference::onnx_qdq_model::declared(&graph_file)? {
             desc.weights = kvprobe_schema::DeclaredWeights::Blocks {
                 model: graph_file.clone(),
                 summary,

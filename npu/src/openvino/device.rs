@@ -384,15 +384,19 @@ impl Device for OvDevice {
     /// A CPU-plugin run below the reference's precision (its bf16 / u8 defaults), or NPUW's CPU
     /// partitions at the CPU plugin's bf16 / int8-activation defaults, says so in every output.
     fn warnings(&self) -> Vec<String> {
+        self.unmodelled_precision()
+            .map(|n| format!("OpenVINO precision: {n}"))
+            .into_iter()
+            .collect()
+    }
+
+    fn unmodelled_precision(&self) -> Option<String> {
         #[cfg(feature = "openvino")]
         {
             super::runtime::unmodelled(&self.rt.effective)
-                .map(|n| format!("OpenVINO precision: {n}"))
-                .into_iter()
-                .collect()
         }
         #[cfg(not(feature = "openvino"))]
-        Vec::new()
+        None
     }
 
     fn versions(&self) -> Vec<(String, String)> {
