@@ -11,7 +11,8 @@
 //!   arithmetic inside the graph the description declares (the ANE emulator: fp16 every op, its
 //!   norm form and its fp16 sums, `matched_fp16`); a stateful graph declaring float32 is
 //!   computed in float32.
-//! - host cache (ONNX Runtime GenAI, fp32): nothing is rounded, so no separate run is made.
+//! - host cache (ONNX Runtime GenAI): the cache through its declared quant info (a windowed uint8
+//!   export), else nothing is rounded and no separate run is made.
 //!
 //! The driving follows the runtime's contract: prefill chunks (remainder first on a ring, from the
 //! start on a stateful device), each chunk reading the earlier positions of the read window from
@@ -27,6 +28,7 @@ use kvprobe_schema::{
     MatchedStep, MatchedSummary, RuntimeKind,
 };
 
+pub use crate::matched_edges::{computes_prefill, models_everything};
 use crate::matched_edges::{name, Edges, Round};
 pub use crate::matched_store::DriveMemo;
 use crate::matched_store::Store;
@@ -106,17 +108,26 @@ impl Precision {
         let n_layers = model.config().n_layers;
         let prefill = desc.group(GroupKind::Prefill)?;
         match desc.runtime {
-            RuntimeKind::HostCache => even_if_exact.then(|| Precision {
-                groups: [Edges::EXACT; 2],
-                kv: vec![[Round::Exact; 2]; n_layers],
-                theta: None,
-                ring: false,
-                prefill_in: 0,
-                weights: None,
-                arithmetic: Arithmetic::F32,
-                overflow: Arc::default(),
-                describe: "float32 edges and cache".into(),
-            }),
+            RuntimeKind::HostCache => {
+                let kv = crate::matched_edges::host_cache_kv(desc, n_layers)?;
+                let rounds = !kv.iter().flatten().all(Round::exact);
+                (rounds || even_if_exact).then(|| Precision {
+                    groups: [Edges::EXACT; 2],
+                    kv,
+                    theta: None,
+                    ring: false,
+                    prefill_in: 0,
+                    weights: None,
+                    arithmetic: Arithmetic::F32,
+                    overflow: Arc::default(),
+                    describe: if rounds {
+                        "float32 edges, cache through its declared quant info"
+                    } else {
+                        "float32 edges and cache"
+                    }
+                    .into(),
+                })
+            }
             RuntimeKind::Stateful => Some(Precision {
                 groups: [Edges::FP16; 2],
                 kv: vec![[Round::F16; 2]; n_layers],
@@ -530,29 +541,6 @@ pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f
             row
         })
         .collect())
-}
-
-/// The matched reference computes everything `desc` declares, so a miss against it is the
-/// device's own: a host-cache device (ONNX Runtime: f32 arithmetic, the declared weights
-/// computed as declared). Not a stateful fp16 device, whose inner fp16 arithmetic is not
-/// modelled (see the module doc).
-pub fn models_everything(desc: &DeviceDescription) -> bool {
-    desc.runtime == RuntimeKind::HostCache
-}
-
-/// The matched reference computes a prefill row (a prefix of the prompt from a reset) as `desc`
-/// declares it, so the row's miss against it is the device's own: every device but a host cache
-/// that declares a quantised cache. A windowed uint8 cache (ONNX `--kv-dtype uint8`) rounds the
-/// earlier windows of a prefix longer than W inside its prefill, and the host-cache reference
-/// keeps the cache exact ([`Precision`]): healthy SmolLM2 rows miss f32 by 3.7e-3 there
-/// (docs/diagnosis.md, stateful rule 7), a cost nothing here computes.
-pub fn computes_prefill(desc: &DeviceDescription) -> bool {
-    desc.runtime != RuntimeKind::HostCache
-        || desc
-            .groups
-            .iter()
-            .flat_map(|g| &g.cache_edges)
-            .all(|e| e.quant == kvprobe_schema::QuantInfo::IDENTITY)
 }
 
 /// How far the declared precision moves the gap between two logits at one step: twice the

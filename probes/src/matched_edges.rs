@@ -2,7 +2,11 @@
 //! [`Round`] per edge, the host edges of one group as [`Edges`] (see `matched`).
 
 use kvprobe_npu::quant::fake_quantize_in_place;
-use kvprobe_schema::{DType, GroupDescription, InputRole, QuantInfo};
+use kvprobe_schema::{
+    CacheKind, DType, DeviceDescription, GroupDescription, InputRole, QuantInfo, RuntimeKind,
+};
+
+use crate::rings::cache_infos;
 
 /// How one edge rounds a float crossing it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,6 +87,53 @@ impl Edges {
     pub(crate) fn exact(&self) -> bool {
         self.emb.exact() && self.logits.exact() && self.pe.iter().all(Round::exact)
     }
+}
+
+/// Per layer, K and V as a host cache stores them: through each cache's declared quant info (the
+/// writer's, else the past input's: a host cache declares only what it feeds back), with the
+/// rings' element width. A windowed uint8 export (ONNX `--kv-dtype uint8`) declares one scale per
+/// layer and K/V, zero point 128, and its later runs read the dequantised codes; a float32 host
+/// cache declares the identity, so nothing is rounded. `None` when the caches cannot be mapped to
+/// layers.
+pub(crate) fn host_cache_kv(desc: &DeviceDescription, n_layers: usize) -> Option<Vec<[Round; 2]>> {
+    let mut kv = vec![[Round::Exact; 2]; n_layers];
+    for info in &cache_infos(desc).ok()? {
+        let q = match info.writer_quant() {
+            q if q == QuantInfo::IDENTITY => info.reader_quant(),
+            q => q,
+        };
+        if q != QuantInfo::IDENTITY {
+            let slot = kv.get_mut(info.layer)?;
+            slot[usize::from(info.kind == CacheKind::V)] =
+                Round::Quant(q, 8 * info.elem_bytes.min(2) as u32);
+        }
+    }
+    Some(kv)
+}
+
+/// The matched reference computes everything `desc` declares, so a miss against it is the
+/// device's own: a host-cache device (ONNX Runtime: f32 arithmetic, the declared weights
+/// computed as declared). Not a stateful fp16 device, whose inner fp16 arithmetic is not
+/// modelled (see the module doc).
+pub fn models_everything(desc: &DeviceDescription) -> bool {
+    desc.runtime == RuntimeKind::HostCache
+}
+
+/// The matched reference computes a prefill row (a prefix of the prompt from a reset) as `desc`
+/// declares it, so the row's miss against it is the device's own: every device but a host cache
+/// that declares a quantised cache. A windowed uint8 cache (ONNX `--kv-dtype uint8`) rounds the
+/// earlier windows of a prefix longer than W inside its prefill, and the host-cache reference
+/// rounds the cache only as it stores it
+/// (`host_cache_kv`), not the rows a prefill chunk reads in-graph, which the QDQ graph reads
+/// dequantised too: healthy SmolLM2 rows miss f32 by 3.7e-3 there
+/// (docs/diagnosis.md, stateful rule 7), a cost nothing here computes.
+pub fn computes_prefill(desc: &DeviceDescription) -> bool {
+    desc.runtime != RuntimeKind::HostCache
+        || desc
+            .groups
+            .iter()
+            .flat_map(|g| &g.cache_edges)
+            .all(|e| e.quant == kvprobe_schema::QuantInfo::IDENTITY)
 }
 
 pub(crate) fn name(r: &Round) -> String {
