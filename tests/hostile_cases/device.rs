@@ -258,16 +258,9 @@ pub fn unused_flags(c: &mut Corpus) {
     c.add("cli ep without onnx", 2, Some("--ep qnn"), &a);
     // the Hailo emulator's `--fault` replaces its manifest's (a reproducer's hypothesis);
     // ane-sim's manifest keeps its own
-    let m = std::sync::Arc::new(kvprobe_reference::Model::load(c.model()).unwrap());
-    let o = kvprobe_npu::coreml::AneOptions {
-        max_ctx: 32,
-        max_query: 8,
-        ..Default::default()
-    };
-    let dev = kvprobe_npu::coreml::AneDevice::new(m, o).unwrap();
     let ane_good = c.file(
         "ane-good-manifest.json",
-        serde_json::to_string(dev.manifest()).unwrap().as_bytes(),
+        c.ane_manifest().to_string().as_bytes(),
     );
     let a = ane(
         c,

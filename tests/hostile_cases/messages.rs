@@ -287,14 +287,7 @@ pub fn more_wrong_causes(c: &mut Corpus) {
 /// An ane-sim manifest's bad context or query length names its keys (it named `--max-ctx` /
 /// `--max-query`, flags never passed; issue 38).
 pub fn ane_manifest_causes(c: &mut Corpus) {
-    let m = std::sync::Arc::new(kvprobe_reference::Model::load(c.model()).unwrap());
-    let o = kvprobe_npu::coreml::AneOptions {
-        max_ctx: 32,
-        max_query: 8,
-        ..Default::default()
-    };
-    let dev = kvprobe_npu::coreml::AneDevice::new(m, o).unwrap();
-    let good = serde_json::to_value(dev.manifest()).unwrap();
+    let good = c.ane_manifest();
     for (key, value, needle) in [
         ("cache_len", 100_000u64, "cache_len 100000 is beyond"),
         ("cache_len", 4, "(cache_len 4)"),

@@ -86,6 +86,19 @@ impl Corpus {
         p
     }
 
+    /// The manifest an ane-sim device of the fixture model writes (cache 32, query 8): the good
+    /// manifest the ane-sim cases edit or pass beside other flags.
+    pub fn ane_manifest(&self) -> serde_json::Value {
+        let m = std::sync::Arc::new(kvprobe_reference::Model::load(self.model()).unwrap());
+        let o = kvprobe_npu::coreml::AneOptions {
+            max_ctx: 32,
+            max_query: 8,
+            ..Default::default()
+        };
+        let dev = kvprobe_npu::coreml::AneDevice::new(m, o).unwrap();
+        serde_json::to_value(dev.manifest()).unwrap()
+    }
+
     /// A copy of the fixture model folder named `name`, then `edit` applied to it.
     pub fn model_copy(&self, name: &str, edit: impl FnOnce(&Path)) -> PathBuf {
         let d = self.root.join(name);

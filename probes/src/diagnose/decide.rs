@@ -486,15 +486,15 @@ fn unknown(d: &mut Diagnosis, r: Replay, command: Vec<String>, tried: Vec<(Strin
     );
     d.evidence.insert(0, head.clone());
     let note = "no hypothesis reproduces: the cause may lie outside the emulator's fault grammar";
+    d.reproducer = Some(Reproducer {
+        setup: Vec::new(),
+        command,
+        replay: Some(r),
+        tried,
+        note: Some(note.into()),
+    });
     if d.verdict == Verdict::Unknown {
         // the rules' own `unknown` (its rule and stage) stands; the replays are its evidence
-        d.reproducer = Some(Reproducer {
-            setup: Vec::new(),
-            command,
-            replay: Some(r),
-            tried,
-            note: Some(note.into()),
-        });
         return;
     }
     d.verdict = Verdict::Unknown;
@@ -504,13 +504,6 @@ fn unknown(d: &mut Diagnosis, r: Replay, command: Vec<String>, tried: Vec<(Strin
         rule: RULE.into(),
         decisive: vec![head],
         fault: None,
-    });
-    d.reproducer = Some(Reproducer {
-        setup: Vec::new(),
-        command,
-        replay: Some(r),
-        tried,
-        note: Some(note.into()),
     });
 }
 
