@@ -102,6 +102,22 @@ impl Precision {
         self.weights.as_deref().unwrap_or(given)
     }
 
+    /// A device whose every run reads all stored positions (stateful, host cache): `edges` on
+    /// both groups, `kv` as stored, f32 arithmetic until `of` sets the declared one.
+    fn whole(edges: Edges, kv: Vec<[Round; 2]>, describe: &str) -> Precision {
+        Precision {
+            groups: [edges; 2],
+            kv,
+            theta: None,
+            ring: false,
+            prefill_in: 0,
+            weights: None,
+            arithmetic: Arithmetic::F32,
+            overflow: Arc::default(),
+            describe: describe.into(),
+        }
+    }
+
     /// The rounding of every declared edge; `None` when there is nothing to round and not
     /// `even_if_exact`.
     fn of_edges(desc: &DeviceDescription, model: &Model, even_if_exact: bool) -> Option<Precision> {
@@ -111,34 +127,20 @@ impl Precision {
             RuntimeKind::HostCache => {
                 let kv = crate::matched_edges::host_cache_kv(desc, n_layers)?;
                 let rounds = !kv.iter().flatten().all(Round::exact);
-                (rounds || even_if_exact).then(|| Precision {
-                    groups: [Edges::EXACT; 2],
-                    kv,
-                    theta: None,
-                    ring: false,
-                    prefill_in: 0,
-                    weights: None,
-                    arithmetic: Arithmetic::F32,
-                    overflow: Arc::default(),
-                    describe: if rounds {
+                (rounds || even_if_exact).then(|| {
+                    let said = if rounds {
                         "float32 edges, cache through its declared quant info"
                     } else {
                         "float32 edges and cache"
-                    }
-                    .into(),
+                    };
+                    Precision::whole(Edges::EXACT, kv, said)
                 })
             }
-            RuntimeKind::Stateful => Some(Precision {
-                groups: [Edges::FP16; 2],
-                kv: vec![[Round::F16; 2]; n_layers],
-                theta: None,
-                ring: false,
-                prefill_in: 0,
-                weights: None,
-                arithmetic: Arithmetic::F32,
-                overflow: Arc::default(),
-                describe: "fp16 embeddings, fp16 K/V state and fp16 logits".into(),
-            }),
+            RuntimeKind::Stateful => Some(Precision::whole(
+                Edges::FP16,
+                vec![[Round::F16; 2]; n_layers],
+                "fp16 embeddings, fp16 K/V state and fp16 logits",
+            )),
             RuntimeKind::GenaiRing => {
                 let pre = Edges::of(prefill);
                 let tbt = desc.group(GroupKind::Tbt).map_or(pre, Edges::of);
