@@ -245,7 +245,7 @@ fn attention_scale(f: &RingFacts) -> Option<Cause> {
         .as_ref()
         .and_then(mask_variant_fault)
         .map_or(0.0, |v| v.comparison.cosine);
-    // a position shift that reproduces more precisely names the cause (SmolLM2
+    // a position shift that reproduces more precisely: said, and the replays decide (SmolLM2
     // `tbt-position=-3`, L 61 / P 16: ×1.271 0.9938, δ +3 0.9985)
     let shift_closer = position_fault(ps);
     let versus = if shift_closer {
@@ -268,9 +268,7 @@ fn attention_scale(f: &RingFacts) -> Option<Cause> {
             .as_ref()
             .is_some_and(|c| c.cosine > fit.best_cosine && golden_variant_repairs(f, inj, c.cosine))
     });
-    Some(if shift_closer {
-        cause.ranked_after(POSITION_SHIFT)
-    } else if golden_mask_closer {
+    Some(if golden_mask_closer {
         cause.ranked_after(GOLDEN_LEFT_VALID)
     } else if fit.best_cosine > best_mask {
         cause
@@ -702,8 +700,11 @@ mod tests {
     }
 
     #[test]
-    fn a_scale_fit_ranks_after_a_position_shift_that_reproduces_more_precisely() {
-        // SmolLM2 `tbt-position=-3`, L 61 / P 16: ×1.271 0.9938, δ +3 0.9985
+    fn a_scale_fit_says_when_a_position_shift_reproduces_more_precisely() {
+        // SmolLM2 `tbt-position=-3`, L 61 / P 16 (seed 4180 #308): ×1.271 0.9938, δ +3 0.9985.
+        // Both causes are named and the replays decide (no edge since session 27: the scorer
+        // names position-mismatch by its exact replay, the scale's best misses by 2.0e-3
+        // against a precision of 3.4e-4)
         let mut ps = positions(0.9598, 3, 0.9985);
         ps.scale = Some(scale(0.9598, 0.9938, 1.271));
         let f = RingFacts {
@@ -711,11 +712,8 @@ mod tests {
             ..failing()
         };
         let c = fires_in("attention-scale", &f).expect("fires");
-        assert_eq!(c.ranked_after, Some(POSITION_SHIFT));
         assert!(c.evidence[0].ends_with("the best position shift does better (0.99850)"));
-        let c = conclude(&f);
-        assert_eq!(c.verdict, Verdict::PositionMismatch);
-        assert_eq!(c.also, vec![Verdict::TbtGraph]);
+        assert_eq!(c.ranked_after, None);
     }
 
     #[test]
