@@ -311,7 +311,6 @@ impl DeviceArgs {
             cache_len: self.cache_len,
             prefill_len: self.prefill_len,
             sim_manifest: self.sim_manifest.as_deref(),
-            faults: &self.faults,
         })?;
         if let Some(n) = self.max_ctx {
             if self.device.is_none() && self.onnx.is_none() && self.openvino.is_none() {
@@ -442,6 +441,8 @@ impl DeviceArgs {
                 faults: self.faults.clone(),
                 model_name: None,
                 manifest: self.sim_manifest.clone(),
+                // as on the Hailo emulator: `--fault` beside a manifest is the run's hypothesis
+                faults_replace_manifest: !self.faults.is_empty(),
             };
             // the device table let only runnable `--device` families through: ane-sim
             let dev = AneDevice::new(model.clone(), opts)
