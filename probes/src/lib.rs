@@ -25,6 +25,7 @@ pub mod layout_infer;
 pub mod maskconv;
 pub mod matched;
 mod matched_edges;
+pub mod matched_fit;
 mod matched_fp16;
 mod matched_store;
 mod matched_summary;

@@ -41,7 +41,7 @@ use crate::Result;
 #[derive(Debug, Clone)]
 pub struct Precision {
     /// Prefill group, tbt group.
-    groups: [Edges; 2],
+    pub(crate) groups: [Edges; 2],
     /// Per layer: K and V, as the ring stores them (the writer's declared quant info: a reader
     /// that declares another one is a fault the matched reference must not copy).
     kv: Vec<[Round; 2]>,
@@ -49,7 +49,7 @@ pub struct Precision {
     theta: Option<Vec<f32>>,
     /// Ring: a tbt step reads the last `L − 1` positions, a prefill chunk the `prefill_in`
     /// before its first row; stateful: everything.
-    ring: bool,
+    pub(crate) ring: bool,
     prefill_in: usize,
     /// The model with the weights the device declares, when they are not the checkpoint's.
     weights: Option<Arc<Model>>,
@@ -62,7 +62,7 @@ pub struct Precision {
 }
 
 const PREFILL: usize = 0;
-const TBT: usize = 1;
+pub(crate) const TBT: usize = 1;
 
 impl Precision {
     /// `None` when the device declares an fp32 path everywhere and the checkpoint's weights (the
@@ -274,7 +274,7 @@ pub fn drive(
 
 /// [`drive`], from step `r` on when `resume` is `(the store after step r − 1, r)`; returns the
 /// store after the last step.
-fn drive_from(
+pub(crate) fn drive_from(
     model: &Model,
     p: &Precision,
     seq: &[u32],
@@ -377,23 +377,24 @@ fn run_rows(
     from: usize,
     group: usize,
 ) -> Result<Vec<f32>> {
-    let (mut logits, _) = run_graph_rows(model, p, store, seq, rows, from, true, group)?;
+    let (mut logits, _) = run_graph_rows(model, p, store, seq, rows, from, (true, 1.0), group)?;
     p.groups[group].logits.apply(&mut logits);
     Ok(logits)
 }
 
 /// One graph run of rows `rows` of `seq` over the stored positions `from..rows.start` (causal
-/// inside the chunk); stores the rows' K/V. Returns the raw logits (`last_only`: the last
-/// row's) and their row count.
+/// inside the chunk), the attention scale multiplied by `attn_scale` (1 but for the scale fit,
+/// `matched_fit`); stores the rows' K/V. Returns the raw logits (`last_only`: the last row's)
+/// and their row count.
 #[allow(clippy::too_many_arguments)]
-fn run_graph_rows(
+pub(crate) fn run_graph_rows(
     model: &Model,
     p: &Precision,
     store: &mut Store,
     seq: &[u32],
     rows: std::ops::Range<usize>,
     from: usize,
-    last_only: bool,
+    (last_only, attn_scale): (bool, f32),
     group: usize,
 ) -> Result<(Vec<f32>, usize)> {
     let (a, b) = (rows.start, rows.end);
@@ -418,6 +419,7 @@ fn run_graph_rows(
         mask,
         graph: GraphOptions {
             arithmetic: p.arithmetic,
+            attn_scale,
             ..GraphOptions::default()
         },
         last_only,
@@ -533,8 +535,16 @@ pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
 pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
     let model = p.model(model);
     let mut store = Store::new(model);
-    let (logits, rows) =
-        run_graph_rows(model, p, &mut store, ids, 0..ids.len(), 0, false, PREFILL)?;
+    let (logits, rows) = run_graph_rows(
+        model,
+        p,
+        &mut store,
+        ids,
+        0..ids.len(),
+        0,
+        (false, 1.0),
+        PREFILL,
+    )?;
     let vocab = model.config().vocab_size;
     Ok((0..rows)
         .map(|r| {

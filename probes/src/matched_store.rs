@@ -11,6 +11,7 @@ use crate::matched_edges::Round;
 use crate::Result;
 
 /// K/V rows already rounded as the cache holds them: per layer, per position, `[n_kv][hd]`.
+#[derive(Clone)]
 pub(crate) struct Store {
     pub(crate) k: Vec<Vec<Vec<f32>>>,
     pub(crate) v: Vec<Vec<Vec<f32>>>,

@@ -13,6 +13,7 @@ use kvprobe_schema::{
     DeviceDescription, GroupKind, InputRole, PositionPoint, PositionsFinding, ThetaCheck,
 };
 
+use crate::matched_fit::FirstTbt;
 use crate::metrics::{compare, summarise};
 use crate::session::Session;
 use crate::Result;
@@ -158,7 +159,7 @@ pub fn run(s: &mut Session) -> Result<PositionsFinding> {
         Some(i) => {
             let prompt = s.prompt_ref()?;
             let n = first.position;
-            Some(crate::scalefit::tbt(
+            let mut fit = crate::scalefit::tbt(
                 s.model,
                 &prompt.state,
                 first.query,
@@ -166,7 +167,16 @@ pub fn run(s: &mut Session) -> Result<PositionsFinding> {
                 n,
                 &outs[i].logits,
                 &first.reference,
-            )?)
+            )?;
+            // the same search against the healthy hypothesis at the declared precision, when
+            // the f32 one ran (a device at f32's precision has nothing to fit)
+            if fit.points.len() > 1 {
+                let matched = FirstTbt::of(s.model, s.dev.describe(), &s.ids, first.query)?;
+                if let Some(m) = matched {
+                    fit.against_matched = Some(crate::scalefit::tbt_matched(&m, &outs[i].logits)?);
+                }
+            }
+            Some(fit)
         }
         None => None,
     };

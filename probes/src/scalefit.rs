@@ -8,6 +8,7 @@
 use kvprobe_reference::{mask, GraphInput, GraphOptions, KvState, Model, PositionInput};
 use kvprobe_schema::ScaleFit;
 
+use crate::matched_fit::FirstTbt;
 use crate::metrics::cosine;
 use crate::session::window_step_with;
 use crate::thresholds::FIT_MIN_GAIN;
@@ -41,6 +42,14 @@ pub fn tbt(
     fit(device, unit_reference, |g| {
         Ok(window_step_with(model, state, token, position, window, g)?.0)
     })
+}
+
+/// [`tbt`] against the precision-matched reference's first tbt step (`matched_fit`): the
+/// multiplier the graph computes with, where the f32 fit measures it times what the declared
+/// precision does to the step. Returns (multiplier, cosine).
+pub fn tbt_matched(first: &FirstTbt, device: &[f32]) -> Result<(f64, f64)> {
+    let fit = fit(device, &first.logits(1.0)?, |g| first.logits(g.attn_scale))?;
+    Ok((fit.best_scale, fit.best_cosine))
 }
 
 /// The prefill of `ids` at positions 0..n (its last row, what a genai prefill emits).
@@ -91,6 +100,7 @@ fn fit(
             best_scale: 1.0,
             best_cosine: unit,
             unit_cosine: unit,
+            against_matched: None,
         });
     }
     let mut points: Vec<(f64, f64)> = Vec::new();
@@ -141,6 +151,7 @@ fn fit(
         best_scale,
         best_cosine,
         unit_cosine,
+        against_matched: None,
     })
 }
 

@@ -133,7 +133,9 @@ impl Fits {
             p.prefill.as_ref().and_then(|x| x.scale.as_ref()),
         ];
         for f in fits.into_iter().flatten() {
-            let s = two_decimals(f.best_scale);
+            // the multiplier fitted against the healthy hypothesis where there is one: the f32
+            // fit's also carries what the declared precision does to the step (matched_fit)
+            let s = two_decimals(f.against_matched.map_or(f.best_scale, |m| m.0));
             if f.best_cosine > f.unit_cosine && (s - 1.0).abs() >= 0.01 && !scales.contains(&s) {
                 scales.push(s);
             }

@@ -212,6 +212,11 @@ pub struct ScaleFit {
     pub best_cosine: f64,
     /// Cosine at the model's own scale (multiplier 1).
     pub unit_cosine: f64,
+    /// (multiplier, cosine) of the same fit against the precision-matched reference, when the
+    /// device declares a precision and the f32 fit searched: the healthy hypothesis at the
+    /// device's precision, so its multiplier is the graph's own (the value a replay takes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub against_matched: Option<(f64, f64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,7 +5,6 @@
 use kvprobe_schema::{CacheKind, InjectFinding, Layout, ReaderEdgeLayout, Verdict};
 
 use super::facts::RingFacts;
-use super::fits::ATTENTION_SCALE;
 use crate::diagnose::engine::Cause;
 use crate::thresholds::*;
 
@@ -45,28 +44,13 @@ pub(super) fn reader_layout_repair(f: &RingFacts) -> Option<Cause> {
     {
         return None;
     }
-    let cause = Cause::new(0.9).line(format!(
+    Some(Cause::new(0.9).line(format!(
         "→ cache-layout-mismatch (reader): golden token-major rings fail ({:.4}, device rings {:.4}) but reproduce the reference ({:.4}) re-encoded for a tbt reader that decodes {}",
         inj.golden.cosine,
         inj.device_rings.cosine,
         r.comparison.cosine,
         reader_edges(&r.edges, layers_seen(f))
-    ));
-    // an attention scale that repairs the device's own rings more precisely names the cause
-    // (SmolLM2 `tbt-attn-scale=1.65`: an f8cr reader on one layer 0.981, the scale 0.997).
-    // Still needed (session 26, with every ring device replaying): without this edge
-    // `diagnose_faults::smollm2_tbt_writer_truncation_and_attention_scale_behind_golden_rings`
-    // is `unknown` — the fit's ×1.901 replays at 5.97e-3 against a declared precision of 7.60e-4,
-    // so no replay decides and the rules' order does
-    Some(
-        if f.scale_outdoes_golden()
-            .is_some_and(|fit| fit.best_cosine > r.comparison.cosine)
-        {
-            cause.ranked_after(ATTENTION_SCALE)
-        } else {
-            cause
-        },
-    )
+    )))
 }
 
 /// A variant of the golden rings (another reader layout, another mask) repairs the step that

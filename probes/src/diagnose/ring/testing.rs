@@ -96,6 +96,7 @@ pub fn scale(unit: f64, best: f64, at: f64) -> ScaleFit {
         best_scale: at,
         best_cosine: best,
         unit_cosine: unit,
+        against_matched: None,
     }
 }
 
