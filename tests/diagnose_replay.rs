@@ -51,6 +51,18 @@ fn replayed_on(device: &[&str], want_verdict: &str) -> Vec<String> {
     argv
 }
 
+/// Diagnoses `args`, checks the verdict is kv-binding named by a replay of `kv-swap` on `layers`
+/// that reproduces the device; returns the results.json.
+fn swap_replayed(args: &[&str], layers: serde_json::Value) -> serde_json::Value {
+    let (code, v, stderr) = kvprobe_json(args);
+    assert_eq!((code, verdict(&v).as_str()), (1, "kv-binding"), "{stderr}");
+    let replay = &v["reproducer"]["replay"];
+    assert_eq!(replay["reproduces"], true, "{replay}");
+    assert_eq!(replay["fault"]["name"], "kv-swap", "{replay}");
+    assert_eq!(replay["fault"]["layers"], layers, "{replay}");
+    v
+}
+
 #[test]
 fn a_kv_swap_verdict_is_replayed_and_its_command_reproduces_the_tokens() {
     replayed("kv-swap", "kv-binding");
@@ -174,16 +186,7 @@ fn a_ring_fault_the_evidence_names_wins_over_the_rules_other_cause() {
     let mut args = vec!["diagnose", "--sim", "--model", m];
     args.extend(geometry("55", "18", ids, "21"));
     args.extend(["--fault", "kv-swap@layer=0"]);
-    let (code, v, stderr) = kvprobe_json(&args);
-    assert_eq!((code, verdict(&v).as_str()), (1, "kv-binding"), "{stderr}");
-    let replay = &v["reproducer"]["replay"];
-    assert_eq!(replay["reproduces"], true, "{replay}");
-    assert_eq!(replay["fault"]["name"], "kv-swap", "{replay}");
-    assert_eq!(
-        replay["fault"]["layers"],
-        serde_json::json!([0]),
-        "{replay}"
-    );
+    let v = swap_replayed(&args, serde_json::json!([0]));
     // the rule that fired stays in `also`
     assert!(
         v["also"]
@@ -207,16 +210,7 @@ fn a_layer_scope_the_evidence_names_in_part_is_grown_from_the_residual() {
     let ids = "47,330,42,18593,30,1606,42,10366,3925,314,1343,347,260,2382,3925";
     args.extend(geometry("42", "15", ids, "4"));
     args.extend(["--fault", "kv-swap@layer=13,layer=15"]);
-    let (code, v, stderr) = kvprobe_json(&args);
-    assert_eq!((code, verdict(&v).as_str()), (1, "kv-binding"), "{stderr}");
-    let replay = &v["reproducer"]["replay"];
-    assert_eq!(replay["reproduces"], true, "{replay}");
-    assert_eq!(replay["fault"]["name"], "kv-swap", "{replay}");
-    assert_eq!(
-        replay["fault"]["layers"],
-        serde_json::json!([13, 15]),
-        "{replay}"
-    );
+    let v = swap_replayed(&args, serde_json::json!([13, 15]));
     let budget = evidence(&v)
         .into_iter()
         .find(|e| e.starts_with("replay budget"))
