@@ -259,8 +259,8 @@ fn attention_scale(f: &RingFacts) -> Option<Cause> {
 }
 
 /// b. When golden token-major rings repair the step, the tbt graph computes right on right
-/// bytes: a shift that helps mimics wrong bytes, so a writer layout the bytes show ranks first
-/// (a prefill position fault, whose bytes stay token-major, keeps the headline).
+/// bytes: a shift that helps may mimic wrong bytes, so a writer layout the bytes show is named
+/// beside it and the replays decide (a prefill position fault's bytes stay token-major).
 fn position_shift(f: &RingFacts) -> Option<Cause> {
     let ps = f.positions.as_ref().filter(|ps| position_fault(ps))?;
     // golden rings that repair the step say the bytes are wrong; a shift that only edges past
@@ -303,9 +303,7 @@ fn position_shift(f: &RingFacts) -> Option<Cause> {
         .as_ref()
         .and_then(mask_variant_fault)
         .is_some_and(|v| v.comparison.cosine > ps.best_cosine);
-    Some(if f.writer_blamed() {
-        cause.ranked_after(WRITER_LAYOUT)
-    } else if shown_binding(f).is_some_and(|b| b > ps.best_cosine) {
+    Some(if shown_binding(f).is_some_and(|b| b > ps.best_cosine) {
         cause.ranked_after(KV_BINDING)
     } else if mask_closer {
         cause.ranked_after(MASK_CONVENTION)
@@ -740,16 +738,17 @@ mod tests {
     }
 
     #[test]
-    fn a_shift_ranks_after_a_writer_layout_when_golden_rings_repair_the_step() {
+    fn a_shift_and_a_writer_layout_are_both_named_when_golden_rings_repair_the_step() {
         let shifted = |blame: &str, best: f64| RingFacts {
             positions: Some(positions(0.96, -2, best)),
             inject: Some(inject(0.96, 1.0, 0.9, blame)),
             layout: Some(layout(Layout::F8cr, 0, 0.98, &[])),
             ..failing()
         };
+        // no edge since session 27: the rules' order heads, the replays decide
         let c = conclude(&shifted("writer", 0.995));
-        assert_eq!(c.verdict, Verdict::CacheLayoutMismatch);
-        assert_eq!(c.also, vec![Verdict::PositionMismatch]);
+        assert_eq!(c.verdict, Verdict::PositionMismatch);
+        assert_eq!(c.also, vec![Verdict::CacheLayoutMismatch]);
         // the tbt graph itself is blamed: the shift keeps the headline
         let c = conclude(&shifted("none", 0.978));
         assert_eq!(c.verdict, Verdict::PositionMismatch);
