@@ -292,22 +292,10 @@ fn position_shift(f: &RingFacts) -> Option<Cause> {
             -ps.best_delta
         )
     };
-    let cause = Cause::new(0.9).line(format!(
+    Some(Cause::new(0.9).line(format!(
         "→ position-mismatch: sending position pos{:+} reproduces the reference ({:.4} vs {:.4}): {wired}",
         ps.best_delta, ps.best_cosine, ps.baseline_cosine
-    ));
-    // a mask variant that repairs more precisely names the cause (SmolLM2
-    // `mask=left-valid@prefill,tbt` wrapping: δ −1 0.976, the left-valid mask 0.998)
-    let mask_closer = f
-        .maskconv
-        .as_ref()
-        .and_then(mask_variant_fault)
-        .is_some_and(|v| v.comparison.cosine > ps.best_cosine);
-    Some(if mask_closer {
-        cause.ranked_after(MASK_CONVENTION)
-    } else {
-        cause
-    })
+    )))
 }
 
 fn placement_off(f: &RingFacts) -> bool {
@@ -1013,20 +1001,22 @@ mod tests {
     }
 
     #[test]
-    fn a_position_shift_ranks_after_a_mask_that_repairs_more_precisely() {
+    fn a_position_shift_and_a_mask_that_repairs_more_precisely_are_both_named() {
+        // SmolLM2 `mask=left-valid@prefill,tbt` wrapping (seed 9753 #287, L 24 / P 6): δ −1
+        // 0.976, the left-valid mask 0.998. No edge since session 27: the rules' order heads
+        // and the replays decide (the mask's replay exact, the best shift's misses by 1.57
+        // against a precision of 7.1e-5)
         let with = |mask: f64| RingFacts {
             positions: Some(positions(0.9458, -1, 0.976)),
             maskconv: Some(maskconv(0.9477, &[("left-valid", mask)])),
             ..failing()
         };
-        assert_eq!(
-            ranked(&with(0.9976)),
-            (Verdict::MaskConvention, vec![Verdict::PositionMismatch])
-        );
-        assert_eq!(
-            ranked(&with(0.97)),
-            (Verdict::PositionMismatch, vec![Verdict::MaskConvention])
-        );
+        for mask in [0.9976, 0.97] {
+            assert_eq!(
+                ranked(&with(mask)),
+                (Verdict::PositionMismatch, vec![Verdict::MaskConvention])
+            );
+        }
     }
 
     #[test]
