@@ -328,6 +328,11 @@ fn mask_convention(f: &RingFacts) -> Option<Cause> {
         v.comparison.cosine,
         mc.variants.first().map_or(0.0, |r| r.comparison.cosine)
     ));
+    // Still needed (session 27): without this edge the recorded case sweep seed 7878 #292
+    // (SmolLM2 `kv-swap`, L 53 / P 26, 27-token prompt; the `shift-1` mask 0.942 over the ring
+    // mask's 0.920, golden rings swapped 1.0000) is `unknown`: `kv-binding` waits for nothing
+    // named yet, so `kv-swap` (replay exact) never competes, and the closest replay
+    // (`truncate-entry=48@k,layer=0`) misses by 6.2e-2 against a declared precision of 4.7e-5
     Some(
         if shown_binding(f).is_some_and(|b| b > v.comparison.cosine) {
             cause.ranked_after(KV_BINDING)
