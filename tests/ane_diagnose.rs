@@ -183,6 +183,33 @@ fn manifests_reproduce_and_belong_to_one_device() {
     let (code, v, _) = kvprobe_json(&a);
     assert_eq!((code, verdict(&v)), (1, "cache-offset".to_string()));
     assert_eq!(v["provenance"]["cache_len"], 48);
+    // `--fault` beside it replaces its fault (a hypothesis on the device it describes, as on the
+    // Hailo emulator; it was exit 2): the verdict is the new fault's, and the manifest the run
+    // writes records it
+    let replaced = dir.path().join("replaced");
+    let mut a = ane("diagnose", m, &run);
+    a.extend(["--sim-manifest", manifest.to_str().unwrap()]);
+    a.extend([
+        "--fault",
+        "ane-mask-01",
+        "--out",
+        replaced.to_str().unwrap(),
+    ]);
+    let (code, v, stderr) = kvprobe_json(&a);
+    assert_eq!(
+        (code, verdict(&v).as_str()),
+        (1, "mask-convention"),
+        "{stderr}"
+    );
+    assert_eq!(v["provenance"]["cache_len"], 48);
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(replaced.join("sim-manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        written["faults"],
+        serde_json::json!(["ane-mask-01"]),
+        "{written}"
+    );
     // the Hailo emulator refuses it, and ane-sim refuses a Hailo manifest
     one_line_exit_2(
         &[

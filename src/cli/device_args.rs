@@ -192,6 +192,13 @@ pub struct DeviceArgs {
     #[arg(long = "leave-out", hide = true, value_name = "FAULT")]
     pub leave_out: Vec<String>,
 
+    /// diagnose, test/research switch: run every request on the device, even one whose runs
+    /// since its reset repeat an earlier request's (by default a device whose state is host
+    /// memory answers those from the earlier runs once the repeat and back-to-back checks found
+    /// it bit-identical; docs/qnn.md "Shared runs").
+    #[arg(long, hide = true)]
+    pub no_shared_runs: bool,
+
     /// diagnose: also run layout --infer, stale, causality and splits when a rule already
     /// settled the verdict (more evidence and heatmaps for a bug report, about 6 s more on
     /// SmolLM2; the verdict is unchanged).
@@ -304,7 +311,6 @@ impl DeviceArgs {
             cache_len: self.cache_len,
             prefill_len: self.prefill_len,
             sim_manifest: self.sim_manifest.as_deref(),
-            faults: &self.faults,
         })?;
         if let Some(n) = self.max_ctx {
             if self.device.is_none() && self.onnx.is_none() && self.openvino.is_none() {
@@ -435,6 +441,8 @@ impl DeviceArgs {
                 faults: self.faults.clone(),
                 model_name: None,
                 manifest: self.sim_manifest.clone(),
+                // as on the Hailo emulator: `--fault` beside a manifest is the run's hypothesis
+                faults_replace_manifest: !self.faults.is_empty(),
             };
             // the device table let only runnable `--device` families through: ane-sim
             let dev = AneDevice::new(model.clone(), opts)

@@ -14,7 +14,6 @@ pub struct Given<'a> {
     pub cache_len: Option<usize>,
     pub prefill_len: Option<usize>,
     pub sim_manifest: Option<&'a Path>,
-    pub faults: &'a [String],
 }
 
 /// Flags the chosen device or a manifest would not use are refused, never ignored (issue
@@ -67,20 +66,8 @@ pub fn check(g: &Given) -> anyhow::Result<()> {
             )));
         }
     }
-    // The Hailo emulator's `--fault` replaces its manifest's faults (a reproducer's hypothesis
-    // on a device's description; the manifest it writes records them); ane-sim's does not.
-    if m.device == "hailo-sim" {
-        return Ok(());
-    }
-    let (mut given, mut recorded) = (g.faults.to_vec(), m.faults.clone());
-    given.sort();
-    recorded.sort();
-    if !given.is_empty() && given != recorded {
-        return Err(usage(format!(
-            "--fault {}: the ane-sim manifest {at} sets the faults ({}) and reproduces its run with them; drop --fault (only the Hailo emulator's manifest takes other faults)",
-            given.join(" --fault "),
-            if recorded.is_empty() { "none".to_string() } else { recorded.join(", ") }
-        )));
-    }
+    // `--fault` beside a manifest is not refused: on both emulators it replaces the manifest's
+    // faults (a reproducer's hypothesis on a device's description; the manifest the run writes
+    // records them)
     Ok(())
 }

@@ -69,6 +69,10 @@ pub struct AneOptions {
     pub model_name: Option<String>,
     /// Reproduce a previous run from its manifest.
     pub manifest: Option<std::path::PathBuf>,
+    /// With `manifest`: `faults` replace the manifest's (a hypothesis replayed on the device the
+    /// manifest describes, as the Hailo emulator's `faults_replace_manifest`); else the
+    /// manifest's faults are the run's.
+    pub faults_replace_manifest: bool,
 }
 
 impl Default for AneOptions {
@@ -79,6 +83,7 @@ impl Default for AneOptions {
             faults: Vec::new(),
             model_name: None,
             manifest: None,
+            faults_replace_manifest: false,
         }
     }
 }
@@ -98,7 +103,8 @@ pub struct AneDevice {
 }
 
 /// With `opts.manifest`: check it is an ane-sim manifest for these weights and take the
-/// context, query length and faults from it; the manifest's path when there is one.
+/// context, query length and (unless `opts.faults_replace_manifest`) faults from it; the
+/// manifest's path when there is one.
 fn apply_manifest(opts: &mut AneOptions, identity: &ModelIdentity) -> Result<Option<PathBuf>> {
     let Some(path) = opts.manifest.clone() else {
         return Ok(None);
@@ -116,7 +122,9 @@ fn apply_manifest(opts: &mut AneOptions, identity: &ModelIdentity) -> Result<Opt
     crate::contract::manifest::check_model(&m, identity, &path)?;
     opts.max_ctx = m.cache_len;
     opts.max_query = m.prefill_len;
-    opts.faults = m.faults.clone();
+    if !opts.faults_replace_manifest {
+        opts.faults = m.faults.clone();
+    }
     Ok(Some(path))
 }
 
