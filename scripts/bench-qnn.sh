@@ -7,7 +7,8 @@
 # numbers do not depend on what .cache/qnn-context already holds.
 #   scripts/bench-qnn.sh                   SmolLM2, scripts/export-onnx.sh --window 16 --static
 #   FOLDER=DIR MODEL=HF_OR_GGUF scripts/bench-qnn.sh   another static folder (e.g. the fixture's)
-# Extra arguments go to diagnose (default: --steps 4). KVPROBE_BIN names a binary already built
+# Extra arguments go to diagnose (default: --steps 4; add --no-shared-runs to run every request on
+# the simulator, docs/qnn.md "Shared runs"). KVPROBE_BIN names a binary already built
 # (with --features onnx); otherwise a release build. Say the load (uptime) with the numbers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,9 +61,13 @@ def parts(i):
             p["prompt windows"] = t["seconds"]; n["windows"] = w.split("(")[1].split()[0]
         elif w.startswith("device: decode steps"):
             p["decode steps"] = t["seconds"]; n["steps"] = w.split("(")[1].split()[0]
+        elif w.startswith("shared: "):
+            n["shared"] = w.split(" answered")[0][len("shared: "):]
+            p["shared runs (their first runs' device time)"] = t["seconds"]
         elif w == "open device":
             p["open device"] = t["seconds"]
     p["rest (reference, probes, I/O)"] = p["wall"] - p["compile/load"] - p["prompt windows"] - p["decode steps"]
+    p.setdefault("shared runs (their first runs' device time)", 0.0)
     ctx = v["provenance"]["versions"].get("qnn context", "")
     return p, n, v.get("verdict"), ctx
 cold, n, verdict, ctx = parts(0)
@@ -71,7 +76,8 @@ for i, (p, _, vd, c) in enumerate([(cold, n, verdict, ctx)] + warm):
     kind = "cold" if i == 0 else "warm"
     print(f"run {i} ({kind}): verdict {vd}; " + ", ".join(f"{k} {v:.1f} s" for k, v in p.items()))
     print(f"    qnn context: {c[:300]}")
-print(f"device runs per diagnose: {n.get('windows','?')} prompt windows, {n.get('steps','?')} decode steps")
+print(f"device runs per diagnose: {n.get('windows','?')} prompt windows, {n.get('steps','?')} decode steps; "
+      f"answered from identical earlier requests: {n.get('shared', 'none')}")
 print(f"{'':32} {'cold':>9} {'warm median':>12} {'ratio':>7}")
 for k in cold:
     m = statistics.median(p[k] for p, *_ in warm)

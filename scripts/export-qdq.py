@@ -186,7 +186,8 @@ def main():
         d = os.path.join(a.out, f)
         if f.startswith(".") or os.path.exists(d) or f in (os.path.basename(pre), os.path.basename(dec)):
             continue
-        os.symlink(os.path.abspath(os.path.join(a.folder, f)), d)
+        # the real path: a link through one worktree's .cache symlink would die with it
+        os.symlink(os.path.realpath(os.path.join(a.folder, f)), d)
     for src, feeds in ((pre, pre_feeds), (dec, dec_feeds)):
         t = time.time()
         fault = None if (a.fault == "rope-offset" and src == pre) else a.fault

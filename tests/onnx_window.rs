@@ -301,3 +301,58 @@ fn kvdiff_reads_the_windowed_uint8_cache() {
         "{k}"
     );
 }
+
+/// `diagnose`'s results with the shared runs (npu's `SharedRuns`: a request that repeats an
+/// earlier one run for run is answered from it once repeat and back-to-back passed) are those of
+/// running every request (`--no-shared-runs`), timings aside, with fewer device runs: a windowed
+/// float32 and uint8 fixture, healthy and with a host fault, and the default decoder.
+#[test]
+fn shared_runs_give_the_results_of_running_every_request() {
+    let runs = |v: &serde_json::Value| -> u64 {
+        let t = v["provenance"]["timings"].as_array().unwrap();
+        t.iter()
+            .filter_map(|t| t["what"].as_str()?.strip_prefix("device: "))
+            .filter_map(|w| w.split_once('(')?.1.split(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let w8 = ["--window", "8", "--max-length", "64"];
+    let w8u8 = ["--window", "8", "--max-length", "64", "--kv-dtype", "uint8"];
+    let cases: [(&str, &[&str], &[&str]); 4] = [
+        ("w8c64", &w8, &[]),
+        ("w8c64u8", &w8u8, &[]),
+        ("w8c64u8", &w8u8, &["--fault", "win-write-left"]),
+        ("a", &[], &["--max-ctx", "64"]),
+    ];
+    for (name, export, extra) in cases {
+        let (hf, dir) = exported(7, name, export);
+        let mut a = vec![
+            "diagnose",
+            "--onnx",
+            dir.to_str().unwrap(),
+            "--model",
+            hf.to_str().unwrap(),
+            "--ids",
+            IDS_REMAINDER,
+            "--steps",
+            "4",
+        ];
+        a.extend_from_slice(extra);
+        let (code, mut shared, err) = kvprobe_json(&a);
+        a.push("--no-shared-runs");
+        let (code_all, mut all, _) = kvprobe_json(&a);
+        let (n_shared, n_all) = (runs(&shared), runs(&all));
+        assert!(
+            n_shared < n_all,
+            "{name} {extra:?}: {n_shared} device runs shared, {n_all} not; {err}"
+        );
+        let said = shared["provenance"]["timings"].to_string();
+        assert!(said.contains("\"shared: "), "{said}");
+        for v in [&mut shared, &mut all] {
+            let p = v["provenance"].as_object_mut().unwrap();
+            p.remove("timings");
+            p.remove("command");
+        }
+        assert_eq!(code, code_all, "{name} {extra:?}");
+        assert_eq!(shared, all, "{name} {extra:?}");
+    }
+}

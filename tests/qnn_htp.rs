@@ -267,6 +267,7 @@ fn a_qdq_folder_is_healthy_on_htp_and_its_shifted_cache_is_not() {
             .unwrap_or_else(|| panic!("{matched}"));
         assert!(mean >= 0.9995, "{matched}");
     }
+    another_exporters_norm_and_rope_are_refused(healthy.path(), &hf);
     let shifted = qdq_export(&dir, &["--fault", "present-shift"]);
     let out = run(shifted.path(), &hf, &["--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
@@ -277,6 +278,48 @@ fn a_qdq_folder_is_healthy_on_htp_and_its_shifted_cache_is_not() {
         ev.contains("first divergent layer 0 (KV head 0, K)"),
         "{ev}"
     );
+}
+
+/// A QDQ graph from another exporter: layer 0's norm takes √ as `Pow(·, 0.5)`, or its RoPE negates
+/// the half with `Mul(·, −1)`. The same function, but the reference cannot place that norm's or
+/// that RoPE's inner grids op by op, so the device's open refuses it in one line naming the node
+/// (it used to run, judged against a reference that skipped those grids).
+fn another_exporters_norm_and_rope_are_refused(qdq: &Path, hf: &Path) {
+    const EDIT: &str = r#"
+import os, sys, onnx, numpy as np
+from onnx import numpy_helper
+path, what = sys.argv[1], sys.argv[2]
+m = onnx.load(path)
+os.remove(path + ".data")  # read whole above; written anew below
+op, new, value = {"norm": ("Sqrt", "Pow", 0.5), "rope": ("Neg", "Mul", -1.0)}[what]
+n = next(n for n in m.graph.node if n.op_type == op and (what == "rope" or "/Add" in n.input[0]))
+m.graph.initializer.append(numpy_helper.from_array(np.array(value, np.float32), "edit_const"))
+n.op_type = new
+n.input.append("edit_const")
+onnx.save(m, path, save_as_external_data=True, location="model.prefill.onnx.data")
+"#;
+    for (what, node) in [
+        (
+            "norm",
+            "`/Mul_47/node` ends a norm (input_layernorm of layer 0)",
+        ),
+        ("rope", "`/Add_64/node` ends a RoPE (rope q of layer 0)"),
+    ] {
+        let copy = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(qdq).unwrap() {
+            let e = e.unwrap().path();
+            std::fs::copy(&e, copy.path().join(e.file_name().unwrap())).unwrap();
+        }
+        let graph = copy.path().join("model.prefill.onnx");
+        let o = std::process::Command::new("python3")
+            .args(["-c", EDIT, graph.to_str().unwrap(), what])
+            .output()
+            .expect("python3");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = run(copy.path(), hf, &[]);
+        one_line(&out, 2, node);
+        one_line(&out, 2, "cannot be placed");
+    }
 }
 
 /// The failing control of `fp16-overflow` (issue 36), through the binary on the HTP simulator: a

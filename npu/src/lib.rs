@@ -18,16 +18,18 @@ pub mod openvino;
 pub mod quant;
 mod race;
 pub mod rope;
+pub mod shared_runs;
 pub mod token_rows;
 
 pub use buffer::Buffer;
-pub use contract::{device, Capabilities, Device, RunOutput};
+pub use contract::{device, Capabilities, Device, RunOutput, SavedState};
 pub use driver::{argmax, Driver, EmbeddingTable, HostState, Trial};
 pub use error::{Error, Origin, Result};
 pub use families::{families, FAMILIES};
 pub use hailo::ring::{self, CacheRing, RingSet};
 pub use mask::MaskMode;
 pub use rope::RopeTheta;
+pub use shared_runs::SharedRuns;
 
 /// Paths from before the family folders (issue 17): `kvprobe_npu::sim`, `::hef`, `::ane`.
 pub use coreml as ane;

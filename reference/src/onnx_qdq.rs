@@ -475,7 +475,14 @@ fn place_inner(
         .filter(|(_, (_, s))| s.ends_with("layernorm") || s == "norm")
         .collect();
     for (i, (layer, name)) in norms {
-        for (op, node) in r.norm_ops(i).unwrap_or_default() {
+        let ops = r.norm_ops(i).ok_or_else(|| {
+            format!(
+                "`{}` ends a norm ({}) that is not the max-scaled RMSNorm the reference computes op by op (x / (√max|x| · √(mean((x/√max)²) + ε/max)), arith.rs); its inner grids cannot be placed: quantise the float static folder with scripts/export-qdq.py",
+                g.nodes[i].name,
+                at_layer(layer, &name)
+            )
+        })?;
+        for (op, node) in ops {
             if let Some(&q) = g.nodes[node]
                 .outputs
                 .first()
@@ -493,8 +500,27 @@ fn place_inner(
         .filter_map(|i| Some((i, r.site(i)?)))
         .filter(|(_, (_, s))| s.starts_with("rope "))
         .collect();
+    // every layer's q and k reach attention through a RoPE the reference can place
+    for (l, proj) in (0..g.nodes.len()).filter_map(|i| match r.site(i)? {
+        (Some(l), p) if p == "q_proj" || p == "k_proj" => Some((l, p)),
+        _ => None,
+    }) {
+        let want = format!("rope {}", &proj[..1]);
+        if !ropes.iter().any(|(_, s)| s == &(Some(l), want.clone())) {
+            return Err(format!(
+                "layer {l}'s {proj} output reaches attention through no `x·cos + rotate_half(x)·sin` (an Add of two Muls, rotate_half a Concat of a Neg) that the reference computes op by op; the RoPE's grids cannot be placed: quantise the float static folder with scripts/export-qdq.py"
+            ));
+        }
+    }
     for (i, (layer, name)) in ropes {
-        for (key, node) in r.rope_ops(i).unwrap_or_default() {
+        let ops = r.rope_ops(i).ok_or_else(|| {
+            format!(
+                "`{}` ends a RoPE ({}) whose inner ops are not `x·cos + Concat(Neg(x₂), x₁)·sin` with Gather → Concat → Unsqueeze tables, as the reference computes it op by op; its grids cannot be placed: quantise the float static folder with scripts/export-qdq.py",
+                g.nodes[i].name,
+                at_layer(layer, &name)
+            )
+        })?;
+        for (key, node) in ops {
             let Some(&q) = g.nodes[node]
                 .outputs
                 .first()
@@ -519,6 +545,14 @@ fn place_inner(
         }
     }
     Ok(placed)
+}
+
+/// "`name` of layer l" (or the model's final `name`).
+fn at_layer(layer: Option<usize>, name: &str) -> String {
+    match layer {
+        Some(l) => format!("{name} of layer {l}"),
+        None => format!("the final {name}"),
+    }
 }
 
 /// Every initializer behind a DequantizeLinear, dequantised, by its name without `_quantized`.

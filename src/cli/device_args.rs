@@ -192,6 +192,13 @@ pub struct DeviceArgs {
     #[arg(long = "leave-out", hide = true, value_name = "FAULT")]
     pub leave_out: Vec<String>,
 
+    /// diagnose, test/research switch: run every request on the device, even one whose runs
+    /// since its reset repeat an earlier request's (by default a device whose state is host
+    /// memory answers those from the earlier runs once the repeat and back-to-back checks found
+    /// it bit-identical; docs/qnn.md "Shared runs").
+    #[arg(long, hide = true)]
+    pub no_shared_runs: bool,
+
     /// diagnose: also run layout --infer, stale, causality and splits when a rule already
     /// settled the verdict (more evidence and heatmaps for a bug report, about 6 s more on
     /// SmolLM2; the verdict is unchanged).

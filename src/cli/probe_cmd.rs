@@ -71,12 +71,13 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let hef_path = backend.hef_path().map(Path::to_path_buf);
     let bar = Bar::new();
     let t2 = Instant::now();
-    let (outcome, compared, setup) = {
-        let mut s =
-            Session::new(&model, backend.device(), ids.clone(), &bar).map_err(probe_error)?;
+    let (outcome, compared, setup, device_times) = {
+        let mut dev = kvprobe_npu::SharedRuns::new(backend.device(), !args.no_shared_runs);
+        let mut s = Session::new(&model, &mut dev, ids.clone(), &bar).map_err(probe_error)?;
         let (replay, setup) = replayer(args, &model, &argv, &ids);
         let outcome = run_probe(&cmd, &mut s, replay);
-        (outcome, std::mem::take(&mut s.compared), setup)
+        let compared = std::mem::take(&mut s.compared);
+        (outcome, compared, setup, kvprobe_npu::Device::timings(&dev))
     };
     bar.finish();
     let mut ran = RunParts::of(outcome.map_err(probe_error)?);
@@ -89,7 +90,7 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
         what: "probes total".into(),
         seconds: t2.elapsed().as_secs_f64(),
     });
-    let device_times = backend.device().timings().into_iter();
+    let device_times = device_times.into_iter();
     timings.extend(device_times.map(|(what, seconds)| Timing { what, seconds }));
     // The emulator already hashed these weights for its manifest; hash them here only otherwise.
     let identity = match &manifest {
@@ -240,6 +241,7 @@ fn check_args(name: &str, args: &DeviceArgs) -> anyhow::Result<()> {
         (args.stage_only, "--stage-only"),
         (args.all_probes, "--all-probes"),
         (!args.leave_out.is_empty(), "--leave-out"),
+        (args.no_shared_runs, "--no-shared-runs"),
     ] {
         if set && name != "diagnose" {
             return Err(usage(format!(

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use kvprobe_schema::{DeviceDescription, DeviceLimit, GroupKind};
 
-use crate::{Buffer, Result};
+use crate::{Buffer, Error, Result};
 
 /// What one run returns.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -15,6 +15,31 @@ pub struct RunOutput {
     /// Optional debug outputs: what the graph read from each cache, by cache_id, `[in][features]`
     /// row-major (dequantised as the graph sees it).
     pub taps: BTreeMap<u32, Vec<f32>>,
+}
+
+/// A device's whole request state between two runs (what `init_cache` and the runs since built),
+/// opaque to the host. A host-cache device keeps it in host memory, so a copy restores it exactly
+/// ([`crate::SharedRuns`]).
+pub struct SavedState {
+    state: Box<dyn std::any::Any>,
+    /// Its size, for the keeper's memory bound.
+    pub bytes: usize,
+}
+
+impl SavedState {
+    pub fn new<T: 'static>(state: T, bytes: usize) -> SavedState {
+        SavedState {
+            state: Box::new(state),
+            bytes,
+        }
+    }
+
+    /// The state as the device that saved it wrote it.
+    pub fn get<T: 'static>(&self) -> Result<&T> {
+        self.state
+            .downcast_ref()
+            .ok_or_else(|| Error::InvalidArgument("a saved state of another kind of device".into()))
+    }
 }
 
 /// What a device can do, asked before calling the optional parts of [`Device`]: a caller never
@@ -110,6 +135,26 @@ pub trait Device {
         batch: &[Vec<(String, Buffer)>],
     ) -> Result<Vec<RunOutput>> {
         batch.iter().map(|inputs| self.run(group, inputs)).collect()
+    }
+
+    /// A copy of the request state that [`Device::restore_state`] puts back exactly (a device
+    /// whose state is host memory). None (the default): the state lives on the device.
+    fn save_state(&self) -> Option<SavedState> {
+        None
+    }
+
+    /// Back to a state [`Device::save_state`] gave.
+    fn restore_state(&mut self, _state: &SavedState) -> Result<()> {
+        Err(Error::InvalidArgument(
+            "this device keeps its state itself; it cannot restore a saved one".into(),
+        ))
+    }
+
+    /// From now on (`on`), answer a request whose runs since its reset equal an earlier
+    /// request's from that request's outputs and state ([`crate::SharedRuns`]); `false` runs
+    /// every request again. Returns whether sharing was on. A plain device never shares.
+    fn share_identical_runs(&mut self, _on: bool) -> bool {
+        false
     }
 
     /// `init_cache(read_offset)`: requires `read_offset < L` (contract §1.6).

@@ -10,7 +10,7 @@ pub mod faults;
 pub mod limits;
 pub mod manifest;
 
-pub use device::{Capabilities, Device, RunOutput};
+pub use device::{Capabilities, Device, RunOutput, SavedState};
 pub use family::Family;
 pub use faults::{
     Expected, FaultDecl, FaultTable, FaultText, Scope, ScopeKind, SweepValue, Values,

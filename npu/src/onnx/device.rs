@@ -19,11 +19,12 @@ use super::open_checks::{
     check_faults, check_pairing, declared_provider, kv_format, kv_scales, shared_length,
 };
 use super::wcache::WindowCache;
-use super::window::WindowState;
+use super::window;
 #[cfg(feature = "onnx")]
-use super::window::{self, WindowGeom};
+use super::window::WindowGeom;
+use super::window::WindowState;
 use super::{host, OnnxOptions, CAPABILITIES};
-use crate::{Buffer, Capabilities, Device, Error, Result, RunOutput};
+use crate::{Buffer, Capabilities, Device, Error, Result, RunOutput, SavedState};
 
 pub struct OnnxDevice {
     desc: DeviceDescription,
@@ -491,6 +492,21 @@ impl Device for OnnxDevice {
             let _ = (mask, positions);
             Err(no_feature())
         }
+    }
+
+    /// The request is host memory: the pasts, their length and the windowed bookkeeping.
+    fn save_state(&self) -> Option<SavedState> {
+        let entries = self.win.iter().flat_map(|w| &w.1.entries);
+        let bytes = 4 * self.past.iter().map(Vec::len).sum::<usize>()
+            + entries.map(window::Elems::bytes).sum::<usize>();
+        let state = (self.past.clone(), self.past_len, self.win.clone());
+        Some(SavedState::new(state, bytes))
+    }
+
+    fn restore_state(&mut self, state: &SavedState) -> Result<()> {
+        type Request = (Vec<Vec<f32>>, usize, Option<(WindowState, WindowCache)>);
+        (self.past, self.past_len, self.win) = state.get::<Request>()?.clone();
+        Ok(())
     }
 
     fn init_cache(&mut self, read_offset: u32) -> Result<()> {

@@ -13,6 +13,7 @@ use crate::{Error, Result};
 /// slot reads as 0).
 pub const ZERO_POINT: f32 = 128.0;
 
+#[derive(Clone)]
 pub struct WindowCache {
     pub u8: bool,
     /// Per cache id (2l K, 2l+1 V): the uint8 scale (1 for float32).

@@ -19,6 +19,15 @@ pub enum Elems {
     U8(Vec<u8>),
 }
 
+impl Elems {
+    pub fn bytes(&self) -> usize {
+        match self {
+            Elems::F32(v) => 4 * v.len(),
+            Elems::U8(v) => v.len(),
+        }
+    }
+}
+
 /// `decoder.sliding_window` and the shape of the model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WindowGeom {
