@@ -194,3 +194,35 @@ fn a_ring_fault_the_evidence_names_wins_over_the_rules_other_cause() {
         "{v}"
     );
 }
+
+/// A swap on two layers of SmolLM2 of which the evidence names only the first (default sweep,
+/// seed 2504 #343): the closest replay, the swap on layer 13 alone, leaves the device's rings
+/// first at layer 15, and the scope grown from that residual reproduces the device exactly
+/// (main before: `unknown`, the rule `kv-binding` named, closest `kv-swap@layer=13` 1.40e-2
+/// against healthy 1.60e-2). About 15 s of CPU.
+#[test]
+fn a_layer_scope_the_evidence_names_in_part_is_grown_from_the_residual() {
+    let Some(m) = smollm2() else { return };
+    let mut args = vec!["diagnose", "--sim", "--model", m.to_str().unwrap()];
+    let ids = "47,330,42,18593,30,1606,42,10366,3925,314,1343,347,260,2382,3925";
+    args.extend(geometry("42", "15", ids, "4"));
+    args.extend(["--fault", "kv-swap@layer=13,layer=15"]);
+    let (code, v, stderr) = kvprobe_json(&args);
+    assert_eq!((code, verdict(&v).as_str()), (1, "kv-binding"), "{stderr}");
+    let replay = &v["reproducer"]["replay"];
+    assert_eq!(replay["reproduces"], true, "{replay}");
+    assert_eq!(replay["fault"]["name"], "kv-swap", "{replay}");
+    assert_eq!(
+        replay["fault"]["layers"],
+        serde_json::json!([13, 15]),
+        "{replay}"
+    );
+    let budget = evidence(&v)
+        .into_iter()
+        .find(|e| e.starts_with("replay budget"))
+        .unwrap_or_default();
+    assert!(
+        budget.contains("kv-swap@layer=13 parts from the device at layer 15"),
+        "{budget}"
+    );
+}

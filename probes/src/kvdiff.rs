@@ -255,7 +255,7 @@ fn each_matched(
 /// Per layer, the rounding of the cache's declared format: a ring's writer scale (integer
 /// codes) or float elements; fp16 for stateful states and for the host cache as
 /// `cache_buffers()` shows it.
-fn rounding(desc: &DeviceDescription, n_layers: usize) -> Result<Vec<[Rounding; 2]>> {
+pub(crate) fn rounding(desc: &DeviceDescription, n_layers: usize) -> Result<Vec<[Rounding; 2]>> {
     match desc.runtime {
         RuntimeKind::Stateful => {
             // every layer's fp16 arithmetic adds an independent error of that size to the

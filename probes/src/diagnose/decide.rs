@@ -21,6 +21,7 @@ use super::replay::{
     candidates, healthy_steps, proposals, replay_one, screen, DeviceSteps, Fits, Replayer, Stop,
     MAX_REPLAYS, SCREEN_STEPS,
 };
+use super::residual::{grow, replay_rings, Growth, Residual, RingResidual};
 use super::score::{mild, FULL_REPLAYS, RULE};
 use crate::session::Session;
 use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
@@ -86,7 +87,14 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     let fits = Fits::of_session(s, &d.probes);
     let table = replayer.table();
     let (model, ids) = (s.model, s.ids.clone());
-    let dev = RefCell::new(DeviceSteps::new(s, tokens.clone()));
+    // the device's rings over the first steps, kept for a residual (`residual`)
+    let ring_residual = RingResidual::of(s.describe(), model, ids.len());
+    let k_rings = if ring_residual.is_ok() {
+        SCREEN_STEPS.min(n)
+    } else {
+        0
+    };
+    let dev = RefCell::new(DeviceSteps::new(s, tokens.clone(), k_rings));
     if let Err(e) = dev.borrow_mut().step(0) {
         return not_replayed(
             d,
@@ -125,37 +133,20 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     let mut search = Search::default();
     search.own_cause(own, &table, n, &run, &run_own);
     // every other candidate, unless the rule's reproduces at the noise floor
-    let exact = search
-        .replays
-        .iter()
-        .any(|r| r.reproduces && r.replay_miss <= STEP_NOISE_FLOOR);
-    if !exact {
-        // the causes the other fired rules named (`also`), the faults the named rings allow,
-        // then the mild values: every named cause competes by its replay, not by the rules'
-        // order
-        let mut others: Vec<FaultHypothesis> = Vec::new();
-        let named = d.also.iter().flat_map(|&v| candidates(&table, v, &fits));
-        let ringed = proposals(&table, &fits).into_iter();
-        for h in named
-            .chain(ringed)
-            .map(|(_, h)| h)
-            .chain(mild(&table, &fits))
-        {
-            let t = h.text();
-            if !replayer.leaves_out(&h.name)
-                && !search.tried.iter().any(|x| x.0 == t)
-                && !others.iter().any(|x| x.text() == t)
-            {
-                others.push(h);
-            }
-        }
-        let others = screen(others, SCREEN_STEPS.min(n), &run, &mut search.refused);
-        for h in others.into_iter().take(FULL_REPLAYS) {
-            if let Ok(r) = run(&h, n) {
-                search.push(r);
-            }
-        }
-    }
+    search.others(&d.also, (&table, &fits), replayer.as_ref(), n, &run);
+    // a layer scope the evidence named only in part: grown from the residual of the closest
+    // layer-scoped replay when none reproduces
+    let mut residual = |h: &FaultHypothesis| -> Result<Residual, String> {
+        let rings = ring_residual.as_ref().map_err(|e| e.to_string())?;
+        spent.set(spent.get() + 1);
+        let replay = replay_rings((model, &ids), replayer.as_ref(), h, &tokens, k_rings)?;
+        let dev = dev.borrow();
+        let device = dev
+            .rings(k_rings)
+            .ok_or("the device's rings could not be read")?;
+        rings.first(&device, &replay).map_err(|e| e.to_string())
+    };
+    let grown = search.grow_scope(model.config().n_layers, n, &mut residual, &run);
     let Search {
         replays,
         tried,
@@ -168,9 +159,10 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     apply(d, choice, tried, &refused, &command, n);
     d.evidence.push(format!(
         "replay budget: {} replays, {whole} of them over every step, the rest screens over the \
-         first {} steps",
+         first {} steps{}",
         spent.get(),
-        SCREEN_STEPS.min(n)
+        SCREEN_STEPS.min(n),
+        grown.said(k_rings)
     ));
 }
 
@@ -194,6 +186,73 @@ impl Search {
 
     fn reproduced(&self) -> bool {
         self.replays.iter().any(|r| r.reproduces)
+    }
+
+    /// Every candidate besides the rule's own, unless one of the rule's reproduces at the noise
+    /// floor: the causes the other fired rules named (`also`), the faults the named rings allow,
+    /// then the mild values — every named cause competes by its replay, not by the rules' order —
+    /// screened, the closest `FULL_REPLAYS` replayed whole.
+    fn others(
+        &mut self,
+        also: &[Verdict],
+        (table, fits): (&FaultTable, &Fits),
+        replayer: &dyn Replayer,
+        n: usize,
+        run: &Run,
+    ) {
+        let exact = self
+            .replays
+            .iter()
+            .any(|r| r.reproduces && r.replay_miss <= STEP_NOISE_FLOOR);
+        if exact {
+            return;
+        }
+        let mut others: Vec<FaultHypothesis> = Vec::new();
+        let named = also.iter().flat_map(|&v| candidates(table, v, fits));
+        let ringed = proposals(table, fits).into_iter();
+        for h in named.chain(ringed).map(|(_, h)| h).chain(mild(table, fits)) {
+            let t = h.text();
+            if !replayer.leaves_out(&h.name)
+                && !self.tried.iter().any(|x| x.0 == t)
+                && !others.iter().any(|x| x.text() == t)
+            {
+                others.push(h);
+            }
+        }
+        let others = screen(others, SCREEN_STEPS.min(n), run, &mut self.refused);
+        for h in others.into_iter().take(FULL_REPLAYS) {
+            if let Ok(r) = run(&h, n) {
+                self.push(r);
+            }
+        }
+    }
+
+    /// When no replay reproduces, grows the scope of the closest replay scoped to some layers
+    /// from the residual (`residual::grow`, at most `n_layers` rounds); its whole replays (over
+    /// `n` steps) join the search, the ones already tried are not replayed again.
+    fn grow_scope(
+        &mut self,
+        n_layers: usize,
+        n: usize,
+        residual: &mut dyn FnMut(&FaultHypothesis) -> Result<Residual, String>,
+        run: &Run,
+    ) -> Growth {
+        let from = self
+            .replays
+            .iter()
+            .filter(|r| !r.fault.layers.is_empty())
+            .min_by(|a, b| a.replay_miss.total_cmp(&b.replay_miss));
+        let Some(from) = from.filter(|_| !self.reproduced()).cloned() else {
+            return Growth::default();
+        };
+        let tried: Vec<String> = self.tried.iter().map(|t| t.0.clone()).collect();
+        let mut whole = |h: &FaultHypothesis| match tried.contains(&h.text()) {
+            true => Err("already replayed".to_string()),
+            false => run(h, n),
+        };
+        let g = grow(&from, n_layers, residual, &mut whole);
+        g.replays.iter().cloned().for_each(|r| self.push(r));
+        g
     }
 
     /// Replays `hs` whole over `n` steps, in order, until one reproduces or the budget is spent.

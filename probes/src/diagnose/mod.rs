@@ -19,6 +19,7 @@ mod refine;
 mod repeat;
 pub mod replay;
 pub mod replayer;
+mod residual;
 pub mod ring;
 pub mod score;
 pub mod stage;

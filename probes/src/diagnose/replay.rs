@@ -17,6 +17,7 @@ use super::evidence::{beats_healthy, MILD_FACTORS};
 pub use super::fits::Fits;
 use super::fits::{evidence_scopes, hypothesis, scopes, RingScope};
 pub use super::replayer::Replayer;
+use crate::cache_io::{self, Rings};
 use crate::determinism::{next_logits, start_logits};
 use crate::metrics::cosine;
 use crate::progress::NoProgress;
@@ -240,19 +241,27 @@ fn miss(replay: &[f32], device: &[f32]) -> f64 {
 pub(super) type DeviceLogits<'a> = dyn FnMut(usize) -> Result<Vec<f32>, String> + 'a;
 
 /// The device's request recorded from a fresh start one step at a time, as far as a replay
-/// asks (issue 34: a replay decided after half the steps needs the device's first half only).
+/// asks (issue 34: a replay decided after half the steps needs the device's first half only),
+/// and its rings after each of the first `keep_rings` steps: what a replay's rings are compared
+/// with to grow a layer scope (`residual`). They are read in this same run because a second run
+/// would move the device away from the position recorded here.
 pub(super) struct DeviceSteps<'s, 'a> {
     s: &'s mut Session<'a>,
     tokens: Vec<u32>,
     logits: Vec<Vec<f32>>,
+    keep_rings: usize,
+    /// `None` where the device's cache could not be read (a device without `cache_buffers`).
+    rings: Vec<Option<Rings>>,
 }
 
 impl<'s, 'a> DeviceSteps<'s, 'a> {
-    pub(super) fn new(s: &'s mut Session<'a>, tokens: Vec<u32>) -> Self {
+    pub(super) fn new(s: &'s mut Session<'a>, tokens: Vec<u32>, keep_rings: usize) -> Self {
         DeviceSteps {
             s,
             tokens,
             logits: Vec::new(),
+            keep_rings,
+            rings: Vec::new(),
         }
     }
 
@@ -260,6 +269,7 @@ impl<'s, 'a> DeviceSteps<'s, 'a> {
     pub(super) fn step(&mut self, i: usize) -> crate::Result<&[f32]> {
         if self.logits.is_empty() {
             self.logits.push(start_logits(self.s)?);
+            self.keep_rings_of(0);
         }
         while self.logits.len() <= i {
             let k = self.logits.len();
@@ -269,8 +279,22 @@ impl<'s, 'a> DeviceSteps<'s, 'a> {
                 .copied()
                 .unwrap_or_else(|| crate::metrics::top1(&self.logits[k - 1]));
             self.logits.push(next_logits(self.s, token)?);
+            self.keep_rings_of(k);
         }
         Ok(&self.logits[i])
+    }
+
+    fn keep_rings_of(&mut self, step: usize) {
+        if step < self.keep_rings {
+            let what = format!("after step {step} of the replays' record");
+            self.rings.push(cache_io::read(self.s.dev, &what).ok());
+        }
+    }
+
+    /// The device's rings after each of the first `k` steps, when all of them were read.
+    pub(super) fn rings(&self, k: usize) -> Option<Vec<&Rings>> {
+        let rings: Vec<&Rings> = self.rings.iter().take(k).flatten().collect();
+        (rings.len() == k).then_some(rings)
     }
 }
 

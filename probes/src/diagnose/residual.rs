@@ -1,0 +1,335 @@
+//! A layer scope grown from the residual (issue 34, docs/diagnosis.md "Scope grown from the
+//! residual"). A fault on a subset of layers is hypothesised only at the layers a probe or
+//! kvdiff names, so its closest replay can cover the first faulty layer alone and not
+//! reproduce. The device's rings and that replay's rings, both driven on the device's greedy
+//! tokens from a fresh start, then first part at the next faulty layer (or, for a reader's fault,
+//! the layer after it). That layer and the layer before it each join the scope, and the scorer
+//! (`evidence::beats_healthy` at the declared precision) judges the grown replays. It stops when
+//! one reproduces, when the residual names no layer outside the scope, or after as many rounds as
+//! the model has layers (each round adds a layer).
+//!
+//! Where device and replay part is decided by kvdiff's band with the replay in place of the
+//! precision-matched reference: both sides run the same arithmetic, so the band of a head vector
+//! is the rounding of the cache's declared format alone (`kvdiff::rounding`), and an entry parts
+//! when it leaves `BAND_RATIO` × that band (kvdiff's test of one entry, `Cell::outside`). A ring
+//! parts at its first such entry: kvdiff averages a head's positions because a device's healthy
+//! arithmetic spreads around the reference's, while a replay's spreads nowhere, and a tbt step's
+//! fault moves only the entries the few compared steps wrote. No constant is new.
+
+use kvprobe_reference::Model;
+use kvprobe_schema::{CacheKind, DeviceDescription, FaultHypothesis, Replay};
+
+use super::replayer::Replayer;
+use crate::cache_io::{self, Rings};
+use crate::determinism::{next_logits, start_logits};
+use crate::kvdiff::rounding;
+use crate::kvdiff_cache::CacheView;
+use crate::kvdiff_compare::{self as cmp, Cell, Cells, Point, Rounding};
+use crate::progress::NoProgress;
+use crate::session::Session;
+
+/// The first ring (layer, kind) where the device's rings leave a replay's, `None` where none does.
+pub(super) type Residual = Option<(usize, CacheKind)>;
+
+/// The layer sets a scope of `layers` grows to when the residual first parts at `first`: the
+/// layer itself (a writer's or a binding's fault shows at its own layer) and the layer before it
+/// (a reader's fault leaves its own layer's stored K/V right and shows one layer later), each
+/// added alone, those already in the scope skipped. Nothing when the residual is empty, when the
+/// scope already holds every layer (no `layer=` items), or when both layers are in it: the
+/// residual then adds nothing.
+pub(super) fn grown(first: Residual, layers: &[usize]) -> Vec<Vec<usize>> {
+    let Some((layer, _)) = first.filter(|_| !layers.is_empty()) else {
+        return Vec::new();
+    };
+    [Some(layer), layer.checked_sub(1)]
+        .into_iter()
+        .flatten()
+        .filter(|l| !layers.contains(l))
+        .map(|l| {
+            let mut set = layers.to_vec();
+            set.push(l);
+            set.sort_unstable();
+            set
+        })
+        .collect()
+}
+
+/// The grown replays, in the order they ran, and how many residuals were read (each one replay
+/// of the compared steps that reads its rings).
+#[derive(Debug, Default)]
+pub(super) struct Growth {
+    pub replays: Vec<Replay>,
+    pub residuals: usize,
+    /// Each round's hypothesis and where its rings first left the device's (`None`: nowhere).
+    pub path: Vec<(String, Residual)>,
+}
+
+impl Growth {
+    /// The replay budget line's words for it (nothing when no residual was read).
+    pub(super) fn said(&self, k: usize) -> String {
+        if self.residuals == 0 {
+            return String::new();
+        }
+        let path: Vec<String> = self
+            .path
+            .iter()
+            .map(|(h, r)| match r {
+                Some((l, kind)) => format!("{h} parts from the device at layer {l} {kind:?}"),
+                None => format!("{h} leaves no ring apart"),
+            })
+            .collect();
+        format!(
+            "; {} of them replayed the first {k} steps to read the rings for a residual, and {} \
+             grown layer scopes were replayed over every step ({})",
+            self.residuals,
+            self.replays.len(),
+            if path.is_empty() {
+                "the rings could not be compared".to_string()
+            } else {
+                path.join("; ")
+            }
+        )
+    }
+}
+
+/// Grows the scope of `from` (a replay that does not reproduce) round by round: `residual(h)`
+/// compares `h`'s rings with the device's, `run(h)` replays `h` over every compared step. At
+/// most `n_layers` rounds; each round replays [`grown`]'s sets and goes on from the closest.
+pub(super) fn grow(
+    from: &Replay,
+    n_layers: usize,
+    residual: &mut dyn FnMut(&FaultHypothesis) -> Result<Residual, String>,
+    run: &mut dyn FnMut(&FaultHypothesis) -> Result<Replay, String>,
+) -> Growth {
+    let mut out = Growth::default();
+    let mut current = from.fault.clone();
+    for _ in 0..n_layers {
+        out.residuals += 1;
+        let Ok(first) = residual(&current) else {
+            break;
+        };
+        out.path.push((current.text(), first));
+        let round: Vec<Replay> = grown(first, &current.layers)
+            .into_iter()
+            .filter_map(|layers| {
+                run(&FaultHypothesis {
+                    layers,
+                    ..current.clone()
+                })
+                .ok()
+            })
+            .collect();
+        let next = round
+            .iter()
+            .min_by(|a, b| a.replay_miss.total_cmp(&b.replay_miss))
+            .map(|r| r.fault.clone());
+        let reproduced = round.iter().any(|r| r.reproduces);
+        out.replays.extend(round);
+        match next {
+            Some(h) if !reproduced => current = h,
+            _ => break,
+        }
+    }
+    out
+}
+
+/// The device's rings against a replay's, per compared step (module doc).
+pub(super) struct RingResidual {
+    view: CacheView,
+    rounding: Vec<[Rounding; 2]>,
+    n_layers: usize,
+    n_kv: usize,
+    head_dim: usize,
+    prompt: usize,
+}
+
+impl RingResidual {
+    pub(super) fn of(
+        desc: &DeviceDescription,
+        model: &Model,
+        prompt: usize,
+    ) -> crate::Result<Self> {
+        let c = model.config();
+        Ok(RingResidual {
+            view: CacheView::of(desc)?,
+            rounding: rounding(desc, c.n_layers)?,
+            n_layers: c.n_layers,
+            n_kv: c.n_kv_heads,
+            head_dim: c.head_dim,
+            prompt,
+        })
+    }
+
+    /// The lowest ring where `device` leaves `replay` at any compared step (`[step]` rings, step
+    /// 0 the prompt's prefill).
+    pub(super) fn first(&self, device: &[&Rings], replay: &[Rings]) -> crate::Result<Residual> {
+        let mut steps: Vec<(usize, CacheKind)> = Vec::with_capacity(device.len());
+        for (k, (d, r)) in device.iter().zip(replay).enumerate() {
+            let last = self.prompt - 1 + k;
+            let d = self.view.rows(d, self.n_layers, self.prompt, last)?;
+            let r = self.view.rows(r, self.n_layers, self.prompt, last)?;
+            let cells = cmp::cells(&Point {
+                device: (&d.0, &d.1),
+                reference: (&r.0, &r.1),
+                matched: (&r.0, &r.1),
+                rounding: &self.rounding,
+                n_kv: self.n_kv,
+                head_dim: self.head_dim,
+            });
+            steps.extend(first_outside(&cells));
+        }
+        Ok(steps
+            .into_iter()
+            .min_by_key(|&(l, k)| (l, k == CacheKind::V)))
+    }
+}
+
+/// The lowest layer (K before V) holding an entry outside its band.
+fn first_outside(cells: &Cells) -> Residual {
+    cells.iter().enumerate().find_map(|(layer, kinds)| {
+        let kind = (0..2).find(|&k| kinds[k].iter().flatten().flatten().any(Cell::outside))?;
+        Some((layer, [CacheKind::K, CacheKind::V][kind]))
+    })
+}
+
+/// `fault` replayed over the first `k` steps on the device's `tokens` from a fresh start, its
+/// rings read after each (as `DeviceSteps` reads the device's).
+pub(super) fn replay_rings(
+    (model, ids): (&Model, &[u32]),
+    replayer: &dyn Replayer,
+    fault: &FaultHypothesis,
+    tokens: &[u32],
+    k: usize,
+) -> Result<Vec<Rings>, String> {
+    let mut dev = replayer.open(&fault.text()).map_err(|e| e.to_string())?;
+    let progress = NoProgress;
+    let mut rs =
+        Session::new(model, dev.as_mut(), ids.to_vec(), &progress).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(k);
+    for step in 0..k {
+        match step.checked_sub(1) {
+            None => start_logits(&mut rs).map(drop),
+            Some(t) => match tokens.get(t) {
+                Some(&token) => next_logits(&mut rs, token).map(drop),
+                None => break,
+            },
+        }
+        .map_err(|e| e.to_string())?;
+        let what = format!("after step {step} of a residual replay");
+        out.push(cache_io::read(rs.dev, &what).map_err(|e| e.to_string())?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvprobe_schema::FaultValue;
+
+    #[test]
+    fn the_residual_adds_its_layer_and_the_one_before() {
+        let k = Some((10, CacheKind::K));
+        assert_eq!(grown(k, &[1]), vec![vec![1, 10], vec![1, 9]]);
+        // the layer before already in the scope: the layer alone
+        assert_eq!(grown(Some((5, CacheKind::V)), &[0, 4]), vec![vec![0, 4, 5]]);
+        // layer 0 has no layer before it
+        assert_eq!(grown(Some((0, CacheKind::V)), &[3]), vec![vec![0, 3]]);
+        // nothing new, nothing parting, or every layer already: nothing to grow
+        assert!(grown(Some((5, CacheKind::K)), &[4, 5]).is_empty());
+        assert!(grown(None, &[4]).is_empty());
+        assert!(grown(Some((5, CacheKind::K)), &[]).is_empty());
+    }
+
+    fn swap(layers: &[usize]) -> FaultHypothesis {
+        FaultHypothesis {
+            name: "kv-swap".into(),
+            value: FaultValue::None,
+            groups: vec![],
+            kinds: vec![],
+            layers: layers.to_vec(),
+        }
+    }
+
+    fn replay(h: &FaultHypothesis, device: &[usize]) -> Replay {
+        // hand-made: the miss falls with every faulty layer the hypothesis holds, and only the
+        // device's own scope reproduces
+        let right = h.layers.iter().filter(|l| device.contains(l)).count();
+        let wrong = h.layers.len() - right;
+        let exact = right == device.len() && wrong == 0;
+        Replay {
+            fault: h.clone(),
+            steps: vec![],
+            replay_miss: if exact {
+                0.0
+            } else {
+                0.1 / (right + 1) as f64 + 0.01 * wrong as f64
+            },
+            healthy_miss: Some(0.2),
+            precision: Some(1e-3),
+            reproduces: exact,
+        }
+    }
+
+    /// Hand-made facts of sweep seed 2504's #326 and #285 (the residuals measured by hand with
+    /// `kvdiff`, docs/diagnosis.md): a swap parts at its next swapped layer; a reader's fault at
+    /// the layer after the faulty reader.
+    fn run_case(device: &[usize], from: &[usize], reader: bool) -> (Growth, Vec<String>) {
+        let mut read: Vec<String> = Vec::new();
+        let mut residual = |h: &FaultHypothesis| -> Result<Residual, String> {
+            read.push(h.text());
+            let missing = device.iter().find(|l| !h.layers.contains(l));
+            Ok(missing.map(|&l| (l + usize::from(reader), CacheKind::K)))
+        };
+        let mut run = |h: &FaultHypothesis| Ok(replay(h, device));
+        let g = grow(&replay(&swap(from), device), 30, &mut residual, &mut run);
+        (g, read)
+    }
+
+    #[test]
+    fn a_partial_swap_grows_layer_by_layer_to_the_devices_scope() {
+        let (g, read) = run_case(&[1, 10, 17], &[1], false);
+        let tried: Vec<String> = g.replays.iter().map(|r| r.fault.text()).collect();
+        assert_eq!(
+            tried,
+            [
+                "kv-swap@layer=1,layer=10",
+                "kv-swap@layer=1,layer=9",
+                "kv-swap@layer=1,layer=10,layer=17",
+                "kv-swap@layer=1,layer=10,layer=16",
+            ]
+        );
+        assert_eq!(read, ["kv-swap@layer=1", "kv-swap@layer=1,layer=10"]);
+        assert!(g.replays[2].reproduces && g.residuals == 2);
+    }
+
+    #[test]
+    fn a_readers_fault_is_found_through_the_layer_before_the_residual() {
+        // #285: the reader at 4 parts the rings at 5; the layer before names the reader
+        let (g, _) = run_case(&[0, 4], &[0], true);
+        let hit = g
+            .replays
+            .iter()
+            .find(|r| r.reproduces)
+            .map(|r| r.fault.text());
+        assert_eq!(hit.as_deref(), Some("kv-swap@layer=0,layer=4"));
+        assert_eq!(g.replays.len(), 2);
+    }
+
+    #[test]
+    fn growth_stops_when_the_residual_adds_nothing_and_is_bounded_by_the_layers() {
+        // the residual names a layer already in the scope: one read, no replay
+        let mut residual = |_: &FaultHypothesis| Ok(Some((4, CacheKind::V)));
+        let mut run = |h: &FaultHypothesis| Ok(replay(h, &[9]));
+        let g = grow(&replay(&swap(&[3, 4]), &[9]), 30, &mut residual, &mut run);
+        assert!(g.replays.is_empty() && g.residuals == 1);
+        // a residual that always names the next layer: at most one round per layer
+        let mut next = |h: &FaultHypothesis| Ok(h.layers.last().map(|l| (l + 1, CacheKind::K)));
+        let mut never = |h: &FaultHypothesis| Ok(replay(h, &[99]));
+        let g = grow(&replay(&swap(&[0]), &[99]), 6, &mut next, &mut never);
+        assert_eq!(g.residuals, 6);
+        // a residual that cannot be read ends it
+        let mut broken = |_: &FaultHypothesis| Err("no cache_buffers".to_string());
+        let g = grow(&replay(&swap(&[0]), &[9]), 6, &mut broken, &mut run);
+        assert!(g.replays.is_empty());
+    }
+}
