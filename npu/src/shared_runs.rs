@@ -103,6 +103,10 @@ impl<'d> SharedRuns<'d> {
             self.at = Some(child);
             return;
         }
+        if self.kept_bytes >= KEEP_BYTES {
+            self.at = None;
+            return;
+        }
         let Some(state) = self.inner.save_state() else {
             self.at = None;
             return;
