@@ -103,6 +103,10 @@ impl<'d> SharedRuns<'d> {
             self.at = Some(child);
             return;
         }
+        if self.kept_bytes >= KEEP_BYTES {
+            self.at = None;
+            return;
+        }
         let Some(state) = self.inner.save_state() else {
             self.at = None;
             return;
@@ -280,7 +284,6 @@ impl Device for SharedRuns<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvprobe_schema::DeviceDescription;
 
     use std::cell::Cell;
     use std::rc::Rc;
@@ -300,25 +303,11 @@ mod tests {
     impl Toy {
         fn new() -> Toy {
             Toy {
-                desc: DeviceDescription {
-                    backend: "toy".into(),
-                    runtime: kvprobe_schema::RuntimeKind::HostCache,
-                    model_name: "toy".into(),
-                    cache_len: 8,
-                    prefill_len: 4,
-                    shape: kvprobe_schema::ModelShape {
-                        vocab_size: 2,
-                        hidden_size: 1,
-                        n_layers: 1,
-                        n_heads: 1,
-                        n_kv_heads: 1,
-                        head_dim: 1,
-                        rope_theta: None,
-                    },
-                    groups: Vec::new(),
-                    weights: Default::default(),
-                    arithmetic: Default::default(),
-                },
+                desc: crate::contract::describe::unit_description(
+                    kvprobe_schema::RuntimeKind::HostCache,
+                    8,
+                    4,
+                ),
                 state: Vec::new(),
                 real: Rc::new(Cell::new(0)),
                 drift: 0.0,

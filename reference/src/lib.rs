@@ -34,6 +34,7 @@ pub mod model;
 pub mod onnx_proto;
 pub mod onnx_qdq;
 pub mod onnx_qdq_model;
+mod onnx_qdq_names;
 pub mod onnx_weights;
 mod openvino_decompress;
 mod openvino_ir;

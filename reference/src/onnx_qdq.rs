@@ -23,6 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use crate::onnx_proto::{OnnxGraph, INT16, INT8, UINT16, UINT8};
+use crate::onnx_qdq_names::{at_layer, norm_site};
 use crate::qdq::{Grid, QdqGrids, SiteGrids};
 use crate::{Error, Result};
 
@@ -372,20 +373,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The norm a weight `w` belongs to, as the reference names the site.
-fn norm_site(w: &str) -> Option<(Option<usize>, String)> {
-    if w == "model.norm.weight" {
-        return Some((None, "norm".into()));
-    }
-    let rest = w.strip_prefix("model.layers.")?;
-    let (l, name) = rest.split_once('.')?;
-    let name = name.strip_suffix(".weight")?;
-    ["input_layernorm", "post_attention_layernorm"]
-        .contains(&name)
-        .then(|| (l.parse().ok(), name.to_string()))
-        .and_then(|(l, n)| Some((Some(l?), n)))
-}
-
 /// Reads the QDQ graph at `path`; `Error::Unsupported` (one line) for what the reference does
 /// not compute.
 pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
@@ -545,14 +532,6 @@ fn place_inner(
         }
     }
     Ok(placed)
-}
-
-/// "`name` of layer l" (or the model's final `name`).
-fn at_layer(layer: Option<usize>, name: &str) -> String {
-    match layer {
-        Some(l) => format!("{name} of layer {l}"),
-        None => format!("the final {name}"),
-    }
 }
 
 /// Every initializer behind a DequantizeLinear, dequantised, by its name without `_quantized`.

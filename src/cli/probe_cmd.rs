@@ -72,7 +72,8 @@ pub fn run(cmd: ProbeCommand) -> anyhow::Result<()> {
     let bar = Bar::new();
     let t2 = Instant::now();
     let (outcome, compared, setup, device_times) = {
-        let mut dev = kvprobe_npu::SharedRuns::new(backend.device(), !args.no_shared_runs);
+        let share = name == "diagnose" && !args.no_shared_runs; // the one command that shares
+        let mut dev = kvprobe_npu::SharedRuns::new(backend.device(), share);
         let mut s = Session::new(&model, &mut dev, ids.clone(), &bar).map_err(probe_error)?;
         let (replay, setup) = replayer(args, &model, &argv, &ids);
         let outcome = run_probe(&cmd, &mut s, replay);

@@ -116,3 +116,32 @@ pub fn state_edges(
         })
         .collect()
 }
+
+/// A description of a one-unit model (every size 1, no groups) for the unit tests of what reads
+/// only the runtime and the two lengths.
+#[cfg(test)]
+pub(crate) fn unit_description(
+    runtime: kvprobe_schema::RuntimeKind,
+    cache_len: usize,
+    prefill_len: usize,
+) -> kvprobe_schema::DeviceDescription {
+    kvprobe_schema::DeviceDescription {
+        backend: "t".into(),
+        runtime,
+        model_name: "m".into(),
+        cache_len,
+        prefill_len,
+        shape: kvprobe_schema::ModelShape {
+            vocab_size: 1,
+            hidden_size: 1,
+            n_layers: 1,
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 1,
+            rope_theta: None,
+        },
+        groups: Vec::new(),
+        weights: Default::default(),
+        arithmetic: Default::default(),
+    }
+}

@@ -78,26 +78,7 @@ mod tests {
 
     #[test]
     fn a_ring_slides_and_a_state_refuses() {
-        use kvprobe_schema::ModelShape;
-        let mut desc = DeviceDescription {
-            backend: "t".into(),
-            runtime: RuntimeKind::GenaiRing,
-            model_name: "m".into(),
-            cache_len: 128,
-            prefill_len: 32,
-            shape: ModelShape {
-                vocab_size: 1,
-                hidden_size: 1,
-                n_layers: 1,
-                n_heads: 1,
-                n_kv_heads: 1,
-                head_dim: 1,
-                rope_theta: None,
-            },
-            groups: Vec::new(),
-            weights: Default::default(),
-            arithmetic: Default::default(),
-        };
+        let mut desc = crate::contract::describe::unit_description(RuntimeKind::GenaiRing, 128, 32);
         let ring = declared(&desc, false);
         assert_eq!(
             ring.iter()
