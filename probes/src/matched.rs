@@ -41,7 +41,7 @@ use crate::Result;
 #[derive(Debug, Clone)]
 pub struct Precision {
     /// Prefill group, tbt group.
-    pub(crate) groups: [Edges; 2],
+    groups: [Edges; 2],
     /// Per layer: K and V, as the ring stores them (the writer's declared quant info: a reader
     /// that declares another one is a fault the matched reference must not copy).
     kv: Vec<[Round; 2]>,
@@ -294,7 +294,7 @@ pub(crate) fn drive_from(
                 } else {
                     0
                 };
-                last = run_rows(model, p, &mut store, seq, a..b, from, PREFILL)?;
+                last = run_rows(model, p, &mut store, seq, a..b, from, PREFILL, 1.0)?;
             }
             each(last, &store.k, &store.v)?;
             (store, 1)
@@ -307,7 +307,7 @@ pub(crate) fn drive_from(
         } else {
             0
         };
-        let logits = run_rows(model, p, &mut store, seq, pos..pos + 1, from, TBT)?;
+        let logits = run_rows(model, p, &mut store, seq, pos..pos + 1, from, TBT, 1.0)?;
         each(logits, &store.k, &store.v)?;
     }
     Ok(store)
@@ -366,9 +366,11 @@ fn chunks(n: usize, pl: usize, ring: bool) -> Vec<(usize, usize, i64)> {
     out
 }
 
-/// Rows `rows` of `seq` over the stored positions `from..rows.start` in `group`; stores their
-/// K/V and returns the last row's logits through the logits edge.
-fn run_rows(
+/// Rows `rows` of `seq` over the stored positions `from..rows.start` in `group`, the attention
+/// scale multiplied by `attn_scale` (1 but for the scale fit, `matched_fit`); stores their K/V
+/// and returns the last row's logits through the logits edge.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_rows(
     model: &Model,
     p: &Precision,
     store: &mut Store,
@@ -376,18 +378,19 @@ fn run_rows(
     rows: std::ops::Range<usize>,
     from: usize,
     group: usize,
+    attn_scale: f32,
 ) -> Result<Vec<f32>> {
-    let (mut logits, _) = run_graph_rows(model, p, store, seq, rows, from, (true, 1.0), group)?;
+    let (mut logits, _) =
+        run_graph_rows(model, p, store, seq, rows, from, (true, attn_scale), group)?;
     p.groups[group].logits.apply(&mut logits);
     Ok(logits)
 }
 
 /// One graph run of rows `rows` of `seq` over the stored positions `from..rows.start` (causal
-/// inside the chunk), the attention scale multiplied by `attn_scale` (1 but for the scale fit,
-/// `matched_fit`); stores the rows' K/V. Returns the raw logits (`last_only`: the last row's)
-/// and their row count.
+/// inside the chunk), the attention scale multiplied by `attn_scale`; stores the rows' K/V.
+/// Returns the raw logits (`last_only`: the last row's) and their row count.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run_graph_rows(
+fn run_graph_rows(
     model: &Model,
     p: &Precision,
     store: &mut Store,

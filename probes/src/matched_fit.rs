@@ -11,7 +11,7 @@
 use kvprobe_reference::Model;
 use kvprobe_schema::DeviceDescription;
 
-use crate::matched::{drive_from, run_graph_rows, Precision, TBT};
+use crate::matched::{drive_from, run_rows, Precision, TBT};
 use crate::matched_store::Store;
 use crate::Result;
 
@@ -61,17 +61,15 @@ impl<'a> FirstTbt<'a> {
         let n = self.seq.len() - 1;
         let mut store = self.store.clone();
         let model = self.p.model(self.model);
-        let (mut logits, _) = run_graph_rows(
+        run_rows(
             model,
             &self.p,
             &mut store,
             &self.seq,
             n..n + 1,
             self.from,
-            (true, attn_scale),
             TBT,
-        )?;
-        self.p.groups[TBT].logits.apply(&mut logits);
-        Ok(logits)
+            attn_scale,
+        )
     }
 }
