@@ -52,13 +52,13 @@ pub struct Precision {
     pub(crate) ring: bool,
     prefill_in: usize,
     /// The model with the weights the device declares, when they are not the checkpoint's.
-    weights: Option<Arc<Model>>,
+    pub(crate) weights: Option<Arc<Model>>,
     /// One line saying what was rounded (results.json and the report).
     pub describe: String,
     /// The arithmetic inside the graph the device declares (fp16: issue 36).
     arithmetic: Arithmetic,
     /// Under fp16, the first op output the matched reference could not hold (every run).
-    overflow: Arc<Mutex<Option<OverflowAt>>>,
+    pub(crate) overflow: Arc<Mutex<Option<OverflowAt>>>,
 }
 
 const PREFILL: usize = 0;
@@ -454,8 +454,9 @@ pub fn three_way(
     steps: &mut [GreedyStep],
 ) -> Result<Option<MatchedSummary>> {
     let positions: Vec<usize> = (0..device.len()).map(|i| n - 1 + i).collect();
+    let jitter = crate::matched_jitter::applies(desc);
     three_way_at(
-        (model, memo),
+        (model, memo, jitter),
         desc,
         seq,
         n,
@@ -469,10 +470,11 @@ pub fn three_way(
 /// [`three_way`] for logits compared at some positions only (`positions[i]` ≥ `n − 1`, rising):
 /// the matched reference runs the prompt of `n` tokens, then every later token of `seq` one row
 /// at a time up to the last compared position (a chat's later turns fed as single rows: a
-/// stateful device's K/V rounding does not depend on how many rows a run had).
+/// stateful device's K/V rounding does not depend on how many rows a run had). `jitter`: also
+/// the healthy hypothesis' own spread at every step (`matched_jitter`).
 #[allow(clippy::too_many_arguments)]
 pub fn three_way_at(
-    (model, memo): (&Model, &DriveMemo),
+    (model, memo, jitter): (&Model, &DriveMemo, bool),
     desc: &DeviceDescription,
     seq: &[u32],
     n: usize,
@@ -483,21 +485,24 @@ pub fn three_way_at(
 ) -> Result<Option<MatchedSummary>> {
     let precision = Precision::of(desc, model)?;
     let rows = positions.last().map_or(0, |&last| last + 2 - n);
+    let geometry = (n, rows, desc.cache_len, desc.prefill_len);
     let matched = match &precision {
-        Some(p) => Some(greedy_logits_shared(
-            (memo, model),
-            p,
-            seq,
-            (n, rows, desc.cache_len, desc.prefill_len),
-        )?),
+        Some(p) => Some(greedy_logits_shared((memo, model), p, seq, geometry)?),
         None => None,
+    };
+    let spread = match (&precision, &matched) {
+        (Some(p), Some(m)) if jitter => {
+            Some(crate::matched_jitter::spread(model, p, seq, geometry, m)?)
+        }
+        _ => None,
     };
     for (i, st) in steps.iter_mut().enumerate() {
         let r = reference[i];
         let floor = F32_BAND * r.iter().fold(0f32, |a, x| a.max(x.abs())) as f64;
         let band = match &matched {
             Some(m) => {
-                let step = step(&m[positions[i] + 1 - n], r, &device[i]);
+                let mut step = step(&m[positions[i] + 1 - n], r, &device[i]);
+                step.jitter = spread.as_ref().map(|s| s[positions[i] + 1 - n]);
                 st.matched = Some(step);
                 step.band.max(floor)
             }
@@ -530,6 +535,7 @@ pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
         matched_vs_device: cosine(device, matched),
         matched_top1: top1(matched),
         band: precision_band(matched, reference),
+        jitter: None,
     }
 }
 

@@ -365,15 +365,31 @@ fn matched_facts<'a>(
 /// own control fails first, and a failed control's miss is never part of the band (the band
 /// must not grow with the fault it judges: issue 35's norm weight, whose prefill at 0.43 widened
 /// the wiring fit's band to 0.57).
-fn graph_noise(run: &Run, prefill_fails: bool) -> f64 {
+///
+/// Under the jitter control (`matched`: the matched reference computes every op) both against
+/// that reference: the prefill rows' mean miss and the self-only steps' (against f32 they carry
+/// the declared precision's cost, which the matched reference computes: a healthy QDQ self-only
+/// step sits at 0.94 against f32, graph noise 7.6e-2, docs/qnn.md).
+fn graph_noise(run: &Run, f: &StatefulFacts, matched: bool) -> f64 {
     let miss = |c: f64| (1.0 - c).max(crate::thresholds::REL_NOISE_FLOOR);
+    let prefill_fails = f.prefill_fails();
+    let rows = &f.prefill_rows;
+    let prefill = if matched && !rows.is_empty() {
+        Some(rows.iter().map(|&(_, md)| md).sum::<f64>() / rows.len() as f64)
+    } else {
+        run.p.prefill.as_ref().map(|p| p.mean_cosine)
+    };
+    let selfmask = run
+        .p
+        .selfmask
+        .as_ref()
+        .map(|m| match m.matched_mean_cosine {
+            Some(c) if matched => c,
+            _ => m.mean_cosine,
+        });
     [
-        run.p
-            .prefill
-            .as_ref()
-            .filter(|_| !prefill_fails)
-            .map(|p| miss(p.mean_cosine)),
-        run.p.selfmask.as_ref().map(|m| miss(m.mean_cosine)),
+        prefill.filter(|_| !prefill_fails).map(miss),
+        selfmask.map(miss),
     ]
     .into_iter()
     .flatten()
@@ -447,13 +463,20 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         f.greedy = Some(m);
     }
     f.non_finite_step = greedy::first_non_finite_step(run.s);
+    // a step's band: the healthy hypothesis' own spread where the jitter control ran (the
+    // matched reference computes every op), else the declared precision's cost against f32
+    let jitter = !unmodelled && crate::matched_jitter::applies(run.s.describe());
     f.greedy_steps = gr
         .steps
         .iter()
         .skip(1)
         .map(|x| {
             x.matched.map_or((1.0, x.comparison.cosine), |m| {
-                (m.reference_vs_matched, m.matched_vs_device)
+                let band = m
+                    .jitter
+                    .filter(|_| jitter)
+                    .unwrap_or(m.reference_vs_matched);
+                (band, m.matched_vs_device)
             })
         })
         .collect();
@@ -466,14 +489,17 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         });
     } else {
         let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
+        let matched = sm.matched_mean_cosine.map_or(String::new(), |c| {
+            format!(" ({c:.4} against the precision-matched reference's self-only rows)")
+        });
         run.eng.line(format!(
-            "selfmask: {} self-only steps, mean cosine {:.4} against the token alone",
+            "selfmask: {} self-only steps, mean cosine {:.4} against the token alone{matched}",
             sm.steps.len(),
             sm.mean_cosine
         ));
         run.p.selfmask = Some(sm);
     }
-    f.graph_noise = graph_noise(run, f.prefill_fails());
+    f.graph_noise = graph_noise(run, f, jitter);
     if f.greedy_leaves_matched() {
         run.eng.line(format!(
             "greedy: the tbt steps leave the precision-matched reference by more than the declared precision and the cache-free controls' miss ({:.1e}) explain",
