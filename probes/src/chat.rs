@@ -180,7 +180,7 @@ pub fn run_turns(s: &mut Session, steps: usize, turns: usize) -> Result<ChatFind
     let positions: Vec<usize> = rows.iter().map(|r| r.position).collect();
     let device: Vec<Vec<f32>> = rows.iter().map(|r| r.logits.clone()).collect();
     let summary = matched::three_way_at(
-        (s.model, &s.matched_runs, false),
+        (s.model, &s.matched_runs),
         s.describe(),
         &seq,
         messages[0].len(),

@@ -454,9 +454,8 @@ pub fn three_way(
     steps: &mut [GreedyStep],
 ) -> Result<Option<MatchedSummary>> {
     let positions: Vec<usize> = (0..device.len()).map(|i| n - 1 + i).collect();
-    let jitter = crate::matched_jitter::applies(desc);
     three_way_at(
-        (model, memo, jitter),
+        (model, memo),
         desc,
         seq,
         n,
@@ -470,11 +469,10 @@ pub fn three_way(
 /// [`three_way`] for logits compared at some positions only (`positions[i]` ≥ `n − 1`, rising):
 /// the matched reference runs the prompt of `n` tokens, then every later token of `seq` one row
 /// at a time up to the last compared position (a chat's later turns fed as single rows: a
-/// stateful device's K/V rounding does not depend on how many rows a run had). `jitter`: also
-/// the healthy hypothesis' own spread at every step (`matched_jitter`).
+/// stateful device's K/V rounding does not depend on how many rows a run had).
 #[allow(clippy::too_many_arguments)]
 pub fn three_way_at(
-    (model, memo, jitter): (&Model, &DriveMemo, bool),
+    (model, memo): (&Model, &DriveMemo),
     desc: &DeviceDescription,
     seq: &[u32],
     n: usize,
@@ -490,19 +488,12 @@ pub fn three_way_at(
         Some(p) => Some(greedy_logits_shared((memo, model), p, seq, geometry)?),
         None => None,
     };
-    let spread = match (&precision, &matched) {
-        (Some(p), Some(m)) if jitter => {
-            Some(crate::matched_jitter::spread(model, p, seq, geometry, m)?)
-        }
-        _ => None,
-    };
     for (i, st) in steps.iter_mut().enumerate() {
         let r = reference[i];
         let floor = F32_BAND * r.iter().fold(0f32, |a, x| a.max(x.abs())) as f64;
         let band = match &matched {
             Some(m) => {
-                let mut step = step(&m[positions[i] + 1 - n], r, &device[i]);
-                step.jitter = spread.as_ref().map(|s| s[positions[i] + 1 - n]);
+                let step = step(&m[positions[i] + 1 - n], r, &device[i]);
                 st.matched = Some(step);
                 step.band.max(floor)
             }

@@ -13,9 +13,11 @@
 //! the declared rounding amplifies an ulp (SmolLM2 int4's cactus step 4).
 
 use kvprobe_reference::Model;
-use kvprobe_schema::{DeclaredArithmetic, DeviceDescription};
+use kvprobe_schema::{DeclaredArithmetic, DeviceDescription, GreedyStep};
 
-use crate::matched::{chunk_rows, greedy_logits, run_rows, Precision, TBT};
+use crate::matched::{
+    chunk_rows, greedy_logits, greedy_logits_shared, run_rows, DriveMemo, Precision, TBT,
+};
 use crate::matched_store::Store;
 use crate::metrics::cosine;
 use crate::Result;
@@ -52,7 +54,7 @@ impl Precision {
 
 /// Per step of `base` (the matched reference's logits over `geometry`, as `greedy_logits`), the
 /// smallest cosine of a jittered draw against it.
-pub fn spread(
+fn spread(
     model: &Model,
     p: &Precision,
     seq: &[u32],
@@ -68,6 +70,32 @@ pub fn spread(
         }
     }
     Ok(worst)
+}
+
+/// Sets `matched.jitter` on every greedy step that has a matched comparison, where [`applies`]:
+/// the matched logits come from this session's memo (`three_way` drove them), the draws are new.
+pub fn fill_steps(
+    (model, memo): (&Model, &DriveMemo),
+    desc: &DeviceDescription,
+    seq: &[u32],
+    n: usize,
+    steps: &mut [GreedyStep],
+) -> Result<()> {
+    if !applies(desc) || steps.iter().all(|s| s.matched.is_none()) {
+        return Ok(());
+    }
+    let Some(p) = Precision::of(desc, model)? else {
+        return Ok(());
+    };
+    let geometry = (n, steps.len(), desc.cache_len, desc.prefill_len);
+    let base = greedy_logits_shared((memo, model), &p, seq, geometry)?;
+    let worst = spread(model, &p, seq, geometry, &base)?;
+    for (st, w) in steps.iter_mut().zip(worst) {
+        if let Some(m) = st.matched.as_mut() {
+            m.jitter = Some(w);
+        }
+    }
+    Ok(())
 }
 
 /// Per row of `base` (the matched reference's `chunk_rows` of `ids`), the smallest cosine of a

@@ -403,6 +403,30 @@ fn hidden_states(run: &mut Run) {
         .line("overflow, state and kvdiff not run: the device does not expose its K/V states");
 }
 
+/// The decode graph without the context: one-row runs whose mask allows only themselves (the
+/// self-only steps against f32, and against the matched reference where it computes every op).
+fn selfmask_control(run: &mut Run, opts: &DiagnoseOptions) -> Result<()> {
+    if let Some(why) = run.s.dev.mask_by_length() {
+        run.eng.line(format!("selfmask and the self-only state check: not applicable ({why}); prefill, greedy, the state layout and position checks and kvdiff judge the cache"));
+        run.p.not_applicable.push(NotApplicable {
+            probe: "selfmask".into(),
+            why: format!("not applicable: {why}"),
+        });
+    } else {
+        let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
+        let matched = sm.matched_mean_cosine.map_or(String::new(), |c| {
+            format!(" ({c:.4} against the precision-matched reference's self-only rows)")
+        });
+        run.eng.line(format!(
+            "selfmask: {} self-only steps, mean cosine {:.4} against the token alone{matched}",
+            sm.steps.len(),
+            sm.mean_cosine
+        ));
+        run.p.selfmask = Some(sm);
+    }
+    Ok(())
+}
+
 /// Prefill, greedy and selfmask against the reference, then the state checks (their
 /// experiments only when a control fails) where the device exposes its states.
 fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptions) -> Result<()> {
@@ -480,25 +504,7 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
             })
         })
         .collect();
-    // the decode graph without the context: one-row runs whose mask allows only themselves
-    if let Some(why) = run.s.dev.mask_by_length() {
-        run.eng.line(format!("selfmask and the self-only state check: not applicable ({why}); prefill, greedy, the state layout and position checks and kvdiff judge the cache"));
-        run.p.not_applicable.push(NotApplicable {
-            probe: "selfmask".into(),
-            why: format!("not applicable: {why}"),
-        });
-    } else {
-        let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
-        let matched = sm.matched_mean_cosine.map_or(String::new(), |c| {
-            format!(" ({c:.4} against the precision-matched reference's self-only rows)")
-        });
-        run.eng.line(format!(
-            "selfmask: {} self-only steps, mean cosine {:.4} against the token alone{matched}",
-            sm.steps.len(),
-            sm.mean_cosine
-        ));
-        run.p.selfmask = Some(sm);
-    }
+    selfmask_control(run, opts)?;
     f.graph_noise = graph_noise(run, f, jitter);
     if f.greedy_leaves_matched() {
         run.eng.line(format!(
