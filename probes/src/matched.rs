@@ -525,11 +525,21 @@ pub fn three_way_at(
 /// The three-way comparison of one position: matched logits against the f32 reference and the
 /// device.
 pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
+    let (mt, dt) = (top1(matched), top1(device));
     MatchedStep {
         reference_vs_matched: cosine(matched, reference),
         matched_vs_device: cosine(device, matched),
-        matched_top1: top1(matched),
+        matched_top1: mt,
         band: precision_band(matched, reference),
+        matched_margin: gap(matched, mt, dt),
+    }
+}
+
+/// `logits[a] − logits[b]` (0 when either index is outside the row or the two agree).
+fn gap(logits: &[f32], a: u32, b: u32) -> f64 {
+    match (logits.get(a as usize), logits.get(b as usize)) {
+        (Some(x), Some(y)) if a != b => f64::from(x - y),
+        _ => 0.0,
     }
 }
 
@@ -586,6 +596,16 @@ const F32_BAND: f64 = 1e-5;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_matched_margin_is_the_matched_gap_to_the_devices_top1() {
+        let matched = [0.0, 3.0, 1.0, 2.5];
+        let reference = [0.0, 3.0, 1.0, 2.5];
+        let agree = step(&matched, &reference, &[0.0, 9.0, 0.0, 0.0]);
+        assert_eq!((agree.matched_top1, agree.matched_margin), (1, 0.0));
+        let flip = step(&matched, &reference, &[0.0, 0.0, 0.0, 9.0]);
+        assert_eq!((flip.matched_top1, flip.matched_margin), (1, 0.5));
+    }
 
     #[test]
     fn ring_prefill_runs_the_remainder_first_padded_at_the_front() {
