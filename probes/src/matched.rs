@@ -580,6 +580,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_matched_margin_is_the_matched_gap_to_the_devices_top1() {
+        let matched = [0.0, 3.0, 1.0, 2.5];
+        let reference = [0.0, 3.0, 1.0, 2.5];
+        let agree = step(&matched, &reference, &[0.0, 9.0, 0.0, 0.0]);
+        assert_eq!((agree.matched_top1, agree.matched_margin), (1, 0.0));
+        let flip = step(&matched, &reference, &[0.0, 0.0, 0.0, 9.0]);
+        assert_eq!((flip.matched_top1, flip.matched_margin), (1, 0.5));
+    }
+
+    #[test]
     fn ring_prefill_runs_the_remainder_first_padded_at_the_front() {
         // n = 10, P = 4: rows 0..2 in a chunk starting at −2, then 2..6 and 6..10
         assert_eq!(chunks(10, 4, true), vec![(0, 2, -2), (2, 6, 2), (6, 10, 6)]);

@@ -52,11 +52,21 @@ pub(crate) fn summary(
 /// The three-way comparison of one position: matched logits against the f32 reference and the
 /// device.
 pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
+    let (mt, dt) = (top1(matched), top1(device));
     MatchedStep {
         reference_vs_matched: cosine(matched, reference),
         matched_vs_device: cosine(device, matched),
-        matched_top1: top1(matched),
+        matched_top1: mt,
         band: precision_band(matched, reference),
+        matched_margin: gap(matched, mt, dt),
+    }
+}
+
+/// `logits[a] − logits[b]` (0 when either index is outside the row or the two agree).
+fn gap(logits: &[f32], a: u32, b: u32) -> f64 {
+    match (logits.get(a as usize), logits.get(b as usize)) {
+        (Some(x), Some(y)) if a != b => f64::from(x - y),
+        _ => 0.0,
     }
 }
 
