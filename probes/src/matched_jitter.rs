@@ -139,7 +139,7 @@ pub fn self_only(
             m,
             &p,
             &mut store,
-            &seq,
+            (&seq, None),
             pos..pos + 1,
             pos,
             TBT,
