@@ -7,10 +7,10 @@
 //! 2. non-finite logits or states after the prompt's prefill, or non-finite logits at a greedy
 //!    step (a device failing mid-generation) → numeric-overflow;
 //! 3. the prefill wrote other slots than `0..n` → cache-offset;
-//! 4. prefill and greedy agree with the reference → healthy;
-//! 4'. the greedy run replayed on the matched reference under the host's declared feed (a
-//!    first-window prompt token equal to `pad_token_id`, GenAI's windowed rules) reproduces the
-//!    device → mask-convention (`crate::host_feed`);
+//! 4. prefill and greedy agree with the reference → healthy; else (4′) the greedy run replayed
+//!    on the matched reference under the host's declared feed (a first-window prompt token equal
+//!    to `pad_token_id`, GenAI's windowed rules) reproduces the device → mask-convention
+//!    (`crate::host_feed`);
 //! 5. reference K/V written in `[ctx, kv_heads, d]` reproduce the reference and the documented
 //!    order does not → cache-layout-mismatch;
 //! 6. the device's cache edges declare other quantisations for the same cache (a runner over a

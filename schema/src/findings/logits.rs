@@ -80,18 +80,18 @@ pub struct MatchedStep {
     /// percentile of |matched − f32| over the vocabulary): a reference margin below it is a
     /// near tie.
     pub band: f64,
-    /// The healthy hypothesis' own spread at this step: the smallest cosine of the matched
-    /// reference against itself with every norm weight moved by ≤ 1 ulp of the declared
-    /// arithmetic (the jitter control, docs/diagnosis.md); only on a host cache whose every op
-    /// the matched reference computes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub jitter: Option<f64>,
     /// The matched reference's own logit gap between its top-1 and the device's top-1 (0 when
     /// they agree): where the device is judged against this reference instead of the f32 one
     /// (a chat on a device whose declared precision it models), a flip whose gap is below `band`
     /// is a near tie, as a flip against f32 is by `GreedyStep::reference_margin`.
     #[serde(default)]
     pub matched_margin: f64,
+    /// The healthy hypothesis' own spread at this step: the smallest cosine of the matched
+    /// reference against itself with every norm weight moved by ≤ 1 ulp of the declared
+    /// arithmetic (the jitter control, docs/diagnosis.md); only on a host cache whose every op
+    /// the matched reference computes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<f64>,
 }
 
 /// What the precision-matched reference rounded, and its tbt means.
