@@ -261,12 +261,12 @@ fn wiring_fit(
         .collect();
     let noise = all.first().map_or(0.0, |x| 1.0 - x.comparison.cosine);
     fit(
-        s.model,
+        (s.model, None),
         seq,
         &layout,
         &chat(),
         &device,
-        healthy_and_precision(&steps, noise),
+        healthy_and_precision(&steps, noise, false),
     )
 }
 

@@ -15,11 +15,10 @@ use kvprobe_reference::{ForwardOptions, Model};
 use kvprobe_schema::{GreedyFinding, PrefillFinding, Reproducer};
 use serde::{Deserialize, Serialize};
 
-use crate::matched::{run_rows, Precision, PREFILL, TBT};
-use crate::matched_store::Store;
+use crate::matched::Precision;
 use crate::metrics::cosine;
 use crate::session::Session;
-use crate::wiring_fit::{healthy_and_precision, median, reproduces};
+use crate::wiring_fit::{healthy_and_precision, matched_replay, median, reproduces};
 use crate::Result;
 
 /// The replay of the host's declared feed against the device's greedy run.
@@ -235,7 +234,7 @@ pub fn run(
     };
     let (fed, f32_fed) = (miss(&replay), miss(&f32_rows));
     let noise = untouched_noise(geom, &s.ids, pf, graph_noise);
-    let base = healthy_and_precision(&g.steps.iter().collect::<Vec<_>>(), noise);
+    let base = healthy_and_precision(&g.steps.iter().collect::<Vec<_>>(), noise, false);
     s.progress.inc(1);
     Ok(Some(HostFeedFit {
         window: geom.window,
@@ -273,35 +272,6 @@ pub fn f32_replay(
         },
     )?;
     Ok((n - 1..seq.len()).map(|r| out.row(r).to_vec()).collect())
-}
-
-/// The same steps on the precision-matched reference of a host-cache device (the prompt in one
-/// run, as its description's prefill group takes it, then one row per token), every stored
-/// position read under the feed.
-fn matched_replay(
-    model: &Model,
-    p: &Precision,
-    seq: &[u32],
-    feed: &LogicalFeed,
-    n: usize,
-) -> Result<Vec<Vec<f32>>> {
-    let model = p.model(model);
-    let mut store = Store::new(model);
-    let fed = (seq, Some(feed));
-    let mut out = vec![run_rows(model, p, &mut store, fed, 0..n, 0, PREFILL, 1.0)?];
-    for pos in n..seq.len() {
-        out.push(run_rows(
-            model,
-            p,
-            &mut store,
-            fed,
-            pos..pos + 1,
-            0,
-            TBT,
-            1.0,
-        )?);
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -12,11 +12,14 @@
 //! one — the two statistics by which the greedy control fails (`ring::fits::leaves_matched`:
 //! the median step, or one lone step far outside the band).
 
+use kvprobe_npu::onnx::window_feed::LogicalFeed;
 use kvprobe_reference::{ForwardOptions, Model};
 use kvprobe_schema::{GreedyStep, Verdict};
 use serde::{Deserialize, Serialize};
 
 use crate::diagnose::evidence::beats_healthy;
+use crate::matched::{run_rows, Precision, PREFILL, TBT};
+use crate::matched_store::Store;
 use crate::metrics::cosine;
 use crate::thresholds::{REL_NOISE_FLOOR, STEP_NOISE_FLOOR};
 use crate::Result;
@@ -252,6 +255,35 @@ impl Fitted {
     }
 }
 
+/// The same steps on the precision-matched reference of a host-cache device (the prompt in one
+/// run, as its description's prefill group takes it, then one row per token), every stored
+/// position read under the feed.
+pub(crate) fn matched_replay(
+    model: &Model,
+    p: &Precision,
+    seq: &[u32],
+    feed: &LogicalFeed,
+    n: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let model = p.model(model);
+    let mut store = Store::new(model);
+    let fed = (seq, Some(feed));
+    let mut out = vec![run_rows(model, p, &mut store, fed, 0..n, 0, PREFILL, 1.0)?];
+    for pos in n..seq.len() {
+        out.push(run_rows(
+            model,
+            p,
+            &mut store,
+            fed,
+            pos..pos + 1,
+            0,
+            TBT,
+            1.0,
+        )?);
+    }
+    Ok(out)
+}
+
 pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -262,8 +294,11 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 
 /// Healthy misses and declared precision (plus `graph_noise`) over compared steps: their median
 /// and worst miss against the precision-matched reference (the f32 one where none ran) and that
-/// reference's own median miss against f32, floored at `STEP_NOISE_FLOOR`.
-pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64) -> Baseline {
+/// reference's own median miss against f32, floored at `STEP_NOISE_FLOOR`. With `jitter` (the
+/// hypotheses are replayed on the matched reference, `fit`'s `matched`), the precision is the
+/// jitter control's spread where it ran instead (`crate::matched_jitter`): the miss against f32
+/// is then a cost the hypotheses pay as well, not a room the device has.
+pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64, jitter: bool) -> Baseline {
     let healthy: Vec<f64> = steps
         .iter()
         .map(|x| {
@@ -277,7 +312,10 @@ pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64) -> Baselin
             .iter()
             .map(|x| {
                 x.matched
-                    .map_or(0.0, |m| 1.0 - m.reference_vs_matched)
+                    .map_or(0.0, |m| {
+                        let band = m.jitter.filter(|_| jitter);
+                        1.0 - band.unwrap_or(m.reference_vs_matched)
+                    })
                     .max(STEP_NOISE_FLOOR)
             })
             .collect(),
@@ -297,9 +335,12 @@ fn worst(misses: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Fits each of `wirings` to the device's `rows` (`(row index in seq, device logits)`).
+/// Fits each of `wirings` to the device's `rows` (`(row index in seq, device logits)`), each
+/// hypothesis replayed on the precision-matched reference `matched` where given (the rows after
+/// the prompt, as `matched_replay`: the healthy hypothesis' own arithmetic, so that a fault's
+/// hypothesis is not charged the declared precision's cost against f32), else on `model` in f32.
 pub fn fit(
-    model: &Model,
+    (model, matched): (&Model, Option<&Precision>),
     seq: &[u32],
     layout: &Rows,
     wirings: &[Wiring],
@@ -311,20 +352,32 @@ pub fn fit(
         let Some((positions, mask)) = inputs(w, layout) else {
             continue;
         };
-        let out = if w == Wiring::TurnRestartSlots {
-            // rows from the first appended turn on, each fed alone into position-indexed slots
-            let from = layout.turns.first().map_or(layout.t, |&(start, _)| start);
-            let got = crate::wiring_slots::rows(model, seq, &positions, from)?;
-            Fitted::Slots { from, rows: got }
-        } else {
-            Fitted::Pass(model.forward(
+        let out = match matched {
+            Some(p) if w != Wiring::TurnRestartSlots && layout.prompt > 0 => {
+                let feed = LogicalFeed {
+                    positions: positions.iter().map(|&x| x as i64).collect(),
+                    visible: mask,
+                };
+                let got = matched_replay(model, p, seq, &feed, layout.prompt)?;
+                Fitted::Slots {
+                    from: layout.prompt - 1,
+                    rows: got,
+                }
+            }
+            _ if w == Wiring::TurnRestartSlots => {
+                // rows from the first appended turn on, each fed alone into position-indexed slots
+                let from = layout.turns.first().map_or(layout.t, |&(start, _)| start);
+                let got = crate::wiring_slots::rows(model, seq, &positions, from)?;
+                Fitted::Slots { from, rows: got }
+            }
+            _ => Fitted::Pass(model.forward(
                 seq,
                 &ForwardOptions {
                     mask: Some(mask),
                     positions: Some(positions),
                     ..Default::default()
                 },
-            )?)
+            )?),
         };
         let misses: Vec<f64> = rows
             .iter()
