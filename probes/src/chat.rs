@@ -307,16 +307,24 @@ fn against_declared(
     let declared = matched::models_everything(desc);
     all.iter()
         .map(|st| match (&st.matched, declared) {
-            (Some(m), true) => {
-                let mut st = st.clone();
-                st.comparison.cosine = m.matched_vs_device;
-                st.comparison.reference_top1 = m.matched_top1;
-                st.comparison.top1_match = st.comparison.device_top1 == m.matched_top1;
-                st
-            }
+            (Some(m), true) => against_matched(st, m),
             _ => st.clone(),
         })
         .collect()
+}
+
+/// One row judged against the matched reference: its cosine and top-1, and the near tie judged
+/// against the same reference as the flip (the f32 one's margin says nothing when f32 and the
+/// device agree and the matched one does not: SmolLM2 QDQ on the HTP simulator, "How do I boil
+/// an egg?", f32 and the device 198, the matched reference 1, band 31.5).
+fn against_matched(st: &GreedyStep, m: &kvprobe_schema::MatchedStep) -> GreedyStep {
+    let mut st = st.clone();
+    st.comparison.cosine = m.matched_vs_device;
+    st.comparison.reference_top1 = m.matched_top1;
+    st.comparison.top1_match = st.comparison.device_top1 == m.matched_top1;
+    st.reference_margin = m.matched_margin;
+    st.near_tie = !st.comparison.top1_match && m.matched_margin <= m.band;
+    st
 }
 
 /// The first row that disagrees, in conversation order, with why.
@@ -505,5 +513,63 @@ impl crate::probe::Probe for ChatProbe {
     ) -> Result<()> {
         let f = run(s, opts.steps)?;
         crate::probe::store_extra(into, self.name(), &f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvprobe_schema::{LogitComparison, MatchedStep};
+
+    use super::*;
+
+    /// The recorded row (QDQ SmolLM2 on HTP, position 7): the device and f32 agree on 198, the
+    /// matched reference gives 1; f32 cosine 0.2956, matched 0.9815, band 31.48.
+    fn recorded(matched_margin: f64) -> (GreedyStep, MatchedStep) {
+        let m = MatchedStep {
+            reference_vs_matched: 0.4250,
+            matched_vs_device: 0.9815,
+            matched_top1: 1,
+            band: 31.48,
+            matched_margin,
+        };
+        let st = GreedyStep {
+            step: 1,
+            position: 7,
+            input_token: 2,
+            visible_keys: 7,
+            comparison: LogitComparison {
+                cosine: 0.2956,
+                kl: 0.0,
+                device_top1: 198,
+                reference_top1: 198,
+                top1_match: true,
+            },
+            reference_margin: 0.0,
+            near_tie: false,
+            matched: Some(m),
+        };
+        (st, m)
+    }
+
+    #[test]
+    fn a_flip_against_the_matched_reference_is_a_near_tie_only_inside_its_band() {
+        // inside the band the declared precision decides the order either way: no divergence
+        let (st, m) = recorded(2.0);
+        let j = against_matched(&st, &m);
+        assert!(!j.comparison.top1_match && j.near_tie, "{j:?}");
+        assert_eq!(disagrees(&j, 0.98), None);
+        // the old judgement kept f32's "no flip, margin 0" beside matched's flip: a divergence
+        let mut old = j.clone();
+        old.near_tie = false;
+        assert!(disagrees(&old, 0.98).is_some());
+        // a gap wider than the band is a flip the declared precision cannot explain
+        let (st, m) = recorded(40.0);
+        let j = against_matched(&st, &m);
+        assert!(!j.near_tie, "{j:?}");
+        let why = disagrees(&j, 0.98).unwrap_or_default();
+        assert!(
+            why.starts_with("top-1 198 where the reference gives 1"),
+            "{why}"
+        );
     }
 }

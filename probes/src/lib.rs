@@ -15,6 +15,7 @@ pub mod determinism;
 pub mod diagnose;
 pub mod error;
 pub mod greedy;
+pub mod host_feed;
 pub mod inject;
 mod inject_layout;
 pub mod kvdiff;

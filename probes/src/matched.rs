@@ -22,18 +22,18 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::{Device as CDevice, Tensor};
+use kvprobe_npu::onnx::window_feed::LogicalFeed;
 use kvprobe_reference::{Arithmetic, GraphInput, GraphOptions, Model, OverflowAt, PositionInput};
 use kvprobe_schema::{
     CacheDirection, CacheKind, DeclaredWeights, DeviceDescription, GreedyStep, GroupKind,
-    MatchedStep, MatchedSummary, RuntimeKind,
+    MatchedSummary, RuntimeKind,
 };
 
 pub use crate::matched_edges::{computes_prefill, models_everything};
 use crate::matched_edges::{name, Edges, Round};
 pub use crate::matched_store::DriveMemo;
 use crate::matched_store::Store;
-pub use crate::matched_summary::against_matched;
-use crate::metrics::{cosine, top1};
+pub use crate::matched_summary::{against_matched, step};
 use crate::rings::cache_infos;
 use crate::Result;
 
@@ -61,7 +61,7 @@ pub struct Precision {
     overflow: Arc<Mutex<Option<OverflowAt>>>,
 }
 
-const PREFILL: usize = 0;
+pub(crate) const PREFILL: usize = 0;
 pub(crate) const TBT: usize = 1;
 
 impl Precision {
@@ -294,7 +294,7 @@ pub(crate) fn drive_from(
                 } else {
                     0
                 };
-                last = run_rows(model, p, &mut store, seq, a..b, from, PREFILL, 1.0)?;
+                last = run_rows(model, p, &mut store, (seq, None), a..b, from, PREFILL, 1.0)?;
             }
             each(last, &store.k, &store.v)?;
             (store, 1)
@@ -307,7 +307,16 @@ pub(crate) fn drive_from(
         } else {
             0
         };
-        let logits = run_rows(model, p, &mut store, seq, pos..pos + 1, from, TBT, 1.0)?;
+        let logits = run_rows(
+            model,
+            p,
+            &mut store,
+            (seq, None),
+            pos..pos + 1,
+            from,
+            TBT,
+            1.0,
+        )?;
         each(logits, &store.k, &store.v)?;
     }
     Ok(store)
@@ -367,21 +376,30 @@ fn chunks(n: usize, pl: usize, ring: bool) -> Vec<(usize, usize, i64)> {
 }
 
 /// Rows `rows` of `seq` over the stored positions `from..rows.start` in `group`, the attention
-/// scale multiplied by `attn_scale` (1 but for the scale fit, `matched_fit`); stores their K/V
-/// and returns the last row's logits through the logits edge.
+/// scale multiplied by `attn_scale` (1 but for the scale fit, `matched_fit`), under a host's
+/// `fed` position ids and visibility instead of `0..t` and causal (`crate::host_feed`); stores
+/// their K/V and returns the last row's logits through the logits edge.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_rows(
     model: &Model,
     p: &Precision,
     store: &mut Store,
-    seq: &[u32],
+    (seq, fed): (&[u32], Option<&LogicalFeed>),
     rows: std::ops::Range<usize>,
     from: usize,
     group: usize,
     attn_scale: f32,
 ) -> Result<Vec<f32>> {
-    let (mut logits, _) =
-        run_graph_rows(model, p, store, seq, rows, from, (true, attn_scale), group)?;
+    let (mut logits, _) = run_graph_rows(
+        model,
+        p,
+        store,
+        seq,
+        rows,
+        from,
+        (true, attn_scale, fed),
+        group,
+    )?;
     p.groups[group].logits.apply(&mut logits);
     Ok(logits)
 }
@@ -397,7 +415,7 @@ fn run_graph_rows(
     seq: &[u32],
     rows: std::ops::Range<usize>,
     from: usize,
-    (last_only, attn_scale): (bool, f32),
+    (last_only, attn_scale, fed): (bool, f32, Option<&LogicalFeed>),
     group: usize,
 ) -> Result<(Vec<f32>, usize)> {
     let (a, b) = (rows.start, rows.end);
@@ -411,13 +429,19 @@ fn run_graph_rows(
     for i in 0..t {
         for h in 0..nh {
             let row = &mut mask[(i * nh + h) * cols..(i * nh + h + 1) * cols];
-            row[..w + i + 1].iter_mut().for_each(|m| *m = true);
+            for (j, m) in row.iter_mut().enumerate() {
+                *m = fed.map_or(j <= w + i, |f| f.sees(a + i, from + j));
+            }
         }
     }
+    let positions = match fed {
+        Some(f) => PositionInput::Ids(f.positions[a..b].iter().map(|&x| x as f32).collect()),
+        None => p.positions(model, group, a..b),
+    };
     let hidden_size = model.config().hidden_size;
     let out = model.run_graph(&GraphInput {
         hidden: Tensor::from_vec(hidden, (t, hidden_size), &CDevice::Cpu)?,
-        positions: p.positions(model, group, a..b),
+        positions,
         past: store.past(from, a)?,
         mask,
         graph: GraphOptions {
@@ -522,17 +546,6 @@ pub fn three_way_at(
     }))
 }
 
-/// The three-way comparison of one position: matched logits against the f32 reference and the
-/// device.
-pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
-    MatchedStep {
-        reference_vs_matched: cosine(matched, reference),
-        matched_vs_device: cosine(device, matched),
-        matched_top1: top1(matched),
-        band: precision_band(matched, reference),
-    }
-}
-
 /// Every row's logits of one prefill chunk of `ids` from position 0 (no past), at the declared
 /// precision: row i is the last row of the single-chunk prefix `ids[..=i]`.
 pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
@@ -545,7 +558,7 @@ pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f
         ids,
         0..ids.len(),
         0,
-        (false, 1.0),
+        (false, 1.0, None),
         PREFILL,
     )?;
     let vocab = model.config().vocab_size;
@@ -558,27 +571,6 @@ pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f
         .collect())
 }
 
-/// How far the declared precision moves the gap between two logits at one step: twice the
-/// 99.9th percentile of |matched − f32| over the vocabulary (the largest few are the outliers of
-/// one vocabulary entry, not the typical pair a flip involves).
-fn precision_band(matched: &[f32], reference: &[f32]) -> f64 {
-    let mut d: Vec<f32> = matched
-        .iter()
-        .zip(reference)
-        .map(|(x, y)| (x - y).abs())
-        .filter(|x| x.is_finite())
-        .collect();
-    if d.is_empty() {
-        return 0.0;
-    }
-    let k = ((d.len() as f64) * BAND_QUANTILE) as usize;
-    let k = k.min(d.len() - 1);
-    let (_, v, _) = d.select_nth_unstable_by(k, f32::total_cmp);
-    2.0 * *v as f64
-}
-
-const BAND_QUANTILE: f64 = 0.999;
-
 /// Relative logit noise of an f32 computation (op order): the band of a device without a
 /// declared lower precision.
 const F32_BAND: f64 = 1e-5;
@@ -586,6 +578,16 @@ const F32_BAND: f64 = 1e-5;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_matched_margin_is_the_matched_gap_to_the_devices_top1() {
+        let matched = [0.0, 3.0, 1.0, 2.5];
+        let reference = [0.0, 3.0, 1.0, 2.5];
+        let agree = step(&matched, &reference, &[0.0, 9.0, 0.0, 0.0]);
+        assert_eq!((agree.matched_top1, agree.matched_margin), (1, 0.0));
+        let flip = step(&matched, &reference, &[0.0, 0.0, 0.0, 9.0]);
+        assert_eq!((flip.matched_top1, flip.matched_margin), (1, 0.5));
+    }
 
     #[test]
     fn ring_prefill_runs_the_remainder_first_padded_at_the_front() {

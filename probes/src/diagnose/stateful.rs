@@ -8,6 +8,9 @@
 //!    step (a device failing mid-generation) → numeric-overflow;
 //! 3. the prefill wrote other slots than `0..n` → cache-offset;
 //! 4. prefill and greedy agree with the reference → healthy;
+//! 4'. the greedy run replayed on the matched reference under the host's declared feed (a
+//!    first-window prompt token equal to `pad_token_id`, GenAI's windowed rules) reproduces the
+//!    device → mask-convention (`crate::host_feed`);
 //! 5. reference K/V written in `[ctx, kv_heads, d]` reproduce the reference and the documented
 //!    order does not → cache-layout-mismatch;
 //! 6. the device's cache edges declare other quantisations for the same cache (a runner over a
@@ -95,6 +98,10 @@ pub const STATE: &[R] = &[
     .needs(Control::Greedy)
     .stop(),
     R::new("healthy", T, Some(Verdict::Healthy), healthy).stop(),
+    R::new("host-feed-fit", T, None, host_feed_line),
+    R::new("host-feed", T, Some(Verdict::MaskConvention), host_feed)
+        .needs(Control::Any)
+        .stop(),
     R::new("state-layout-cosines", T, None, state_layout_cosines),
     R::new(
         "state-layout",
@@ -222,6 +229,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         s.describe().prefill_len,
         NOT_APPLICABLE.len()
     ));
+    let model = s.model;
     let mut run = Run {
         s,
         t: Vec::new(),
@@ -260,6 +268,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         greedy_steps: Vec::new(),
         graph_noise: crate::thresholds::REL_NOISE_FLOOR,
         output_fit: None,
+        host_feed: None,
         state: None,
         declared_quant_mismatch: declared_quant_mismatch(run.s.describe()),
         fp16_overflow: None,
@@ -331,7 +340,12 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     }
     run.eng.apply(STATE, &f);
     run.cache_kvdiff()?;
-    Ok(run.done())
+    let mut d = run.done();
+    if d.hypothesis.as_ref().is_some_and(|h| h.rule == "host-feed") {
+        // replayed on the reference by the rule itself: its command needs no emulator
+        d.reproducer = f.host_feed.as_ref().map(|h| h.reproducer(model));
+    }
+    Ok(d)
 }
 
 /// A device that declares a lower precision (int4 weights, issue 35) is judged against the
@@ -484,6 +498,18 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         let noise = f.graph_noise;
         f.output_fit = run.timed("output fit", |s| super::output_fit::run(s, &gr, noise))?;
     }
+    let declares_feed = run.s.dev.host_window().is_some();
+    if declares_feed && !(f.prefill_ok() && f.greedy_ok()) && f.non_finite_step.is_none() {
+        let noise = f.graph_noise;
+        let pf = run.p.prefill.clone();
+        f.host_feed = run.timed("host feed", |s| {
+            crate::host_feed::run(s, &gr, noise, pf.as_ref())
+        })?;
+        if let Some(h) = &f.host_feed {
+            // the typed hypothesis and its parameters, for results.json
+            crate::probe::store_extra(&mut run.p, "host_feed", h)?;
+        }
+    }
     run.p.greedy = Some(gr);
     if !states {
         return Ok(());
@@ -534,6 +560,7 @@ pub(super) mod tests {
             greedy_steps: vec![(1.0, 0.9995); 4],
             graph_noise: 1e-3,
             output_fit: None,
+            host_feed: None,
             state: Some(StateFinding {
                 prompt_len: 4,
                 written: vec![0, 1, 2, 3],
@@ -897,5 +924,53 @@ pub(super) mod tests {
         assert!(check("self-only-mask", &near).is_none());
         assert_eq!(conclude(&near), (Verdict::Unknown, 0.3));
         assert!(check("mask-cosines", &healthy_facts()).is_none());
+    }
+
+    /// Hand-made facts: a prompt whose first window holds a token equal to pad_token_id, the
+    /// prefill failing; the host's feed names the cause only when its replay reproduces.
+    #[test]
+    fn the_host_feed_names_a_pad_valued_prompt_token_only_when_its_replay_reproduces() {
+        use crate::host_feed::{FeedMisses, HostFeedFit};
+        let mut f = healthy_facts();
+        f.prefill = Some([0.65, -0.39, 0.9]);
+        assert!(f.fails(Control::Any));
+        assert_eq!(conclude(&f).0, Verdict::Unknown);
+        let seq = vec![
+            1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520,
+        ];
+        let fit = |miss: f64| HostFeedFit {
+            window: 16,
+            context: 128,
+            pad_token: 2,
+            pad_valued: vec![10],
+            first_departure: 10,
+            misses: FeedMisses {
+                miss,
+                worst: miss,
+                healthy_miss: 3e-2,
+                healthy_worst: 1e-1,
+                precision: 2e-4,
+            },
+            f32_miss: miss,
+            seq: seq.clone(),
+            prompt_len: 12,
+        };
+        f.host_feed = Some(fit(1e-6));
+        assert_eq!(conclude(&f), (Verdict::MaskConvention, 0.85));
+        let c = check("host-feed", &f).expect("fires");
+        assert!(
+            c.evidence[0].contains("prompt token 10 (id 2)")
+                && c.evidence[0].contains("pad_token_id 2")
+                && c.evidence[0].contains("W 16"),
+            "{:?}",
+            c.evidence
+        );
+        // a feed that does not reproduce the device within the precision names nothing
+        f.host_feed = Some(fit(5e-3));
+        assert_eq!(conclude(&f).0, Verdict::Unknown);
+        // every control passing: healthy stops first, whatever the feed
+        let mut g = healthy_facts();
+        g.host_feed = Some(fit(1e-6));
+        assert_eq!(conclude(&g).0, Verdict::Healthy);
     }
 }

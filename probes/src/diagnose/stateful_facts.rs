@@ -42,6 +42,9 @@ pub struct StatefulFacts {
     pub graph_noise: f64,
     /// The host-wiring hypotheses fitted on the reference side (run when greedy failed).
     pub output_fit: Option<WiringFit>,
+    /// The host's declared feed replayed on the reference (run when a control failed and the
+    /// request's feed departs from the model's: `crate::host_feed`).
+    pub host_feed: Option<crate::host_feed::HostFeedFit>,
     /// Greedy against the f32 reference when `greedy` holds the matched comparison, and the
     /// matched reference's first fp16 overflow (issue 36).
     pub fp16_overflow: Option<(String, [f64; 3])>,

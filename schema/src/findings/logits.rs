@@ -80,6 +80,12 @@ pub struct MatchedStep {
     /// percentile of |matched − f32| over the vocabulary): a reference margin below it is a
     /// near tie.
     pub band: f64,
+    /// The matched reference's own logit gap between its top-1 and the device's top-1 (0 when
+    /// they agree): where the device is judged against this reference instead of the f32 one
+    /// (a chat on a device whose declared precision it models), a flip whose gap is below `band`
+    /// is a near tie, as a flip against f32 is by `GreedyStep::reference_margin`.
+    #[serde(default)]
+    pub matched_margin: f64,
 }
 
 /// What the precision-matched reference rounded, and its tbt means.
