@@ -8,7 +8,7 @@
 //!    step (a device failing mid-generation) → numeric-overflow;
 //! 3. the prefill wrote other slots than `0..n` → cache-offset;
 //! 4. prefill and greedy agree with the reference → healthy;
-//! 4'. the greedy run replayed on the matched reference under the host's declared feed (a
+//!    (4') the greedy run replayed on the matched reference under the host's declared feed (a
 //!    first-window prompt token equal to `pad_token_id`, GenAI's windowed rules) reproduces the
 //!    device → mask-convention (`crate::host_feed`);
 //! 5. reference K/V written in `[ctx, kv_heads, d]` reproduce the reference and the documented
@@ -503,7 +503,7 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         let noise = f.graph_noise;
         f.output_fit = run.timed("output fit", |s| super::output_fit::run(s, &gr, noise))?;
     }
-    host_feed(run, f, &gr)?;
+    replay_host_feed(run, f, &gr)?;
     run.p.greedy = Some(gr);
     if !states {
         return Ok(());
@@ -526,7 +526,7 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
 
 /// The host's declared feed replayed (`crate::host_feed`) when a control failed and the device
 /// declares one; the typed fit goes to results.json (`probes.extra.host_feed`).
-fn host_feed(
+fn replay_host_feed(
     run: &mut Run,
     f: &mut StatefulFacts,
     gr: &kvprobe_schema::GreedyFinding,
