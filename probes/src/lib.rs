@@ -28,6 +28,7 @@ pub mod matched;
 mod matched_edges;
 pub mod matched_fit;
 mod matched_fp16;
+pub mod matched_jitter;
 mod matched_store;
 mod matched_summary;
 pub mod metrics;

@@ -52,13 +52,13 @@ pub struct Precision {
     pub(crate) ring: bool,
     prefill_in: usize,
     /// The model with the weights the device declares, when they are not the checkpoint's.
-    weights: Option<Arc<Model>>,
+    pub(crate) weights: Option<Arc<Model>>,
     /// One line saying what was rounded (results.json and the report).
     pub describe: String,
     /// The arithmetic inside the graph the device declares (fp16: issue 36).
     arithmetic: Arithmetic,
     /// Under fp16, the first op output the matched reference could not hold (every run).
-    overflow: Arc<Mutex<Option<OverflowAt>>>,
+    pub(crate) overflow: Arc<Mutex<Option<OverflowAt>>>,
 }
 
 pub(crate) const PREFILL: usize = 0;
@@ -507,13 +507,9 @@ pub fn three_way_at(
 ) -> Result<Option<MatchedSummary>> {
     let precision = Precision::of(desc, model)?;
     let rows = positions.last().map_or(0, |&last| last + 2 - n);
+    let geometry = (n, rows, desc.cache_len, desc.prefill_len);
     let matched = match &precision {
-        Some(p) => Some(greedy_logits_shared(
-            (memo, model),
-            p,
-            seq,
-            (n, rows, desc.cache_len, desc.prefill_len),
-        )?),
+        Some(p) => Some(greedy_logits_shared((memo, model), p, seq, geometry)?),
         None => None,
     };
     for (i, st) in steps.iter_mut().enumerate() {

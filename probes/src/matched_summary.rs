@@ -59,6 +59,7 @@ pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
         matched_top1: mt,
         band: precision_band(matched, reference),
         matched_margin: gap(matched, mt, dt),
+        jitter: None,
     }
 }
 

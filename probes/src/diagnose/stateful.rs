@@ -7,10 +7,10 @@
 //! 2. non-finite logits or states after the prompt's prefill, or non-finite logits at a greedy
 //!    step (a device failing mid-generation) → numeric-overflow;
 //! 3. the prefill wrote other slots than `0..n` → cache-offset;
-//! 4. prefill and greedy agree with the reference → healthy;
-//!    (4') the greedy run replayed on the matched reference under the host's declared feed (a
-//!    first-window prompt token equal to `pad_token_id`, GenAI's windowed rules) reproduces the
-//!    device → mask-convention (`crate::host_feed`);
+//! 4. prefill and greedy agree with the reference → healthy; else (4′) the greedy run replayed
+//!    on the matched reference under the host's declared feed (a first-window prompt token equal
+//!    to `pad_token_id`, GenAI's windowed rules) reproduces the device → mask-convention
+//!    (`crate::host_feed`);
 //! 5. reference K/V written in `[ctx, kv_heads, d]` reproduce the reference and the documented
 //!    order does not → cache-layout-mismatch;
 //! 6. the device's cache edges declare other quantisations for the same cache (a runner over a
@@ -384,15 +384,31 @@ fn matched_facts<'a>(
 /// own control fails first, and a failed control's miss is never part of the band (the band
 /// must not grow with the fault it judges: issue 35's norm weight, whose prefill at 0.43 widened
 /// the wiring fit's band to 0.57).
-fn graph_noise(run: &Run, prefill_fails: bool) -> f64 {
+///
+/// Under the jitter control (`matched`: the matched reference computes every op) both against
+/// that reference: the prefill rows' mean miss and the self-only steps' (against f32 they carry
+/// the declared precision's cost, which the matched reference computes: a healthy QDQ self-only
+/// step sits at 0.94 against f32, graph noise 7.6e-2, docs/qnn.md).
+fn graph_noise(run: &Run, f: &StatefulFacts, matched: bool) -> f64 {
     let miss = |c: f64| (1.0 - c).max(crate::thresholds::REL_NOISE_FLOOR);
+    let prefill_fails = f.prefill_fails();
+    let rows = &f.prefill_rows;
+    let prefill = if matched && !rows.is_empty() {
+        Some(rows.iter().map(|&(_, md)| md).sum::<f64>() / rows.len() as f64)
+    } else {
+        run.p.prefill.as_ref().map(|p| p.mean_cosine)
+    };
+    let selfmask = run
+        .p
+        .selfmask
+        .as_ref()
+        .map(|m| match m.matched_mean_cosine {
+            Some(c) if matched => c,
+            _ => m.mean_cosine,
+        });
     [
-        run.p
-            .prefill
-            .as_ref()
-            .filter(|_| !prefill_fails)
-            .map(|p| miss(p.mean_cosine)),
-        run.p.selfmask.as_ref().map(|m| miss(m.mean_cosine)),
+        prefill.filter(|_| !prefill_fails).map(miss),
+        selfmask.map(miss),
     ]
     .into_iter()
     .flatten()
@@ -404,6 +420,30 @@ fn hidden_states(run: &mut Run) {
     run.p.not_applicable.extend(hidden_state_probes());
     run.eng
         .line("overflow, state and kvdiff not run: the device does not expose its K/V states");
+}
+
+/// The decode graph without the context: one-row runs whose mask allows only themselves (the
+/// self-only steps against f32, and against the matched reference where it computes every op).
+fn selfmask_control(run: &mut Run, opts: &DiagnoseOptions) -> Result<()> {
+    if let Some(why) = run.s.dev.mask_by_length() {
+        run.eng.line(format!("selfmask and the self-only state check: not applicable ({why}); prefill, greedy, the state layout and position checks and kvdiff judge the cache"));
+        run.p.not_applicable.push(NotApplicable {
+            probe: "selfmask".into(),
+            why: format!("not applicable: {why}"),
+        });
+    } else {
+        let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
+        let matched = sm.matched_mean_cosine.map_or(String::new(), |c| {
+            format!(" ({c:.4} against the precision-matched reference's self-only rows)")
+        });
+        run.eng.line(format!(
+            "selfmask: {} self-only steps, mean cosine {:.4} against the token alone{matched}",
+            sm.steps.len(),
+            sm.mean_cosine
+        ));
+        run.p.selfmask = Some(sm);
+    }
+    Ok(())
 }
 
 /// Prefill, greedy and selfmask against the reference, then the state checks (their
@@ -466,33 +506,25 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         f.greedy = Some(m);
     }
     f.non_finite_step = greedy::first_non_finite_step(run.s);
+    // a step's band: the healthy hypothesis' own spread where the jitter control ran (the
+    // matched reference computes every op), else the declared precision's cost against f32
+    let jitter = !unmodelled && crate::matched_jitter::applies(run.s.describe());
     f.greedy_steps = gr
         .steps
         .iter()
         .skip(1)
         .map(|x| {
             x.matched.map_or((1.0, x.comparison.cosine), |m| {
-                (m.reference_vs_matched, m.matched_vs_device)
+                let band = m
+                    .jitter
+                    .filter(|_| jitter)
+                    .unwrap_or(m.reference_vs_matched);
+                (band, m.matched_vs_device)
             })
         })
         .collect();
-    // the decode graph without the context: one-row runs whose mask allows only themselves
-    if let Some(why) = run.s.dev.mask_by_length() {
-        run.eng.line(format!("selfmask and the self-only state check: not applicable ({why}); prefill, greedy, the state layout and position checks and kvdiff judge the cache"));
-        run.p.not_applicable.push(NotApplicable {
-            probe: "selfmask".into(),
-            why: format!("not applicable: {why}"),
-        });
-    } else {
-        let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
-        run.eng.line(format!(
-            "selfmask: {} self-only steps, mean cosine {:.4} against the token alone",
-            sm.steps.len(),
-            sm.mean_cosine
-        ));
-        run.p.selfmask = Some(sm);
-    }
-    f.graph_noise = graph_noise(run, f.prefill_fails());
+    selfmask_control(run, opts)?;
+    f.graph_noise = graph_noise(run, f, jitter);
     if f.greedy_leaves_matched() {
         run.eng.line(format!(
             "greedy: the tbt steps leave the precision-matched reference by more than the declared precision and the cache-free controls' miss ({:.1e}) explain",
