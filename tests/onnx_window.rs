@@ -398,6 +398,9 @@ fn a_pad_valued_prompt_token_in_the_first_window_is_named_with_its_reproducer() 
     let (m, u8) = (gguf.to_str().unwrap(), smollm2_windowed(&gguf, true));
     let d = u8.to_str().unwrap();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-feed-france");
+    // the reproducer's outputs go elsewhere: --force replaces only what kvprobe wrote
+    let _ = std::fs::remove_dir_all(&out);
+    let scratch = tempfile::tempdir().unwrap();
     let later = format!("1780,314,260,3575,{FRANCE_CHAT}");
     let o = out.to_str().unwrap();
     let cases: Vec<Vec<&str>> = vec![
@@ -435,13 +438,13 @@ fn a_pad_valued_prompt_token_in_the_first_window_is_named_with_its_reproducer() 
         .map(|a| a.as_str().unwrap().to_string())
         .collect();
     assert_eq!(argv[..3], ["kvprobe", "ref", "logits"], "{argv:?}");
-    let npy = out.join("host-feed.npy");
+    let npy = scratch.path().join("host-feed.npy");
     let mut args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
     let k = args.iter().position(|a| *a == "--out").unwrap();
     args[k + 1] = npy.to_str().unwrap();
     let ids = args[args.iter().position(|a| *a == "--ids").unwrap() + 1].to_string();
     assert!(kvprobe(&args).status.success());
-    let plain = out.join("plain.npy");
+    let plain = scratch.path().join("plain.npy");
     let p = plain.to_str().unwrap();
     assert!(
         kvprobe(&["ref", "logits", "--model", m, "--ids", &ids, "--out", p])

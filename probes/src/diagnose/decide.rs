@@ -18,10 +18,10 @@ use kvprobe_schema::{FaultHypothesis, Hypothesis, Replay, Reproducer, Timing, Ve
 use super::outcome::Diagnosis;
 use super::refine::{is_factor, refine};
 use super::replay::{
-    candidates, healthy_steps, proposals, replay_one, screen, DeviceSteps, Fits, Replayer, Stop,
-    MAX_REPLAYS, SCREEN_STEPS,
+    candidates, healthy_steps, proposals, replay_one, screen_scored, DeviceSteps, Fits, Replayer,
+    Stop, MAX_REPLAYS, SCREEN_STEPS,
 };
-use super::residual::{grow, replay_rings, Growth, Residual, RingResidual};
+use super::residual::{grow, replay_rings, starts, Growth, Residual, RingResidual};
 use super::score::{mild, FULL_REPLAYS, RULE};
 use crate::session::Session;
 use crate::thresholds::{PRECISION_RATIO, STEP_NOISE_FLOOR};
@@ -140,12 +140,12 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     // layer-scoped replay when none reproduces
     let mut residual = |h: &FaultHypothesis| -> Result<Residual, String> {
         let rings = ring_residual.as_ref().map_err(|e| e.to_string())?;
-        spent.set(spent.get() + 1);
-        let replay = replay_rings((model, &ids), replayer.as_ref(), h, &tokens, k_rings)?;
         let dev = dev.borrow();
         let device = dev
             .rings(k_rings)
             .ok_or("the device's rings could not be read")?;
+        spent.set(spent.get() + 1);
+        let replay = replay_rings((model, &ids), replayer.as_ref(), h, &tokens, k_rings)?;
         rings.first(&device, &replay).map_err(|e| e.to_string())
     };
     let grown = search.grow_scope(model.config().n_layers, n, &mut residual, &run);
@@ -153,6 +153,7 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
         replays,
         tried,
         refused,
+        ..
     } = search;
     let command = |r: &Replay| replayer.command(&r.fault.text(), n);
     let expected = |r: &Replay| table.expected(&r.fault.text()).ok();
@@ -171,13 +172,14 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
 /// A replay of `h` over the first `k` steps.
 type Run<'a> = dyn Fn(&FaultHypothesis, usize) -> Result<Replay, String> + 'a;
 
-/// One diagnosis' replays, every hypothesis tried with its miss (in order), and the ones the
-/// emulator refused.
+/// One diagnosis' replays, every hypothesis tried with its miss (in order), the ones the
+/// emulator refused, and every screened hypothesis with its screen's summed miss.
 #[derive(Default)]
 struct Search {
     replays: Vec<Replay>,
     tried: Vec<(String, f64)>,
     refused: Vec<String>,
+    screened: Vec<(f64, FaultHypothesis)>,
 }
 
 impl Search {
@@ -188,6 +190,14 @@ impl Search {
 
     fn reproduced(&self) -> bool {
         self.replays.iter().any(|r| r.reproduces)
+    }
+
+    /// `hs` ordered by their miss over the first steps, closest first (`replay::screen`); the
+    /// scores are kept for where a layer scope's growth starts.
+    fn screen(&mut self, hs: Vec<FaultHypothesis>, n: usize, run: &Run) -> Vec<FaultHypothesis> {
+        let scored = screen_scored(hs, SCREEN_STEPS.min(n), run, &mut self.refused);
+        self.screened.extend(scored.iter().cloned());
+        scored.into_iter().map(|(_, h)| h).collect()
     }
 
     /// Every candidate besides the rule's own, unless one of the rule's reproduces at the noise
@@ -221,7 +231,7 @@ impl Search {
                 others.push(h);
             }
         }
-        let others = screen(others, SCREEN_STEPS.min(n), run, &mut self.refused);
+        let others = self.screen(others, n, run);
         for h in others.into_iter().take(FULL_REPLAYS) {
             if let Ok(r) = run(&h, n) {
                 self.push(r);
@@ -229,9 +239,10 @@ impl Search {
         }
     }
 
-    /// When no replay reproduces, grows the scope of the closest replay scoped to some layers
-    /// from the residual (`residual::grow`, at most `n_layers` rounds); its whole replays (over
-    /// `n` steps) join the search, the ones already tried are not replayed again.
+    /// When no replay reproduces, grows a layer scope from the residual of each fault's closest
+    /// hypothesis scoped to some layers, replayed whole or only screened (`residual::starts`,
+    /// `residual::grow`, at most `n_layers` rounds in all); its whole replays (over `n` steps)
+    /// join the search, the ones already tried are not replayed again.
     fn grow_scope(
         &mut self,
         n_layers: usize,
@@ -239,14 +250,10 @@ impl Search {
         residual: &mut dyn FnMut(&FaultHypothesis) -> Result<Residual, String>,
         run: &Run,
     ) -> Growth {
-        let from = self
-            .replays
-            .iter()
-            .filter(|r| !r.fault.layers.is_empty())
-            .min_by(|a, b| a.replay_miss.total_cmp(&b.replay_miss));
-        let Some(from) = from.filter(|_| !self.reproduced()).cloned() else {
+        if self.reproduced() {
             return Growth::default();
-        };
+        }
+        let from = starts(&self.replays, &self.screened);
         let tried: Vec<String> = self.tried.iter().map(|t| t.0.clone()).collect();
         let mut whole = |h: &FaultHypothesis| match tried.contains(&h.text()) {
             true => Err("already replayed".to_string()),
@@ -292,7 +299,7 @@ impl Search {
         // never decides which of them is tried
         let pointed: Vec<FaultHypothesis> = pointed.into_iter().map(|c| c.1).collect();
         let pointed = if pointed.len() > MAX_REPLAYS {
-            screen(pointed, SCREEN_STEPS.min(n), run, &mut self.refused)
+            self.screen(pointed, n, run)
         } else {
             pointed
         };
@@ -300,7 +307,7 @@ impl Search {
         if !self.reproduced() && self.replays.len() < MAX_REPLAYS {
             let rest: Vec<FaultHypothesis> = rest.into_iter().map(|c| c.1).collect();
             let rest = if rest.len() > MAX_REPLAYS - self.replays.len() {
-                screen(rest, SCREEN_STEPS.min(n), run, &mut self.refused)
+                self.screen(rest, n, run)
             } else {
                 rest
             };

@@ -396,6 +396,19 @@ pub(super) fn screen(
     run: &dyn Fn(&FaultHypothesis, usize) -> Result<Replay, String>,
     refused: &mut Vec<String>,
 ) -> Vec<FaultHypothesis> {
+    screen_scored(hyps, steps, run, refused)
+        .into_iter()
+        .map(|(_, h)| h)
+        .collect()
+}
+
+/// [`screen`] with each hypothesis' summed miss (what a growth start is ranked by, `residual`).
+pub(super) fn screen_scored(
+    hyps: Vec<FaultHypothesis>,
+    steps: usize,
+    run: &dyn Fn(&FaultHypothesis, usize) -> Result<Replay, String>,
+    refused: &mut Vec<String>,
+) -> Vec<(f64, FaultHypothesis)> {
     let mut scored: Vec<(f64, FaultHypothesis)> = Vec::new();
     for h in hyps {
         match run(&h, steps) {
@@ -404,7 +417,7 @@ pub(super) fn screen(
         }
     }
     scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-    scored.into_iter().map(|(_, h)| h).collect()
+    scored
 }
 
 #[cfg(test)]

@@ -92,42 +92,96 @@ impl Growth {
     }
 }
 
-/// Grows the scope of `from` (a replay that does not reproduce) round by round: `residual(h)`
-/// compares `h`'s rings with the device's, `run(h)` replays `h` over every compared step. At
-/// most `n_layers` rounds; each round replays [`grown`]'s sets and goes on from the closest.
+/// Where growth starts: for each kind of hypothesis (a fault with its value and ring kinds:
+/// everything growth leaves as it is), its closest scope of some layers. The ones replayed over
+/// every step come first, closest replay first, then the ones only screened, by their screen's
+/// summed miss (`screened`). A kind the screen ranked below the whole replays is otherwise never
+/// seen by a residual, and its residual can name the layer its scope lacked (a reader decoding
+/// f8cr K and V on layers 0 and 4, screened at layer 0 and ranked below the truncations and
+/// other readers there: sweep seed 2504 #285). One residual read per kind (the cost of one screen
+/// entry), never one per screened hypothesis.
+pub(super) fn starts(
+    whole: &[Replay],
+    screened: &[(f64, FaultHypothesis)],
+) -> Vec<FaultHypothesis> {
+    let mut replayed: Vec<&Replay> = whole.iter().collect();
+    replayed.sort_by(|a, b| a.replay_miss.total_cmp(&b.replay_miss));
+    let mut screen: Vec<&(f64, FaultHypothesis)> = screened.iter().collect();
+    screen.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out: Vec<FaultHypothesis> = Vec::new();
+    let ranked = replayed.into_iter().map(|r| &r.fault);
+    for h in ranked.chain(screen.into_iter().map(|s| &s.1)) {
+        let kind = |o: &FaultHypothesis| {
+            FaultHypothesis {
+                layers: h.layers.clone(),
+                ..o.clone()
+            } == *h
+        };
+        if !h.layers.is_empty() && !out.iter().any(kind) {
+            out.push(h.clone());
+        }
+    }
+    out
+}
+
+/// Grows a scope of `starts` (hypotheses no replay of which reproduces) round by round:
+/// `residual(h)` compares `h`'s rings with the device's, `run(h)` replays `h` over every compared
+/// step. Every start's residual is read first (at most `n_layers` of them, in `starts`' order),
+/// and growth goes on from the start whose rings follow the device's furthest (the deepest
+/// residual: it explains the most leading layers), then the next. Each round replays
+/// [`grown`]'s sets and goes on from the closest; a start ends when its residual adds nothing or
+/// cannot be read, growth ends when a grown replay reproduces or after `n_layers` rounds.
 pub(super) fn grow(
-    from: &Replay,
+    starts: &[FaultHypothesis],
     n_layers: usize,
     residual: &mut dyn FnMut(&FaultHypothesis) -> Result<Residual, String>,
     run: &mut dyn FnMut(&FaultHypothesis) -> Result<Replay, String>,
 ) -> Growth {
     let mut out = Growth::default();
-    let mut current = from.fault.clone();
-    for _ in 0..n_layers {
+    let mut parted: Vec<(FaultHypothesis, (usize, CacheKind))> = Vec::new();
+    for h in starts.iter().take(n_layers) {
+        let Ok(first) = residual(h) else { continue };
         out.residuals += 1;
-        let Ok(first) = residual(&current) else {
-            break;
-        };
-        out.path.push((current.text(), first));
-        let round: Vec<Replay> = grown(first, &current.layers)
-            .into_iter()
-            .filter_map(|layers| {
-                run(&FaultHypothesis {
+        out.path.push((h.text(), first));
+        parted.extend(first.map(|at| (h.clone(), at)));
+    }
+    // deepest first (V parting after K at one layer is the deeper); stable, so ties keep
+    // `starts`' order
+    parted.sort_by_key(|(_, (l, k))| std::cmp::Reverse((*l, *k == CacheKind::V)));
+    let mut rounds = 0;
+    let mut ran: Vec<String> = Vec::new();
+    for (start, at) in parted {
+        let (mut current, mut first) = (start, at);
+        while rounds < n_layers {
+            rounds += 1;
+            let mut round: Vec<Replay> = Vec::new();
+            for layers in grown(Some(first), &current.layers) {
+                let h = FaultHypothesis {
                     layers,
                     ..current.clone()
-                })
-                .ok()
-            })
-            .collect();
-        let next = round
-            .iter()
-            .min_by(|a, b| a.replay_miss.total_cmp(&b.replay_miss))
-            .map(|r| r.fault.clone());
-        let reproduced = round.iter().any(|r| r.reproduces);
-        out.replays.extend(round);
-        match next {
-            Some(h) if !reproduced => current = h,
-            _ => break,
+                };
+                if !ran.contains(&h.text()) {
+                    ran.push(h.text());
+                    round.extend(run(&h).ok());
+                }
+            }
+            let next = round
+                .iter()
+                .min_by(|a, b| a.replay_miss.total_cmp(&b.replay_miss))
+                .map(|r| r.fault.clone());
+            let reproduced = round.iter().any(|r| r.reproduces);
+            out.replays.extend(round);
+            if reproduced {
+                return out;
+            }
+            let Some(h) = next.filter(|_| rounds < n_layers) else {
+                break;
+            };
+            let Ok(r) = residual(&h) else { break };
+            out.residuals += 1;
+            out.path.push((h.text(), r));
+            let Some(at) = r else { break };
+            (current, first) = (h, at);
         }
     }
     out
@@ -281,7 +335,7 @@ mod tests {
             Ok(missing.map(|&l| (l + usize::from(reader), CacheKind::K)))
         };
         let mut run = |h: &FaultHypothesis| Ok(replay(h, device));
-        let g = grow(&replay(&swap(from), device), 30, &mut residual, &mut run);
+        let g = grow(&[swap(from)], 30, &mut residual, &mut run);
         (g, read)
     }
 
@@ -320,16 +374,96 @@ mod tests {
         // the residual names a layer already in the scope: one read, no replay
         let mut residual = |_: &FaultHypothesis| Ok(Some((4, CacheKind::V)));
         let mut run = |h: &FaultHypothesis| Ok(replay(h, &[9]));
-        let g = grow(&replay(&swap(&[3, 4]), &[9]), 30, &mut residual, &mut run);
+        let g = grow(&[swap(&[3, 4])], 30, &mut residual, &mut run);
         assert!(g.replays.is_empty() && g.residuals == 1);
         // a residual that always names the next layer: at most one round per layer
         let mut next = |h: &FaultHypothesis| Ok(h.layers.last().map(|l| (l + 1, CacheKind::K)));
         let mut never = |h: &FaultHypothesis| Ok(replay(h, &[99]));
-        let g = grow(&replay(&swap(&[0]), &[99]), 6, &mut next, &mut never);
+        let g = grow(&[swap(&[0])], 6, &mut next, &mut never);
         assert_eq!(g.residuals, 6);
         // a residual that cannot be read ends it
         let mut broken = |_: &FaultHypothesis| Err("no cache_buffers".to_string());
-        let g = grow(&replay(&swap(&[0]), &[9]), 6, &mut broken, &mut run);
-        assert!(g.replays.is_empty());
+        let g = grow(&[swap(&[0])], 6, &mut broken, &mut run);
+        assert!(g.replays.is_empty() && g.residuals == 0);
+    }
+
+    fn named(name: &str, layers: &[usize]) -> FaultHypothesis {
+        FaultHypothesis {
+            name: name.into(),
+            ..swap(layers)
+        }
+    }
+
+    #[test]
+    fn growth_starts_from_each_faults_closest_scope_whole_replays_first() {
+        // seed 2504 #285's shape: the closest whole replay writes layer 0's V wrong, the
+        // reader's fault at layer 0 was only screened
+        let whole = [
+            Replay {
+                replay_miss: 2.5e-2,
+                ..replay(&named("truncate-entry", &[0]), &[])
+            },
+            Replay {
+                replay_miss: 1e-2,
+                ..replay(&named("tbt-cache-scale", &[]), &[])
+            },
+        ];
+        let f8cr = FaultHypothesis {
+            value: FaultValue::Word("f8cr".into()),
+            ..named("tbt-read-layout", &[0])
+        };
+        let screened = [
+            (0.3, named("tbt-read-layout", &[0])),
+            (0.4, f8cr),
+            (0.1, named("truncate-entry", &[1])),
+            (0.5, named("tbt-read-layout", &[1])),
+            (0.2, named("kv-swap", &[])),
+        ];
+        let texts: Vec<String> = starts(&whole, &screened).iter().map(|h| h.text()).collect();
+        // one per fault and value, scoped to some layers: replayed whole first, then by the
+        // screen
+        assert_eq!(
+            texts,
+            [
+                "truncate-entry@layer=0",
+                "tbt-read-layout@layer=0",
+                "tbt-read-layout=f8cr@layer=0"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_start_whose_residual_adds_nothing_leaves_the_rounds_to_the_next() {
+        // the writer's scope parts at its own layer; the reader's at the layer after layer 4
+        let device = [0, 4];
+        let mut residual = |h: &FaultHypothesis| -> Result<Residual, String> {
+            Ok(match h.name.as_str() {
+                "truncate-entry" => Some((0, CacheKind::V)),
+                _ => device
+                    .iter()
+                    .find(|l| !h.layers.contains(l))
+                    .map(|&l| (l + 1, CacheKind::K)),
+            })
+        };
+        let mut run = |h: &FaultHypothesis| {
+            let mut r = replay(h, &device);
+            r.reproduces &= h.name == "tbt-read-layout";
+            Ok(r)
+        };
+        let from = [
+            named("truncate-entry", &[0]),
+            named("tbt-read-layout", &[0]),
+        ];
+        let g = grow(&from, 30, &mut residual, &mut run);
+        let hit = g
+            .replays
+            .iter()
+            .find(|r| r.reproduces)
+            .map(|r| r.fault.text());
+        assert_eq!(hit.as_deref(), Some("tbt-read-layout@layer=0,layer=4"));
+        assert_eq!(g.residuals, 2);
+        // the first start alone: nothing grows
+        let g = grow(&from[..1], 30, &mut residual, &mut run);
+        assert!(g.replays.is_empty() && g.residuals == 1);
     }
 }

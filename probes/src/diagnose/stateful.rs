@@ -208,6 +208,17 @@ impl Run<'_, '_> {
         Diagnosis::from_rules(self.eng.conclude(), self.p, self.t)
     }
 
+    /// [`Run::done`] with the reproducer of a `host-feed` verdict: that rule replayed its own
+    /// hypothesis on the reference, so its command needs no emulator.
+    fn done_with(self, f: &StatefulFacts) -> Diagnosis {
+        let model = self.s.model;
+        let mut d = self.done();
+        if d.hypothesis.as_ref().is_some_and(|h| h.rule == "host-feed") {
+            d.reproducer = f.host_feed.as_ref().map(|h| h.reproducer(model));
+        }
+        d
+    }
+
     /// A cache-path verdict (every named cause but healthy) carries `kvdiff`'s first divergent
     /// layer (issue 20); run only then.
     fn cache_kvdiff(&mut self) -> Result<()> {
@@ -229,7 +240,6 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         s.describe().prefill_len,
         NOT_APPLICABLE.len()
     ));
-    let model = s.model;
     let mut run = Run {
         s,
         t: Vec::new(),
@@ -340,12 +350,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     }
     run.eng.apply(STATE, &f);
     run.cache_kvdiff()?;
-    let mut d = run.done();
-    if d.hypothesis.as_ref().is_some_and(|h| h.rule == "host-feed") {
-        // replayed on the reference by the rule itself: its command needs no emulator
-        d.reproducer = f.host_feed.as_ref().map(|h| h.reproducer(model));
-    }
-    Ok(d)
+    Ok(run.done_with(&f))
 }
 
 /// A device that declares a lower precision (int4 weights, issue 35) is judged against the
@@ -530,18 +535,7 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         let noise = f.graph_noise;
         f.output_fit = run.timed("output fit", |s| super::output_fit::run(s, &gr, noise))?;
     }
-    let declares_feed = run.s.dev.host_window().is_some();
-    if declares_feed && !(f.prefill_ok() && f.greedy_ok()) && f.non_finite_step.is_none() {
-        let noise = f.graph_noise;
-        let pf = run.p.prefill.clone();
-        f.host_feed = run.timed("host feed", |s| {
-            crate::host_feed::run(s, &gr, noise, pf.as_ref())
-        })?;
-        if let Some(h) = &f.host_feed {
-            // the typed hypothesis and its parameters, for results.json
-            crate::probe::store_extra(&mut run.p, "host_feed", h)?;
-        }
-    }
+    replay_host_feed(run, f, &gr)?;
     run.p.greedy = Some(gr);
     if !states {
         return Ok(());
@@ -558,6 +552,27 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     if experiments {
         let noise = f.graph_noise;
         f.binding = run.timed("binding", |s| crate::state_binding::run(s, noise))?;
+    }
+    Ok(())
+}
+
+/// The host's declared feed replayed (`crate::host_feed`) when a control failed and the device
+/// declares one; the typed fit goes to results.json (`probes.extra.host_feed`).
+fn replay_host_feed(
+    run: &mut Run,
+    f: &mut StatefulFacts,
+    gr: &kvprobe_schema::GreedyFinding,
+) -> Result<()> {
+    let declares_feed = run.s.dev.host_window().is_some();
+    if !declares_feed || (f.prefill_ok() && f.greedy_ok()) || f.non_finite_step.is_some() {
+        return Ok(());
+    }
+    let (noise, pf) = (f.graph_noise, run.p.prefill.clone());
+    f.host_feed = run.timed("host feed", |s| {
+        crate::host_feed::run(s, gr, noise, pf.as_ref())
+    })?;
+    if let Some(h) = &f.host_feed {
+        crate::probe::store_extra(&mut run.p, "host_feed", h)?;
     }
     Ok(())
 }
