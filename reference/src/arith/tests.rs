@@ -137,3 +137,88 @@ fn declared_sites_round_only_there() {
     r.rope_tables(&mut t, "cos");
     assert!(t == [1.0] && r.skip_sum_f32());
 }
+
+/// One uint grid (binary steps: every value below is exact).
+fn grid(scale: f32, zero: i32, hi: i32) -> crate::qdq::Grid {
+    crate::qdq::Grid {
+        scale,
+        zero,
+        lo: 0,
+        hi,
+    }
+}
+
+#[test]
+fn a_qdq_attention_reads_its_cache_through_the_past_and_concat_grids_by_hand() {
+    use crate::qdq::{QdqGrids, SiteGrids};
+    // layer 0's past K input on a uint8 grid of step 1/8 around 32 ([-4, 27.875]: narrower than
+    // what a writer may have put there), the concatenation on a step of 1/4 around 128
+    let mut prefill = SiteGrids::new();
+    prefill.insert((Some(0), "past k".into()), vec![grid(0.125, 32, 255)]);
+    prefill.insert((Some(0), "attended k".into()), vec![grid(0.25, 128, 255)]);
+    // the decode graph (calibrated apart): its concatenation alone, step 1/2
+    let mut decode = SiteGrids::new();
+    decode.insert((Some(0), "attended k".into()), vec![grid(0.5, 128, 255)]);
+    let grids = std::sync::Arc::new(QdqGrids {
+        prefill,
+        decode: Some(decode),
+    });
+    let r = Rounder::new(Arithmetic::F32).with_grids(Some(grids.clone()), 2);
+    r.at_layer(Some(0));
+    // past: −5 clamps at the input grid's −4; 0.4 → 3.2 steps → 3 = 0.375, then 1.5 steps of the
+    // concatenation, a tie, → 2 = 0.5; 1.0 stays. New: 0.4 → 1.6 steps → 0.5; −40 clamps at −32
+    let (mut past, mut new) = ([-5.0f32, 0.4, 1.0], [0.4f32, -40.0]);
+    r.attended("k", &mut past, &mut new);
+    assert_eq!((past, new), ([-4.0, 0.5, 1.0], [0.5, -32.0]));
+    // V has no grids here: untouched
+    let (mut past, mut new) = ([0.4f32], [0.4f32]);
+    r.attended("v", &mut past, &mut new);
+    assert_eq!((past, new), ([0.4], [0.4]));
+    // a one-row run reads the decode graph's grids: no past grid, steps of 1/2 (0.4 → 0.8 steps
+    // → 1 = 0.5; −5 → −10 steps, inside the grid)
+    let one = Rounder::new(Arithmetic::F32).with_grids(Some(grids), 1);
+    one.at_layer(Some(0));
+    let (mut past, mut new) = ([-5.0f32, 0.4], [0.7f32]);
+    one.attended("k", &mut past, &mut new);
+    assert_eq!((past, new), ([-5.0, 0.5], [0.5]));
+    // another layer, and a float32 run, hold no grids
+    one.at_layer(Some(1));
+    let (mut past, mut new) = ([0.4f32], [0.4f32]);
+    one.attended("k", &mut past, &mut new);
+    Rounder::new(Arithmetic::F32).attended("k", &mut past, &mut new);
+    assert_eq!((past, new), ([0.4], [0.4]));
+}
+
+#[test]
+fn silu_with_its_sigmoid_on_a_qdq_grid_by_hand() {
+    use crate::qdq::{QdqGrids, SiteGrids};
+    // QNN's fixed sigmoid grid: uint16, step 2^-16, zero 0 ([0, 65535 / 65536])
+    let mut prefill = SiteGrids::new();
+    prefill.insert(
+        (Some(2), "sigmoid".into()),
+        vec![grid(2f32.powi(-16), 0, 65535)],
+    );
+    let grids = std::sync::Arc::new(QdqGrids {
+        prefill,
+        decode: None,
+    });
+    let r = Rounder::new(Arithmetic::F32).with_grids(Some(grids), 4);
+    r.at_layer(Some(2));
+    // σ(3) = 0.9525741 = 62427.9 steps → 62428; σ(−12) = 6.1e-6 = 0.40 steps → 0 (silu −7.4e-5
+    // in float32 becomes 0); σ(0) = 1/2 exactly; σ(20) rounds to 65536 steps and clamps at 65535
+    let mut g = [3.0f32, -12.0, 0.0, 20.0];
+    assert!(r.silu_on_grid(&mut g));
+    let want = [
+        3.0 * 62428.0 / 65536.0,
+        -0.0,
+        0.0,
+        20.0 * (65535.0 / 65536.0),
+    ];
+    assert_eq!(g, want);
+    // another layer, and a run without grids: nothing done, false
+    r.at_layer(Some(0));
+    let mut h = [3.0f32];
+    assert!(!r.silu_on_grid(&mut h));
+    assert!(!Rounder::new(Arithmetic::F32).silu_on_grid(&mut h));
+    assert_eq!(h, [3.0]);
+}
