@@ -428,7 +428,7 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
     };
     let r = Reader::new(&g);
     let mut grids = SiteGrids::new();
-    let (mut placed, mut moves, mut activations) = (0, 0, 0);
+    let (mut placed, mut moves, mut activations) = (0, Vec::new(), 0);
     let mut score_scale = None;
     for (i, n) in g.nodes.iter().enumerate() {
         if is_qdq(&n.op_type) {
@@ -459,10 +459,13 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
             grids.entry(site).or_default().push(grid);
             placed += 1;
         } else if r.keeps_grid(i, q) {
-            moves += 1;
+            moves.push(i);
         }
     }
-    placed += place_inner(&r, &g, &mut grids).map_err(refuse)?;
+    let inner = place_inner(&r, &g, &mut grids).map_err(refuse)?;
+    placed += inner.len();
+    // a move placed as a norm's or RoPE's inner op (the tables' Unsqueeze) counts once
+    let moves = moves.iter().filter(|i| !inner.contains(i)).count();
     // the presents as the graph writes them: the grid in front of each output
     for o in &g.outputs {
         let Some(rest) = o.strip_prefix("present.") else {

@@ -7,14 +7,15 @@ use super::{Reader, SiteGrids};
 use crate::onnx_proto::OnnxGraph;
 use crate::onnx_qdq_names::at_layer;
 
-/// Places the inner ops of each norm and each RoPE whose output is a site; returns how many
-/// grids that placed, or the line refusing one.
+/// Places the inner ops of each norm and each RoPE whose output is a site; returns the nodes
+/// whose grids that placed, or the line refusing one.
 pub(super) fn place_inner(
     r: &Reader,
     g: &OnnxGraph,
     grids: &mut SiteGrids,
-) -> std::result::Result<usize, String> {
-    let mut placed = 0;
+) -> std::result::Result<Vec<usize>, String> {
+    // the nodes whose grids were placed
+    let mut placed = Vec::new();
     // the inner ops of each norm whose output is a site
     let norms: Vec<(usize, (Option<usize>, String))> = (0..g.nodes.len())
         .filter(|&i| g.nodes[i].op_type == "Mul")
@@ -37,7 +38,7 @@ pub(super) fn place_inner(
             {
                 let key = (layer, format!("{name} {op}"));
                 grids.entry(key).or_default().push(r.grid(q)?);
-                placed += 1;
+                placed.push(node);
             }
         }
     }
@@ -89,7 +90,7 @@ pub(super) fn place_inner(
                     .or_default()
                     .push(grid);
             }
-            placed += 1;
+            placed.push(node);
         }
     }
     Ok(placed)
