@@ -14,7 +14,14 @@ LONE_STEP_GAP) under
          results do not say which path ran, so read this column as the stateful one);
   floor  (1 − md) / (STEP_NOISE_FLOOR + REL_NOISE_FLOOR);
   pm     (1 − md) / (STEP_NOISE_FLOOR + the prefill rows' mean miss against the matched reference);
-and the prefill rows' median ratio now / at the floor. rm = f32 vs matched, md = matched vs device.
+  jit    (1 − md) / (max(1 − jitter, STEP_NOISE_FLOOR) + graph noise against the matched
+         reference): the jitter control (probes/src/matched_jitter.rs), jitter = the step's
+         `matched.jitter`, graph noise = the larger of the prefill rows' and the self-only steps'
+         mean miss against the matched reference (`selfmask.matched_mean_cosine`); "-" where a
+         result has no jitter (the control did not apply);
+and the prefill rows' median ratio now / at the floor / under the jitter control (its band: the
+row's jitter + REL_NOISE_FLOOR). rm = f32 vs matched, md = matched vs device. "now" is the band
+before the jitter control.
 The constants are thresholds.rs's, copied here: this script reads results, it decides nothing.
 """
 import json
@@ -38,9 +45,15 @@ def judge(rows, band):
     return med, max(ratios), mean_miss >= MATCHED_GAP and (lone or med >= PRECISION_RATIO)
 
 
-def pairs(items):
-    return [(m["reference_vs_matched"], m["matched_vs_device"]) for m in
+def pairs(items, key="reference_vs_matched"):
+    return [(m.get(key), m["matched_vs_device"]) for m in
             (i.get("matched") for i in items) if m]
+
+
+def jittered(items):
+    """(jitter, md) per item, or [] when any item has no jitter."""
+    j = pairs(items, "jitter")
+    return j if j and all(b is not None for b, _ in j) else []
 
 
 def fmt(j):
@@ -62,6 +75,12 @@ def one(path):
         noise.append(1 - sm["mean_cosine"])
     gn = max(noise)
     pm = max([REL_NOISE_FLOOR] + ([statistics.mean(1 - md for _, md in rows)] if rows else []))
+    gj = jittered(steps)
+    rj = jittered((p.get("prefill") or {}).get("rows", []))
+    sm_m = sm.get("matched_mean_cosine")
+    gn_j = max([REL_NOISE_FLOOR] + ([statistics.mean(1 - md for _, md in rows)] if rows else [])
+               + ([1 - sm_m] if sm_m is not None else []))
+    jit_mean = statistics.mean(1 - b for b, _ in gj) if gj else float("nan")
     rm_mean = statistics.mean(1 - rm for rm, _ in g) if g else float("nan")
     md_mean = statistics.mean(1 - md for _, md in g) if g else float("nan")
     return [
@@ -73,8 +92,12 @@ def one(path):
         fmt(judge(g, lambda rm: max(1 - rm, STEP_NOISE_FLOOR) + gn)),
         fmt(judge(g, lambda rm: STEP_NOISE_FLOOR + REL_NOISE_FLOOR)),
         fmt(judge(g, lambda rm: STEP_NOISE_FLOOR + pm)),
+        f"{jit_mean:.1e}",
+        f"{gn_j:.1e}",
+        fmt(judge(gj, lambda b: max(1 - b, STEP_NOISE_FLOOR) + gn_j) if gj else None),
         fmt(judge(rows, lambda rm: max(1 - rm, STEP_NOISE_FLOOR) + REL_NOISE_FLOOR)),
         fmt(judge(rows, lambda rm: STEP_NOISE_FLOOR + REL_NOISE_FLOOR)),
+        fmt(judge(rj, lambda b: max(1 - b, STEP_NOISE_FLOOR) + REL_NOISE_FLOOR) if rj else None),
     ]
 
 
@@ -83,7 +106,8 @@ def main():
     for a in sys.argv[1:]:
         paths.append(os.path.join(a, "results.json") if os.path.isdir(a) else a)
     head = ["case", "verdict", "f32-vs-matched", "matched-vs-dev", "graph noise",
-            "greedy now", "greedy floor", "greedy pm", "prefill now", "prefill floor"]
+            "greedy now", "greedy floor", "greedy pm", "jitter miss", "noise vs matched",
+            "greedy jit", "prefill now", "prefill floor", "prefill jit"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for path in paths:

@@ -7,7 +7,7 @@ append_tokens call, then each next token (GenAI's own greedy argmax) with anothe
 row of `logits` after every call. kvprobe's host side must give the same logits
 (npu/tests/onnx_genai.rs).
 
-Usage: onnx-genai-logits.py DIR --ids 1,2,3 --steps N --out FILE.npy [--then 4,5,6]
+Usage: onnx-genai-logits.py DIR --ids 1,2,3 --steps N --out FILE.npy [--then 4,5,6] [--prompt-rows ROWS.npy]
 Writes FILE.npy (float32 [N, vocab], one more row with --then) and prints JSON {"tokens": [...]} (the N generated ids).
 Exit 3 with one line when onnxruntime_genai is not installed.
 """
@@ -32,6 +32,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-length", type=int, default=None,
                     help="search max_length [default: prompt + steps; a windowed model counts its pads too]")
+    ap.add_argument("--prompt-rows", default=None, metavar="FILE.npy",
+                    help="also write every row of the prompt's append_tokens call (float32 [rows, vocab]; "
+                         "a windowed model's last window, pads included)")
     ap.add_argument("--then", default=None,
                     help="ids appended as one more append_tokens call after the steps (GenAI's continuous "
                          "decoding: a chunk over the past); its last row is one more row")
@@ -47,6 +50,8 @@ def main():
     for _ in range(a.steps):
         gen.append_tokens(np.array(feed, dtype=np.int32))
         lg = np.array(gen.get_output("logits"), dtype=np.float32)
+        if a.prompt_rows and not rows:
+            np.save(a.prompt_rows, lg.reshape(-1, lg.shape[-1]))
         row = lg.reshape(-1, lg.shape[-1])[-1]
         rows.append(row)
         tokens.append(int(np.argmax(row)))

@@ -220,3 +220,30 @@ fn a_layer_scope_the_evidence_names_in_part_is_grown_from_the_residual() {
         "{budget}"
     );
 }
+
+/// A swap of every layer whose side effect a mask variant mimics (default sweep, seed 7878 #292:
+/// the `shift-1` mask lifts the step from 0.920 to 0.942): `mask-convention` fires first, and
+/// `kv-binding`, asked beside it, puts `kv-swap` among the replays; its exact replay renames the
+/// verdict (`replay-score`). Main before named it by a `ranked_after` edge (rule `kv-binding`);
+/// with the edge deleted and `kv-binding` asked only when nothing was named yet it was
+/// `unknown` (session 27). About 10 s of CPU.
+#[test]
+fn a_binding_competes_beside_the_mask_its_side_effect_mimics() {
+    let Some(m) = smollm2() else { return };
+    let mut args = vec!["diagnose", "--sim", "--model", m.to_str().unwrap()];
+    let ids = "28,216,33,32,28,216,33,33,28,216,33,34,28,216,33,35,28,216,33,36,28,216,33,37,\
+               28,216,33";
+    args.extend(geometry("53", "26", ids, "11"));
+    args.extend(["--fault", "kv-swap"]);
+    // every layer: the scope's `layers` list is empty, so results.json leaves it out
+    let v = swap_replayed(&args, serde_json::Value::Null);
+    assert_eq!(v["hypothesis"]["rule"], "replay-score", "{v}");
+    assert!(
+        v["also"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "mask-convention"),
+        "{v}"
+    );
+}

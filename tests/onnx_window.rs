@@ -356,3 +356,105 @@ fn shared_runs_give_the_results_of_running_every_request() {
         assert_eq!(shared, all, "{name} {extra:?}");
     }
 }
+
+/// SmolLM2's chat-templated "What is the capital of France?" (16 ids): `<|im_end|>`, id 2, is
+/// the config's pad_token_id and sits at index 10 of the first window.
+const FRANCE_CHAT: &str = "1,4093,198,1780,314,260,3575,282,4649,47,2,198,1,520,9531,198";
+
+/// Rows of a `.npy` `[rows, vocab]`.
+fn npy_rows(p: &Path) -> Vec<Vec<f32>> {
+    use ndarray_npy::ReadNpyExt;
+    let f = std::fs::File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let a = ndarray::Array2::<f32>::read_npy(f).unwrap();
+    a.rows().into_iter().map(|r| r.to_vec()).collect()
+}
+
+fn median_miss(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    let cosine = |x: &[f32], y: &[f32]| {
+        let dot = |p: &[f32], q: &[f32]| {
+            p.iter()
+                .zip(q)
+                .map(|(u, w)| *u as f64 * *w as f64)
+                .sum::<f64>()
+        };
+        dot(x, y) / (dot(x, x) * dot(y, y)).sqrt()
+    };
+    let mut m: Vec<f64> = a.iter().zip(b).map(|(x, y)| 1.0 - cosine(x, y)).collect();
+    m.sort_by(f64::total_cmp);
+    m[m.len() / 2]
+}
+
+/// GenAI's windowed rules take a first-window prompt token equal to pad_token_id for a pad
+/// (position 0, masked; docs/onnx-genai.md "A prompt token equal to pad_token_id"). On the
+/// uint8 SmolLM2 folder the chat prompt above is named by the host's declared feed (`host-feed`,
+/// mask-convention) with the token, its id and the window; its reproducer (`kvprobe ref logits
+/// --genai-window …`, no export needed) gives the device's greedy steps far closer than the
+/// reference fed as the model reads it; the same turn with four tokens in front (the token in
+/// the second window, which GenAI feeds like any other) stays healthy. Main before this rule
+/// (efba623): `unknown`. About 2 × 15 s of SmolLM2 diagnose.
+#[test]
+fn a_pad_valued_prompt_token_in_the_first_window_is_named_with_its_reproducer() {
+    let Some(gguf) = smollm2() else { return };
+    let (m, u8) = (gguf.to_str().unwrap(), smollm2_windowed(&gguf, true));
+    let d = u8.to_str().unwrap();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-feed-france");
+    let later = format!("1780,314,260,3575,{FRANCE_CHAT}");
+    let o = out.to_str().unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["--ids", FRANCE_CHAT, "--out", o, "--force"],
+        vec!["--ids", &later],
+    ];
+    let runs = par_map(&cases, |extra| {
+        let mut a = vec!["diagnose", "--onnx", d, "--model", m, "--steps", "8"];
+        a.extend_from_slice(extra);
+        kvprobe_json(&a)
+    });
+    let (code, v, err) = &runs[1];
+    assert_eq!(
+        (*code, verdict(v).as_str()),
+        (0, "healthy"),
+        "{err} {}",
+        v["evidence"]
+    );
+    let (code, v, err) = &runs[0];
+    let ev = format!("{err} {}", v["evidence"]);
+    assert_eq!((*code, verdict(v).as_str()), (1, "mask-convention"), "{ev}");
+    assert_eq!(v["hypothesis"]["rule"], "host-feed", "{ev}");
+    let first = v["hypothesis"]["decisive"][0].as_str().unwrap();
+    assert!(
+        first.contains("prompt token 10 (id 2)")
+            && first.contains("pad_token_id 2")
+            && first.contains("W 16"),
+        "{first}"
+    );
+    // the reproducer, run: rows 15.. of its .npy against the device's greedy steps
+    let argv: Vec<String> = v["reproducer"]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(argv[..3], ["kvprobe", "ref", "logits"], "{argv:?}");
+    let npy = out.join("host-feed.npy");
+    let mut args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
+    let k = args.iter().position(|a| *a == "--out").unwrap();
+    args[k + 1] = npy.to_str().unwrap();
+    let ids = args[args.iter().position(|a| *a == "--ids").unwrap() + 1].to_string();
+    assert!(kvprobe(&args).status.success());
+    let plain = out.join("plain.npy");
+    let p = plain.to_str().unwrap();
+    assert!(
+        kvprobe(&["ref", "logits", "--model", m, "--ids", &ids, "--out", p])
+            .status
+            .success()
+    );
+    let device = npy_rows(&out.join("greedy_device_logits.npy"));
+    let fed = npy_rows(&npy)[15..].to_vec();
+    let model_feed = npy_rows(&plain)[15..].to_vec();
+    let (a, b) = (
+        median_miss(&fed, &device),
+        median_miss(&model_feed, &device),
+    );
+    eprintln!("reproducer vs device: median miss {a:.2e}; the reference as the model reads the ids: {b:.2e}");
+    assert!(a * 2.5 <= b, "the reproducer {a:e}, the model's feed {b:e}");
+}

@@ -280,6 +280,56 @@ fn a_qdq_folder_is_healthy_on_htp_and_its_shifted_cache_is_not() {
     );
 }
 
+/// A decode graph that rotates q and k at position id + 1 (`export-qdq.py --fault rope-offset`;
+/// the prefill graph is right), on ONNX Runtime's CPU EP: its tbt steps miss the matched
+/// reference by 5e-3 a step, less than the QDQ grids' own cost against f32 (8e-3 – 1.6e-2), the
+/// band that held it `healthy` before the jitter control (session 26). The control's band is
+/// the matched reference's spread under a 1-ulp move of its norm weights (about 1e-5 here) and
+/// the cache-free controls against that reference, so greedy fails. The self-only check now
+/// compares with the matched reference too: against f32 a healthy QDQ self-only step sits at
+/// 0.94, which named `mask-convention`, a wrong cause, in session 27's prototype.
+#[test]
+fn a_rope_offset_in_the_qdq_decode_graph_is_not_healthy_on_the_cpu_ep() {
+    let (hf, dir) = exported(
+        7,
+        "static",
+        &["--window", "8", "--max-length", "64", "--static"],
+    );
+    let faulted = qdq_export(&dir, &["--fault", "rope-offset"]);
+    let (code, v, err) = kvprobe_json(&[
+        "diagnose",
+        "--onnx",
+        faulted.path().to_str().unwrap(),
+        "--model",
+        hf.to_str().unwrap(),
+        "--ids",
+        "1,2,3,4,5,6,7,8,9,10,11",
+        "--steps",
+        "4",
+        "--ep",
+        "cpu",
+    ]);
+    let ev = evidence(&v).join(" | ");
+    assert_eq!(code, 1, "{err} {ev}");
+    // a RoPE fault: not healthy, and no cause but a position one
+    assert!(
+        ["unknown", "position-mismatch"].contains(&verdict(&v).as_str()),
+        "{ev}"
+    );
+    assert!(
+        ev.contains("greedy: the tbt steps leave the precision-matched reference"),
+        "{ev}"
+    );
+    let steps = v["probes"]["greedy"]["steps"].as_array().expect("steps");
+    assert!(
+        steps
+            .iter()
+            .skip(1)
+            .all(|s| s["matched"]["jitter"].as_f64().is_some()),
+        "{ev}"
+    );
+}
+
 /// A QDQ graph from another exporter: layer 0's norm takes √ as `Pow(·, 0.5)`, or its RoPE negates
 /// the half with `Mul(·, −1)`. The same function, but the reference cannot place that norm's or
 /// that RoPE's inner grids op by op, so the device's open refuses it in one line naming the node

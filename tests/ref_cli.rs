@@ -555,3 +555,66 @@ fn hostile_gguf_headers_are_refused_in_one_line() {
         assert!(r.stderr.contains(name), "{name}: {}", r.stderr);
     }
 }
+
+/// `--genai-window`: the ids fed as GenAI's windowed host feeds them (the `host-feed`
+/// reproducer). A pad-valued id in the first window changes the rows from it on; the same id in
+/// a later window (W3 feeds it like any other) changes nothing.
+#[test]
+fn genai_window_feeds_a_first_window_pad_id_as_genai_does() {
+    use ndarray_npy::ReadNpyExt;
+    let d = tempfile::tempdir().unwrap();
+    let m = tiny_llama(d.path());
+    let run = |extra: &[&str], name: &str| {
+        let out = d.path().join(name);
+        let mut a = vec!["ref", "logits", "--model", s(&m), "--ids", "3,1,4,1,5"];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--out", s(&out)]);
+        let r = kvprobe(&a);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        ndarray::Array2::<f32>::read_npy(std::fs::File::open(&out).unwrap()).unwrap()
+    };
+    let window = |n: &'static str| {
+        [
+            "--genai-window",
+            "2",
+            "--genai-context",
+            "8",
+            "--pad-token",
+            "1",
+            "--prompt-len",
+            n,
+        ]
+    };
+    let plain = run(&[], "plain.npy");
+    // prompt 3 ids, W 2: one pad in front, the first window holds id 3 alone
+    let later = run(&window("3"), "later.npy");
+    // prompt 4 ids: the first window is [3, 1], and 1 is the pad id
+    let first = run(&window("4"), "first.npy");
+    let diff = |a: ndarray::ArrayView1<f32>, b: ndarray::ArrayView1<f32>| {
+        (&a - &b).mapv(f32::abs).fold(0f32, |x, y| x.max(*y))
+    };
+    for t in 0..5 {
+        assert!(diff(plain.row(t), later.row(t)) < 1e-5, "row {t}");
+    }
+    assert!(diff(plain.row(0), first.row(0)) < 1e-5);
+    for t in 1..5 {
+        assert!(
+            diff(plain.row(t), first.row(t)) > 1e-3,
+            "row {t} sees the pad-valued id hidden"
+        );
+    }
+    let out = d.path().join("bad.npy");
+    let r = kvprobe(&[
+        "ref",
+        "logits",
+        "--model",
+        s(&m),
+        "--ids",
+        "3,1",
+        "--genai-window",
+        "2",
+        "--out",
+        s(&out),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+}

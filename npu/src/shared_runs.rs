@@ -216,6 +216,10 @@ impl Device for SharedRuns<'_> {
         self.inner.limits()
     }
 
+    fn host_window(&self) -> Option<crate::onnx::window::WindowGeom> {
+        self.inner.host_window()
+    }
+
     fn run(&mut self, group: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput> {
         let key = self
             .at

@@ -531,6 +531,7 @@ mod tests {
             matched_top1: 1,
             band: 31.48,
             matched_margin,
+            jitter: None,
         };
         let st = GreedyStep {
             step: 1,

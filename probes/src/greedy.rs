@@ -75,6 +75,14 @@ pub fn run_with(
         &rows,
         &mut out_steps,
     )?;
+    // the healthy hypothesis' own spread per step, where the matched reference computes every op
+    crate::matched_jitter::fill_steps(
+        (s.model, &s.matched_runs),
+        s.describe(),
+        &seq,
+        n,
+        &mut out_steps,
+    )?;
     let first_divergence = out_steps
         .iter()
         .position(|x| !x.comparison.top1_match && !x.near_tie);

@@ -22,18 +22,18 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::{Device as CDevice, Tensor};
+use kvprobe_npu::onnx::window_feed::LogicalFeed;
 use kvprobe_reference::{Arithmetic, GraphInput, GraphOptions, Model, OverflowAt, PositionInput};
 use kvprobe_schema::{
     CacheDirection, CacheKind, DeclaredWeights, DeviceDescription, GreedyStep, GroupKind,
-    MatchedStep, MatchedSummary, RuntimeKind,
+    MatchedSummary, RuntimeKind,
 };
 
 pub use crate::matched_edges::{computes_prefill, models_everything};
 use crate::matched_edges::{name, Edges, Round};
 pub use crate::matched_store::DriveMemo;
 use crate::matched_store::Store;
-pub use crate::matched_summary::against_matched;
-use crate::metrics::{cosine, top1};
+pub use crate::matched_summary::{against_matched, step};
 use crate::rings::cache_infos;
 use crate::Result;
 
@@ -52,16 +52,16 @@ pub struct Precision {
     pub(crate) ring: bool,
     prefill_in: usize,
     /// The model with the weights the device declares, when they are not the checkpoint's.
-    weights: Option<Arc<Model>>,
+    pub(crate) weights: Option<Arc<Model>>,
     /// One line saying what was rounded (results.json and the report).
     pub describe: String,
     /// The arithmetic inside the graph the device declares (fp16: issue 36).
     arithmetic: Arithmetic,
     /// Under fp16, the first op output the matched reference could not hold (every run).
-    overflow: Arc<Mutex<Option<OverflowAt>>>,
+    pub(crate) overflow: Arc<Mutex<Option<OverflowAt>>>,
 }
 
-const PREFILL: usize = 0;
+pub(crate) const PREFILL: usize = 0;
 pub(crate) const TBT: usize = 1;
 
 impl Precision {
@@ -294,7 +294,7 @@ pub(crate) fn drive_from(
                 } else {
                     0
                 };
-                last = run_rows(model, p, &mut store, seq, a..b, from, PREFILL, 1.0)?;
+                last = run_rows(model, p, &mut store, (seq, None), a..b, from, PREFILL, 1.0)?;
             }
             each(last, &store.k, &store.v)?;
             (store, 1)
@@ -307,7 +307,16 @@ pub(crate) fn drive_from(
         } else {
             0
         };
-        let logits = run_rows(model, p, &mut store, seq, pos..pos + 1, from, TBT, 1.0)?;
+        let logits = run_rows(
+            model,
+            p,
+            &mut store,
+            (seq, None),
+            pos..pos + 1,
+            from,
+            TBT,
+            1.0,
+        )?;
         each(logits, &store.k, &store.v)?;
     }
     Ok(store)
@@ -367,21 +376,30 @@ fn chunks(n: usize, pl: usize, ring: bool) -> Vec<(usize, usize, i64)> {
 }
 
 /// Rows `rows` of `seq` over the stored positions `from..rows.start` in `group`, the attention
-/// scale multiplied by `attn_scale` (1 but for the scale fit, `matched_fit`); stores their K/V
-/// and returns the last row's logits through the logits edge.
+/// scale multiplied by `attn_scale` (1 but for the scale fit, `matched_fit`), under a host's
+/// `fed` position ids and visibility instead of `0..t` and causal (`crate::host_feed`); stores
+/// their K/V and returns the last row's logits through the logits edge.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_rows(
     model: &Model,
     p: &Precision,
     store: &mut Store,
-    seq: &[u32],
+    (seq, fed): (&[u32], Option<&LogicalFeed>),
     rows: std::ops::Range<usize>,
     from: usize,
     group: usize,
     attn_scale: f32,
 ) -> Result<Vec<f32>> {
-    let (mut logits, _) =
-        run_graph_rows(model, p, store, seq, rows, from, (true, attn_scale), group)?;
+    let (mut logits, _) = run_graph_rows(
+        model,
+        p,
+        store,
+        seq,
+        rows,
+        from,
+        (true, attn_scale, fed),
+        group,
+    )?;
     p.groups[group].logits.apply(&mut logits);
     Ok(logits)
 }
@@ -397,7 +415,7 @@ fn run_graph_rows(
     seq: &[u32],
     rows: std::ops::Range<usize>,
     from: usize,
-    (last_only, attn_scale): (bool, f32),
+    (last_only, attn_scale, fed): (bool, f32, Option<&LogicalFeed>),
     group: usize,
 ) -> Result<(Vec<f32>, usize)> {
     let (a, b) = (rows.start, rows.end);
@@ -411,13 +429,19 @@ fn run_graph_rows(
     for i in 0..t {
         for h in 0..nh {
             let row = &mut mask[(i * nh + h) * cols..(i * nh + h + 1) * cols];
-            row[..w + i + 1].iter_mut().for_each(|m| *m = true);
+            for (j, m) in row.iter_mut().enumerate() {
+                *m = fed.map_or(j <= w + i, |f| f.sees(a + i, from + j));
+            }
         }
     }
+    let positions = match fed {
+        Some(f) => PositionInput::Ids(f.positions[a..b].iter().map(|&x| x as f32).collect()),
+        None => p.positions(model, group, a..b),
+    };
     let hidden_size = model.config().hidden_size;
     let out = model.run_graph(&GraphInput {
         hidden: Tensor::from_vec(hidden, (t, hidden_size), &CDevice::Cpu)?,
-        positions: p.positions(model, group, a..b),
+        positions,
         past: store.past(from, a)?,
         mask,
         graph: GraphOptions {
@@ -483,13 +507,9 @@ pub fn three_way_at(
 ) -> Result<Option<MatchedSummary>> {
     let precision = Precision::of(desc, model)?;
     let rows = positions.last().map_or(0, |&last| last + 2 - n);
+    let geometry = (n, rows, desc.cache_len, desc.prefill_len);
     let matched = match &precision {
-        Some(p) => Some(greedy_logits_shared(
-            (memo, model),
-            p,
-            seq,
-            (n, rows, desc.cache_len, desc.prefill_len),
-        )?),
+        Some(p) => Some(greedy_logits_shared((memo, model), p, seq, geometry)?),
         None => None,
     };
     for (i, st) in steps.iter_mut().enumerate() {
@@ -522,27 +542,6 @@ pub fn three_way_at(
     }))
 }
 
-/// The three-way comparison of one position: matched logits against the f32 reference and the
-/// device.
-pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
-    let (mt, dt) = (top1(matched), top1(device));
-    MatchedStep {
-        reference_vs_matched: cosine(matched, reference),
-        matched_vs_device: cosine(device, matched),
-        matched_top1: mt,
-        band: precision_band(matched, reference),
-        matched_margin: gap(matched, mt, dt),
-    }
-}
-
-/// `logits[a] − logits[b]` (0 when either index is outside the row or the two agree).
-fn gap(logits: &[f32], a: u32, b: u32) -> f64 {
-    match (logits.get(a as usize), logits.get(b as usize)) {
-        (Some(x), Some(y)) if a != b => f64::from(x - y),
-        _ => 0.0,
-    }
-}
-
 /// Every row's logits of one prefill chunk of `ids` from position 0 (no past), at the declared
 /// precision: row i is the last row of the single-chunk prefix `ids[..=i]`.
 pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
@@ -555,7 +554,7 @@ pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f
         ids,
         0..ids.len(),
         0,
-        (false, 1.0),
+        (false, 1.0, None),
         PREFILL,
     )?;
     let vocab = model.config().vocab_size;
@@ -567,27 +566,6 @@ pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f
         })
         .collect())
 }
-
-/// How far the declared precision moves the gap between two logits at one step: twice the
-/// 99.9th percentile of |matched − f32| over the vocabulary (the largest few are the outliers of
-/// one vocabulary entry, not the typical pair a flip involves).
-fn precision_band(matched: &[f32], reference: &[f32]) -> f64 {
-    let mut d: Vec<f32> = matched
-        .iter()
-        .zip(reference)
-        .map(|(x, y)| (x - y).abs())
-        .filter(|x| x.is_finite())
-        .collect();
-    if d.is_empty() {
-        return 0.0;
-    }
-    let k = ((d.len() as f64) * BAND_QUANTILE) as usize;
-    let k = k.min(d.len() - 1);
-    let (_, v, _) = d.select_nth_unstable_by(k, f32::total_cmp);
-    2.0 * *v as f64
-}
-
-const BAND_QUANTILE: f64 = 0.999;
 
 /// Relative logit noise of an f32 computation (op order): the band of a device without a
 /// declared lower precision.

@@ -65,7 +65,7 @@ impl<'a> FirstTbt<'a> {
             model,
             &self.p,
             &mut store,
-            &self.seq,
+            (&self.seq, None),
             n..n + 1,
             self.from,
             TBT,

@@ -3,6 +3,8 @@
 
 use kvprobe_schema::{GreedyStep, MatchedStep, MatchedSummary};
 
+use crate::metrics::{cosine, top1};
+
 /// (mean, min, top-1 agreement) of the device against the precision-matched reference over
 /// `points` = (its matched comparison, the device's top-1): None unless every point has one.
 /// What a stage's facts read when the device declares a precision (the f32 reference's miss is
@@ -46,3 +48,46 @@ pub(crate) fn summary(
             .fold(1.0, f64::min),
     }
 }
+
+/// The three-way comparison of one position: matched logits against the f32 reference and the
+/// device.
+pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
+    let (mt, dt) = (top1(matched), top1(device));
+    MatchedStep {
+        reference_vs_matched: cosine(matched, reference),
+        matched_vs_device: cosine(device, matched),
+        matched_top1: mt,
+        band: precision_band(matched, reference),
+        matched_margin: gap(matched, mt, dt),
+        jitter: None,
+    }
+}
+
+/// `logits[a] − logits[b]` (0 when either index is outside the row or the two agree).
+fn gap(logits: &[f32], a: u32, b: u32) -> f64 {
+    match (logits.get(a as usize), logits.get(b as usize)) {
+        (Some(x), Some(y)) if a != b => f64::from(x - y),
+        _ => 0.0,
+    }
+}
+
+/// How far the declared precision moves the gap between two logits at one step: twice the
+/// 99.9th percentile of |matched − f32| over the vocabulary (the largest few are the outliers of
+/// one vocabulary entry, not the typical pair a flip involves).
+fn precision_band(matched: &[f32], reference: &[f32]) -> f64 {
+    let mut d: Vec<f32> = matched
+        .iter()
+        .zip(reference)
+        .map(|(x, y)| (x - y).abs())
+        .filter(|x| x.is_finite())
+        .collect();
+    if d.is_empty() {
+        return 0.0;
+    }
+    let k = ((d.len() as f64) * BAND_QUANTILE) as usize;
+    let k = k.min(d.len() - 1);
+    let (_, v, _) = d.select_nth_unstable_by(k, f32::total_cmp);
+    2.0 * *v as f64
+}
+
+const BAND_QUANTILE: f64 = 0.999;

@@ -54,9 +54,22 @@ pub fn run(s: &mut Session, opts: &PrefillOptions) -> Result<PrefillFinding> {
     let ids = s.ids.clone();
     // single-chunk prefixes: one precision-matched forward gives every row (causal)
     let single = g.prompt_len.min(g.prefill_len);
-    let matched = match matched::Precision::of(s.describe(), s.model)? {
-        Some(p) => Some(matched::chunk_rows(s.model, &p, &ids[..single])?),
-        None => None,
+    let (matched, spread) = match matched::Precision::of(s.describe(), s.model)? {
+        Some(p) => {
+            let rows = matched::chunk_rows(s.model, &p, &ids[..single])?;
+            // the jitter control's band per row, where it applies (matched_jitter)
+            let spread = match crate::matched_jitter::applies(s.describe()) {
+                true => Some(crate::matched_jitter::row_spread(
+                    s.model,
+                    &p,
+                    &ids[..single],
+                    &rows,
+                )?),
+                false => None,
+            };
+            (Some(rows), spread)
+        }
+        None => (None, None),
     };
     let mut rows = Vec::with_capacity(ks.len());
     let mut first_logits = Vec::new();
@@ -68,7 +81,9 @@ pub fn run(s: &mut Session, opts: &PrefillOptions) -> Result<PrefillFinding> {
             comparison: compare(&out.logits, reference.row(k - 1)),
             matched: matched.as_ref().and_then(|m| {
                 let row = m.get(k - 1)?;
-                Some(matched::step(row, reference.row(k - 1), &out.logits))
+                let mut step = matched::step(row, reference.row(k - 1), &out.logits);
+                step.jitter = spread.as_ref().and_then(|s| s.get(k - 1).copied());
+                Some(step)
             }),
         });
         if i == 0 {

@@ -41,6 +41,7 @@ pub fn run(s: &mut Session, steps: usize) -> Result<SelfmaskFinding> {
         },
     )?;
     let mut rows = Vec::with_capacity(steps);
+    let mut devs = Vec::with_capacity(steps);
     for (i, &token) in tokens.iter().enumerate() {
         let dev = s.driver.step(s.dev, token, &MaskMode::SelfOnly)?;
         rows.push(SelfmaskStep {
@@ -49,9 +50,24 @@ pub fn run(s: &mut Session, steps: usize) -> Result<SelfmaskFinding> {
             input_token: token,
             comparison: compare(&dev.logits, reference.row(i)),
         });
+        devs.push(dev.logits);
         s.progress.inc(1);
     }
     let (mean_cosine, min_cosine, top1_agreement) = summarise(rows.iter().map(|r| &r.comparison));
+    // where the matched reference computes every op, the same rows at the declared precision
+    let pairs: Vec<(u32, usize)> = tokens
+        .iter()
+        .copied()
+        .zip(positions.iter().copied())
+        .collect();
+    let matched_mean_cosine =
+        crate::matched_jitter::self_only(s.model, s.describe(), &pairs)?.map(|m| {
+            let c = devs
+                .iter()
+                .zip(&m)
+                .map(|(d, r)| crate::metrics::cosine(d, r));
+            c.sum::<f64>() / m.len().max(1) as f64
+        });
     let token_texts = s.token_texts(rows.iter().flat_map(|r| {
         [
             r.input_token,
@@ -63,6 +79,7 @@ pub fn run(s: &mut Session, steps: usize) -> Result<SelfmaskFinding> {
         token_texts,
         steps: rows,
         mean_cosine,
+        matched_mean_cosine,
         min_cosine,
         top1_agreement,
     })

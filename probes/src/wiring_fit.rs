@@ -176,11 +176,11 @@ impl WiringFit {
     /// capital of France is") is explained only by a hypothesis that reproduces that step too,
     /// while the median row sits at the noise floor for every hypothesis alike.
     pub fn reproduces(&self) -> bool {
-        beats_healthy(self.miss, self.healthy_miss, self.precision) || self.worst_decides()
-    }
-
-    fn worst_decides(&self) -> bool {
-        self.healthy_worst > 0.0 && beats_healthy(self.worst, self.healthy_worst, self.precision)
+        reproduces(
+            (self.miss, self.worst),
+            (self.healthy_miss, self.healthy_worst),
+            self.precision,
+        )
     }
 
     fn worst_text(&self) -> String {
@@ -224,6 +224,14 @@ impl WiringFit {
             )
         })
     }
+}
+
+/// A hypothesis whose `(median, worst)` step misses are `fit` reproduces the device as
+/// `beats_healthy` asks, at the median step or at the worst one (`WiringFit::reproduces`); a
+/// healthy worst of 0 (results written before it was recorded) decides by the median alone.
+pub fn reproduces(fit: (f64, f64), healthy: (f64, f64), precision: f64) -> bool {
+    beats_healthy(fit.0, healthy.0, precision)
+        || (healthy.1 > 0.0 && beats_healthy(fit.1, healthy.1, precision))
 }
 
 /// A hypothesis' logits: a forward pass, or the rows `from..` of the slot emulation.

@@ -26,6 +26,7 @@ mod gpt2;
 pub mod graph;
 pub mod hf;
 pub mod int8;
+mod jitter;
 pub mod kv;
 pub mod llama;
 pub mod mask;

@@ -90,6 +90,61 @@ pub struct LogitsArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub bos: BosArgs,
+    #[command(flatten)]
+    pub genai: GenaiFeedArgs,
+}
+
+/// Feed the ids as ONNX Runtime GenAI's windowed host does (docs/onnx-genai.md W1–W4): the
+/// position ids and mask its windows and token runs give, instead of `0..T` and causal. The
+/// reproducer of a `host-feed` verdict.
+#[derive(Debug, Args)]
+pub struct GenaiFeedArgs {
+    /// Window W (`decoder.sliding_window.window_size`).
+    #[arg(long, value_name = "W", requires_all = ["genai_context", "pad_token", "prompt_len"], conflicts_with = "single_key")]
+    pub genai_window: Option<usize>,
+    /// Context C (`model.context_length`, the slots every run attends over).
+    #[arg(long, value_name = "C", requires = "genai_window")]
+    pub genai_context: Option<usize>,
+    /// The config's `pad_token_id`.
+    #[arg(long, value_name = "ID", requires = "genai_window")]
+    pub pad_token: Option<u32>,
+    /// How many of the ids are the prompt (run in windows); the rest are fed one run each.
+    #[arg(long, value_name = "N", requires = "genai_window")]
+    pub prompt_len: Option<usize>,
+}
+
+impl GenaiFeedArgs {
+    /// The feed's `(mask, positions)` for `ids`, when asked for.
+    fn feed(&self, ids: &[u32]) -> anyhow::Result<Option<(Vec<bool>, Vec<usize>)>> {
+        let (Some(w), Some(c), Some(pad), Some(n)) = (
+            self.genai_window,
+            self.genai_context,
+            self.pad_token,
+            self.prompt_len,
+        ) else {
+            return Ok(None);
+        };
+        if w < 2 || c < 2 * w || n == 0 || n > ids.len() {
+            return Err(usage(format!(
+                "--genai-window {w} --genai-context {c} --prompt-len {n}: need W ≥ 2, C ≥ 2W and 1 ≤ N ≤ the {} ids",
+                ids.len()
+            )));
+        }
+        let geom = kvprobe_npu::onnx::window::WindowGeom {
+            window: w,
+            context: c,
+            max_length: c,
+            pad_value: 0,
+            pad_token: pad,
+            heads: 1,
+            head_dim: 1,
+        };
+        let feed = kvprobe_npu::onnx::window_feed::logical_feed(geom, ids, n)
+            .map_err(|e| usage(format!("--genai-window: {e}")))?
+            .ok_or_else(|| usage("--genai-window: GenAI's mask shows a pad slot on these ids; no feed in real tokens"))?;
+        let positions = feed.positions.iter().map(|&p| p.max(0) as usize).collect();
+        Ok(Some((feed.visible, positions)))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -209,10 +264,15 @@ fn logits(a: LogitsArgs) -> anyhow::Result<()> {
         Some(k) => Some(kvprobe_reference::mask::single_key(t, k)),
         None => None,
     };
+    let (mask, positions) = match a.genai.feed(&ids)? {
+        Some((m, p)) => (Some(m), Some(p)),
+        None => (mask, None),
+    };
     let out = model.forward(
         &ids,
         &ForwardOptions {
             mask,
+            positions,
             ..Default::default()
         },
     )?;

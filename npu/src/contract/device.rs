@@ -122,6 +122,15 @@ pub trait Device {
         super::limits::declared(self.describe(), self.capabilities().stateful)
     }
 
+    /// The rules by which this device's host feeds the prompt and the tokens into a windowed
+    /// cache, when it declares GenAI's (`decoder.sliding_window`, docs/onnx-genai.md W1–W6): its
+    /// window, context, capacity and `pad_token_id`. A diagnosis replays a request under the feed
+    /// they give (`onnx::window_feed`). None (the default): the host feeds positions `0..t` and
+    /// a causal mask.
+    fn host_window(&self) -> Option<crate::onnx::window::WindowGeom> {
+        None
+    }
+
     /// One run of a group with named host buffers (the server's formats, contract §2.1). Does not
     /// move the read offset: the caller updates it before (contract §2.3).
     fn run(&mut self, group: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput>;

@@ -402,6 +402,10 @@ impl Device for OnnxDevice {
         Vec::new()
     }
 
+    fn host_window(&self) -> Option<window::WindowGeom> {
+        self.win.as_ref().map(|(st, _)| st.geom)
+    }
+
     fn limits(&self) -> Vec<DeviceLimit> {
         let mut out = crate::contract::limits::declared(&self.desc, CAPABILITIES.stateful);
         if let Some((st, _)) = &self.win {

@@ -39,6 +39,7 @@ pub mod static_graphs;
 mod values;
 mod wcache;
 pub mod window;
+pub mod window_feed;
 
 pub use config::GenaiConfig;
 pub use device::OnnxDevice;

@@ -34,7 +34,9 @@ pub const SCORED_CONFIDENCE: f64 = 0.75;
 /// (`replay::proposals`), when there are such rings and a greedy run to compare with; an
 /// `unknown` the device ended (`incomplete`) replays nothing.
 pub fn attach(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
-    if d.verdict == Verdict::Healthy {
+    // a rule that replayed its own hypothesis on the reference (`host-feed`) carries its
+    // reproducer already
+    if d.verdict == Verdict::Healthy || d.reproducer.is_some() {
         return;
     }
     if d.verdict == Verdict::Unknown {

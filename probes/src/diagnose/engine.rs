@@ -191,9 +191,6 @@ pub struct Cause {
     pub warnings: Vec<String>,
     /// Further causes the same evidence supports (same tier), in order.
     pub also: Vec<(Verdict, f64)>,
-    /// Rank the cause after the rule with this id (its evidence stays where it fired): a
-    /// discriminator that a later rule beats must not head the verdict.
-    pub ranked_after: Option<&'static str>,
 }
 
 impl Cause {
@@ -203,7 +200,6 @@ impl Cause {
             evidence: Vec::new(),
             warnings: Vec::new(),
             also: Vec::new(),
-            ranked_after: None,
         }
     }
 
@@ -224,11 +220,6 @@ impl Cause {
 
     pub fn also(mut self, verdict: Verdict, confidence: f64) -> Self {
         self.also.push((verdict, confidence));
-        self
-    }
-
-    pub fn ranked_after(mut self, id: &'static str) -> Self {
-        self.ranked_after = Some(id);
         self
     }
 }
@@ -262,7 +253,6 @@ pub struct Engine {
     evidence: Vec<String>,
     warnings: Vec<String>,
     causes: Vec<Named>,
-    held: Vec<(&'static str, Named)>,
     fired: Vec<&'static str>,
     stopped: bool,
 }
@@ -315,11 +305,6 @@ impl Engine {
                     self.set_aside(rule, cause);
                 }
             }
-            self.release(rule.id);
-        }
-        // a cause held for a rule outside this phase is ranked at the phase's end
-        for (_, named) in std::mem::take(&mut self.held) {
-            self.causes.push(named);
         }
     }
 
@@ -337,13 +322,8 @@ impl Engine {
                     tier: rule.stage,
                     rule: rule.id,
                     decisive: decisive.clone(),
-                })
-                .collect::<Vec<_>>()
-                .into_iter();
-            match cause.ranked_after {
-                Some(after) => self.held.extend(named.map(|n| (after, n))),
-                None => self.causes.extend(named),
-            }
+                });
+            self.causes.extend(named);
         }
         if rule.then == Then::Stop {
             self.stopped = true;
@@ -383,14 +363,6 @@ impl Engine {
                 .map(|l| format!("  (set aside) {l}")),
         );
         self.warnings.extend(cause.warnings);
-    }
-
-    fn release(&mut self, id: &str) {
-        let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|(after, _)| *after == id);
-        self.held = kept;
-        self.causes.extend(due.into_iter().map(|(_, n)| n));
     }
 
     /// Headline = the earliest tier, then the first cause named; the other verdicts go to
@@ -533,14 +505,14 @@ mod tests {
     }
 
     #[test]
-    fn held_cause_ranks_after_its_rule_and_notes_name_nothing() {
+    fn notes_name_nothing_and_the_first_cause_named_heads() {
         let rules = [
             rule(
                 "s",
                 Tier::CachePath,
                 Some(Verdict::TbtGraph),
                 When::Always,
-                |_| Some(Cause::new(0.85).line("s").ranked_after("d")),
+                |_| Some(Cause::new(0.85).line("s")),
             ),
             rule("n", Tier::CachePath, None, When::Always, |_| {
                 Some(Cause::note("n"))
@@ -555,9 +527,10 @@ mod tests {
         ];
         let mut e = Engine::new();
         e.apply(&rules, &0);
+        assert_eq!(e.fired(), ["s", "n", "d"]);
         let c = e.conclude();
-        assert_eq!(c.verdict, Verdict::MaskConvention);
-        assert_eq!(c.also, vec![Verdict::TbtGraph]);
+        assert_eq!(c.verdict, Verdict::TbtGraph);
+        assert_eq!(c.also, vec![Verdict::MaskConvention]);
         assert_eq!(c.evidence, ["s", "n", "d"]);
     }
 

@@ -7,7 +7,10 @@
 //! 2. non-finite logits or states after the prompt's prefill, or non-finite logits at a greedy
 //!    step (a device failing mid-generation) → numeric-overflow;
 //! 3. the prefill wrote other slots than `0..n` → cache-offset;
-//! 4. prefill and greedy agree with the reference → healthy;
+//! 4. prefill and greedy agree with the reference → healthy; else (4′) the greedy run replayed
+//!    on the matched reference under the host's declared feed (a first-window prompt token equal
+//!    to `pad_token_id`, GenAI's windowed rules) reproduces the device → mask-convention
+//!    (`crate::host_feed`);
 //! 5. reference K/V written in `[ctx, kv_heads, d]` reproduce the reference and the documented
 //!    order does not → cache-layout-mismatch;
 //! 6. the device's cache edges declare other quantisations for the same cache (a runner over a
@@ -95,6 +98,10 @@ pub const STATE: &[R] = &[
     .needs(Control::Greedy)
     .stop(),
     R::new("healthy", T, Some(Verdict::Healthy), healthy).stop(),
+    R::new("host-feed-fit", T, None, host_feed_line),
+    R::new("host-feed", T, Some(Verdict::MaskConvention), host_feed)
+        .needs(Control::Any)
+        .stop(),
     R::new("state-layout-cosines", T, None, state_layout_cosines),
     R::new(
         "state-layout",
@@ -222,6 +229,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         s.describe().prefill_len,
         NOT_APPLICABLE.len()
     ));
+    let model = s.model;
     let mut run = Run {
         s,
         t: Vec::new(),
@@ -260,6 +268,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         greedy_steps: Vec::new(),
         graph_noise: crate::thresholds::REL_NOISE_FLOOR,
         output_fit: None,
+        host_feed: None,
         state: None,
         declared_quant_mismatch: declared_quant_mismatch(run.s.describe()),
         fp16_overflow: None,
@@ -331,7 +340,12 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     }
     run.eng.apply(STATE, &f);
     run.cache_kvdiff()?;
-    Ok(run.done())
+    let mut d = run.done();
+    if d.hypothesis.as_ref().is_some_and(|h| h.rule == "host-feed") {
+        // replayed on the reference by the rule itself: its command needs no emulator
+        d.reproducer = f.host_feed.as_ref().map(|h| h.reproducer(model));
+    }
+    Ok(d)
 }
 
 /// A device that declares a lower precision (int4 weights, issue 35) is judged against the
@@ -365,15 +379,31 @@ fn matched_facts<'a>(
 /// own control fails first, and a failed control's miss is never part of the band (the band
 /// must not grow with the fault it judges: issue 35's norm weight, whose prefill at 0.43 widened
 /// the wiring fit's band to 0.57).
-fn graph_noise(run: &Run, prefill_fails: bool) -> f64 {
+///
+/// Under the jitter control (`matched`: the matched reference computes every op) both against
+/// that reference: the prefill rows' mean miss and the self-only steps' (against f32 they carry
+/// the declared precision's cost, which the matched reference computes: a healthy QDQ self-only
+/// step sits at 0.94 against f32, graph noise 7.6e-2, docs/qnn.md).
+fn graph_noise(run: &Run, f: &StatefulFacts, matched: bool) -> f64 {
     let miss = |c: f64| (1.0 - c).max(crate::thresholds::REL_NOISE_FLOOR);
+    let prefill_fails = f.prefill_fails();
+    let rows = &f.prefill_rows;
+    let prefill = if matched && !rows.is_empty() {
+        Some(rows.iter().map(|&(_, md)| md).sum::<f64>() / rows.len() as f64)
+    } else {
+        run.p.prefill.as_ref().map(|p| p.mean_cosine)
+    };
+    let selfmask = run
+        .p
+        .selfmask
+        .as_ref()
+        .map(|m| match m.matched_mean_cosine {
+            Some(c) if matched => c,
+            _ => m.mean_cosine,
+        });
     [
-        run.p
-            .prefill
-            .as_ref()
-            .filter(|_| !prefill_fails)
-            .map(|p| miss(p.mean_cosine)),
-        run.p.selfmask.as_ref().map(|m| miss(m.mean_cosine)),
+        prefill.filter(|_| !prefill_fails).map(miss),
+        selfmask.map(miss),
     ]
     .into_iter()
     .flatten()
@@ -385,6 +415,30 @@ fn hidden_states(run: &mut Run) {
     run.p.not_applicable.extend(hidden_state_probes());
     run.eng
         .line("overflow, state and kvdiff not run: the device does not expose its K/V states");
+}
+
+/// The decode graph without the context: one-row runs whose mask allows only themselves (the
+/// self-only steps against f32, and against the matched reference where it computes every op).
+fn selfmask_control(run: &mut Run, opts: &DiagnoseOptions) -> Result<()> {
+    if let Some(why) = run.s.dev.mask_by_length() {
+        run.eng.line(format!("selfmask and the self-only state check: not applicable ({why}); prefill, greedy, the state layout and position checks and kvdiff judge the cache"));
+        run.p.not_applicable.push(NotApplicable {
+            probe: "selfmask".into(),
+            why: format!("not applicable: {why}"),
+        });
+    } else {
+        let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
+        let matched = sm.matched_mean_cosine.map_or(String::new(), |c| {
+            format!(" ({c:.4} against the precision-matched reference's self-only rows)")
+        });
+        run.eng.line(format!(
+            "selfmask: {} self-only steps, mean cosine {:.4} against the token alone{matched}",
+            sm.steps.len(),
+            sm.mean_cosine
+        ));
+        run.p.selfmask = Some(sm);
+    }
+    Ok(())
 }
 
 /// Prefill, greedy and selfmask against the reference, then the state checks (their
@@ -447,33 +501,25 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         f.greedy = Some(m);
     }
     f.non_finite_step = greedy::first_non_finite_step(run.s);
+    // a step's band: the healthy hypothesis' own spread where the jitter control ran (the
+    // matched reference computes every op), else the declared precision's cost against f32
+    let jitter = !unmodelled && crate::matched_jitter::applies(run.s.describe());
     f.greedy_steps = gr
         .steps
         .iter()
         .skip(1)
         .map(|x| {
             x.matched.map_or((1.0, x.comparison.cosine), |m| {
-                (m.reference_vs_matched, m.matched_vs_device)
+                let band = m
+                    .jitter
+                    .filter(|_| jitter)
+                    .unwrap_or(m.reference_vs_matched);
+                (band, m.matched_vs_device)
             })
         })
         .collect();
-    // the decode graph without the context: one-row runs whose mask allows only themselves
-    if let Some(why) = run.s.dev.mask_by_length() {
-        run.eng.line(format!("selfmask and the self-only state check: not applicable ({why}); prefill, greedy, the state layout and position checks and kvdiff judge the cache"));
-        run.p.not_applicable.push(NotApplicable {
-            probe: "selfmask".into(),
-            why: format!("not applicable: {why}"),
-        });
-    } else {
-        let sm = run.timed("selfmask", |s| selfmask::run(s, opts.selfmask_steps))?;
-        run.eng.line(format!(
-            "selfmask: {} self-only steps, mean cosine {:.4} against the token alone",
-            sm.steps.len(),
-            sm.mean_cosine
-        ));
-        run.p.selfmask = Some(sm);
-    }
-    f.graph_noise = graph_noise(run, f.prefill_fails());
+    selfmask_control(run, opts)?;
+    f.graph_noise = graph_noise(run, f, jitter);
     if f.greedy_leaves_matched() {
         run.eng.line(format!(
             "greedy: the tbt steps leave the precision-matched reference by more than the declared precision and the cache-free controls' miss ({:.1e}) explain",
@@ -483,6 +529,18 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     if f.fails(Control::Greedy) && f.non_finite_step.is_none() {
         let noise = f.graph_noise;
         f.output_fit = run.timed("output fit", |s| super::output_fit::run(s, &gr, noise))?;
+    }
+    let declares_feed = run.s.dev.host_window().is_some();
+    if declares_feed && !(f.prefill_ok() && f.greedy_ok()) && f.non_finite_step.is_none() {
+        let noise = f.graph_noise;
+        let pf = run.p.prefill.clone();
+        f.host_feed = run.timed("host feed", |s| {
+            crate::host_feed::run(s, &gr, noise, pf.as_ref())
+        })?;
+        if let Some(h) = &f.host_feed {
+            // the typed hypothesis and its parameters, for results.json
+            crate::probe::store_extra(&mut run.p, "host_feed", h)?;
+        }
     }
     run.p.greedy = Some(gr);
     if !states {
@@ -534,6 +592,7 @@ pub(super) mod tests {
             greedy_steps: vec![(1.0, 0.9995); 4],
             graph_noise: 1e-3,
             output_fit: None,
+            host_feed: None,
             state: Some(StateFinding {
                 prompt_len: 4,
                 written: vec![0, 1, 2, 3],
@@ -897,5 +956,53 @@ pub(super) mod tests {
         assert!(check("self-only-mask", &near).is_none());
         assert_eq!(conclude(&near), (Verdict::Unknown, 0.3));
         assert!(check("mask-cosines", &healthy_facts()).is_none());
+    }
+
+    /// Hand-made facts: a prompt whose first window holds a token equal to pad_token_id, the
+    /// prefill failing; the host's feed names the cause only when its replay reproduces.
+    #[test]
+    fn the_host_feed_names_a_pad_valued_prompt_token_only_when_its_replay_reproduces() {
+        use crate::host_feed::{FeedMisses, HostFeedFit};
+        let mut f = healthy_facts();
+        f.prefill = Some([0.65, -0.39, 0.9]);
+        assert!(f.fails(Control::Any));
+        assert_eq!(conclude(&f).0, Verdict::Unknown);
+        let seq = vec![
+            1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520,
+        ];
+        let fit = |miss: f64| HostFeedFit {
+            window: 16,
+            context: 128,
+            pad_token: 2,
+            pad_valued: vec![10],
+            first_departure: 10,
+            misses: FeedMisses {
+                miss,
+                worst: miss,
+                healthy_miss: 3e-2,
+                healthy_worst: 1e-1,
+                precision: 2e-4,
+            },
+            f32_miss: miss,
+            seq: seq.clone(),
+            prompt_len: 12,
+        };
+        f.host_feed = Some(fit(1e-6));
+        assert_eq!(conclude(&f), (Verdict::MaskConvention, 0.85));
+        let c = check("host-feed", &f).expect("fires");
+        assert!(
+            c.evidence[0].contains("prompt token 10 (id 2)")
+                && c.evidence[0].contains("pad_token_id 2")
+                && c.evidence[0].contains("W 16"),
+            "{:?}",
+            c.evidence
+        );
+        // a feed that does not reproduce the device within the precision names nothing
+        f.host_feed = Some(fit(5e-3));
+        assert_eq!(conclude(&f).0, Verdict::Unknown);
+        // every control passing: healthy stops first, whatever the feed
+        let mut g = healthy_facts();
+        g.host_feed = Some(fit(1e-6));
+        assert_eq!(conclude(&g).0, Verdict::Healthy);
     }
 }

@@ -219,3 +219,35 @@ pub(super) fn state_reader(f: &StatefulFacts) -> Option<Cause> {
             ))
         })
 }
+
+pub(super) fn host_feed_line(f: &StatefulFacts) -> Option<Cause> {
+    Some(Cause::note(f.host_feed.as_ref()?.line()))
+}
+
+/// The device computes what its host's declared feed gives (`crate::host_feed`): GenAI's
+/// windowed rules take a first-window prompt token equal to `pad_token_id` for a pad, and the
+/// request replayed on the precision-matched reference under that feed reproduces the device
+/// within the declared precision, clearly closer than healthy.
+pub(super) fn host_feed(f: &StatefulFacts) -> Option<Cause> {
+    let h = f.host_feed.as_ref().filter(|h| h.reproduces())?;
+    let m = h.misses;
+    let toks: Vec<String> = h
+        .pad_valued
+        .iter()
+        .map(|&i| format!("prompt token {i} (id {})", h.seq[i]))
+        .collect();
+    Some(
+        Cause::new(0.85)
+            .line(format!(
+                "→ the host feeds {} as a pad: its id is pad_token_id {} and it sits in the first window (W {}); position 0 and masked (GenAI's WindowedPositionInputs::Update, W2), so the device computes another function than the model from token {} on",
+                toks.join(", "),
+                h.pad_token,
+                h.window,
+                h.first_departure
+            ))
+            .line(format!(
+                "→ the request replayed on the precision-matched reference under that feed reproduces the device: median miss {:.1e} (worst step {:.1e}) against the healthy hypothesis' {:.1e} (worst {:.1e}), the declared precision with the graph's noise {:.1e}",
+                m.miss, m.worst, m.healthy_miss, m.healthy_worst, m.precision
+            )),
+    )
+}

@@ -42,6 +42,9 @@ pub struct StatefulFacts {
     pub graph_noise: f64,
     /// The host-wiring hypotheses fitted on the reference side (run when greedy failed).
     pub output_fit: Option<WiringFit>,
+    /// The host's declared feed replayed on the reference (run when a control failed and the
+    /// request's feed departs from the model's: `crate::host_feed`).
+    pub host_feed: Option<crate::host_feed::HostFeedFit>,
     /// Greedy against the f32 reference when `greedy` holds the matched comparison, and the
     /// matched reference's first fp16 overflow (issue 36).
     pub fp16_overflow: Option<(String, [f64; 3])>,
@@ -74,11 +77,14 @@ pub(super) fn declared_rows(
     if unmodelled || !f32_graph || !crate::matched::computes_prefill(desc) {
         return Vec::new();
     }
+    // a row's band: the jitter control's spread where it ran (matched_jitter::applies, the
+    // conditions above), else the declared precision's cost against f32
     pf.rows
         .iter()
         .map(|r| {
             r.matched.map_or((1.0, r.comparison.cosine), |m| {
-                (m.reference_vs_matched, m.matched_vs_device)
+                let band = m.jitter.unwrap_or(m.reference_vs_matched);
+                (band, m.matched_vs_device)
             })
         })
         .collect()
@@ -185,5 +191,75 @@ impl Controls for StatefulFacts {
             .into_iter()
             .any(|c| self.fails(c)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leaves_matched;
+
+    /// Recorded tbt steps `(f32 vs matched, matched vs device, jitter)`: the smallest cosine of the
+    /// jitter control's draws against the matched reference, `probes.greedy.steps[].matched`.
+    type Step = (f64, f64, f64);
+
+    /// A step's band as the greedy control takes it: the jitter where the control ran, or the
+    /// matched reference's miss against f32 (before it).
+    fn judged(steps: &[Step], jitter: bool, noise: f64) -> bool {
+        let rows: Vec<(f64, f64)> = steps
+            .iter()
+            .map(|&(rm, md, j)| (if jitter { j } else { rm }, md))
+            .collect();
+        leaves_matched(&rows, noise)
+    }
+
+    /// The QDQ fixture with its decode graph rotating at position id + 1
+    /// (`export-qdq.py --fault rope-offset`, seed 7, W 8 / C 64, ids 1..11, `--steps 4`, CPU EP;
+    /// docs/diagnosis.md, the jitter control): the grids' own cost against f32 (8e-3 – 1.6e-2)
+    /// is larger than the fault's miss; the graph is well conditioned (jitter 1 to 1e-9).
+    const ROPE_OFFSET: [Step; 3] = [
+        (0.99172, 0.99343, 1.0),
+        (0.99205, 0.99803, 1.0),
+        (0.98439, 0.99272, 1.0),
+    ];
+
+    #[test]
+    fn a_qdq_rope_offset_the_old_band_held_leaves_the_jitter_band() {
+        // before: the f32 miss as the band, the self-only steps against f32 as the noise (7.6e-2)
+        assert!(!judged(&ROPE_OFFSET, false, 7.6e-2));
+        assert!(!judged(&ROPE_OFFSET, false, 1e-5));
+        // the control: the jitter as the band, the self-only steps against the matched
+        // reference (1 − 0.99999999) and its rows (1.0000) as the noise, floored at 1e-5
+        assert!(judged(&ROPE_OFFSET, true, 1e-5));
+    }
+
+    /// SmolLM2's int4 builder export (MatMulNBits at `accuracy_level` 4), healthy, "How do I
+    /// water a cactus?" chat-templated, 16 steps, CPU EP: step 4 misses the matched reference by
+    /// 2.1e-2 where its rows sit 2.2e-4 from it (the graph noise), and the draws there by 2.7e-3.
+    const CACTUS: [Step; 15] = [
+        (0.96263, 0.99817, 0.9989890),
+        (0.96891, 0.99978, 0.9994266),
+        (0.77053, 0.99962, 0.9995915),
+        (0.47393, 0.97895, 0.9972502),
+        (0.98728, 0.99996, 0.9999397),
+        (0.99559, 0.99994, 0.9999010),
+        (0.98478, 0.99993, 0.9999149),
+        (0.58374, 0.99970, 0.9988541),
+        (0.89954, 0.99961, 0.9996753),
+        (0.78465, 0.99990, 0.9998586),
+        (0.98695, 0.99991, 0.9998253),
+        (0.88062, 0.99925, 0.9997348),
+        (0.94186, 0.99983, 0.9995068),
+        (0.97200, 0.99950, 0.9995635),
+        (0.93756, 0.99861, 0.9953551),
+    ];
+
+    #[test]
+    fn a_healthy_int4_prompt_stays_inside_its_jitter_and_not_inside_the_floor() {
+        let noise = 2.2e-4;
+        assert!(!judged(&CACTUS, true, noise));
+        // the same steps with no spread measured (every draw equal to the reference): step 4
+        // alone is 66× its band, a false alarm
+        let floor: Vec<Step> = CACTUS.iter().map(|&(rm, md, _)| (rm, md, 1.0)).collect();
+        assert!(judged(&floor, true, noise));
     }
 }

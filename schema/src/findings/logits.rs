@@ -86,6 +86,12 @@ pub struct MatchedStep {
     /// is a near tie, as a flip against f32 is by `GreedyStep::reference_margin`.
     #[serde(default)]
     pub matched_margin: f64,
+    /// The healthy hypothesis' own spread at this step: the smallest cosine of the matched
+    /// reference against itself with every norm weight moved by ≤ 1 ulp of the declared
+    /// arithmetic (the jitter control, docs/diagnosis.md); only on a host cache whose every op
+    /// the matched reference computes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<f64>,
 }
 
 /// What the precision-matched reference rounded, and its tbt means.
@@ -144,6 +150,11 @@ pub struct SelfmaskStep {
 pub struct SelfmaskFinding {
     pub steps: Vec<SelfmaskStep>,
     pub mean_cosine: f64,
+    /// Mean cosine of the self-only steps against the precision-matched reference's self-only
+    /// rows, where that reference computes every op the device declares (the f32 comparison
+    /// then carries the declared precision's cost: a healthy QDQ self-only step sits at 0.94).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_mean_cosine: Option<f64>,
     pub min_cosine: f64,
     pub top1_agreement: f64,
     /// Readable text of every id the step table shows (inputs and top-1s), for the reports.

@@ -9,10 +9,7 @@ use super::facts::SKIPPED;
 use super::facts::{clean_shift, mask_variant_fault, position_fault, scale_fault, RingFacts};
 use super::fits::ATTENTION_SCALE;
 use super::graph::cache_quantization;
-use super::reader::{
-    golden_left_valid, golden_variant_repairs, reader_elimination, reader_layout,
-    reader_layout_repair,
-};
+use super::reader::{golden_left_valid, reader_elimination, reader_layout, reader_layout_repair};
 use super::writer::writer_layout;
 use crate::affected;
 use crate::diagnose::engine::{Cause, Control, Rule, Tier, When};
@@ -108,9 +105,11 @@ pub const CACHE_PATH: &[R] = &[
         golden_left_valid,
     )
     .needs(Control::CacheReading),
-    R::new(KV_BINDING, CACHE, Some(Verdict::KvBinding), kv_binding)
-        .needs(Control::CacheReading)
-        .when(When::NothingYet),
+    // asked beside any cause named above (no "nothing yet"): a swap's side effects can make a
+    // mask variant or a position shift edge past the ring's step (sweep seed 7878 #292, SmolLM2
+    // `kv-swap`, L 53 / P 26: the `shift-1` mask 0.942 over the ring mask's 0.920), and then
+    // only the replays tell the two apart (`decide`, the causes in `also`)
+    R::new(KV_BINDING, CACHE, Some(Verdict::KvBinding), kv_binding).needs(Control::CacheReading),
     R::new(
         "reader-layout",
         CACHE,
@@ -322,43 +321,17 @@ fn mask_convention(f: &RingFacts) -> Option<Cause> {
     if v.name.starts_with("shift") && placement_off(f) {
         return None;
     }
-    let cause = Cause::new(0.9).line(format!(
+    Some(Cause::new(0.9).line(format!(
         "→ mask-convention: the `{}` mask reproduces the reference ({:.4}) where the server's ring mask gives {:.4}",
         v.name,
         v.comparison.cosine,
         mc.variants.first().map_or(0.0, |r| r.comparison.cosine)
-    ));
-    // Still needed (session 27): without this edge the recorded case sweep seed 7878 #292
-    // (SmolLM2 `kv-swap`, L 53 / P 26, 27-token prompt; the `shift-1` mask 0.942 over the ring
-    // mask's 0.920, golden rings swapped 1.0000) is `unknown`: `kv-binding` waits for nothing
-    // named yet, so `kv-swap` (replay exact) never competes, and the closest replay
-    // (`truncate-entry=48@k,layer=0`) misses by 6.2e-2 against a declared precision of 4.7e-5
-    Some(
-        if shown_binding(f).is_some_and(|b| b > v.comparison.cosine) {
-            cause.ranked_after(KV_BINDING)
-        } else {
-            cause
-        },
-    )
+    )))
 }
 
-/// The cosine of the injection's K↔V repair when the binding is shown, not only fitted: the
-/// swap reaches the reference as precisely as the controls, or the step's own writes land
-/// crosswise. A mask variant that only comes near it is the binding's side effect (SmolLM2
-/// `kv-swap`: golden rings swapped 1.0000, the `shift-1` mask 0.942 over the ring mask's
-/// 0.920; `kv-swap` on layers 2, 5, 19: layer 2's writes crossed, its swap 0.996, the
-/// `shift+1` mask 0.956).
-fn shown_binding(f: &RingFacts) -> Option<f64> {
-    let inj = f.inject.as_ref().filter(|i| i.blame == "binding")?;
-    let best = inj
-        .partial_swap
-        .as_ref()
-        .map_or(inj.golden_swapped.cosine, |p| p.comparison.cosine)
-        .max(inj.golden_swapped.cosine);
-    (golden_variant_repairs(f, inj, best) || !inj.crossed_writes.is_empty()).then_some(best)
-}
-
-/// f. Golden rings fail but swapped K↔V (on every layer, or on some layers only) reproduce.
+/// f. Golden rings fail but swapped K↔V (on every layer, or on some layers only) reproduce, or
+/// the step's own writes land crosswise. Named beside whatever the rules above named; the
+/// replays decide between them.
 fn kv_binding(f: &RingFacts) -> Option<Cause> {
     let inj = f.inject.as_ref().filter(|i| i.blame == "binding")?;
     let partial = inj.partial_swap.as_ref().filter(|p| {
@@ -656,7 +629,7 @@ mod tests {
     #[test]
     fn attention_scale_fires_beside_a_mask_that_reproduces_better() {
         let c = fires_in("attention-scale", &with_scale("none", 0.999)).expect("fires");
-        assert_eq!((c.confidence, c.ranked_after), (0.85, None));
+        assert_eq!(c.confidence, 0.85);
         assert!(c.evidence[0].contains(
             "×1.600 (0.99900 vs 0.90000 at ×1); better than any position shift (0.90000)"
         ));
@@ -665,8 +638,7 @@ mod tests {
             ..with_scale("none", 0.999)
         };
         // no edge since session 27: both causes are named and the replays decide
-        let c = fires_in("attention-scale", &masked).expect("fires");
-        assert_eq!(c.ranked_after, None);
+        assert!(fires_in("attention-scale", &masked).is_some());
         assert!(fires_in("attention-scale", &with_scale("none", 0.96)).is_none());
     }
 
@@ -684,7 +656,6 @@ mod tests {
         };
         let c = fires_in("attention-scale", &f).expect("fires");
         assert!(c.evidence[0].ends_with("the best position shift does better (0.99850)"));
-        assert_eq!(c.ranked_after, None);
     }
 
     #[test]
@@ -1025,49 +996,46 @@ mod tests {
     }
 
     #[test]
-    fn a_mask_variant_near_a_precise_swap_ranks_after_the_binding() {
+    fn a_shown_binding_is_named_beside_a_mask_or_a_shift_that_comes_near_it() {
         // SmolLM2 `kv-swap` on every layer: golden rings swapped reach the reference, the
-        // `shift-1` mask lifts the device's step from 0.920 to 0.942
+        // `shift-1` mask lifts the device's step from 0.920 to 0.942 (sweep seed 7878 #292, L 53
+        // / P 26). No edge since session 28: both causes are named, the rules' order heads, and
+        // the replays decide (`kv-swap` replays exact there, the mask's best misses by 7.5e-2)
         let with = |swapped: f64| RingFacts {
             inject: Some(inject(0.9198, 0.9172, swapped, "binding")),
             maskconv: Some(maskconv(0.9198, &[("shift-1", 0.9422)])),
             ..failing()
         };
-        assert_eq!(
-            ranked(&with(0.99997)),
-            (Verdict::KvBinding, vec![Verdict::MaskConvention])
-        );
-        // a swap no more precise than the mask variant leaves the mask's verdict first
-        assert_eq!(ranked(&with(0.95)).0, Verdict::MaskConvention);
-        // writes seen crossed on a layer show the binding, its swap need not be precise
-        // (SmolLM2 `kv-swap@layer=2,layer=5,layer=19`: layer 2 crossed, swapped 0.996 where
-        // the controls' precision asked for 0.997)
-        let crossed = |layers: Vec<usize>| {
-            let mut inj = inject(0.9264, 0.9268, 0.2373, "binding");
-            inj.partial_swap = partial(&[2], 0.97);
-            inj.crossed_writes = layers;
-            RingFacts {
-                inject: Some(inj),
-                maskconv: Some(maskconv(0.9264, &[("shift+1", 0.956)])),
-                ..failing()
-            }
+        for swapped in [0.99997, 0.95] {
+            assert_eq!(
+                ranked(&with(swapped)),
+                (Verdict::MaskConvention, vec![Verdict::KvBinding])
+            );
+        }
+        // writes seen crossed on a layer (SmolLM2 `kv-swap@layer=2,layer=5,layer=19`: layer 2
+        // crossed, swapped 0.996, the `shift+1` mask 0.956)
+        let mut inj = inject(0.9264, 0.9268, 0.2373, "binding");
+        inj.partial_swap = partial(&[2], 0.97);
+        inj.crossed_writes = vec![2];
+        let crossed = RingFacts {
+            inject: Some(inj),
+            maskconv: Some(maskconv(0.9264, &[("shift+1", 0.956)])),
+            ..failing()
         };
         assert_eq!(
-            ranked(&crossed(vec![2])),
-            (Verdict::KvBinding, vec![Verdict::MaskConvention])
+            ranked(&crossed),
+            (Verdict::MaskConvention, vec![Verdict::KvBinding])
         );
-        assert_eq!(ranked(&crossed(Vec::new())).0, Verdict::MaskConvention);
-        // a position shift that only comes near the swap's repair keeps the headline since
-        // session 27 (its edge had no recorded case: SmolLM2 `kv-swap` L 64 / P 16 and L 53 / P
-        // 26, seed 9753 #343 gave the same verdicts without it), and `kv-binding` (nothing
-        // named yet) is then not evaluated: what replays against the shift is what the rings
-        // the injection names propose
+        // beside a position shift too (SmolLM2 `kv-swap` L 64 / P 16)
         let shifted = RingFacts {
             maskconv: None,
             positions: Some(positions(0.9198, -1, 0.986)),
             ..with(0.99997)
         };
-        assert_eq!(ranked(&shifted), (Verdict::PositionMismatch, vec![]));
+        assert_eq!(
+            ranked(&shifted),
+            (Verdict::PositionMismatch, vec![Verdict::KvBinding])
+        );
     }
 
     #[test]
