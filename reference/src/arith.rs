@@ -218,44 +218,6 @@ impl Rounder {
         Some([get("x·cos")?, get("−x₂")?, get("rotated")?, get("x·sin")?])
     }
 
-    /// Whether a QDQ graph's grids are declared.
-    pub fn quantises(&self) -> bool {
-        self.grids.is_some()
-    }
-
-    /// The grids of `site` at the current layer.
-    fn grids_at(&self, site: &str) -> Option<&[crate::qdq::Grid]> {
-        let (g, rows) = self.grids.as_ref()?;
-        g.for_rows(*rows)
-            .get(&(self.layer.get(), site.to_string()))
-            .map(Vec::as_slice)
-    }
-
-    /// SiLU of `g` in place as a QDQ graph computes it when it declares the sigmoid's grid,
-    /// `g · σ(g)` with σ on that grid (QNN's fixed [0, 1] grid, whose step is coarse beside a
-    /// large gate); false, `g` untouched, when it declares none.
-    pub fn silu_on_grid(&self, g: &mut [f32]) -> bool {
-        let Some(grids) = self.grids_at("sigmoid") else {
-            return false;
-        };
-        for a in g.iter_mut() {
-            *a *= crate::qdq::fake_all(grids, 1.0 / (1.0 + (-*a).exp()));
-        }
-        true
-    }
-
-    /// One KV head's keys or values (`kind` `k` / `v`) as a QDQ graph's attention reads them:
-    /// the past on its input's grid, then past and new entries on their concatenation's grid.
-    pub fn attended(&self, kind: &str, past: &mut [f32], new: &mut [f32]) {
-        if let Some(g) = self.grids_at(&format!("past {kind}")) {
-            crate::qdq::apply(g, past);
-        }
-        if let Some(g) = self.grids_at(&format!("attended {kind}")) {
-            crate::qdq::apply(g, past);
-            crate::qdq::apply(g, new);
-        }
-    }
-
     /// Whether the grids hold norm `name`'s inner ops at the current layer.
     fn norm_on_grids(&self, name: &str) -> bool {
         self.grids.as_ref().is_some_and(|(g, rows)| {

@@ -250,10 +250,8 @@ impl Mlp {
                 let mut u = up.forward_rows(x, rows)?;
                 rnd.round(&mut g, "gate_proj");
                 rnd.round(&mut u, "up_proj");
-                if !rnd.silu_on_grid(&mut g) {
-                    for a in g.iter_mut() {
-                        *a /= 1.0 + (-*a).exp();
-                    }
+                for a in g.iter_mut() {
+                    *a /= 1.0 + (-*a).exp();
                 }
                 rnd.round(&mut g, "silu");
                 for (a, &b) in g.iter_mut().zip(&u) {

@@ -9,16 +9,14 @@
 //!   the node is one the reference computes as one step (qdq.rs names them): a projection (by
 //!   its weight), the embedding Gather, a norm's product with its weight, a residual add (an
 //!   `Add` reading an o_proj / down_proj output), RoPE's final `Add`, the raw, scaled and masked
-//!   scores, softmax and its masked product, SiLU's sigmoid, its product and the gate·up product,
-//!   attention's output MatMul, and the present outputs; each max-scaled norm and each RoPE op by
-//!   op (their inner nodes found from the weight product / the final Add). The layer is the
-//!   deepest layer whose weights the node depends on.
-//! - The cache as attention reads it: each past input on its own grid, then the concatenation of
-//!   past and new entries on the concatenation's grid. A decode graph's concatenation takes its
-//!   past input's grid, not its present's (each graph is calibrated apart), so neither the
-//!   entries the last run wrote nor this run's own new entry reach attention as written.
-//! - The rest (pure moves, which keep their input's grid, the mask's cast, the graph's scalar
-//!   constants) is computed in float32: the declaration says how many grids that leaves.
+//!   scores, softmax and its masked product, SiLU's product and the gate·up product, attention's
+//!   output MatMul, and the present outputs; each max-scaled norm and each RoPE op by op (their
+//!   inner nodes found from the weight product / the final Add). The layer is the deepest layer
+//!   whose weights the node depends on.
+//! - The rest is computed in float32: pure moves (counted apart when they keep their input's
+//!   grid), SiLU's sigmoid, the past inputs' and their concatenation's grids (a placement of those
+//!   moved the decode steps away from the CPU EP device: docs/qnn.md), the mask's cast, the
+//!   graph's scalar constants. The declaration says how many grids that leaves.
 //!
 //! Refused in one line: a per-channel or blocked scale, an integer type other than (u)int8 /
 //! (u)int16 (int4 blocks), and weights of another model.
@@ -59,17 +57,6 @@ struct Reader<'a> {
 
 fn is_qdq(op: &str) -> bool {
     op == "QuantizeLinear" || op == "DequantizeLinear"
-}
-
-/// The layer and `k` / `v` of a past input `past_key_values.L.key` / `….value`.
-fn past_input(name: &str) -> Option<(usize, &'static str)> {
-    let (l, kind) = name.strip_prefix("past_key_values.")?.split_once('.')?;
-    let kind = match kind {
-        "key" => "k",
-        "value" => "v",
-        _ => return None,
-    };
-    Some((l.parse().ok()?, kind))
 }
 
 /// Whether the graph quantises activations (a QuantizeLinear reading a tensor no initializer
@@ -224,12 +211,6 @@ impl<'a> Reader<'a> {
                 up.then(|| (layer, "silu·up".into()))
             }
             "Where" if ins.get(1).is_some_and(|t| self.site_is(t, "scores")) => at("scores"),
-            "Sigmoid" => at("sigmoid"),
-            // the past and the new entries concatenated: what attention reads
-            "Concat" => ins.iter().find_map(|t| {
-                let (l, kind) = past_input(self.origin(t))?;
-                Some((Some(l), format!("attended {kind}")))
-            }),
             "Softmax" => at("softmax"),
             "Add" => {
                 let after = ins.iter().find_map(|t| {
@@ -485,17 +466,6 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
             .filter(|&q| g.nodes[q].op_type == "QuantizeLinear");
         if let (Some(q), Ok(l)) = (q, l.parse::<usize>()) {
             grids.insert((Some(l), site.into()), vec![r.grid(q).map_err(refuse)?]);
-            placed += 1;
-        }
-    }
-    // the past inputs as the graph reads them: on their own grid, which is neither the grid the
-    // run that wrote them put on its presents nor (in a decode graph) this run's present grid
-    for (t, &q) in &r.q_of {
-        if let (Some((l, kind)), false) = (past_input(t), r.producer.contains_key(t)) {
-            grids.insert(
-                (Some(l), format!("past {kind}")),
-                vec![r.grid(q).map_err(refuse)?],
-            );
             placed += 1;
         }
     }

@@ -111,16 +111,6 @@ impl AttnCtx<'_> {
                 }
             }
         }
-        if rnd.quantises() {
-            // a QDQ graph's attention reads its cache through the past input's and the
-            // concatenation's grids
-            for (ks, vs) in kg.chunks_exact_mut(c * hd).zip(vg.chunks_exact_mut(c * hd)) {
-                let (past, new) = ks.split_at_mut(w * hd);
-                rnd.attended("k", past, new);
-                let (past, new) = vs.split_at_mut(w * hd);
-                rnd.attended("v", past, new);
-            }
-        }
         // row of (head, query) in the grouped score layout [G][per*T][C]
         let mut row_of = vec![0usize; nh];
         for (gi, (_, hs)) in groups.iter().enumerate() {
