@@ -13,19 +13,24 @@
 //!   output MatMul, and the present outputs; each max-scaled norm and each RoPE op by op (their
 //!   inner nodes found from the weight product / the final Add). The layer is the deepest layer
 //!   whose weights the node depends on.
-//! - The rest (SiLU's sigmoid, pure moves, the past inputs and their concatenation, the graph's
-//!   scalar constants) is computed in float32: the declaration says how many grids that leaves.
+//! - The rest is computed in float32: pure moves (counted apart when they keep their input's
+//!   grid), SiLU's sigmoid, the past inputs' and their concatenation's grids (a placement of those
+//!   moved the decode steps away from the CPU EP device: docs/qnn.md), the mask's cast, the
+//!   graph's scalar constants. The declaration says how many grids that leaves.
 //!
 //! Refused in one line: a per-channel or blocked scale, an integer type other than (u)int8 /
 //! (u)int16 (int4 blocks), and weights of another model.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 
 use crate::onnx_proto::{OnnxGraph, INT16, INT8, UINT16, UINT8};
-use crate::onnx_qdq_names::{at_layer, norm_site};
-use crate::qdq::{Grid, QdqGrids, SiteGrids};
+use crate::onnx_qdq_names::norm_site;
+use crate::qdq::{Grid, SiteGrids};
 use crate::{Error, Result};
+
+mod inner;
+use inner::{dequantised, place_inner};
 
 /// One QDQ graph read: its activation grids, its dequantised constants by name, and how many of
 /// its activation grids sit at the reference's sites.
@@ -33,6 +38,8 @@ pub(crate) struct QdqGraph {
     pub grids: SiteGrids,
     pub constants: Vec<(String, Vec<f32>)>,
     pub placed: usize,
+    /// Grids of pure moves (Reshape, Transpose, …) equal to their input's: nothing to compute.
+    pub moves: usize,
     pub activations: usize,
 }
 
@@ -228,7 +235,7 @@ impl<'a> Reader<'a> {
 
     /// The value of the one-value constant `t` (through its DequantizeLinear).
     fn scalar(&self, t: &str) -> Option<f32> {
-        let name = self.constant.get(t)?;
+        self.constant.get(t)?;
         let d = *self.producer.get(t)?;
         let init = self.g.nodes[d].inputs.first()?;
         let grid = self.grid(d).ok()?;
@@ -238,7 +245,6 @@ impl<'a> Reader<'a> {
             1 => i32::from(b[0]),
             _ => i32::from(u16::from_le_bytes([b[0], b[1]])),
         };
-        let _ = name;
         Some((q - grid.zero) as f32 * grid.scale)
     }
 
@@ -300,6 +306,26 @@ impl<'a> Reader<'a> {
             ("denominator", den),
             ("x/den", x_den),
         ])
+    }
+
+    /// Node `i` only moves values (Reshape, Transpose, Slice, Expand, (Un)squeeze) and its
+    /// QuantizeLinear `q` keeps its input's grid.
+    fn keeps_grid(&self, i: usize, q: usize) -> bool {
+        let n = &self.g.nodes[i];
+        let moves = [
+            "Reshape",
+            "Transpose",
+            "Slice",
+            "Expand",
+            "Unsqueeze",
+            "Squeeze",
+        ];
+        let d = n.inputs.first().and_then(|t| self.producer.get(t.as_str()));
+        moves.contains(&n.op_type.as_str())
+            && d.is_some_and(|&d| {
+                self.g.nodes[d].op_type == "DequantizeLinear"
+                    && self.grid(d).ok() == self.grid(q).ok()
+            })
     }
 
     /// `t` is a weightless MatMul's output (q · kᵀ before its scale).
@@ -383,7 +409,7 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
     };
     let r = Reader::new(&g);
     let mut grids = SiteGrids::new();
-    let (mut placed, mut activations) = (0, 0);
+    let (mut placed, mut moves, mut activations) = (0, Vec::new(), 0);
     let mut score_scale = None;
     for (i, n) in g.nodes.iter().enumerate() {
         if is_qdq(&n.op_type) {
@@ -413,9 +439,14 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
             }
             grids.entry(site).or_default().push(grid);
             placed += 1;
+        } else if r.keeps_grid(i, q) {
+            moves.push(i);
         }
     }
-    placed += place_inner(&r, &g, &mut grids).map_err(refuse)?;
+    let inner = place_inner(&r, &g, &mut grids).map_err(refuse)?;
+    placed += inner.len();
+    // a move placed as a norm's or RoPE's inner op (the tables' Unsqueeze) counts once
+    let moves = moves.iter().filter(|i| !inner.contains(i)).count();
     // the presents as the graph writes them: the grid in front of each output
     for o in &g.outputs {
         let Some(rest) = o.strip_prefix("present.") else {
@@ -443,155 +474,7 @@ pub(crate) fn read(path: &Path) -> Result<QdqGraph> {
         grids,
         constants,
         placed,
+        moves,
         activations,
-    })
-}
-
-/// Places the inner ops of each norm and each RoPE whose output is a site; returns how many
-/// grids that placed, or the line refusing one.
-fn place_inner(
-    r: &Reader,
-    g: &OnnxGraph,
-    grids: &mut SiteGrids,
-) -> std::result::Result<usize, String> {
-    let mut placed = 0;
-    // the inner ops of each norm whose output is a site
-    let norms: Vec<(usize, (Option<usize>, String))> = (0..g.nodes.len())
-        .filter(|&i| g.nodes[i].op_type == "Mul")
-        .filter_map(|i| Some((i, r.site(i)?)))
-        .filter(|(_, (_, s))| s.ends_with("layernorm") || s == "norm")
-        .collect();
-    for (i, (layer, name)) in norms {
-        let ops = r.norm_ops(i).ok_or_else(|| {
-            format!(
-                "`{}` ends a norm ({}) that is not the max-scaled RMSNorm the reference computes op by op (x / (√max|x| · √(mean((x/√max)²) + ε/max)), arith.rs); its inner grids cannot be placed: quantise the float static folder with scripts/export-qdq.py",
-                g.nodes[i].name,
-                at_layer(layer, &name)
-            )
-        })?;
-        for (op, node) in ops {
-            if let Some(&q) = g.nodes[node]
-                .outputs
-                .first()
-                .and_then(|o| r.q_of.get(o.as_str()))
-            {
-                let key = (layer, format!("{name} {op}"));
-                grids.entry(key).or_default().push(r.grid(q)?);
-                placed += 1;
-            }
-        }
-    }
-    // the inner ops of each RoPE and its tables
-    let ropes: Vec<(usize, (Option<usize>, String))> = (0..g.nodes.len())
-        .filter(|&i| g.nodes[i].op_type == "Add")
-        .filter_map(|i| Some((i, r.site(i)?)))
-        .filter(|(_, (_, s))| s.starts_with("rope "))
-        .collect();
-    // every layer's q and k reach attention through a RoPE the reference can place
-    for (l, proj) in (0..g.nodes.len()).filter_map(|i| match r.site(i)? {
-        (Some(l), p) if p == "q_proj" || p == "k_proj" => Some((l, p)),
-        _ => None,
-    }) {
-        let want = format!("rope {}", &proj[..1]);
-        if !ropes.iter().any(|(_, s)| s == &(Some(l), want.clone())) {
-            return Err(format!(
-                "layer {l}'s {proj} output reaches attention through no `x·cos + rotate_half(x)·sin` (an Add of two Muls, rotate_half a Concat of a Neg) that the reference computes op by op; the RoPE's grids cannot be placed: quantise the float static folder with scripts/export-qdq.py"
-            ));
-        }
-    }
-    for (i, (layer, name)) in ropes {
-        let ops = r.rope_ops(i).ok_or_else(|| {
-            format!(
-                "`{}` ends a RoPE ({}) whose inner ops are not `x·cos + Concat(Neg(x₂), x₁)·sin` with Gather → Concat → Unsqueeze tables, as the reference computes it op by op; its grids cannot be placed: quantise the float static folder with scripts/export-qdq.py",
-                g.nodes[i].name,
-                at_layer(layer, &name)
-            )
-        })?;
-        for (key, node) in ops {
-            let Some(&q) = g.nodes[node]
-                .outputs
-                .first()
-                .and_then(|o| r.q_of.get(o.as_str()))
-            else {
-                continue;
-            };
-            let grid = r.grid(q)?;
-            if let Some(table) = key.strip_prefix("table ") {
-                // shared by every layer: kept once, in graph order (gather, concat, unsqueeze)
-                let at = grids.entry((None, format!("rope {table}"))).or_default();
-                if at.len() < 3 {
-                    at.push(grid);
-                }
-            } else {
-                grids
-                    .entry((layer, format!("{name} {key}")))
-                    .or_default()
-                    .push(grid);
-            }
-            placed += 1;
-        }
-    }
-    Ok(placed)
-}
-
-/// Every initializer behind a DequantizeLinear, dequantised, by its name without `_quantized`.
-fn dequantised(r: &Reader, g: &OnnxGraph) -> std::result::Result<Vec<(String, Vec<f32>)>, String> {
-    let mut constants = Vec::new();
-    let mut seen = HashSet::new();
-    for n in g.nodes.iter().filter(|n| n.op_type == "DequantizeLinear") {
-        let Some(name) = n.outputs.first().and_then(|o| r.constant.get(o.as_str())) else {
-            continue;
-        };
-        if !seen.insert(*name) {
-            continue;
-        }
-        let init = &n.inputs[0];
-        let grid = r.grid(r.producer[n.outputs[0].as_str()])?;
-        let width = if grid.hi > 255 { 2 } else { 1 };
-        let count = g.byte_len(init).unwrap_or(0) as usize / width;
-        let b = g.bytes(init, count, width).map_err(|e| e.to_string())?;
-        let values = b
-            .chunks_exact(width)
-            .map(|c| {
-                let q = match (width, grid.lo) {
-                    (1, 0) => i32::from(c[0]),
-                    (1, _) => i32::from(c[0] as i8),
-                    (_, 0) => i32::from(u16::from_le_bytes([c[0], c[1]])),
-                    _ => i32::from(i16::from_le_bytes([c[0], c[1]])),
-                };
-                (q - grid.zero) as f32 * grid.scale
-            })
-            .collect();
-        constants.push((name.to_string(), values));
-    }
-    Ok(constants)
-}
-
-/// The decode graph's grids of a static folder (`static_graphs.json` beside `prefill`), when it
-/// is another file.
-pub(crate) fn decode_grids(prefill: &Path) -> Result<Option<SiteGrids>> {
-    let dir = prefill.parent().unwrap_or(Path::new("."));
-    let Ok(text) = std::fs::read_to_string(dir.join("static_graphs.json")) else {
-        return Ok(None);
-    };
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Unsupported {
-        path: dir.join("static_graphs.json"),
-        what: format!("not JSON ({e}); export the folder again"),
-    })?;
-    let Some(file) = v["decode"]["filename"].as_str() else {
-        return Ok(None);
-    };
-    let decode = dir.join(file);
-    if decode == prefill {
-        return Ok(None);
-    }
-    Ok(Some(read(&decode)?.grids))
-}
-
-/// Both graphs' grids.
-pub(crate) fn grids(prefill: &Path, graph: &QdqGraph) -> Result<QdqGrids> {
-    Ok(QdqGrids {
-        prefill: graph.grids.clone(),
-        decode: decode_grids(prefill)?,
     })
 }

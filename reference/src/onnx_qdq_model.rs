@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use crate::onnx_qdq::{grids, read};
+use crate::onnx_qdq::{read, QdqGraph};
+use crate::qdq::{QdqGrids, SiteGrids};
 use crate::{Error, Result};
 
 /// What the ONNX graph `path` declares about its weights, one line for the device description:
@@ -15,14 +16,18 @@ pub fn declared(path: &Path) -> Result<Option<String>> {
     }
     let g = read(path)?;
     Ok(Some(format!(
-        "QDQ: {} constants dequantised (uint8 / uint16 weights, RoPE tables), {} of the graph's {} activation grids at the reference's sites, the rest computed in float32",
+        "QDQ: {} constants dequantised (uint8 / uint16 weights, RoPE tables), {} of the graph's {} activation grids at the reference's sites, {} on moves that keep their input's grid, the rest ({}) computed in float32",
         g.constants.len(),
         g.placed,
-        g.activations
+        g.activations,
+        g.moves,
+        g.activations.saturating_sub(g.placed + g.moves)
     )))
 }
 
 impl crate::Model {
+    /// The model with the weights (and a QDQ graph's grids) the graph `path` declares, made on
+    /// the first call for `path` and shared afterwards (the cache of `onnx_block_weights`).
     /// The model with the weights (and a QDQ graph's grids) the graph `path` declares, made on
     /// the first call for `path` and shared afterwards (the cache of `onnx_block_weights`).
     pub fn onnx_declared_weights(&self, path: &Path) -> Result<std::sync::Arc<crate::Model>> {
@@ -140,4 +145,33 @@ impl crate::Model {
         m.qdq = Some(std::sync::Arc::new(grids(path, &graph)?));
         Ok(m)
     }
+}
+
+/// The decode graph's grids of a static folder (`static_graphs.json` beside `prefill`), when it
+/// is another file.
+fn decode_grids(prefill: &Path) -> Result<Option<SiteGrids>> {
+    let dir = prefill.parent().unwrap_or(Path::new("."));
+    let Ok(text) = std::fs::read_to_string(dir.join("static_graphs.json")) else {
+        return Ok(None);
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Unsupported {
+        path: dir.join("static_graphs.json"),
+        what: format!("not JSON ({e}); export the folder again"),
+    })?;
+    let Some(file) = v["decode"]["filename"].as_str() else {
+        return Ok(None);
+    };
+    let decode = dir.join(file);
+    if decode == prefill {
+        return Ok(None);
+    }
+    Ok(Some(read(&decode)?.grids))
+}
+
+/// Both graphs' grids.
+fn grids(prefill: &Path, graph: &QdqGraph) -> Result<QdqGrids> {
+    Ok(QdqGrids {
+        prefill: graph.grids.clone(),
+        decode: decode_grids(prefill)?,
+    })
 }
