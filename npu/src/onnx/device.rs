@@ -51,6 +51,8 @@ pub struct OnnxDevice {
     /// `--fault dec-layer-swap` (faults.rs).
     #[cfg(feature = "onnx")]
     swap_layers: bool,
+    /// What the device computes that the matched reference does not (`Device::unmodelled_precision`).
+    unmodelled: Option<String>,
 }
 
 impl OnnxDevice {
@@ -142,16 +144,36 @@ impl OnnxDevice {
             Some(g) => g.prefill,
             None => opts.dir.join(&cfg.filename),
         };
-        if let Some(summary) = kvprobe_reference::onnx_qdq_model::declared(&graph_file)? {
+        let qdq = kvprobe_reference::onnx_qdq_model::declared(&graph_file)?;
+        let is_qdq = qdq.is_some();
+        if let Some(summary) = qdq {
             desc.weights = kvprobe_schema::DeclaredWeights::Blocks {
                 model: graph_file.clone(),
                 summary,
             };
         }
         // the arithmetic inside the graph, for the precision-matched reference (issue 36)
-        let htp_fp16 = opts.ep == super::Ep::Qnn
-            && super::qnn::QnnOptions::resolve(&super::qnn::plugin_dir(), &opts.ep_options)?
-                .htp_fp16();
+        let qnn = match opts.ep {
+            super::Ep::Qnn => Some(super::qnn::QnnOptions::resolve(
+                &super::qnn::plugin_dir(),
+                &opts.ep_options,
+            )?),
+            _ => None,
+        };
+        let htp_fp16 = qnn.as_ref().is_some_and(|q| q.htp_fp16());
+        // HTP runs a QDQ graph in its own integer kernels (requantisation between ops, its
+        // fixed-point softmax), not as the reference fake-quantises in float32: the same SmolLM2
+        // QDQ prefill on HTP and on the CPU EP differ by rows down to 0.958 (docs/qnn.md), so its
+        // controls are judged by their floors, as OpenVINO's bf16 is
+        let unmodelled = (is_qdq
+            && qnn
+                .as_ref()
+                .is_some_and(|q| q.backend == super::qnn::QnnBackend::Htp))
+        .then(|| {
+            "QNN HTP computes the QDQ graph in its integer kernels (requantisation between ops, a \
+             fixed-point softmax), which the reference's float32 fake-quantisation does not"
+                .to_string()
+        });
         let fp16_graph = matches!(rt.kv, super::values::KvType::F16);
         desc.arithmetic = super::graph_ops::declared_arithmetic(&graph_file, htp_fp16, fp16_graph)?;
         Ok(OnnxDevice {
@@ -167,6 +189,7 @@ impl OnnxDevice {
             substitute,
             length_mask,
             swap_layers: opts.faults.contains(&HostFault::LayerSwap),
+            unmodelled,
             cfg,
             lookup,
             rt,
@@ -382,7 +405,17 @@ impl Device for OnnxDevice {
         let v = self.substitute.iter().cloned();
         #[cfg(feature = "onnx")]
         let v = v.chain(self.rt.qnn.as_ref().and_then(|q| q.partial()));
+        // what the controls cannot judge at the declared precision, as OpenVINO's bf16 says it
+        let v = v.chain(
+            self.unmodelled
+                .iter()
+                .map(|n| format!("QNN precision: {n}")),
+        );
         v.collect()
+    }
+
+    fn unmodelled_precision(&self) -> Option<String> {
+        self.unmodelled.clone()
     }
 
     /// The QNN compile (or context-cache load) per graph, then the graph runs by kind.
