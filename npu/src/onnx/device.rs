@@ -134,48 +134,8 @@ impl OnnxDevice {
             win.as_ref().map(|w| &w.1),
             opts.faults.contains(&HostFault::U16Runner),
         );
-        // the weights the graph computes with, for the precision-matched reference (issue 35)
-        // (a static folder's prefill graph: a QDQ export's grids differ from the float model.onnx)
-        let graph_file = match super::static_graphs::StaticGraphs::load(
-            &opts.dir,
-            cfg.window.as_ref().map(|w| w.window_size),
-            cfg.context_length,
-        )? {
-            Some(g) => g.prefill,
-            None => opts.dir.join(&cfg.filename),
-        };
-        let qdq = kvprobe_reference::onnx_qdq_model::declared(&graph_file)?;
-        let is_qdq = qdq.is_some();
-        if let Some(summary) = qdq {
-            desc.weights = kvprobe_schema::DeclaredWeights::Blocks {
-                model: graph_file.clone(),
-                summary,
-            };
-        }
-        // the arithmetic inside the graph, for the precision-matched reference (issue 36)
-        let qnn = match opts.ep {
-            super::Ep::Qnn => Some(super::qnn::QnnOptions::resolve(
-                &super::qnn::plugin_dir(),
-                &opts.ep_options,
-            )?),
-            _ => None,
-        };
-        let htp_fp16 = qnn.as_ref().is_some_and(|q| q.htp_fp16());
-        // HTP runs a QDQ graph in its own integer kernels (requantisation between ops, its
-        // fixed-point softmax), not as the reference fake-quantises in float32: the same SmolLM2
-        // QDQ prefill on HTP and on the CPU EP differ by rows down to 0.958 (docs/qnn.md), so its
-        // controls are judged by their floors, as OpenVINO's bf16 is
-        let unmodelled = (is_qdq
-            && qnn
-                .as_ref()
-                .is_some_and(|q| q.backend == super::qnn::QnnBackend::Htp))
-        .then(|| {
-            "QNN HTP computes the QDQ graph in its integer kernels (requantisation between ops, a \
-             fixed-point softmax), which the reference's float32 fake-quantisation does not"
-                .to_string()
-        });
-        let fp16_graph = matches!(rt.kv, super::values::KvType::F16);
-        desc.arithmetic = super::graph_ops::declared_arithmetic(&graph_file, htp_fp16, fp16_graph)?;
+        let fp16_kv = matches!(rt.kv, super::values::KvType::F16);
+        let unmodelled = super::declared::precision(&mut desc, &cfg, opts, fp16_kv)?;
         Ok(OnnxDevice {
             desc,
             past: vec![

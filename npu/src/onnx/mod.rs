@@ -14,6 +14,8 @@ use crate::contract::{Capabilities, Family};
 use crate::{Error, Result};
 
 pub mod config;
+#[cfg(feature = "onnx")]
+mod declared;
 mod describe;
 mod device;
 pub mod export;
