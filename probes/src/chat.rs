@@ -264,7 +264,10 @@ fn wiring_fit(
         .collect();
     let footing = crate::footing::Footing::of(s)?;
     let first = all.first();
-    let noise = match first.and_then(|x| x.matched).filter(|_| footing.jitter()) {
+    let noise = match first
+        .and_then(|x| x.matched)
+        .filter(|_| footing.matched.is_some())
+    {
         Some(m) => 1.0 - m.matched_vs_device,
         None => first.map_or(0.0, |x| 1.0 - x.comparison.cosine),
     };

@@ -254,7 +254,7 @@ pub fn run(
         pad_token: geom.pad_token,
         pad_valued: first_window_pad_ids(&s.ids, geom.window, geom.pad_token),
         first_departure,
-        on_matched: footing.jitter(),
+        on_matched: footing.matched.is_some(),
         misses: FeedMisses {
             worst: fed.iter().copied().fold(0.0, f64::max),
             miss: median(fed),
