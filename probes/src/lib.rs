@@ -16,6 +16,7 @@ pub mod diagnose;
 pub mod error;
 pub mod greedy;
 pub mod host_feed;
+pub mod host_slots;
 pub mod inject;
 mod inject_layout;
 pub mod kvdiff;
