@@ -14,6 +14,7 @@ pub mod colmap;
 pub mod determinism;
 pub mod diagnose;
 pub mod error;
+pub mod footing;
 pub mod greedy;
 pub mod host_feed;
 pub mod host_slots;

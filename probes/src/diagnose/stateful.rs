@@ -518,19 +518,16 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     }
     f.non_finite_step = greedy::first_non_finite_step(run.s);
     // a step's band: the healthy hypothesis' own spread where the jitter control ran (the
-    // matched reference computes every op), else the declared precision's cost against f32
-    let jitter = !unmodelled && crate::matched_jitter::applies(run.s.describe());
+    // matched reference computes every op), else the declared precision's cost against f32; the
+    // fits after a failed greedy control replay their hypotheses on the same footing
+    let jitter = crate::footing::jitter_applies(run.s.describe(), unmodelled);
     f.greedy_steps = gr
         .steps
         .iter()
         .skip(1)
         .map(|x| {
             x.matched.map_or((1.0, x.comparison.cosine), |m| {
-                let band = m
-                    .jitter
-                    .filter(|_| jitter)
-                    .unwrap_or(m.reference_vs_matched);
-                (band, m.matched_vs_device)
+                (crate::footing::band(&m, jitter), m.matched_vs_device)
             })
         })
         .collect();
@@ -1069,6 +1066,7 @@ pub(super) mod tests {
             pad_token: 2,
             pad_valued: vec![10],
             first_departure: 10,
+            on_matched: false,
             misses: FeedMisses {
                 miss,
                 worst: miss,

@@ -81,14 +81,14 @@ pub(super) fn declared_rows(
     if unmodelled || !f32_graph || !crate::matched::computes_prefill(desc) {
         return Vec::new();
     }
-    // a row's band: the jitter control's spread where it ran (matched_jitter::applies, the
-    // conditions above), else the declared precision's cost against f32
+    // a row's band: the jitter control's spread where it ran, else the declared precision's
+    // cost against f32 (`crate::footing::band`, as the greedy steps')
+    let jitter = crate::footing::jitter_applies(desc, unmodelled);
     pf.rows
         .iter()
         .map(|r| {
             r.matched.map_or((1.0, r.comparison.cosine), |m| {
-                let band = m.jitter.unwrap_or(m.reference_vs_matched);
-                (band, m.matched_vs_device)
+                (crate::footing::band(&m, jitter), m.matched_vs_device)
             })
         })
         .collect()
