@@ -17,6 +17,7 @@ pub mod error;
 pub mod footing;
 pub mod greedy;
 pub mod host_feed;
+pub mod host_slots;
 pub mod inject;
 mod inject_layout;
 pub mod kvdiff;

@@ -45,6 +45,10 @@ pub struct StatefulFacts {
     /// The host's declared feed replayed on the reference (run when a control failed and the
     /// request's feed departs from the model's: `crate::host_feed`).
     pub host_feed: Option<crate::host_feed::HostFeedFit>,
+    /// The host's runs replayed at the slot level under each writer hypothesis (run when a
+    /// control failed, the host's feed explains nothing and the first window holds pads:
+    /// `crate::host_slots`).
+    pub host_writer: Option<crate::host_slots::HostWriterFit>,
     /// Greedy against the f32 reference when `greedy` holds the matched comparison, and the
     /// matched reference's first fp16 overflow (issue 36).
     pub fp16_overflow: Option<(String, [f64; 3])>,
