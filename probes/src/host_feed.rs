@@ -5,9 +5,9 @@
 //! masked, not counted), and that hole stays at its slot while later runs slide past it
 //! (`kvprobe_npu::onnx::window_feed`). When this request's feed departs from the model's, the
 //! greedy run is replayed under that feed, teacher-forced on the device's tokens, on the
-//! reference and at the band the greedy control judged the device by (`crate::footing`: the
-//! matched reference and the jitter's spread where that control ran, else f32 and the declared
-//! precision's cost), and judged like every replay: `evidence::beats_healthy` at the median
+//! reference and at the band the greedy control judged the device by (`crate::footing`: a host
+//! cache's matched reference, the band the jitter's spread where that control ran, else the
+//! declared precision's cost), and judged like every replay: `evidence::beats_healthy` at the median
 //! step or at the worst one, as the wiring fit (`crate::wiring_fit`). Nothing is tried on a
 //! request the feed leaves alone, so an everyday prompt costs nothing here.
 
