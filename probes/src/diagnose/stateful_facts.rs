@@ -102,8 +102,8 @@ pub(super) fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
 }
 
 impl StatefulFacts {
-    /// The facts before any probe ran: the repeat check's result and the cache quantisations the device declares; every
-    /// control's slot empty until its probe fills it.
+    /// The facts before any probe ran: the repeat check's result and the cache quantisations the
+    /// device declares; every control's slot empty until its probe fills it.
     pub(super) fn first(
         repeat: Option<kvprobe_schema::DeterminismFinding>,
         declared_quant_mismatch: Option<String>,
