@@ -242,34 +242,6 @@ impl Run<'_, '_> {
     }
 }
 
-/// The facts before any probe ran: the repeat check's result and what the device declares; every
-/// control's slot empty until its probe fills it.
-fn first_facts(
-    repeat: Option<kvprobe_schema::DeterminismFinding>,
-    d: &kvprobe_schema::DeviceDescription,
-) -> StatefulFacts {
-    StatefulFacts {
-        repeat,
-        back_to_back_identical: true,
-        back_to_back_cosine: 1.0,
-        back_to_back_refused: None,
-        overflow: None,
-        non_finite_step: None,
-        prefill: None,
-        greedy: None,
-        prefill_rows: Vec::new(),
-        greedy_steps: Vec::new(),
-        graph_noise: crate::thresholds::REL_NOISE_FLOOR,
-        output_fit: None,
-        host_feed: None,
-        host_writer: None,
-        state: None,
-        declared_quant_mismatch: declared_quant_mismatch(d),
-        fp16_overflow: None,
-        binding: None,
-    }
-}
-
 pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     let mut eng = Engine::new();
     eng.line(format!(
@@ -303,7 +275,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         Err(e) => return Err(e),
     };
     run.p.determinism = rp.clone();
-    let mut f = first_facts(rp, run.s.describe());
+    let mut f = StatefulFacts::first(rp, declared_quant_mismatch(run.s.describe()));
     run.eng.apply(REPEAT, &f);
     if run.eng.stopped() {
         return Ok(run.done());
