@@ -102,6 +102,31 @@ pub(super) fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
 }
 
 impl StatefulFacts {
+    /// The facts before any check ran: the repeat's finding and the description's declared
+    /// quant mismatch.
+    pub(super) fn first(rp: Option<DeterminismFinding>, declared: Option<String>) -> StatefulFacts {
+        StatefulFacts {
+            repeat: rp,
+            back_to_back_identical: true,
+            back_to_back_cosine: 1.0,
+            back_to_back_refused: None,
+            overflow: None,
+            non_finite_step: None,
+            prefill: None,
+            greedy: None,
+            prefill_rows: Vec::new(),
+            greedy_steps: Vec::new(),
+            graph_noise: crate::thresholds::REL_NOISE_FLOOR,
+            output_fit: None,
+            host_feed: None,
+            host_writer: None,
+            state: None,
+            declared_quant_mismatch: declared,
+            fp16_overflow: None,
+            binding: None,
+        }
+    }
+
     pub fn prefill_ok(&self) -> bool {
         self.prefill.is_some_and(|p| passes(p, PREFILL_TOP1)) && !self.prefill_leaves_matched()
     }
