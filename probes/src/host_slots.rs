@@ -163,7 +163,7 @@ pub fn replay(model: &Model, p: &Precision, sf: &SlotFeed, roll: usize) -> Resul
         if i + 1 >= prompt_runs {
             out.push(logits);
         }
-        if run.len() > 1 && roll % run.len() != 0 {
+        if run.len() > 1 && !roll.is_multiple_of(run.len()) {
             store.roll_last(run.len(), roll);
         }
     }
