@@ -58,16 +58,21 @@ pub struct FeedMisses {
     pub precision: f64,
 }
 
-impl HostFeedFit {
+impl FeedMisses {
     /// Judged as a wiring fit is: within the declared precision and `PRECISION_RATIO` below the
     /// healthy hypothesis, at the median step or at the worst.
     pub fn reproduces(&self) -> bool {
-        let m = self.misses;
         reproduces(
-            (m.miss, m.worst),
-            (m.healthy_miss, m.healthy_worst),
-            m.precision,
+            (self.miss, self.worst),
+            (self.healthy_miss, self.healthy_worst),
+            self.precision,
         )
+    }
+}
+
+impl HostFeedFit {
+    pub fn reproduces(&self) -> bool {
+        self.misses.reproduces()
     }
 
     /// What the feed does, in the request's terms.

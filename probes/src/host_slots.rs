@@ -27,7 +27,7 @@ use crate::host_feed::{greedy_request, misses, ref_logits_command, FeedMisses};
 use crate::matched::{run_rows, Precision, PREFILL, TBT};
 use crate::matched_store::Store;
 use crate::session::Session;
-use crate::wiring_fit::{healthy_and_precision, median, reproduces};
+use crate::wiring_fit::{healthy_and_precision, median};
 use crate::Result;
 
 /// The closest writer hypothesis of the slot-level replay against the device's greedy run.
@@ -60,12 +60,7 @@ pub struct HostWriterFit {
 
 impl HostWriterFit {
     pub fn reproduces(&self) -> bool {
-        let m = self.misses;
-        reproduces(
-            (m.miss, m.worst),
-            (m.healthy_miss, m.healthy_worst),
-            m.precision,
-        )
+        self.misses.reproduces()
     }
 
     /// What the hypothesis does to this request's cache: the first window's visible slots (after
