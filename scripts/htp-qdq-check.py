@@ -177,16 +177,24 @@ def decode(a):
         v = {k: np.stack([o[t + ".tap"].reshape(-1) for o in outs[k]]).astype(np.float64) for k in outs}
         r = {"tensor": t, "label": labels[t], "grid": [lo, hi],
              "htp_vs_cpu_qdq": float(min(cos(v["htp"], v["cpu"]))),
+             "htp_minus_cpu_qdq_steps": float(np.abs(v["htp"] - v["cpu"]).max() / step),
              "cpu_qdq_vs_f32": float(min(cos(v["cpu"], v["f32"]))),
+             # what the cosine does not see: a clamped row keeps its direction, not its size
+             "cpu_qdq_over_f32_norm": float(min(np.linalg.norm(v["cpu"], axis=-1) / np.linalg.norm(v["f32"], axis=-1))),
              "f32_range": [float(v["f32"].min()), float(v["f32"].max())],
              # the float graph masks with float32's lowest, the QDQ graph with MASK_ON_GRID
              "f32_off_grid": float((((v["f32"] < lo) | (v["f32"] > hi)) & (v["f32"] > -1e30)).mean()),
              # at the grid's top, or its bottom where that is not zero (softmax's masked columns)
              "htp_at_edge": float(((v["htp"] >= hi - step) | ((lo < 0) & (v["htp"] <= lo + step))).mean())}
         tapped.append(r)
-        print(f"{r['label']:32s} HTP vs CPU-QDQ {r['htp_vs_cpu_qdq']:+.4f}  CPU-QDQ vs f32 {r['cpu_qdq_vs_f32']:+.4f}  "
+        print(f"{r['label']:32s} HTP vs CPU-QDQ {r['htp_vs_cpu_qdq']:+.4f} (max {r['htp_minus_cpu_qdq_steps']:.0f} steps)  CPU-QDQ vs f32 {r['cpu_qdq_vs_f32']:+.4f} "
+              f"(norm x{r['cpu_qdq_over_f32_norm']:.3f})  "
               f"grid [{lo:.4g}, {hi:.4g}] f32 [{r['f32_range'][0]:.4g}, {r['f32_range'][1]:.4g}] "
               f"off grid {100 * r['f32_off_grid']:.2f} %  HTP at an edge {100 * r['htp_at_edge']:.2f} %")
+    for what, key in (("HTP leaves the CPU EP's QDQ run", "htp_vs_cpu_qdq"), ("the QDQ graph leaves float32", "cpu_qdq_vs_f32")):
+        first = next((r for r in tapped if r[key] < 0.99), None)
+        if first:
+            print(f"{what} (cosine < 0.99) first at {first['label']}: {first[key]:.4f}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "steps": rows, "taps": tapped}, f, indent=1)

@@ -102,11 +102,14 @@ pub(super) fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
 }
 
 impl StatefulFacts {
-    /// The facts before any check ran: the repeat's finding and the description's declared
-    /// quant mismatch.
-    pub(super) fn first(rp: Option<DeterminismFinding>, declared: Option<String>) -> StatefulFacts {
+    /// The facts before any probe ran: the repeat check's result and what the device declares; every
+    /// control's slot empty until its probe fills it.
+    pub(super) fn first(
+        repeat: Option<kvprobe_schema::DeterminismFinding>,
+        d: &kvprobe_schema::DeviceDescription,
+    ) -> StatefulFacts {
         StatefulFacts {
-            repeat: rp,
+            repeat,
             back_to_back_identical: true,
             back_to_back_cosine: 1.0,
             back_to_back_refused: None,
@@ -116,12 +119,12 @@ impl StatefulFacts {
             greedy: None,
             prefill_rows: Vec::new(),
             greedy_steps: Vec::new(),
-            graph_noise: crate::thresholds::REL_NOISE_FLOOR,
+            graph_noise: REL_NOISE_FLOOR,
             output_fit: None,
             host_feed: None,
             host_writer: None,
             state: None,
-            declared_quant_mismatch: declared,
+            declared_quant_mismatch: super::state_evidence::declared_quant_mismatch(d),
             fp16_overflow: None,
             binding: None,
         }
