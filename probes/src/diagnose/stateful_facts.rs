@@ -104,9 +104,11 @@ pub(super) fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
 impl StatefulFacts {
     /// The facts before any probe ran: the repeat check's result and what the device declares; every
     /// control's slot empty until its probe fills it.
+    /// (`declared`: `state_evidence::declared_quant_mismatch` of the description, passed in so
+    /// that this file does not import the one that reads its facts.)
     pub(super) fn first(
         repeat: Option<kvprobe_schema::DeterminismFinding>,
-        d: &kvprobe_schema::DeviceDescription,
+        declared: Option<String>,
     ) -> StatefulFacts {
         StatefulFacts {
             repeat,
@@ -124,7 +126,7 @@ impl StatefulFacts {
             host_feed: None,
             host_writer: None,
             state: None,
-            declared_quant_mismatch: super::state_evidence::declared_quant_mismatch(d),
+            declared_quant_mismatch: declared,
             fp16_overflow: None,
             binding: None,
         }
