@@ -58,16 +58,21 @@ pub struct FeedMisses {
     pub precision: f64,
 }
 
-impl HostFeedFit {
+impl FeedMisses {
     /// Judged as a wiring fit is: within the declared precision and `PRECISION_RATIO` below the
     /// healthy hypothesis, at the median step or at the worst.
     pub fn reproduces(&self) -> bool {
-        let m = self.misses;
         reproduces(
-            (m.miss, m.worst),
-            (m.healthy_miss, m.healthy_worst),
-            m.precision,
+            (self.miss, self.worst),
+            (self.healthy_miss, self.healthy_worst),
+            self.precision,
         )
+    }
+}
+
+impl HostFeedFit {
+    pub fn reproduces(&self) -> bool {
+        self.misses.reproduces()
     }
 
     /// What the feed does, in the request's terms.
@@ -108,28 +113,15 @@ impl HostFeedFit {
     /// The `kvprobe ref logits` command that computes the device's steps without the device:
     /// row `prompt_len − 1 + k` of its .npy is greedy step k.
     pub fn reproducer(&self, model: &Model) -> Reproducer {
-        let ids: Vec<String> = self.seq.iter().map(u32::to_string).collect();
-        let command: Vec<String> = [
-            "kvprobe",
-            "ref",
-            "logits",
-            "--model",
-            &model.source().display().to_string(),
-            "--ids",
-            &ids.join(","),
-            "--genai-window",
-            &self.window.to_string(),
-            "--genai-context",
-            &self.context.to_string(),
-            "--pad-token",
-            &self.pad_token.to_string(),
-            "--prompt-len",
-            &self.prompt_len.to_string(),
-            "--out",
+        let geom = (self.window, self.context, self.pad_token);
+        let command = ref_logits_command(
+            model,
+            &self.seq,
+            geom,
+            self.prompt_len,
+            &[],
             "host-feed.npy",
-        ]
-        .map(String::from)
-        .to_vec();
+        );
         Reproducer {
             command,
             setup: Vec::new(),
@@ -202,15 +194,10 @@ pub fn run(
     let Some(geom) = s.dev.host_window() else {
         return Ok(None);
     };
-    let Some(dev) = s.compared.iter().find(|c| c.name == "greedy_device_logits") else {
+    let Some((seq, device)) = greedy_request(s, g) else {
         return Ok(None);
     };
-    let (steps, n) = (g.steps.len(), s.ids.len());
-    if steps == 0 || n == 0 || dev.rows != steps || g.device_ids.len() + 1 < steps {
-        return Ok(None);
-    }
-    let mut seq = s.ids.clone();
-    seq.extend_from_slice(&g.device_ids[..steps - 1]);
+    let n = s.ids.len();
     // a request the host refuses or cannot write in real tokens has no feed to replay
     let Some(feed) = logical_feed(geom, &seq, n).ok().flatten() else {
         return Ok(None);
@@ -219,9 +206,6 @@ pub fn run(
         return Ok(None);
     };
     s.progress.phase("host feed", 1);
-    let device: Vec<&[f32]> = (0..steps)
-        .map(|k| &dev.data[k * dev.cols..(k + 1) * dev.cols])
-        .collect();
     // replayed and judged as the greedy control judged the device (`crate::footing`)
     let footing = Footing::of(s)?;
     let f32_rows = f32_replay(s.model, &seq, &feed, n)?;
@@ -229,21 +213,7 @@ pub fn run(
         Some(p) => matched_replay(s.model, p, &seq, &feed, n)?,
         None => f32_rows.clone(),
     };
-    let miss = |rows: &[Vec<f32>]| -> Vec<f64> {
-        device
-            .iter()
-            .zip(rows)
-            .map(|(d, r)| {
-                let c = cosine(d, r);
-                if c.is_finite() {
-                    1.0 - c
-                } else {
-                    2.0
-                }
-            })
-            .collect()
-    };
-    let (fed, f32_fed) = (miss(&replay), miss(&f32_rows));
+    let (fed, f32_fed) = (misses(&device, &replay), misses(&device, &f32_rows));
     let noise = untouched_noise(geom, &s.ids, pf, graph_noise);
     let judged: Vec<_> = g.steps.iter().collect();
     let base = healthy_and_precision(&judged, noise, footing.jitter());
@@ -266,6 +236,79 @@ pub fn run(
         seq,
         prompt_len: n,
     }))
+}
+
+/// The greedy request the device ran (the prompt, then its tokens but the last) and each
+/// step's device logits; `None` when the session kept no such run.
+pub(crate) fn greedy_request<'s>(
+    s: &'s Session,
+    g: &GreedyFinding,
+) -> Option<(Vec<u32>, Vec<&'s [f32]>)> {
+    let dev = s
+        .compared
+        .iter()
+        .find(|c| c.name == "greedy_device_logits")?;
+    let (steps, n) = (g.steps.len(), s.ids.len());
+    if steps == 0 || n == 0 || dev.rows != steps || g.device_ids.len() + 1 < steps {
+        return None;
+    }
+    let mut seq = s.ids.clone();
+    seq.extend_from_slice(&g.device_ids[..steps - 1]);
+    let device = (0..steps)
+        .map(|k| &dev.data[k * dev.cols..(k + 1) * dev.cols])
+        .collect();
+    Some((seq, device))
+}
+
+/// 1 − cosine of each device row against the replay's row (a non-finite cosine counts 2).
+pub(crate) fn misses(device: &[&[f32]], rows: &[Vec<f32>]) -> Vec<f64> {
+    device
+        .iter()
+        .zip(rows)
+        .map(|(d, r)| {
+            let c = cosine(d, r);
+            if c.is_finite() {
+                1.0 - c
+            } else {
+                2.0
+            }
+        })
+        .collect()
+}
+
+/// The `kvprobe ref logits` command that runs `seq` as GenAI's windowed host feeds it (`geom`:
+/// window, context, pad_token_id; the first `prompt_len` ids the prompt), `extra` flags added.
+pub(crate) fn ref_logits_command(
+    model: &Model,
+    seq: &[u32],
+    (window, context, pad): (usize, usize, u32),
+    prompt_len: usize,
+    extra: &[&str],
+    out: &str,
+) -> Vec<String> {
+    let ids: Vec<String> = seq.iter().map(u32::to_string).collect();
+    let mut command: Vec<String> = [
+        "kvprobe",
+        "ref",
+        "logits",
+        "--model",
+        &model.source().display().to_string(),
+        "--ids",
+        &ids.join(","),
+        "--genai-window",
+        &window.to_string(),
+        "--genai-context",
+        &context.to_string(),
+        "--pad-token",
+        &pad.to_string(),
+        "--prompt-len",
+        &prompt_len.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    command.extend(extra.iter().map(|x| x.to_string()));
+    command.extend(["--out".to_string(), out.to_string()]);
+    command
 }
 
 /// Greedy steps 0.. (the prompt's last row, then one row per token) of the f32 reference under

@@ -22,12 +22,12 @@ use kvprobe_reference::Model;
 use kvprobe_schema::{GreedyFinding, Reproducer};
 use serde::{Deserialize, Serialize};
 
-use crate::host_feed::FeedMisses;
+use crate::footing::Footing;
+use crate::host_feed::{greedy_request, misses, ref_logits_command, FeedMisses};
 use crate::matched::{run_rows, Precision, PREFILL, TBT};
 use crate::matched_store::Store;
-use crate::metrics::cosine;
 use crate::session::Session;
-use crate::wiring_fit::{healthy_and_precision, median, reproduces};
+use crate::wiring_fit::{healthy_and_precision, median};
 use crate::Result;
 
 /// The closest writer hypothesis of the slot-level replay against the device's greedy run.
@@ -40,6 +40,9 @@ pub struct HostWriterFit {
     /// The closest hypothesis: each prompt window's presents stored rolled by `roll` (row j of
     /// the present in slot j − roll, modulo W).
     pub roll: usize,
+    /// Replayed on the precision-matched reference (where the jitter control judges the device,
+    /// `crate::footing`), else on the float32 one.
+    pub on_matched: bool,
     pub misses: FeedMisses,
     /// Every roll replayed, with its median miss.
     pub tried: Vec<(usize, f64)>,
@@ -57,12 +60,7 @@ pub struct HostWriterFit {
 
 impl HostWriterFit {
     pub fn reproduces(&self) -> bool {
-        let m = self.misses;
-        reproduces(
-            (m.miss, m.worst),
-            (m.healthy_miss, m.healthy_worst),
-            m.precision,
-        )
+        self.misses.reproduces()
     }
 
     /// What the hypothesis does to this request's cache: the first window's visible slots (after
@@ -99,8 +97,13 @@ impl HostWriterFit {
             .map(|(r, x)| format!("roll {r} {x:.1e}"))
             .collect();
         format!(
-            "host slot replay (the host's runs as fed: W {} rows with their pads, the host's positions, mask and past slots, presents stored by slot) on the precision-matched reference, the device's tokens: {} → median miss {:.1e} (worst step {:.1e}), the healthy hypothesis {:.1e} (worst {:.1e}), the declared precision with the graph's noise {:.1e}; on the f32 reference {:.1e} (tried: {})",
+            "host slot replay (the host's runs as fed: W {} rows with their pads, the host's positions, mask and past slots, presents stored by slot) on the {} reference, the device's tokens: {} → median miss {:.1e} (worst step {:.1e}), the healthy hypothesis {:.1e} (worst {:.1e}), the declared precision {:.1e}; on the f32 reference {:.1e} (tried: {})",
             self.window,
+            if self.on_matched {
+                "precision-matched"
+            } else {
+                "float32"
+            },
             self.what(),
             m.miss,
             m.worst,
@@ -114,30 +117,17 @@ impl HostWriterFit {
 
     /// The `kvprobe ref logits` command that computes the device's steps without the device.
     pub fn reproducer(&self, model: &Model) -> Reproducer {
-        let ids: Vec<String> = self.seq.iter().map(u32::to_string).collect();
-        let command: Vec<String> = [
-            "kvprobe",
-            "ref",
-            "logits",
-            "--model",
-            &model.source().display().to_string(),
-            "--ids",
-            &ids.join(","),
-            "--genai-window",
-            &self.window.to_string(),
-            "--genai-context",
-            &self.context.to_string(),
-            "--pad-token",
-            &self.pad_token.to_string(),
-            "--prompt-len",
-            &self.prompt_len.to_string(),
-            "--present-roll",
-            &self.roll.to_string(),
-            "--out",
+        let geom = (self.window, self.context, self.pad_token);
+        let roll = self.roll.to_string();
+        let extra = ["--present-roll", roll.as_str()];
+        let command = ref_logits_command(
+            model,
+            &self.seq,
+            geom,
+            self.prompt_len,
+            &extra,
             "present-roll.npy",
-        ]
-        .map(String::from)
-        .to_vec();
+        );
         let mut tried = vec![("healthy".to_string(), self.misses.healthy_miss)];
         tried.extend(self.tried.iter().map(|(r, m)| (format!("roll {r}"), *m)));
         Reproducer {
@@ -190,48 +180,30 @@ pub fn visible_rows(w: usize, npad: usize, roll: usize) -> Vec<usize> {
 
 /// Replays every roll the declared window allows against the greedy run `g`; `None` when the
 /// device declares no windowed host, or this request's first window holds no pad (every roll
-/// is then the healthy function). `graph_noise`: the passing cache-free controls' miss.
-pub fn run(s: &mut Session, g: &GreedyFinding, graph_noise: f64) -> Result<Option<HostWriterFit>> {
+/// is then the healthy function). The band is the steps' declared precision alone, without the
+/// cache-free controls' miss that other fits add as the graph's noise: every writer hypothesis
+/// predicts those controls (a self-only step reads no stored entry; a prefix from a reset is
+/// judged only when it passes) to be the healthy ones, so their miss is not room a roll may
+/// use — where they fail (a mask that shows the pads to every row), no roll is why.
+pub fn run(s: &mut Session, g: &GreedyFinding) -> Result<Option<HostWriterFit>> {
     let Some(geom) = s.dev.host_window() else {
         return Ok(None);
     };
-    let Some(dev) = s.compared.iter().find(|c| c.name == "greedy_device_logits") else {
+    let Some((seq, device)) = greedy_request(s, g) else {
         return Ok(None);
     };
-    let (steps, n) = (g.steps.len(), s.ids.len());
-    if steps == 0 || n == 0 || dev.rows != steps || g.device_ids.len() + 1 < steps {
-        return Ok(None);
-    }
-    let mut seq = s.ids.clone();
-    seq.extend_from_slice(&g.device_ids[..steps - 1]);
+    let n = s.ids.len();
     let Ok(sf) = slot_feed(geom, &seq, n) else {
         return Ok(None);
     };
     if sf.npad == 0 || geom.window < 2 {
         return Ok(None);
     }
-    let desc = s.describe().clone();
-    let Some(p) = Precision::of_or_exact(&desc, s.model)? else {
-        return Ok(None);
-    };
+    // replayed and judged as the greedy control judged the device (`crate::footing`)
+    let footing = Footing::of(s)?;
+    let exact = Precision::exact(s.model);
+    let p = footing.matched.as_ref().unwrap_or(&exact);
     s.progress.phase("host slots", geom.window as u64);
-    let device: Vec<&[f32]> = (0..steps)
-        .map(|k| &dev.data[k * dev.cols..(k + 1) * dev.cols])
-        .collect();
-    let miss = |rows: &[Vec<f32>]| -> Vec<f64> {
-        device
-            .iter()
-            .zip(rows)
-            .map(|(d, r)| {
-                let c = cosine(d, r);
-                if c.is_finite() {
-                    1.0 - c
-                } else {
-                    2.0
-                }
-            })
-            .collect()
-    };
     // one replay per distinct function: rolls that put the same rows in the visible slots
     let mut tried: Vec<(usize, f64, f64)> = Vec::new();
     let mut seen: Vec<(Vec<usize>, usize)> = Vec::new();
@@ -242,7 +214,7 @@ pub fn run(s: &mut Session, g: &GreedyFinding, graph_noise: f64) -> Result<Optio
             continue;
         }
         seen.push((rows, roll));
-        let m = miss(&replay(s.model, &p, &sf, roll)?);
+        let m = misses(&device, &replay(s.model, p, &sf, roll)?);
         let worst = m.iter().copied().fold(0.0, f64::max);
         tried.push((roll, median(m), worst));
         s.progress.inc(1);
@@ -254,24 +226,19 @@ pub fn run(s: &mut Session, g: &GreedyFinding, graph_noise: f64) -> Result<Optio
     let alike: Vec<usize> = (roll + 1..geom.window)
         .filter(|&r| visible_rows(geom.window, sf.npad, r) == key)
         .collect();
-    let f32_miss = median(miss(&replay(
-        s.model,
-        &Precision::exact(s.model),
-        &sf,
-        roll,
-    )?));
+    let f32_miss = match footing.jitter() {
+        true => median(misses(&device, &replay(s.model, &exact, &sf, roll)?)),
+        false => best,
+    };
     s.progress.inc(1);
-    // the steps' band as the greedy control took it: the jitter's spread where that control
-    // applies (the matched reference computes every op the device declares)
-    let jitter =
-        s.dev.unmodelled_precision().is_none() && crate::matched_jitter::applies(s.describe());
     let steps: Vec<_> = g.steps.iter().collect();
-    let base = healthy_and_precision(&steps, graph_noise, jitter);
+    let base = healthy_and_precision(&steps, 0.0, footing.jitter());
     Ok(Some(HostWriterFit {
         window: geom.window,
         context: geom.context,
         pads: sf.npad,
         roll,
+        on_matched: footing.jitter(),
         misses: FeedMisses {
             miss: best,
             worst,
@@ -291,6 +258,7 @@ pub fn run(s: &mut Session, g: &GreedyFinding, graph_noise: f64) -> Result<Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::cosine;
     use kvprobe_npu::onnx::window::WindowGeom;
     use kvprobe_reference::ForwardOptions;
 

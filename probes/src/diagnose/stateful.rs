@@ -564,7 +564,7 @@ fn replay_host_feed(
         crate::probe::store_extra(&mut run.p, "host_feed", h)?;
     }
     if f.host_feed.is_none() {
-        f.host_writer = run.timed("host slots", |s| crate::host_slots::run(s, gr, noise))?;
+        f.host_writer = run.timed("host slots", |s| crate::host_slots::run(s, gr))?;
     }
     if let Some(h) = &f.host_writer {
         crate::probe::store_extra(&mut run.p, "host_writer", h)?;
@@ -986,6 +986,7 @@ pub(super) mod tests {
             context: 64,
             pads: 5,
             roll,
+            on_matched: true,
             misses: FeedMisses {
                 miss,
                 worst: miss,

@@ -270,7 +270,7 @@ pub(super) fn host_writer(f: &StatefulFacts) -> Option<Cause> {
                 h.what()
             ))
             .line(format!(
-                "→ the host's runs replayed at the slot level on the precision-matched reference with that write reproduce the device: median miss {:.1e} (worst step {:.1e}) against the healthy hypothesis' {:.1e} (worst {:.1e}), the declared precision with the graph's noise {:.1e}",
+                "→ the host's runs replayed at the slot level with that write reproduce the device: median miss {:.1e} (worst step {:.1e}) against the healthy hypothesis' {:.1e} (worst {:.1e}), the declared precision {:.1e}",
                 m.miss, m.worst, m.healthy_miss, m.healthy_worst, m.precision
             )),
     )
