@@ -297,7 +297,8 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 /// reference's own median miss against f32, floored at `STEP_NOISE_FLOOR`. With `jitter` (the
 /// hypotheses are replayed on the matched reference, `fit`'s `matched`), the precision is the
 /// jitter control's spread where it ran instead (`crate::matched_jitter`): the miss against f32
-/// is then a cost the hypotheses pay as well, not a room the device has.
+/// is then a cost the hypotheses pay as well, not a room the device has. The device's stray from
+/// its control, where one measured it, is room it has either way (`crate::device_stray::band`).
 pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64, jitter: bool) -> Baseline {
     let healthy: Vec<f64> = steps
         .iter()
@@ -312,10 +313,7 @@ pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64, jitter: bo
             .iter()
             .map(|x| {
                 x.matched
-                    .map_or(0.0, |m| {
-                        let band = m.jitter.filter(|_| jitter);
-                        1.0 - band.unwrap_or(m.reference_vs_matched)
-                    })
+                    .map_or(0.0, |m| 1.0 - crate::device_stray::band(&m, jitter))
                     .max(STEP_NOISE_FLOOR)
             })
             .collect(),

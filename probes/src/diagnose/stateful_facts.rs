@@ -78,13 +78,13 @@ pub(super) fn declared_rows(
         return Vec::new();
     }
     // a row's band: the jitter control's spread where it ran (matched_jitter::applies, the
-    // conditions above), else the declared precision's cost against f32
+    // conditions above), else the declared precision's cost against f32; plus the device's
+    // stray from its control where one measured it (crate::device_stray)
     pf.rows
         .iter()
         .map(|r| {
             r.matched.map_or((1.0, r.comparison.cosine), |m| {
-                let band = m.jitter.unwrap_or(m.reference_vs_matched);
-                (band, m.matched_vs_device)
+                (crate::device_stray::band(&m, true), m.matched_vs_device)
             })
         })
         .collect()
