@@ -5,7 +5,8 @@
 with static scales calibrated (MinMax) on prompt windows run through the float graphs.
 
     scripts/export-qdq.py STATIC_FOLDER OUT [--activations u8|u16] [--windows N] [--seed S]
-                          [--fault present-shift|rope-offset]
+                          [--fault present-shift|rope-offset] [--mask-min V]
+                          [--only prefill|decode] [--calibrate-self-only]
 
 `--fault present-shift` writes an NPU bug into both graphs before they are quantised (a cache
 written at the wrong position, docs/qnn.md): every present K / V row holds the next row's entry
@@ -25,7 +26,13 @@ Two things of the float graphs would not survive a per-tensor grid, so the copy 
 quantised differs from them (docs/qnn.md "The QDQ variant"):
 - the masked score is `mask_min` = float32's lowest; a tensor holding it next to the real scores
   gets a scale of ~5e33, every visible score rounds to 0 and attention becomes uniform. The copy
-  masks with MASK_ON_GRID instead (exp(-100) next to any visible score is below float32's step).
+  masks with MASK_ON_GRID instead (exp(-100) next to any visible score is below float32's step),
+  or with `--mask-min V` (the experiment of docs/qnn.md "HTP's self-only rows").
+
+Experiments (docs/qnn.md "HTP's self-only rows"): `--only decode` quantises one graph (OUT then
+serves htp-qdq-check.py --decode, not kvprobe); `--calibrate-self-only` also calibrates the decode
+graph on a self-only step after each window (a random token seeing only itself, as kvprobe's
+selfmask probe feeds it; its own seed, so the other windows stay the same).
 - the prefill graph's past is all zeros in a first window, so its grid would be [0, 1e-4] and a
   second window's past would be wiped: each calibration prompt is followed by a second window
   that reads the first window's presents.
@@ -42,7 +49,7 @@ import time
 import numpy as np
 import onnx
 
-from lib.static_window import prompt_feed  # scripts/lib (this script's folder is on sys.path)
+from lib.static_window import prompt_feed, right_aligned  # scripts/lib (this script's folder is on sys.path)
 
 # The masked score of the quantised copy: far below any visible score, inside a u16 grid
 # (a step of about 1.6e-3 over [-100, 5]).
@@ -61,18 +68,6 @@ def continuation_feed(rng, vocab, n, shapes, presents, names):
         if k.startswith("past"):
             f[k] = right_aligned(k, s, presents, names, w)
     return f
-
-
-def right_aligned(k, s, presents, names, w):
-    """The past input `k` of dims `s` holding a window's presents [.., W] at its right end."""
-    layer, kind = k.split(".")[1], k.split(".")[2]
-    present = presents[names[f"present_{kind}_names"] % int(layer)]
-    past = np.zeros(s, np.float32)
-    if kind == "key":  # [H, 1, D, P] <- presents [H, 1, D, W]
-        past[..., -w:] = present
-    else:  # [H, 1, P, D] <- [H, 1, W, D]
-        past[..., -w:, :] = present
-    return past
 
 
 def present_shift(m):
@@ -108,8 +103,8 @@ def rope_offset(m):
     m.graph.node.extend(nodes)
 
 
-def on_grid_copy(src, out, fault=None):
-    """`src` with its mask constant MASK_ON_GRID (and `fault` written in), saved into `out` with
+def on_grid_copy(src, out, fault=None, mask_min=MASK_ON_GRID):
+    """`src` with its mask constant `mask_min` (and `fault` written in), saved into `out` with
     its own copy of the weights (onnx refuses external data behind a link); returns its path."""
     m = onnx.load(src)
     if fault == "present-shift":
@@ -119,7 +114,7 @@ def on_grid_copy(src, out, fault=None):
     found = [t for t in m.graph.initializer if t.name == "mask_min"]
     if len(found) != 1:
         sys.exit(f"export-qdq.py: {src} has no mask_min constant; export it with export-onnx.sh --static")
-    found[0].CopyFrom(onnx.numpy_helper.from_array(np.array(MASK_ON_GRID, np.float32), "mask_min"))
+    found[0].CopyFrom(onnx.numpy_helper.from_array(np.array(mask_min, np.float32), "mask_min"))
     dst = os.path.join(out, "float." + os.path.basename(src))
     onnx.save(m, dst, save_as_external_data=True, location=os.path.basename(dst) + ".data")
     return dst
@@ -133,6 +128,9 @@ def main():
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fault", choices=["present-shift", "rope-offset"], default=None)
+    ap.add_argument("--mask-min", type=float, default=MASK_ON_GRID)
+    ap.add_argument("--only", choices=["prefill", "decode"])
+    ap.add_argument("--calibrate-self-only", action="store_true")
     a = ap.parse_args()
     try:
         import onnxruntime as ort
@@ -158,6 +156,7 @@ def main():
     ps, ds = shapes(pre), shapes(dec)
     w, c = ps["input_ids"][1], ps["attention_mask"][1]
     rng = np.random.RandomState(a.seed)
+    self_rng = np.random.RandomState(a.seed + 1)
     cpu = ort.InferenceSession(pre, providers=["CPUExecutionProvider"])
     pre_feeds, dec_feeds = [], []
     for i in range(a.windows):
@@ -173,6 +172,11 @@ def main():
             if k.startswith("past"):
                 g[k] = right_aligned(k, s, outs, names, w)
         dec_feeds.append(g)
+        if a.calibrate_self_only:
+            own = dict(g, input_ids=self_rng.randint(0, vocab, (1, 1)).astype(np.int32),
+                       attention_mask=np.zeros((1, c), np.int32))
+            own["attention_mask"][0, c - 1] = 1
+            dec_feeds.append(own)
 
     class Reader(CalibrationDataReader):
         def __init__(self, feeds):
@@ -189,9 +193,11 @@ def main():
         # the real path: a link through one worktree's .cache symlink would die with it
         os.symlink(os.path.realpath(os.path.join(a.folder, f)), d)
     for src, feeds in ((pre, pre_feeds), (dec, dec_feeds)):
+        if a.only and src != {"prefill": pre, "decode": dec}[a.only]:
+            continue
         t = time.time()
         fault = None if (a.fault == "rope-offset" and src == pre) else a.fault
-        copy = on_grid_copy(src, a.out, fault)
+        copy = on_grid_copy(src, a.out, fault, a.mask_min)
         qcfg = get_qnn_qdq_config(copy, Reader(feeds), activation_type=qt, weight_type=QuantType.QUInt8)
         qcfg.use_external_data_format = True
         dst = os.path.join(a.out, os.path.basename(src))

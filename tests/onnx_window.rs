@@ -361,29 +361,6 @@ fn shared_runs_give_the_results_of_running_every_request() {
 /// the config's pad_token_id and sits at index 10 of the first window.
 const FRANCE_CHAT: &str = "1,4093,198,1780,314,260,3575,282,4649,47,2,198,1,520,9531,198";
 
-/// Rows of a `.npy` `[rows, vocab]`.
-fn npy_rows(p: &Path) -> Vec<Vec<f32>> {
-    use ndarray_npy::ReadNpyExt;
-    let f = std::fs::File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    let a = ndarray::Array2::<f32>::read_npy(f).unwrap();
-    a.rows().into_iter().map(|r| r.to_vec()).collect()
-}
-
-fn median_miss(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
-    let cosine = |x: &[f32], y: &[f32]| {
-        let dot = |p: &[f32], q: &[f32]| {
-            p.iter()
-                .zip(q)
-                .map(|(u, w)| *u as f64 * *w as f64)
-                .sum::<f64>()
-        };
-        dot(x, y) / (dot(x, x) * dot(y, y)).sqrt()
-    };
-    let mut m: Vec<f64> = a.iter().zip(b).map(|(x, y)| 1.0 - cosine(x, y)).collect();
-    m.sort_by(f64::total_cmp);
-    m[m.len() / 2]
-}
-
 /// GenAI's windowed rules take a first-window prompt token equal to pad_token_id for a pad
 /// (position 0, masked; docs/onnx-genai.md "A prompt token equal to pad_token_id"). On the
 /// uint8 SmolLM2 folder the chat prompt above is named by the host's declared feed (`host-feed`,

@@ -276,11 +276,102 @@ fn a_qdq_folder_is_healthy_on_htp_and_its_shifted_cache_is_not() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
     let ev = evidence(&v).join(" | ");
-    assert_ne!(verdict(&v), "healthy", "{ev}");
+    // named by the host's runs replayed at the slot level (session 29; `unknown` before)
+    assert_eq!(verdict(&v), "cache-offset", "{ev}");
+    assert_eq!(v["hypothesis"]["rule"], "host-writer", "{ev}");
+    assert!(ev.contains("presents stored rolled by 1"), "{ev}");
     assert!(
         ev.contains("first divergent layer 0 (KV head 0, K)"),
         "{ev}"
     );
+}
+
+/// The same cache written one slot off (`--fault present-shift`) on ONNX Runtime's CPU EP, and
+/// a prompt of one whole window. Ids 1..11 in windows of 8 put 5 pads in front: the roll
+/// keeps a pad row's entry in the last prompt slot and token 0's in a masked one, so every later
+/// run reads another prompt. The host's runs replayed at the slot level on the precision-matched
+/// reference (`probes/src/host_slots.rs`) with each window's presents rolled by 1 reproduce the
+/// device, which names `cache-offset` by rule `host-writer`; its reproducer (`kvprobe ref logits
+/// … --present-roll 1`, no export) gives the device's greedy steps far closer than the reference
+/// fed as the model reads the ids. Ids 1..8 fill one window: the roll stores the same entries at
+/// other slots and the prefill probe's prefixes end inside that window, so every request is the
+/// healthy function and `healthy`. Main before this rule (20e42f0): `unknown` on the first.
+#[test]
+fn a_cache_written_one_slot_off_is_named_on_the_cpu_ep_and_one_whole_window_is_healthy() {
+    let (hf, dir) = exported(
+        7,
+        "static",
+        &["--window", "8", "--max-length", "64", "--static"],
+    );
+    let shifted = qdq_export(&dir, &["--fault", "present-shift"]);
+    let (d, m) = (shifted.path().to_str().unwrap(), hf.to_str().unwrap());
+    let scratch = tempfile::tempdir().unwrap();
+    let out = scratch.path().join("run");
+    let o = out.to_str().unwrap();
+    let base = [
+        "diagnose", "--onnx", d, "--model", m, "--steps", "4", "--ep", "cpu",
+    ];
+    let diagnose = |ids: &str, extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(["--ids", ids]);
+        a.extend_from_slice(extra);
+        kvprobe_json(&a)
+    };
+    let (code, v, err) = diagnose("1,2,3,4,5,6,7,8,9,10,11", &["--out", o]);
+    let ev = format!("{err} {}", evidence(&v).join(" | "));
+    assert_eq!((code, verdict(&v).as_str()), (1, "cache-offset"), "{ev}");
+    assert_eq!(v["hypothesis"]["rule"], "host-writer", "{ev}");
+    let first = v["hypothesis"]["decisive"][0].as_str().unwrap();
+    assert!(
+        first.contains("presents stored rolled by 1") && first.contains("5 pad(s)"),
+        "{first}"
+    );
+    // the reproducer, run: its rows are the greedy steps
+    let argv: Vec<String> = v["reproducer"]["command"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{ev}"))
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(argv[..3], ["kvprobe", "ref", "logits"], "{argv:?}");
+    let npy = scratch.path().join("present-roll.npy");
+    let mut args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
+    let k = args.iter().position(|a| *a == "--out").unwrap();
+    args[k + 1] = npy.to_str().unwrap();
+    let ids = args[args.iter().position(|a| *a == "--ids").unwrap() + 1].to_string();
+    assert!(kvprobe(&args).status.success());
+    let plain = scratch.path().join("plain.npy");
+    let p = plain.to_str().unwrap();
+    assert!(
+        kvprobe(&["ref", "logits", "--model", m, "--ids", &ids, "--out", p])
+            .status
+            .success()
+    );
+    let device = npy_rows(&out.join("greedy_device_logits.npy"));
+    let rolled = npy_rows(&npy);
+    let model_feed = npy_rows(&plain)[10..].to_vec();
+    assert_eq!(rolled.len(), device.len());
+    let (a, b) = (
+        median_miss(&rolled, &device),
+        median_miss(&model_feed, &device),
+    );
+    eprintln!("reproducer vs device: median miss {a:.2e}; the reference as the model reads the ids: {b:.2e}");
+    assert!(a * 2.5 <= b, "the reproducer {a:e}, the model's feed {b:e}");
+    // a roll the window cannot hold is one line naming the flag
+    let r = args.iter().position(|a| *a == "--present-roll").unwrap();
+    args[r + 1] = "8";
+    let bad = kvprobe(&args);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(
+        err.trim().lines().count() == 1 && err.contains("--present-roll 8"),
+        "{err}"
+    );
+    // one whole window: every request diagnose runs (the prefixes inside the window, the
+    // window, then single-row runs) computes the healthy function
+    let (code, v, err) = diagnose("1,2,3,4,5,6,7,8", &[]);
+    let ev = format!("{err} {}", evidence(&v).join(" | "));
+    assert_eq!((code, verdict(&v).as_str()), (0, "healthy"), "{ev}");
 }
 
 /// A decode graph that rotates q and k at position id + 1 (`export-qdq.py --fault rope-offset`;

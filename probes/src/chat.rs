@@ -228,8 +228,11 @@ pub fn run_turns(s: &mut Session, steps: usize, turns: usize) -> Result<ChatFind
     })
 }
 
-/// The wiring fit over the rows from the diverging turn `from` on; the graph's own arithmetic is
-/// the miss of the conversation's first row (the prompt's prefill from a reset reads no cache).
+/// The wiring fit over the rows from the diverging turn `from` on, replayed and judged as the
+/// greedy control judges a device (`crate::footing`: on the matched reference, each row's band
+/// the jitter control's spread over the conversation, where that control applies); the graph's
+/// own arithmetic is the miss of the conversation's first row (the prompt's prefill from a reset
+/// reads no cache) against the reference the hypotheses run on.
 fn wiring_fit(
     s: &Session,
     seq: &[u32],
@@ -254,19 +257,34 @@ fn wiring_fit(
         turns: &turns,
     };
     let compared: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].turn >= from).collect();
-    let steps: Vec<&GreedyStep> = compared.iter().map(|&i| &all[i]).collect();
+    let mut steps: Vec<GreedyStep> = compared.iter().map(|&i| all[i].clone()).collect();
     let device: Vec<(usize, &[f32])> = compared
         .iter()
         .map(|&i| (rows[i].position, rows[i].logits.as_slice()))
         .collect();
-    let noise = all.first().map_or(0.0, |x| 1.0 - x.comparison.cosine);
+    let footing = crate::footing::Footing::of(s)?;
+    let first = all.first();
+    let noise = match first.and_then(|x| x.matched).filter(|_| footing.jitter()) {
+        Some(m) => 1.0 - m.matched_vs_device,
+        None => first.map_or(0.0, |x| 1.0 - x.comparison.cosine),
+    };
+    if footing.jitter() {
+        let positions: Vec<usize> = compared.iter().map(|&i| rows[i].position).collect();
+        crate::matched_jitter::fill_steps_at(
+            (s.model, &s.matched_runs),
+            s.describe(),
+            (seq, layout.prompt),
+            &positions,
+            &mut steps,
+        )?;
+    }
     fit(
-        (s.model, None),
+        (s.model, footing.matched.as_ref()),
         seq,
         &layout,
         &chat(),
         &device,
-        healthy_and_precision(&steps, noise, false),
+        healthy_and_precision(&steps.iter().collect::<Vec<_>>(), noise, footing.jitter()),
     )
 }
 

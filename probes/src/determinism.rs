@@ -129,15 +129,37 @@ pub fn next_logits(s: &mut Session, token: u32) -> Result<Vec<f32>> {
     Ok(out.logits)
 }
 
+/// Step `step` of [`record`]'s request, its logits only: at 0 the prompt's prefill from a fresh
+/// start ([`start_logits`]), then the tbt step on `tokens[step − 1]`. Past the tokens' end, the
+/// argmax of `before` (the step before's logits) where given, as [`record`] goes on; else `None`,
+/// the request ending with the tokens. One stepping for every request that is compared with
+/// another: the device's recorded again and a hypothesis' replay (`diagnose::replay`), a
+/// replay's rings read for the residual (`diagnose::residual`), the scorer's record.
+pub fn request_step(
+    s: &mut Session,
+    step: usize,
+    tokens: &[u32],
+    before: Option<&[f32]>,
+) -> Result<Option<Vec<f32>>> {
+    let Some(t) = step.checked_sub(1) else {
+        return start_logits(s).map(Some);
+    };
+    let token = match (tokens.get(t), before) {
+        (Some(&token), _) => token,
+        (None, Some(before)) => top1(before),
+        (None, None) => return Ok(None),
+    };
+    next_logits(s, token).map(Some)
+}
+
 /// The logits of [`record`]'s request without its cache bytes.
 pub fn record_logits(s: &mut Session, steps: usize, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-    let mut logits = vec![start_logits(s)?];
-    for step in 1..steps.max(1) {
-        let token = tokens
-            .get(step - 1)
-            .copied()
-            .unwrap_or_else(|| top1(&logits[step - 1]));
-        logits.push(next_logits(s, token)?);
+    let mut logits: Vec<Vec<f32>> = Vec::with_capacity(steps.max(1));
+    for step in 0..steps.max(1) {
+        let before = logits.last().map_or(&[][..], Vec::as_slice);
+        if let Some(next) = request_step(s, step, tokens, Some(before))? {
+            logits.push(next);
+        }
     }
     Ok(logits)
 }

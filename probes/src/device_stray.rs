@@ -3,12 +3,11 @@
 //! CPU EP, whose float32 Q/DQ arithmetic the matched reference models), each compared row's
 //! distance from the control is how far the device's kernels take it from the graph as written.
 //! That distance is part of the healthy hypothesis' precision at that row, beside its own jitter
-//! spread: independent errors in a logit space of thousands of entries are nearly orthogonal, so
-//! their misses (1 − cosine) add. A fault of the graph is computed by the control too, so it
+//! spread (`crate::footing::band`). A fault of the graph is computed by the control too, so it
 //! stays outside that precision and shows against the matched reference.
 
 use kvprobe_npu::Device;
-use kvprobe_schema::{DeviceStray, GreedyStep, MatchedStep};
+use kvprobe_schema::{DeviceStray, GreedyStep};
 
 use crate::matched_summary::precision_band;
 use crate::metrics::cosine;
@@ -31,20 +30,10 @@ pub fn fill_steps(dev: &dyn Device, device: &[Vec<f32>], steps: &mut [GreedyStep
     }
 }
 
-/// The healthy hypothesis' precision at one row, as a cosine: its own spread (the jitter
-/// control's where `jitter`, else the declared precision's cost against f32) with the device's
-/// measured stray from its control added as a miss.
-pub fn band(m: &MatchedStep, jitter: bool) -> f64 {
-    let own = m
-        .jitter
-        .filter(|_| jitter)
-        .unwrap_or(m.reference_vs_matched);
-    own - m.stray.map_or(0.0, |s| 1.0 - s.cosine)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvprobe_schema::MatchedStep;
 
     fn step(jitter: Option<f64>, stray: Option<DeviceStray>) -> MatchedStep {
         MatchedStep {
@@ -66,6 +55,7 @@ mod tests {
             cosine: 0.98,
             band: 0.5,
         };
+        let band = crate::footing::band;
         assert!((band(&step(Some(0.999), Some(stray)), true) - 0.979).abs() < 1e-12);
         assert!((band(&step(Some(0.999), None), true) - 0.999).abs() < 1e-12);
         assert!((band(&step(Some(0.999), None), false) - 0.99).abs() < 1e-12);

@@ -4,8 +4,10 @@
 //! them: W2 takes a first-window prompt token whose id is `pad_token_id` for a pad (position 0,
 //! masked, not counted), and that hole stays at its slot while later runs slide past it
 //! (`kvprobe_npu::onnx::window_feed`). When this request's feed departs from the model's, the
-//! greedy run is replayed on the precision-matched reference under that feed, teacher-forced on
-//! the device's tokens, and judged like every replay: `evidence::beats_healthy` at the median
+//! greedy run is replayed under that feed, teacher-forced on the device's tokens, on the
+//! reference and at the band the greedy control judged the device by (`crate::footing`: the
+//! matched reference and the jitter's spread where that control ran, else f32 and the declared
+//! precision's cost), and judged like every replay: `evidence::beats_healthy` at the median
 //! step or at the worst one, as the wiring fit (`crate::wiring_fit`). Nothing is tried on a
 //! request the feed leaves alone, so an everyday prompt costs nothing here.
 
@@ -15,7 +17,7 @@ use kvprobe_reference::{ForwardOptions, Model};
 use kvprobe_schema::{GreedyFinding, PrefillFinding, Reproducer};
 use serde::{Deserialize, Serialize};
 
-use crate::matched::Precision;
+use crate::footing::Footing;
 use crate::metrics::cosine;
 use crate::session::Session;
 use crate::wiring_fit::{healthy_and_precision, matched_replay, median, reproduces};
@@ -32,9 +34,12 @@ pub struct HostFeedFit {
     pub pad_valued: Vec<usize>,
     /// The first real token the feed moves or hides.
     pub first_departure: usize,
-    /// The replay on the precision-matched reference and the healthy hypothesis (median and
-    /// worst step).
+    /// The replay and the healthy hypothesis (median and worst step).
     pub misses: FeedMisses,
+    /// The replay ran on the precision-matched reference (`crate::footing`), else on the f32
+    /// reference (results written before session 29 replayed on the matched one wherever it ran).
+    #[serde(default)]
+    pub on_matched: bool,
     /// The same feed on the float32 reference (what the reproducer computes): median miss.
     pub f32_miss: f64,
     /// Prompt then the device's tokens, and the prompt's length.
@@ -84,7 +89,12 @@ impl HostFeedFit {
     pub fn line(&self) -> String {
         let m = self.misses;
         format!(
-            "host feed replayed on the precision-matched reference, the device's tokens: {} → median miss {:.1e} (worst step {:.1e}), the healthy hypothesis {:.1e} (worst {:.1e}), the declared precision with the graph's noise (the prefill rows the feed leaves alone, the passing cache-free controls) {:.1e}; on the f32 reference {:.1e}",
+            "host feed replayed on the {} reference, the device's tokens: {} → median miss {:.1e} (worst step {:.1e}), the healthy hypothesis {:.1e} (worst {:.1e}), the declared precision with the graph's noise (the prefill rows the feed leaves alone, the passing cache-free controls) {:.1e}; on the f32 reference {:.1e}",
+            if self.on_matched {
+                "precision-matched"
+            } else {
+                "float32"
+            },
             self.what(),
             m.miss,
             m.worst,
@@ -212,10 +222,11 @@ pub fn run(
     let device: Vec<&[f32]> = (0..steps)
         .map(|k| &dev.data[k * dev.cols..(k + 1) * dev.cols])
         .collect();
-    let desc = s.describe().clone();
+    // replayed and judged as the greedy control judged the device (`crate::footing`)
+    let footing = Footing::of(s)?;
     let f32_rows = f32_replay(s.model, &seq, &feed, n)?;
-    let replay = match Precision::of(&desc, s.model)? {
-        Some(p) => matched_replay(s.model, &p, &seq, &feed, n)?,
+    let replay = match &footing.matched {
+        Some(p) => matched_replay(s.model, p, &seq, &feed, n)?,
         None => f32_rows.clone(),
     };
     let miss = |rows: &[Vec<f32>]| -> Vec<f64> {
@@ -234,7 +245,8 @@ pub fn run(
     };
     let (fed, f32_fed) = (miss(&replay), miss(&f32_rows));
     let noise = untouched_noise(geom, &s.ids, pf, graph_noise);
-    let base = healthy_and_precision(&g.steps.iter().collect::<Vec<_>>(), noise, false);
+    let judged: Vec<_> = g.steps.iter().collect();
+    let base = healthy_and_precision(&judged, noise, footing.jitter());
     s.progress.inc(1);
     Ok(Some(HostFeedFit {
         window: geom.window,
@@ -242,6 +254,7 @@ pub fn run(
         pad_token: geom.pad_token,
         pad_valued: first_window_pad_ids(&s.ids, geom.window, geom.pad_token),
         first_departure,
+        on_matched: footing.jitter(),
         misses: FeedMisses {
             worst: fed.iter().copied().fold(0.0, f64::max),
             miss: median(fed),

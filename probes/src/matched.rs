@@ -97,6 +97,26 @@ impl Precision {
         Ok(Some(p))
     }
 
+    /// [`Precision::of`], or where the device declares float32 everywhere (where `of` says the
+    /// f32 reference is already matched) the exact edges of its runtime: a replay that must keep
+    /// each run's K/V itself (`crate::host_slots`) runs through the same graph path either way.
+    pub fn of_or_exact(desc: &DeviceDescription, model: &Model) -> Result<Option<Precision>> {
+        match Precision::of(desc, model)? {
+            Some(p) => Ok(Some(p)),
+            None => Ok(Precision::of_edges(desc, model, true)),
+        }
+    }
+
+    /// The float32 reference through the matched path: no edge, cache or weight rounded.
+    pub fn exact(model: &Model) -> Precision {
+        let layers = model.config().n_layers;
+        Precision::whole(
+            Edges::EXACT,
+            vec![[Round::Exact; 2]; layers],
+            "float32 edges and cache",
+        )
+    }
+
     /// The model the matched reference computes with: the declared weights, else `given`.
     pub fn model<'a>(&'a self, given: &'a Model) -> &'a Model {
         self.weights.as_deref().unwrap_or(given)

@@ -81,17 +81,35 @@ pub fn fill_steps(
     n: usize,
     steps: &mut [GreedyStep],
 ) -> Result<()> {
+    let positions: Vec<usize> = (0..steps.len()).map(|k| n.saturating_sub(1) + k).collect();
+    fill_steps_at((model, memo), desc, (seq, n), &positions, steps)
+}
+
+/// [`fill_steps`] for steps compared at `positions` only (rising, each ≥ `n − 1`: a chat's rows,
+/// as `matched::three_way_at` compares them): the prompt of `n` tokens of `seq`, then one row at
+/// a time up to the last position.
+pub fn fill_steps_at(
+    (model, memo): (&Model, &DriveMemo),
+    desc: &DeviceDescription,
+    (seq, n): (&[u32], usize),
+    positions: &[usize],
+    steps: &mut [GreedyStep],
+) -> Result<()> {
     if !applies(desc) || steps.iter().all(|s| s.matched.is_none()) {
         return Ok(());
     }
     let Some(p) = Precision::of(desc, model)? else {
         return Ok(());
     };
-    let geometry = (n, steps.len(), desc.cache_len, desc.prefill_len);
+    let rows = positions
+        .last()
+        .map_or(0, |&last| (last + 2).saturating_sub(n));
+    let geometry = (n, rows, desc.cache_len, desc.prefill_len);
     let base = greedy_logits_shared((memo, model), &p, seq, geometry)?;
     let worst = spread(model, &p, seq, geometry, &base)?;
-    for (st, w) in steps.iter_mut().zip(worst) {
-        if let Some(m) = st.matched.as_mut() {
+    for (st, &pos) in steps.iter_mut().zip(positions) {
+        let row = (pos + 1).checked_sub(n).and_then(|k| worst.get(k));
+        if let (Some(m), Some(&w)) = (st.matched.as_mut(), row) {
             m.jitter = Some(w);
         }
     }

@@ -86,6 +86,20 @@ impl Store {
 }
 
 impl Store {
+    /// The last `q` positions' rows rolled by `r`: position `i` of them then holds what position
+    /// `i + r` (mod `q`) held, K and V of every layer (`crate::host_slots`: a run's presents
+    /// stored rolled).
+    pub(crate) fn roll_last(&mut self, q: usize, r: usize) {
+        for rows in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let n = rows.len();
+            if q > 0 && q <= n {
+                rows[n - q..].rotate_left(r % q);
+            }
+        }
+    }
+}
+
+impl Store {
     /// The same store cut to its first `positions` positions.
     fn truncated(&self, positions: usize) -> Store {
         let cut = |x: &Vec<Vec<Vec<f32>>>| {

@@ -294,11 +294,11 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 
 /// Healthy misses and declared precision (plus `graph_noise`) over compared steps: their median
 /// and worst miss against the precision-matched reference (the f32 one where none ran) and that
-/// reference's own median miss against f32, floored at `STEP_NOISE_FLOOR`. With `jitter` (the
-/// hypotheses are replayed on the matched reference, `fit`'s `matched`), the precision is the
-/// jitter control's spread where it ran instead (`crate::matched_jitter`): the miss against f32
-/// is then a cost the hypotheses pay as well, not a room the device has. The device's stray from
-/// its control, where one measured it, is room it has either way (`crate::device_stray::band`).
+/// reference's own median miss against f32, floored at `STEP_NOISE_FLOOR`. With `jitter`
+/// (`crate::footing::Footing::jitter`: the hypotheses are replayed on the matched reference,
+/// `fit`'s `matched`), the precision is the jitter control's spread where it ran instead
+/// (`crate::footing::band`): the miss against f32 is then a cost the hypotheses do not pay, not
+/// a room the device has.
 pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64, jitter: bool) -> Baseline {
     let healthy: Vec<f64> = steps
         .iter()
@@ -313,7 +313,7 @@ pub fn healthy_and_precision(steps: &[&GreedyStep], graph_noise: f64, jitter: bo
             .iter()
             .map(|x| {
                 x.matched
-                    .map_or(0.0, |m| 1.0 - crate::device_stray::band(&m, jitter))
+                    .map_or(0.0, |m| 1.0 - crate::footing::band(&m, jitter))
                     .max(STEP_NOISE_FLOOR)
             })
             .collect(),

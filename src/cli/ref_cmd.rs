@@ -111,11 +111,20 @@ pub struct GenaiFeedArgs {
     /// How many of the ids are the prompt (run in windows); the rest are fed one run each.
     #[arg(long, value_name = "N", requires = "genai_window")]
     pub prompt_len: Option<usize>,
+    /// Run the host's runs one by one (W rows with their pads, the host's positions, mask and
+    /// past slots) and store each prompt window's presents rolled by R (row j's entry in slot
+    /// j − R mod W; 0: as written). The reproducer of a `host-writer` verdict; the .npy then
+    /// holds one row per greedy step: the prompt's last row, then each later id's.
+    #[arg(long, value_name = "R", requires = "genai_window")]
+    pub present_roll: Option<usize>,
 }
 
 impl GenaiFeedArgs {
-    /// The feed's `(mask, positions)` for `ids`, when asked for.
-    fn feed(&self, ids: &[u32]) -> anyhow::Result<Option<(Vec<bool>, Vec<usize>)>> {
+    /// The declared window and the prompt's length, checked against `ids`, when asked for.
+    fn geom(
+        &self,
+        ids: &[u32],
+    ) -> anyhow::Result<Option<(kvprobe_npu::onnx::window::WindowGeom, usize)>> {
         let (Some(w), Some(c), Some(pad), Some(n)) = (
             self.genai_window,
             self.genai_context,
@@ -138,6 +147,36 @@ impl GenaiFeedArgs {
             pad_token: pad,
             heads: 1,
             head_dim: 1,
+        };
+        Ok(Some((geom, n)))
+    }
+
+    /// The greedy steps of the host's runs replayed at the slot level with each prompt
+    /// window's presents rolled by `--present-roll` (`kvprobe_probes::host_slots`), when asked.
+    fn rolled(&self, model: &Model, ids: &[u32]) -> anyhow::Result<Option<Vec<Vec<f32>>>> {
+        let Some(r) = self.present_roll else {
+            return Ok(None);
+        };
+        let Some((geom, n)) = self.geom(ids)? else {
+            return Ok(None);
+        };
+        if r >= geom.window {
+            return Err(usage(format!(
+                "--present-roll {r}: a roll inside a window of {} rows is 0..{}",
+                geom.window,
+                geom.window - 1
+            )));
+        }
+        let sf = kvprobe_npu::onnx::window_feed::slot_feed(geom, ids, n)
+            .map_err(|e| usage(format!("--genai-window: {e}")))?;
+        let p = kvprobe_probes::matched::Precision::exact(model);
+        Ok(Some(kvprobe_probes::host_slots::replay(model, &p, &sf, r)?))
+    }
+
+    /// The feed's `(mask, positions)` for `ids`, when asked for.
+    fn feed(&self, ids: &[u32]) -> anyhow::Result<Option<(Vec<bool>, Vec<usize>)>> {
+        let Some((geom, n)) = self.geom(ids)? else {
+            return Ok(None);
         };
         let feed = kvprobe_npu::onnx::window_feed::logical_feed(geom, ids, n)
             .map_err(|e| usage(format!("--genai-window: {e}")))?
@@ -264,6 +303,12 @@ fn logits(a: LogitsArgs) -> anyhow::Result<()> {
         Some(k) => Some(kvprobe_reference::mask::single_key(t, k)),
         None => None,
     };
+    if let Some(rows) = a.genai.rolled(&model, &ids)? {
+        let vocab = model.config().vocab_size;
+        let arr = ndarray::Array2::from_shape_vec((rows.len(), vocab), rows.concat())
+            .context("logits have an unexpected size")?;
+        return write_npy(&a.out, &arr);
+    }
     let (mask, positions) = match a.genai.feed(&ids)? {
         Some((m, p)) => (Some(m), Some(p)),
         None => (mask, None),

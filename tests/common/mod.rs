@@ -190,3 +190,27 @@ fn exporters_sha256() -> String {
     }
     format!("{:x}", h.finalize())
 }
+
+/// Rows of a `.npy` `[rows, vocab]`.
+pub fn npy_rows(p: &Path) -> Vec<Vec<f32>> {
+    use ndarray_npy::ReadNpyExt;
+    let f = std::fs::File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let a = ndarray::Array2::<f32>::read_npy(f).unwrap();
+    a.rows().into_iter().map(|r| r.to_vec()).collect()
+}
+
+/// The median of `1 − cosine` over paired rows.
+pub fn median_miss(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    let cosine = |x: &[f32], y: &[f32]| {
+        let dot = |p: &[f32], q: &[f32]| {
+            p.iter()
+                .zip(q)
+                .map(|(u, w)| *u as f64 * *w as f64)
+                .sum::<f64>()
+        };
+        dot(x, y) / (dot(x, x) * dot(y, y)).sqrt()
+    };
+    let mut m: Vec<f64> = a.iter().zip(b).map(|(x, y)| 1.0 - cosine(x, y)).collect();
+    m.sort_by(f64::total_cmp);
+    m[m.len() / 2]
+}

@@ -96,6 +96,59 @@ pub fn logical_feed(
     Ok(Some(LogicalFeed { positions, visible }))
 }
 
+/// The host's runs of a request at its slot level: the padded sequence (pads first, W1), each
+/// run's rows in it, and a feed over padded indexes, pads included: each row's position id and
+/// the padded entries its run's mask shows it, through the run's right-aligned past slots (W5)
+/// and its own rows (causal). A reference that runs these rows run by run and keeps each run's
+/// presents by padded index holds what the host's cache holds, so a fault in how a run's
+/// presents are written (a roll inside the window) is a transformation of what it stores, which
+/// [`logical_feed`] cannot say: a pad row never has a real token to stand for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotFeed {
+    pub padded: Vec<u32>,
+    /// Leading pads of the prompt.
+    pub npad: usize,
+    /// Padded index ranges of the host's runs, in order (prompt windows, then one per token).
+    pub runs: Vec<std::ops::Range<usize>>,
+    /// Over padded indexes (`padded.len()` rows and columns).
+    pub feed: LogicalFeed,
+}
+
+/// GenAI's runs of `seq` (first `prompt_len` the prompt) at the slot level ([`SlotFeed`]).
+pub fn slot_feed(geom: WindowGeom, seq: &[u32], prompt_len: usize) -> Result<SlotFeed> {
+    let mut st = WindowState::new(geom, Vec::new());
+    let mut plans = st.prompt(&seq[..prompt_len])?;
+    for &id in &seq[prompt_len..] {
+        plans.push(st.token(id)?);
+    }
+    let t = st.seq.len();
+    let mut positions = vec![0i64; t];
+    let mut visible = vec![false; t * t];
+    let mut runs = Vec::with_capacity(plans.len());
+    for plan in &plans {
+        let q = plan.ids.len();
+        for i in 0..q {
+            let r = plan.first + i;
+            positions[r] = plan.positions[i];
+            for c in 0..=r {
+                let slot = if c >= plan.first {
+                    Some(plan.past_len + c - plan.first)
+                } else {
+                    st.slot(c, plan.first, plan.past_len)
+                };
+                visible[r * t + c] = slot.is_some_and(|k| plan.mask[k] == 1);
+            }
+        }
+        runs.push(plan.first..plan.first + q);
+    }
+    Ok(SlotFeed {
+        padded: st.seq.clone(),
+        npad: st.npad,
+        runs,
+        feed: LogicalFeed { positions, visible },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +203,26 @@ mod tests {
         let seq = [5, 6, 7, 8, 9, 0, 10, 11, 12];
         let f = logical_feed(geom(4, 32, 0), &seq, 8).unwrap().unwrap();
         assert_eq!(f, LogicalFeed::model(9));
+    }
+
+    #[test]
+    fn the_slot_feed_is_the_model_feed_on_real_tokens_and_pads_see_nothing() {
+        // W 4, a prompt of 6 (2 pads in front), then 2 tokens: by W1-W5 the real tokens are read
+        // at positions 0.., causal; the pads sit at position 0 and no row sees a pad
+        let seq: Vec<u32> = (10..18).collect();
+        let sf = slot_feed(geom(4, 16, 0), &seq, 6).unwrap();
+        assert_eq!(sf.npad, 2);
+        assert_eq!(sf.padded[..2], [0, 0]);
+        assert_eq!(sf.runs, vec![0..4, 4..8, 8..9, 9..10]);
+        let f = &sf.feed;
+        assert_eq!(f.positions, vec![0, 0, 0, 1, 2, 3, 4, 5, 6, 7]);
+        for r in 0..10 {
+            for c in 0..=r {
+                assert_eq!(f.sees(r, c), c >= 2 && r >= 2, "row {r} col {c}");
+            }
+        }
+        // a prompt of whole windows has no pad row
+        let sf = slot_feed(geom(4, 16, 0), &seq, 8).unwrap();
+        assert_eq!((sf.npad, sf.runs.len()), (0, 2));
     }
 }

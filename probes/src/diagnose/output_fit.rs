@@ -5,7 +5,7 @@
 
 use kvprobe_schema::GreedyFinding;
 
-use crate::matched::Precision;
+use crate::footing::Footing;
 use crate::session::Session;
 use crate::wiring_fit::{fit, healthy_and_precision, Rows, WiringFit, REQUEST};
 use crate::Result;
@@ -33,23 +33,17 @@ pub fn run(s: &mut Session, g: &GreedyFinding, graph_noise: f64) -> Result<Optio
     let rows: Vec<(usize, &[f32])> = (1..steps)
         .map(|k| (n - 1 + k, &dev.data[k * dev.cols..(k + 1) * dev.cols]))
         .collect();
-    // where the jitter control ran, the hypotheses are replayed on the precision-matched
-    // reference and judged at the jitter's band: the f32 reference charges a fault's own
-    // hypothesis the declared precision's cost (QDQ `rope-offset`: position +1 at 5.7e-3 in f32)
-    let desc = s.describe().clone();
-    let matched = if crate::matched_jitter::applies(&desc) {
-        Precision::of(&desc, s.model)?
-    } else {
-        None
-    };
+    // the hypotheses replayed and judged as the greedy control judged the device
+    // (`crate::footing`: the matched reference and the jitter's band where the control ran)
+    let footing = Footing::of(s)?;
     s.progress.phase("output fit", 1);
     let out = fit(
-        (s.model, matched.as_ref()),
+        (s.model, footing.matched.as_ref()),
         &seq,
         &layout,
         &REQUEST,
         &rows,
-        healthy_and_precision(&tbt, graph_noise, matched.is_some()),
+        healthy_and_precision(&tbt, graph_noise, footing.jitter()),
     );
     s.progress.inc(1);
     out

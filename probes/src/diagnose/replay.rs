@@ -18,7 +18,7 @@ pub use super::fits::Fits;
 use super::fits::{evidence_scopes, hypothesis, scopes, RingScope};
 pub use super::replayer::Replayer;
 use crate::cache_io::{self, Rings};
-use crate::determinism::{next_logits, start_logits};
+use crate::determinism::request_step;
 use crate::metrics::cosine;
 use crate::progress::NoProgress;
 use crate::session::Session;
@@ -265,20 +265,15 @@ impl<'s, 'a> DeviceSteps<'s, 'a> {
         }
     }
 
-    /// The logits of step `i` (0: the prompt's prefill), recording the steps up to it.
+    /// The logits of step `i` (0: the prompt's prefill), recording the steps up to it (past the
+    /// device's tokens, on its own argmax: `request_step`).
     pub(super) fn step(&mut self, i: usize) -> crate::Result<&[f32]> {
-        if self.logits.is_empty() {
-            self.logits.push(start_logits(self.s)?);
-            self.keep_rings_of(0);
-        }
         while self.logits.len() <= i {
             let k = self.logits.len();
-            let token = self
-                .tokens
-                .get(k - 1)
-                .copied()
-                .unwrap_or_else(|| crate::metrics::top1(&self.logits[k - 1]));
-            self.logits.push(next_logits(self.s, token)?);
+            let before = self.logits.last().map_or(&[][..], Vec::as_slice);
+            if let Some(next) = request_step(self.s, k, &self.tokens, Some(before))? {
+                self.logits.push(next);
+            }
             self.keep_rings_of(k);
         }
         Ok(&self.logits[i])
@@ -320,49 +315,57 @@ pub(super) fn replay_one(
     tokens: &[u32],
     healthy: &[(Option<f64>, Option<f64>)],
 ) -> Result<Replay, String> {
-    let text = fault.text();
-    let mut dev = replayer.open(&text).map_err(|e| e.to_string())?;
-    let progress = NoProgress;
-    let mut rs =
-        Session::new(model, dev.as_mut(), ids.to_vec(), &progress).map_err(|e| e.to_string())?;
-    // a fresh start (`start_logits`: reset, rings cleared, a new process' host window), as the
-    // device's request was recorded again and as the reproducer command runs
+    // a fresh start (`start_logits`: reset, rings cleared, a new process' host window), stepped
+    // as the device's request was recorded again (`DeviceSteps`) and as the reproducer command
+    // runs: the device's tokens, past their end the replay's own argmax (`request_step`)
     let k = k.max(1);
     let at_floor_needed = k / 2 + 1;
-    let mut steps: Vec<ReplayStep> = Vec::with_capacity(k);
-    let mut last: Vec<f32> = Vec::new();
-    for step in 0..k {
-        let logits = if step == 0 {
-            start_logits(&mut rs)
-        } else {
-            // the device's token (past their end, the replay's own argmax, as `record` does)
-            let token = tokens
-                .get(step - 1)
-                .copied()
-                .unwrap_or_else(|| crate::metrics::top1(&last));
-            next_logits(&mut rs, token)
+    let steps = in_replay((model, ids), replayer, fault, |rs| {
+        let mut steps: Vec<ReplayStep> = Vec::with_capacity(k);
+        let mut last: Vec<f32> = Vec::new();
+        for step in 0..k {
+            let Some(logits) =
+                request_step(rs, step, tokens, Some(&last)).map_err(|e| e.to_string())?
+            else {
+                break;
+            };
+            steps.push(ReplayStep {
+                step,
+                replay_miss: miss(&logits, &device(step)?),
+                healthy_miss: healthy.get(step).and_then(|h| h.0),
+                precision: healthy.get(step).and_then(|h| h.1),
+            });
+            last = logits;
+            let at_floor = steps
+                .iter()
+                .filter(|x| x.replay_miss <= STEP_NOISE_FLOOR)
+                .count();
+            if stop == Stop::Exact && at_floor >= at_floor_needed {
+                break;
+            }
         }
-        .map_err(|e| e.to_string())?;
-        steps.push(ReplayStep {
-            step,
-            replay_miss: miss(&logits, &device(step)?),
-            healthy_miss: healthy.get(step).and_then(|h| h.0),
-            precision: healthy.get(step).and_then(|h| h.1),
-        });
-        last = logits;
-        let at_floor = steps
-            .iter()
-            .filter(|x| x.replay_miss <= STEP_NOISE_FLOOR)
-            .count();
-        if stop == Stop::Exact && at_floor >= at_floor_needed {
-            break;
-        }
-    }
+        Ok(steps)
+    })?;
     Ok(judge_over(
         fault.clone(),
         steps,
         &healthy[..k.min(healthy.len())],
     ))
+}
+
+/// `f` on a session of the emulator the replayer builds with `fault`, over the device session's
+/// `model` and `ids`: what a replay and a replay's ring read (`residual::replay_rings`) run in.
+pub(super) fn in_replay<T>(
+    (model, ids): (&Model, &[u32]),
+    replayer: &dyn Replayer,
+    fault: &FaultHypothesis,
+    f: impl FnOnce(&mut Session) -> Result<T, String>,
+) -> Result<T, String> {
+    let mut dev = replayer.open(&fault.text()).map_err(|e| e.to_string())?;
+    let progress = NoProgress;
+    let mut rs =
+        Session::new(model, dev.as_mut(), ids.to_vec(), &progress).map_err(|e| e.to_string())?;
+    f(&mut rs)
 }
 
 /// Per greedy step, the healthy hypothesis' miss against the device (the matched reference's,

@@ -19,14 +19,13 @@
 use kvprobe_reference::Model;
 use kvprobe_schema::{CacheKind, DeviceDescription, FaultHypothesis, Replay};
 
+use super::replay::in_replay;
 use super::replayer::Replayer;
 use crate::cache_io::{self, Rings};
-use crate::determinism::{next_logits, start_logits};
+use crate::determinism::request_step;
 use crate::kvdiff::rounding;
 use crate::kvdiff_cache::CacheView;
 use crate::kvdiff_compare::{self as cmp, Cell, Cells, Point, Rounding};
-use crate::progress::NoProgress;
-use crate::session::Session;
 
 /// The first ring (layer, kind) where the device's rings leave a replay's, `None` where none does.
 pub(super) type Residual = Option<(usize, CacheKind)>;
@@ -247,32 +246,29 @@ fn first_outside(cells: &Cells) -> Residual {
 }
 
 /// `fault` replayed over the first `k` steps on the device's `tokens` from a fresh start, its
-/// rings read after each (as `DeviceSteps` reads the device's).
+/// rings read after each (as `DeviceSteps` steps the device and reads its rings; the replay ends
+/// with the tokens, where `DeviceSteps` goes on on the device's argmax: `request_step`).
 pub(super) fn replay_rings(
-    (model, ids): (&Model, &[u32]),
+    session: (&Model, &[u32]),
     replayer: &dyn Replayer,
     fault: &FaultHypothesis,
     tokens: &[u32],
     k: usize,
 ) -> Result<Vec<Rings>, String> {
-    let mut dev = replayer.open(&fault.text()).map_err(|e| e.to_string())?;
-    let progress = NoProgress;
-    let mut rs =
-        Session::new(model, dev.as_mut(), ids.to_vec(), &progress).map_err(|e| e.to_string())?;
-    let mut out = Vec::with_capacity(k);
-    for step in 0..k {
-        match step.checked_sub(1) {
-            None => start_logits(&mut rs).map(drop),
-            Some(t) => match tokens.get(t) {
-                Some(&token) => next_logits(&mut rs, token).map(drop),
-                None => break,
-            },
+    in_replay(session, replayer, fault, |rs| {
+        let mut out = Vec::with_capacity(k);
+        for step in 0..k {
+            if request_step(rs, step, tokens, None)
+                .map_err(|e| e.to_string())?
+                .is_none()
+            {
+                break;
+            }
+            let what = format!("after step {step} of a residual replay");
+            out.push(cache_io::read(rs.dev, &what).map_err(|e| e.to_string())?);
         }
-        .map_err(|e| e.to_string())?;
-        let what = format!("after step {step} of a residual replay");
-        out.push(cache_io::read(rs.dev, &what).map_err(|e| e.to_string())?);
-    }
-    Ok(out)
+        Ok(out)
+    })
 }
 
 #[cfg(test)]

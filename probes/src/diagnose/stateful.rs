@@ -102,6 +102,10 @@ pub const STATE: &[R] = &[
     R::new("host-feed", T, Some(Verdict::MaskConvention), host_feed)
         .needs(Control::Any)
         .stop(),
+    R::new("host-writer-fit", T, None, host_writer_line),
+    R::new("host-writer", T, Some(Verdict::CacheOffset), host_writer)
+        .needs(Control::Any)
+        .stop(),
     R::new("state-layout-cosines", T, None, state_layout_cosines),
     R::new(
         "state-layout",
@@ -208,13 +212,19 @@ impl Run<'_, '_> {
         Diagnosis::from_rules(self.eng.conclude(), self.p, self.t)
     }
 
-    /// [`Run::done`] with the reproducer of a `host-feed` verdict: that rule replayed its own
+    /// [`Run::done`] with the reproducer of a `host-feed` or `host-writer` verdict: each replayed its own
     /// hypothesis on the reference, so its command needs no emulator.
     fn done_with(self, f: &StatefulFacts) -> Diagnosis {
         let model = self.s.model;
         let mut d = self.done();
         if d.hypothesis.as_ref().is_some_and(|h| h.rule == "host-feed") {
             d.reproducer = f.host_feed.as_ref().map(|h| h.reproducer(model));
+        }
+        if d.hypothesis
+            .as_ref()
+            .is_some_and(|h| h.rule == "host-writer")
+        {
+            d.reproducer = f.host_writer.as_ref().map(|h| h.reproducer(model));
         }
         d
     }
@@ -279,6 +289,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         graph_noise: crate::thresholds::REL_NOISE_FLOOR,
         output_fit: None,
         host_feed: None,
+        host_writer: None,
         state: None,
         declared_quant_mismatch: declared_quant_mismatch(run.s.describe()),
         fp16_overflow: None,
@@ -513,16 +524,16 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     }
     f.non_finite_step = greedy::first_non_finite_step(run.s);
     // a step's band: the healthy hypothesis' own spread where the jitter control ran (the
-    // matched reference computes every op), else the declared precision's cost against f32;
-    // plus the device's stray from its control where one measured it (crate::device_stray)
-    let jitter = !unmodelled && crate::matched_jitter::applies(run.s.describe());
+    // matched reference computes every op), else the declared precision's cost against f32; the
+    // fits after a failed greedy control replay their hypotheses on the same footing
+    let jitter = crate::footing::jitter_applies(run.s.describe(), unmodelled);
     f.greedy_steps = gr
         .steps
         .iter()
         .skip(1)
         .map(|x| {
             x.matched.map_or((1.0, x.comparison.cosine), |m| {
-                (crate::device_stray::band(&m, jitter), m.matched_vs_device)
+                (crate::footing::band(&m, jitter), m.matched_vs_device)
             })
         })
         .collect();
@@ -577,6 +588,12 @@ fn replay_host_feed(
     if let Some(h) = &f.host_feed {
         crate::probe::store_extra(&mut run.p, "host_feed", h)?;
     }
+    if f.host_feed.is_none() {
+        f.host_writer = run.timed("host slots", |s| crate::host_slots::run(s, gr, noise))?;
+    }
+    if let Some(h) = &f.host_writer {
+        crate::probe::store_extra(&mut run.p, "host_writer", h)?;
+    }
     Ok(())
 }
 
@@ -611,6 +628,7 @@ pub(super) mod tests {
             graph_noise: 1e-3,
             output_fit: None,
             host_feed: None,
+            host_writer: None,
             state: Some(StateFinding {
                 prompt_len: 4,
                 written: vec![0, 1, 2, 3],
@@ -1003,6 +1021,66 @@ pub(super) mod tests {
         assert!(check("self-only-mask", &with([-0.1402, 0.9995])).is_some());
     }
 
+    /// Hand-made facts: the fixture's 11 ids in windows of 8 (5 pads in front), greedy failing;
+    /// the host's runs with each window's presents rolled name the cause only when the replay
+    /// reproduces. By hand: a roll by 1 keeps rows 6, 7 and 0 in the visible slots 5..8, so one
+    /// pad row is read and token 0 (row 5) is not; a roll by 3 keeps rows 0, 1, 2 (all pads) and
+    /// loses tokens 0, 1, 2.
+    #[test]
+    fn a_rolled_window_write_is_named_only_when_its_slot_replay_reproduces() {
+        use crate::host_feed::FeedMisses;
+        use crate::host_slots::HostWriterFit;
+        let mut f = healthy_facts();
+        f.greedy = Some([0.95, 0.94, 0.33]);
+        assert!(f.fails(Control::Any));
+        let fit = |roll: usize, miss: f64| HostWriterFit {
+            window: 8,
+            context: 64,
+            pads: 5,
+            roll,
+            misses: FeedMisses {
+                miss,
+                worst: miss,
+                healthy_miss: 4.4e-2,
+                healthy_worst: 5.7e-2,
+                precision: 1.1e-4,
+            },
+            tried: vec![(roll, miss)],
+            alike: Vec::new(),
+            f32_miss: 4.8e-3,
+            seq: (1..15).collect(),
+            prompt_len: 11,
+            pad_token: 268,
+        };
+        f.host_writer = Some(fit(1, 1.4e-6));
+        assert_eq!(conclude(&f), (Verdict::CacheOffset, 0.85));
+        let c = check("host-writer", &f).expect("fires");
+        assert!(
+            c.evidence[0].contains("rolled by 1")
+                && c.evidence[0].contains(
+                    "hold 1 pad row(s)' entries and prompt token(s) 0' entries sit in masked slots"
+                ),
+            "{:?}",
+            c.evidence
+        );
+        f.host_writer = Some(fit(3, 1.4e-6));
+        let c = check("host-writer", &f).expect("fires");
+        assert!(
+            c.evidence[0]
+                .contains("hold 3 pad row(s)' entries and prompt token(s) 0, 1, 2' entries"),
+            "{:?}",
+            c.evidence
+        );
+        // a roll that does not reproduce the device within the precision names nothing
+        f.host_writer = Some(fit(1, 5e-3));
+        assert!(check("host-writer", &f).is_none());
+        assert_ne!(conclude(&f).0, Verdict::CacheOffset);
+        // every control passing: healthy stops first
+        let mut g = healthy_facts();
+        g.host_writer = Some(fit(1, 1.4e-6));
+        assert_eq!(conclude(&g).0, Verdict::Healthy);
+    }
+
     /// Hand-made facts: a prompt whose first window holds a token equal to pad_token_id, the
     /// prefill failing; the host's feed names the cause only when its replay reproduces.
     #[test]
@@ -1021,6 +1099,7 @@ pub(super) mod tests {
             pad_token: 2,
             pad_valued: vec![10],
             first_departure: 10,
+            on_matched: false,
             misses: FeedMisses {
                 miss,
                 worst: miss,

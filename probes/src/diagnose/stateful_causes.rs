@@ -261,3 +261,27 @@ pub(super) fn host_feed(f: &StatefulFacts) -> Option<Cause> {
             )),
     )
 }
+
+pub(super) fn host_writer_line(f: &StatefulFacts) -> Option<Cause> {
+    Some(Cause::note(f.host_writer.as_ref()?.line()))
+}
+
+/// The device computes what the host's runs give when each prompt window's presents are stored
+/// rolled (`crate::host_slots`): the host's runs replayed at the slot level on the
+/// precision-matched reference, each window's presents rolled by r, reproduce the device within
+/// the declared precision, clearly closer than healthy.
+pub(super) fn host_writer(f: &StatefulFacts) -> Option<Cause> {
+    let h = f.host_writer.as_ref().filter(|h| h.reproduces())?;
+    let m = h.misses;
+    Some(
+        Cause::new(0.85)
+            .line(format!(
+                "→ the cache is written at the wrong position: {}",
+                h.what()
+            ))
+            .line(format!(
+                "→ the host's runs replayed at the slot level on the precision-matched reference with that write reproduce the device: median miss {:.1e} (worst step {:.1e}) against the healthy hypothesis' {:.1e} (worst {:.1e}), the declared precision with the graph's noise {:.1e}",
+                m.miss, m.worst, m.healthy_miss, m.healthy_worst, m.precision
+            )),
+    )
+}

@@ -45,6 +45,10 @@ pub struct StatefulFacts {
     /// The host's declared feed replayed on the reference (run when a control failed and the
     /// request's feed departs from the model's: `crate::host_feed`).
     pub host_feed: Option<crate::host_feed::HostFeedFit>,
+    /// The host's runs replayed at the slot level under each writer hypothesis (run when a
+    /// control failed, the host's feed explains nothing and the first window holds pads:
+    /// `crate::host_slots`).
+    pub host_writer: Option<crate::host_slots::HostWriterFit>,
     /// Greedy against the f32 reference when `greedy` holds the matched comparison, and the
     /// matched reference's first fp16 overflow (issue 36).
     pub fp16_overflow: Option<(String, [f64; 3])>,
@@ -77,14 +81,14 @@ pub(super) fn declared_rows(
     if unmodelled || !f32_graph || !crate::matched::computes_prefill(desc) {
         return Vec::new();
     }
-    // a row's band: the jitter control's spread where it ran (matched_jitter::applies, the
-    // conditions above), else the declared precision's cost against f32; plus the device's
-    // stray from its control where one measured it (crate::device_stray)
+    // a row's band: the jitter control's spread where it ran, else the declared precision's
+    // cost against f32 (`crate::footing::band`, as the greedy steps')
+    let jitter = crate::footing::jitter_applies(desc, unmodelled);
     pf.rows
         .iter()
         .map(|r| {
             r.matched.map_or((1.0, r.comparison.cosine), |m| {
-                (crate::device_stray::band(&m, true), m.matched_vs_device)
+                (crate::footing::band(&m, jitter), m.matched_vs_device)
             })
         })
         .collect()

@@ -1,0 +1,110 @@
+//! One definition of "a hypothesis reproduces the device at its declared precision" for the
+//! greedy control and the fits that replay a hypothesis of the host's feed on the reference side,
+//! teacher-forced on the device's tokens: the wiring fit (rules `output-position` /
+//! `output-mask`, `diagnose::output_fit`), the chat's fit (`crate::chat`) and the host's declared
+//! feed (rule `host-feed`, `crate::host_feed`).
+//!
+//! Where the precision-matched reference computes every op the device declares (the jitter
+//! control applies, `crate::matched_jitter::applies`, and the device declares nothing the
+//! reference does not compute, `Device::unmodelled_precision`), the healthy hypothesis is that
+//! reference and a healthy device's room is its jitter: a hypothesis is replayed on the same
+//! reference, so that it is not charged the declared precision's cost against f32 (QDQ
+//! `rope-offset` on the CPU EP: position +1 at 5.7e-3 in f32 against a jitter of 1.1e-4), and a
+//! step's band is the jitter's spread. Elsewhere (fp16 graphs, rings, stateful devices, a
+//! windowed uint8 cache whose in-graph rounding the reference does not compute, HTP's integer
+//! QDQ kernels where no control measures them) the matched reference is only part of the device's arithmetic: the hypotheses
+//! run on the float32 reference and a step's band is the declared precision's cost against f32,
+//! the room both the healthy hypothesis and a fault's are given.
+
+use kvprobe_reference::Model;
+use kvprobe_schema::{DeviceDescription, MatchedStep};
+
+use crate::matched::Precision;
+use crate::session::Session;
+use crate::Result;
+
+/// Where a session's hypotheses are replayed and how a step's band is read.
+#[derive(Clone)]
+pub struct Footing {
+    /// The precision-matched reference the hypotheses are replayed on, where it computes every
+    /// op the device declares; `None`: the float32 reference.
+    pub matched: Option<Precision>,
+}
+
+impl Footing {
+    /// The session's footing (its description and what its device declares unmodelled).
+    pub fn of(s: &Session) -> Result<Footing> {
+        let unmodelled = s.dev.unmodelled_precision().is_some();
+        Footing::of_desc(s.describe(), s.model, unmodelled)
+    }
+
+    /// [`Footing::of`] from a description, `unmodelled` the device's
+    /// `Device::unmodelled_precision().is_some()`.
+    pub fn of_desc(desc: &DeviceDescription, model: &Model, unmodelled: bool) -> Result<Footing> {
+        let matched = match jitter_applies(desc, unmodelled) {
+            true => Precision::of(desc, model)?,
+            false => None,
+        };
+        Ok(Footing { matched })
+    }
+
+    /// The hypotheses run on the matched reference and the steps' band is the jitter's.
+    pub fn jitter(&self) -> bool {
+        self.matched.is_some()
+    }
+
+    /// A step's band as a cosine (`band`).
+    pub fn band(&self, m: &MatchedStep) -> f64 {
+        band(m, self.jitter())
+    }
+}
+
+/// The jitter control judges this device: the matched reference computes every op it declares
+/// (`matched_jitter::applies`) and it declares nothing the reference does not compute.
+pub fn jitter_applies(desc: &DeviceDescription, unmodelled: bool) -> bool {
+    !unmodelled && crate::matched_jitter::applies(desc)
+}
+
+/// A step's band as a cosine: the smallest cosine of the jitter control's draws against the
+/// matched reference where `jitter` and the control ran, else the matched reference's own cosine
+/// against f32 (the declared precision's cost); with the device's measured stray from its
+/// control added as a miss where one ran (`MatchedStep::stray`, `crate::device_stray`: QNN
+/// HTP's QDQ kernels against the same graph on the CPU EP). Independent errors in a logit space
+/// of thousands of entries are nearly orthogonal, so their misses (1 − cosine) add.
+pub fn band(m: &MatchedStep, jitter: bool) -> f64 {
+    let own = m
+        .jitter
+        .filter(|_| jitter)
+        .unwrap_or(m.reference_vs_matched);
+    own - m.stray.map_or(0.0, |s| 1.0 - s.cosine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A QDQ step on QNN HTP: the jitter draws were recorded (`matched_jitter::fill_steps` runs
+    /// where the reference models the graph), but the device declares HTP's integer kernels,
+    /// which the reference does not compute: its band stays the declared precision's cost, for
+    /// the greedy control and the fits alike; where the control judges the device, the jitter.
+    #[test]
+    fn a_step_is_judged_by_the_jitter_only_where_the_control_judges_the_device() {
+        let m = MatchedStep {
+            reference_vs_matched: 0.9921,
+            matched_vs_device: 0.9990,
+            matched_top1: 7,
+            band: 0.5,
+            matched_margin: 0.0,
+            jitter: Some(0.99996),
+            stray: None,
+        };
+        assert_eq!(band(&m, true), 0.99996);
+        assert_eq!(band(&m, false), 0.9921);
+        // a step written before the control (or where it did not run) keeps the cost either way
+        let old = MatchedStep { jitter: None, ..m };
+        assert_eq!(band(&old, true), 0.9921);
+        let at = |matched| Footing { matched };
+        assert!(!at(None).jitter());
+        assert_eq!(at(None).band(&m), 0.9921);
+    }
+}
