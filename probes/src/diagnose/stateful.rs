@@ -27,7 +27,7 @@ use kvprobe_schema::{NotApplicable, ProbeFindings, Timing, Verdict};
 
 use super::engine::{Control, Controls, Engine, Rule, Tier, When};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
-use super::state_evidence::{declared_quant_mismatch, non_finite_decode, ranges};
+use super::state_evidence::{non_finite_decode, ranges};
 use super::stateful_causes::*;
 pub use super::stateful_facts::StatefulFacts;
 pub use super::stateful_na::NOT_APPLICABLE;
@@ -275,26 +275,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         Err(e) => return Err(e),
     };
     run.p.determinism = rp.clone();
-    let mut f = StatefulFacts {
-        repeat: rp,
-        back_to_back_identical: true,
-        back_to_back_cosine: 1.0,
-        back_to_back_refused: None,
-        overflow: None,
-        non_finite_step: None,
-        prefill: None,
-        greedy: None,
-        prefill_rows: Vec::new(),
-        greedy_steps: Vec::new(),
-        graph_noise: crate::thresholds::REL_NOISE_FLOOR,
-        output_fit: None,
-        host_feed: None,
-        host_writer: None,
-        state: None,
-        declared_quant_mismatch: declared_quant_mismatch(run.s.describe()),
-        fp16_overflow: None,
-        binding: None,
-    };
+    let mut f = StatefulFacts::first(rp, run.s.describe());
     run.eng.apply(REPEAT, &f);
     if run.eng.stopped() {
         return Ok(run.done());

@@ -102,6 +102,34 @@ pub(super) fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
 }
 
 impl StatefulFacts {
+    /// The facts before any probe ran: the repeat check's result and what the device declares; every
+    /// control's slot empty until its probe fills it.
+    pub(super) fn first(
+        repeat: Option<kvprobe_schema::DeterminismFinding>,
+        d: &kvprobe_schema::DeviceDescription,
+    ) -> StatefulFacts {
+        StatefulFacts {
+            repeat,
+            back_to_back_identical: true,
+            back_to_back_cosine: 1.0,
+            back_to_back_refused: None,
+            overflow: None,
+            non_finite_step: None,
+            prefill: None,
+            greedy: None,
+            prefill_rows: Vec::new(),
+            greedy_steps: Vec::new(),
+            graph_noise: REL_NOISE_FLOOR,
+            output_fit: None,
+            host_feed: None,
+            host_writer: None,
+            state: None,
+            declared_quant_mismatch: super::state_evidence::declared_quant_mismatch(d),
+            fp16_overflow: None,
+            binding: None,
+        }
+    }
+
     pub fn prefill_ok(&self) -> bool {
         self.prefill.is_some_and(|p| passes(p, PREFILL_TOP1)) && !self.prefill_leaves_matched()
     }
