@@ -19,6 +19,31 @@ pub(super) fn non_finite_decode(f: &StatefulFacts) -> Option<Cause> {
     )))
 }
 
+/// The first cache whose edges disagree on element size or quantisation, as evidence text.
+pub(super) fn declared_quant_mismatch(d: &kvprobe_schema::DeviceDescription) -> Option<String> {
+    let edges: Vec<_> = d.groups.iter().flat_map(|g| g.cache_edges.iter()).collect();
+    edges.iter().find_map(|a| {
+        let b = edges.iter().find(|b| {
+            b.cache_id == a.cache_id
+                && (b.data_bytes != a.data_bytes
+                    || b.quant.scale != a.quant.scale
+                    || b.quant.zero_point != a.quant.zero_point)
+        })?;
+        Some(format!(
+            "cache {}: {:?} edge {} byte(s), scale {}, zero point {} vs {:?} edge {} byte(s), scale {}, zero point {}",
+            a.cache_id,
+            a.direction,
+            a.data_bytes,
+            a.quant.scale,
+            a.quant.zero_point,
+            b.direction,
+            b.data_bytes,
+            b.quant.scale,
+            b.quant.zero_point
+        ))
+    })
+}
+
 /// `0..4, 7` style list.
 pub(super) fn ranges(v: &[usize]) -> String {
     if v.is_empty() {

@@ -27,7 +27,7 @@ use kvprobe_schema::{NotApplicable, ProbeFindings, Timing, Verdict};
 
 use super::engine::{Control, Controls, Engine, Rule, Tier, When};
 use super::outcome::{DiagnoseOptions, Diagnosis, REFERENCE_TAIL};
-use super::state_evidence::{non_finite_decode, ranges};
+use super::state_evidence::{declared_quant_mismatch, non_finite_decode, ranges};
 use super::stateful_causes::*;
 pub use super::stateful_facts::StatefulFacts;
 pub use super::stateful_na::NOT_APPLICABLE;
@@ -275,7 +275,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
         Err(e) => return Err(e),
     };
     run.p.determinism = rp.clone();
-    let mut f = StatefulFacts::first(rp, run.s.describe());
+    let mut f = StatefulFacts::first(rp, declared_quant_mismatch(run.s.describe()));
     run.eng.apply(REPEAT, &f);
     if run.eng.stopped() {
         return Ok(run.done());

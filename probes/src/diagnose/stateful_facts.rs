@@ -102,11 +102,11 @@ pub(super) fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
 }
 
 impl StatefulFacts {
-    /// The facts before any probe ran: the repeat check's result and what the device declares; every
-    /// control's slot empty until its probe fills it.
+    /// The facts before any probe ran: the repeat check's result and the cache quantisations the
+    /// device declares; every control's slot empty until its probe fills it.
     pub(super) fn first(
         repeat: Option<kvprobe_schema::DeterminismFinding>,
-        d: &kvprobe_schema::DeviceDescription,
+        declared_quant_mismatch: Option<String>,
     ) -> StatefulFacts {
         StatefulFacts {
             repeat,
@@ -124,7 +124,7 @@ impl StatefulFacts {
             host_feed: None,
             host_writer: None,
             state: None,
-            declared_quant_mismatch: declared_quant_mismatch(d),
+            declared_quant_mismatch,
             fp16_overflow: None,
             binding: None,
         }
@@ -224,31 +224,6 @@ impl Controls for StatefulFacts {
             .any(|c| self.fails(c)),
         }
     }
-}
-
-/// The first cache whose edges disagree on element size or quantisation, as evidence text.
-pub(super) fn declared_quant_mismatch(d: &kvprobe_schema::DeviceDescription) -> Option<String> {
-    let edges: Vec<_> = d.groups.iter().flat_map(|g| g.cache_edges.iter()).collect();
-    edges.iter().find_map(|a| {
-        let b = edges.iter().find(|b| {
-            b.cache_id == a.cache_id
-                && (b.data_bytes != a.data_bytes
-                    || b.quant.scale != a.quant.scale
-                    || b.quant.zero_point != a.quant.zero_point)
-        })?;
-        Some(format!(
-            "cache {}: {:?} edge {} byte(s), scale {}, zero point {} vs {:?} edge {} byte(s), scale {}, zero point {}",
-            a.cache_id,
-            a.direction,
-            a.data_bytes,
-            a.quant.scale,
-            a.quant.zero_point,
-            b.direction,
-            b.data_bytes,
-            b.quant.scale,
-            b.quant.zero_point
-        ))
-    })
 }
 
 #[cfg(test)]
