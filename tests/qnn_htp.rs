@@ -252,6 +252,9 @@ fn a_qdq_folder_is_healthy_on_htp_and_its_shifted_cache_is_not() {
     let ev = evidence(&v).join(" | ");
     assert_eq!(verdict(&v), "healthy", "{ev}");
     assert!(ev.contains("QDQ: 34 constants dequantised"), "{ev}");
+    // HTP's integer kernels measured per run by the CPU EP control, said in every output
+    let warnings = v["warnings"].to_string();
+    assert!(warnings.contains("measured by a control"), "{warnings}");
     // the prefill and the decode steps against the reference at the graph's grids
     for probe in ["prefill", "greedy"] {
         let line = format!("{probe} against the precision-matched reference");
@@ -383,6 +386,39 @@ fn a_cache_written_one_slot_off_is_named_on_the_cpu_ep_and_one_whole_window_is_h
 /// fault's own position +1 is named.
 #[test]
 fn a_rope_offset_in_the_qdq_decode_graph_is_not_healthy_on_the_cpu_ep() {
+    let v = rope_offset_named("cpu");
+    let ev = evidence(&v).join(" | ");
+    assert!(!ev.contains("QNN precision"), "{ev}");
+}
+
+/// The same export on HTP (session 29). HTP runs the QDQ graph in its integer kernels, which the
+/// reference does not compute; session 28 declared them unmodelled, so its controls were judged
+/// by their floors and this fault was `healthy` (a miss). Now the same graph runs on the CPU EP
+/// beside it with the same feeds (the control: the graph's Q/DQ arithmetic as written), each row's
+/// distance from it is HTP's own stray, added to the jitter band, and the fault, which both runs
+/// compute, is named as on the CPU EP. Every output says the control ran and is not the device.
+#[test]
+fn a_rope_offset_in_the_qdq_decode_graph_is_named_on_htp_as_on_the_cpu_ep() {
+    let v = rope_offset_named("qnn");
+    let ev = evidence(&v).join(" | ");
+    let warnings = v["warnings"].to_string();
+    assert!(
+        warnings.contains("measured by a control, not declared")
+            && warnings.contains("never reported as the device"),
+        "{warnings}"
+    );
+    let steps = v["probes"]["greedy"]["steps"].as_array().expect("steps");
+    assert!(
+        steps
+            .iter()
+            .all(|s| s["matched"]["stray"]["cosine"].as_f64().is_some()),
+        "{ev}"
+    );
+}
+
+/// `diagnose` of the fixture's `rope-offset` QDQ export on `ep`: the fault's own position +1,
+/// named by the wiring fit replayed on the matched reference at the jitter's band.
+fn rope_offset_named(ep: &str) -> serde_json::Value {
     let (hf, dir) = exported(
         7,
         "static",
@@ -400,7 +436,7 @@ fn a_rope_offset_in_the_qdq_decode_graph_is_not_healthy_on_the_cpu_ep() {
         "--steps",
         "4",
         "--ep",
-        "cpu",
+        ep,
     ]);
     let ev = evidence(&v).join(" | ");
     assert_eq!(code, 1, "{err} {ev}");
@@ -423,6 +459,7 @@ fn a_rope_offset_in_the_qdq_decode_graph_is_not_healthy_on_the_cpu_ep() {
             .all(|s| s["matched"]["jitter"].as_f64().is_some()),
         "{ev}"
     );
+    v
 }
 
 /// A QDQ graph from another exporter: layer 0's norm takes √ as `Pow(·, 0.5)`, or its RoPE negates

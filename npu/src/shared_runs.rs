@@ -197,6 +197,10 @@ impl Device for SharedRuns<'_> {
         self.inner.unmodelled_precision()
     }
 
+    fn control_logits(&self, logits: &[f32]) -> Option<Vec<f32>> {
+        self.inner.control_logits(logits)
+    }
+
     /// The device's own timings (real runs only), then what the shared runs stand for.
     fn timings(&self) -> Vec<(String, f64)> {
         let mut v = self.inner.timings();

@@ -553,6 +553,7 @@ mod tests {
             band: 31.48,
             matched_margin,
             jitter: None,
+            stray: None,
         };
         let st = GreedyStep {
             step: 1,

@@ -14,7 +14,8 @@
 //! matched reference by less). A step's band is the jitter control's spread where that control
 //! judges the device (the matched reference computes every op: `jitter_applies`), else the
 //! declared precision's cost against f32. Elsewhere (rings, stateful devices, HTP's QDQ) the
-//! hypotheses run on the float32 reference, at the cost band.
+//! hypotheses run on the float32 reference, at the cost band; on HTP's QDQ the CPU EP control
+//! adds the device's measured stray to it (`crate::device_stray`).
 
 use kvprobe_reference::Model;
 use kvprobe_schema::{DeviceDescription, MatchedStep};
@@ -70,11 +71,16 @@ pub fn jitter_applies(desc: &DeviceDescription, unmodelled: bool) -> bool {
 
 /// A step's band as a cosine: the smallest cosine of the jitter control's draws against the
 /// matched reference where `jitter` and the control ran, else the matched reference's own cosine
-/// against f32 (the declared precision's cost).
+/// against f32 (the declared precision's cost); with the device's measured stray from its
+/// control added as a miss where one ran (`MatchedStep::stray`, `crate::device_stray`: QNN
+/// HTP's QDQ kernels against the same graph on the CPU EP). Independent errors in a logit space
+/// of thousands of entries are nearly orthogonal, so their misses (1 − cosine) add.
 pub fn band(m: &MatchedStep, jitter: bool) -> f64 {
-    m.jitter
+    let own = m
+        .jitter
         .filter(|_| jitter)
-        .unwrap_or(m.reference_vs_matched)
+        .unwrap_or(m.reference_vs_matched);
+    own - m.stray.map_or(0.0, |s| 1.0 - s.cosine)
 }
 
 #[cfg(test)]
@@ -94,6 +100,7 @@ mod tests {
             band: 0.5,
             matched_margin: 0.0,
             jitter: Some(0.99996),
+            stray: None,
         };
         assert_eq!(band(&m, true), 0.99996);
         assert_eq!(band(&m, false), 0.9921);

@@ -12,6 +12,7 @@ pub mod chat;
 pub mod chat_diagnose;
 pub mod colmap;
 pub mod determinism;
+pub mod device_stray;
 pub mod diagnose;
 pub mod error;
 pub mod footing;

@@ -17,7 +17,8 @@ pub fn against_matched<'a>(
         let m = m?;
         sum += m.matched_vs_device;
         min = min.min(m.matched_vs_device);
-        top1 += usize::from(m.matched_top1 == device_top1);
+        // a flip by a gap the device's measured arithmetic moves agrees
+        top1 += usize::from(m.matched_top1 == device_top1 || near_tie(m, device_top1));
         n += 1;
     }
     (n > 0).then(|| [sum / n as f64, min, top1 as f64 / n as f64])
@@ -60,6 +61,7 @@ pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
         band: precision_band(matched, reference),
         matched_margin: gap(matched, mt, dt),
         jitter: None,
+        stray: None,
     }
 }
 
@@ -74,7 +76,7 @@ fn gap(logits: &[f32], a: u32, b: u32) -> f64 {
 /// How far the declared precision moves the gap between two logits at one step: twice the
 /// 99.9th percentile of |matched − f32| over the vocabulary (the largest few are the outliers of
 /// one vocabulary entry, not the typical pair a flip involves).
-fn precision_band(matched: &[f32], reference: &[f32]) -> f64 {
+pub(crate) fn precision_band(matched: &[f32], reference: &[f32]) -> f64 {
     let mut d: Vec<f32> = matched
         .iter()
         .zip(reference)
@@ -91,3 +93,47 @@ fn precision_band(matched: &[f32], reference: &[f32]) -> f64 {
 }
 
 const BAND_QUANTILE: f64 = 0.999;
+
+/// The device's top-1 differs from the matched reference's by a gap that the device's measured
+/// arithmetic moves (its control's band): a near tie, counted as agreement (as the chat counts a
+/// flip inside the declared band, `chat::against_matched`).
+pub(crate) fn near_tie(m: &MatchedStep, device_top1: u32) -> bool {
+    m.matched_top1 != device_top1 && m.stray.is_some_and(|s| m.matched_margin <= s.band)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvprobe_schema::DeviceStray;
+
+    fn step(jitter: Option<f64>, stray: Option<DeviceStray>) -> MatchedStep {
+        MatchedStep {
+            reference_vs_matched: 0.99,
+            matched_vs_device: 0.98,
+            matched_top1: 7,
+            band: 6.0,
+            matched_margin: 0.3,
+            jitter,
+            stray,
+        }
+    }
+
+    /// A flip by a gap of 0.3 is a near tie where the control's band is 0.5, not where it is
+    /// 0.2, and never without a control (the declared band of 6 is not this rule's).
+    #[test]
+    fn a_flip_inside_the_measured_band_is_a_near_tie() {
+        let at = |b: f64| {
+            step(
+                Some(0.999),
+                Some(DeviceStray {
+                    cosine: 0.98,
+                    band: b,
+                }),
+            )
+        };
+        assert!(near_tie(&at(0.5), 3));
+        assert!(!near_tie(&at(0.2), 3));
+        assert!(!near_tie(&at(0.5), 7));
+        assert!(!near_tie(&step(Some(0.999), None), 3));
+    }
+}

@@ -60,14 +60,18 @@ pub fn run(s: &mut Session, steps: usize) -> Result<SelfmaskFinding> {
         .copied()
         .zip(positions.iter().copied())
         .collect();
-    let matched_mean_cosine =
-        crate::matched_jitter::self_only(s.model, s.describe(), &pairs)?.map(|m| {
-            let c = devs
-                .iter()
-                .zip(&m)
-                .map(|(d, r)| crate::metrics::cosine(d, r));
-            c.sum::<f64>() / m.len().max(1) as f64
-        });
+    let matched = crate::matched_jitter::self_only(s.model, s.describe(), &pairs)?;
+    let mean = |rows: &[Vec<f32>], m: &[Vec<f32>]| {
+        let c = rows
+            .iter()
+            .zip(m)
+            .map(|(d, r)| crate::metrics::cosine(d, r));
+        c.sum::<f64>() / m.len().max(1) as f64
+    };
+    let matched_mean_cosine = matched.as_ref().map(|m| mean(&devs, m));
+    // the graph's own self-only rows, where the device runs a control (crate::device_stray)
+    let control: Option<Vec<Vec<f32>>> = devs.iter().map(|d| s.dev.control_logits(d)).collect();
+    let control_matched_mean_cosine = matched.zip(control).map(|(m, c)| mean(&c, &m));
     let token_texts = s.token_texts(rows.iter().flat_map(|r| {
         [
             r.input_token,
@@ -80,6 +84,7 @@ pub fn run(s: &mut Session, steps: usize) -> Result<SelfmaskFinding> {
         steps: rows,
         mean_cosine,
         matched_mean_cosine,
+        control_matched_mean_cosine,
         min_cosine,
         top1_agreement,
     })

@@ -244,6 +244,7 @@ pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<St
         selfonly_cosine: None,
         full_cosine: None,
         position_cosines: None,
+        selfonly_control: None,
     };
     if !experiments {
         return Ok(f);
@@ -289,6 +290,11 @@ pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<St
             )?,
         };
         f.selfonly_cosine = Some(cosine(&own.logits, &alone));
+        // the same feed on the device's control, where one runs: the graph's own mask
+        f.selfonly_control = s
+            .dev
+            .control_logits(&own.logits)
+            .map(|c| [cosine(&c, &alone), cosine(&own.logits, &c)]);
     }
     // the full-context step against the reference with its query moved by δ (the prompt's keys
     // where they are): a runner that feeds a wrong position id is reproduced by its δ

@@ -243,6 +243,7 @@ fn findings(n: usize, faulty: bool) -> ProbeFindings {
             token_texts: Default::default(),
             mean_cosine: 0.985,
             matched_mean_cosine: None,
+            control_matched_mean_cosine: None,
             min_cosine: 0.975,
             top1_agreement: 1.0,
         }),

@@ -37,6 +37,7 @@ impl DeviceArgs {
                 .map_err(npu_error)?,
             allow_cpu_fallback: self.allow_cpu_fallback,
             ep_given: self.ep.is_some(),
+            as_written: false,
         };
         let dev = OnnxDevice::open(model, &opts).map_err(npu_error)?;
         Ok(Backend::Onnx(Box::new(dev)))

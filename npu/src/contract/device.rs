@@ -109,6 +109,14 @@ pub trait Device {
         None
     }
 
+    /// The logits its control computed for the run that returned `logits`: the same graph on
+    /// another execution provider with the same feeds, where the device runs one to measure its
+    /// own arithmetic (QNN HTP's QDQ kernels against the CPU EP, docs/qnn.md). A measurement of
+    /// the device's precision, never its result. None (the default): no control runs.
+    fn control_logits(&self, _logits: &[f32]) -> Option<Vec<f32>> {
+        None
+    }
+
     /// Device time so far by kind of work (what, seconds) for the run's timings, read after the
     /// probes: e.g. a compile, the prompt windows, the decode steps. Nothing by default.
     fn timings(&self) -> Vec<(String, f64)> {

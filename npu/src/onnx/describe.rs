@@ -115,3 +115,32 @@ fn cache_edges(
     }
     edges
 }
+
+/// The default decoder's limits (the stateful defaults: the context refuses); a windowed cache
+/// (`win`) also has GenAI's capacity: `search.max_length` L, pads counted (W6), so the longest
+/// prompt is L rounded down to whole windows (a longer one is refused, as a step past the
+/// context).
+pub(super) fn limits(
+    desc: &DeviceDescription,
+    win: Option<super::window::WindowGeom>,
+) -> Vec<kvprobe_schema::DeviceLimit> {
+    use kvprobe_schema::{LimitKind, PastLimit};
+    let mut out = crate::contract::limits::declared(desc, super::CAPABILITIES.stateful);
+    if let Some(g) = win {
+        // GenAI ends the request at search.max_length whatever context the runner set up
+        // (W6): that is the context a step may not pass
+        for l in &mut out {
+            if l.kind == LimitKind::MaxContext {
+                l.value = l.value.min(g.max_length);
+            }
+        }
+        out.push(crate::contract::limits::limit(
+            LimitKind::PromptLen,
+            g.max_length / g.window * g.window + 1,
+            Some(PastLimit::Refused),
+            None,
+            "GenAI's windowed cache: the prompt is padded to whole windows of W and the request ends at search.max_length, pads counted (docs/onnx-genai.md W1, W6; contract doc §3 Full context)",
+        ));
+    }
+    out
+}

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use kvprobe_reference::Model;
-use kvprobe_schema::{DeviceDescription, DeviceLimit, GroupKind, LimitKind, PastLimit};
+use kvprobe_schema::{DeviceDescription, DeviceLimit, GroupKind};
 
 use super::config::GenaiConfig;
 #[cfg(feature = "onnx")]
@@ -53,6 +53,9 @@ pub struct OnnxDevice {
     swap_layers: bool,
     /// What the device computes that the matched reference does not (`Device::unmodelled_precision`).
     unmodelled: Option<String>,
+    /// The same graph on the CPU EP measuring that arithmetic per run (control.rs): then the
+    /// precision is measured, not declared unmodelled.
+    control: Option<Box<super::control::Control>>,
 }
 
 impl OnnxDevice {
@@ -136,7 +139,12 @@ impl OnnxDevice {
         );
         let fp16_kv = matches!(rt.kv, super::values::KvType::F16);
         let unmodelled = super::declared::precision(&mut desc, &cfg, opts, fp16_kv)?;
+        let control = match &unmodelled {
+            Some(_) => Some(Box::new(super::control::Control::open(model, opts)?)),
+            None => None,
+        };
         Ok(OnnxDevice {
+            control,
             desc,
             past: vec![
                 vec![0.0; shared.unwrap_or(0) * cfg.n_kv_heads * cfg.head_size];
@@ -312,116 +320,9 @@ fn no_feature() -> Error {
     Error::Device("--onnx: built without ONNX Runtime support: rebuild with --features onnx".into())
 }
 
-impl Device for OnnxDevice {
-    fn describe(&self) -> &DeviceDescription {
-        &self.desc
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
-    }
-
-    /// The default decoder: the stateful defaults (the context refuses). The windowed cache also
-    /// has GenAI's capacity: `search.max_length` L, pads counted (W6), so the longest prompt is L
-    /// rounded down to whole windows (a longer one is refused, as a step past the context).
-    /// The runtime that ran the graph: a bug write-up needs its exact build and provider.
-    fn versions(&self) -> Vec<(String, String)> {
-        #[cfg(feature = "onnx")]
-        {
-            let mut v: Vec<(String, String)> = vec![
-                ("onnxruntime".into(), super::runtime::loaded_version()),
-                ("onnxruntime library".into(), {
-                    let lib = super::runtime::library_path();
-                    std::fs::canonicalize(&lib)
-                        .unwrap_or(lib)
-                        .display()
-                        .to_string()
-                }),
-                ("execution provider".into(), self.ep.name().to_string()),
-                (
-                    "host side".into(),
-                    format!(
-                        "kvprobe-npu {} (GenAI's generator rules, docs/onnx-genai.md)",
-                        env!("CARGO_PKG_VERSION")
-                    ),
-                ),
-            ];
-            if let Some(q) = &self.rt.qnn {
-                v.extend(q.versions());
-            }
-            v
-        }
-        #[cfg(not(feature = "onnx"))]
-        Vec::new()
-    }
-
-    /// A QNN session with nodes on the CPU says "partial NPU" in every output.
-    fn mask_by_length(&self) -> Option<String> {
-        self.length_mask.clone()
-    }
-
-    /// A run on another provider than genai_config.json declares says so too.
-    fn warnings(&self) -> Vec<String> {
-        let v = self.substitute.iter().cloned();
-        #[cfg(feature = "onnx")]
-        let v = v.chain(self.rt.qnn.as_ref().and_then(|q| q.partial()));
-        // what the controls cannot judge at the declared precision, as OpenVINO's bf16 says it
-        let v = v.chain(
-            self.unmodelled
-                .iter()
-                .map(|n| format!("QNN precision: {n}")),
-        );
-        v.collect()
-    }
-
-    fn unmodelled_precision(&self) -> Option<String> {
-        self.unmodelled.clone()
-    }
-
-    /// The QNN compile (or context-cache load) per graph, then the graph runs by kind.
-    fn timings(&self) -> Vec<(String, f64)> {
-        #[cfg(feature = "onnx")]
-        {
-            let mut v: Vec<(String, f64)> = Vec::new();
-            for (g, o) in self.rt.qnn.iter().flat_map(|q| q.context.iter()) {
-                v.push(o.timing(g));
-            }
-            let [(wn, ws), (sn, ss)] = self.rt.times;
-            v.push((format!("device: prompt windows ({wn} runs)"), ws));
-            v.push((format!("device: decode steps ({sn} runs)"), ss));
-            v
-        }
-        #[cfg(not(feature = "onnx"))]
-        Vec::new()
-    }
-
-    fn host_window(&self) -> Option<window::WindowGeom> {
-        self.win.as_ref().map(|(st, _)| st.geom)
-    }
-
-    fn limits(&self) -> Vec<DeviceLimit> {
-        let mut out = crate::contract::limits::declared(&self.desc, CAPABILITIES.stateful);
-        if let Some((st, _)) = &self.win {
-            let g = st.geom;
-            // GenAI ends the request at search.max_length whatever context the runner set up
-            // (W6): that is the context a step may not pass
-            for l in &mut out {
-                if l.kind == LimitKind::MaxContext {
-                    l.value = l.value.min(g.max_length);
-                }
-            }
-            out.push(crate::contract::limits::limit(
-                LimitKind::PromptLen,
-                g.max_length / g.window * g.window + 1,
-                Some(PastLimit::Refused),
-                None,
-                "GenAI's windowed cache: the prompt is padded to whole windows of W and the request ends at search.max_length, pads counted (docs/onnx-genai.md W1, W6; contract doc §3 Full context)",
-            ));
-        }
-        out
-    }
-
-    fn run(&mut self, _group: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput> {
+impl OnnxDevice {
+    /// One run of the graph as GenAI's host feeds it (the device without its control).
+    fn run_graph(&mut self, inputs: &[(String, Buffer)]) -> Result<RunOutput> {
         if self.win.is_some() {
             return self.run_window(inputs);
         }
@@ -491,22 +392,8 @@ impl Device for OnnxDevice {
         }
     }
 
-    /// The request is host memory: the pasts, their length and the windowed bookkeeping.
-    fn save_state(&self) -> Option<SavedState> {
-        let entries = self.win.iter().flat_map(|w| &w.1.entries);
-        let bytes = 4 * self.past.iter().map(Vec::len).sum::<usize>()
-            + entries.map(window::Elems::bytes).sum::<usize>();
-        let state = (self.past.clone(), self.past_len, self.win.clone());
-        Some(SavedState::new(state, bytes))
-    }
-
-    fn restore_state(&mut self, state: &SavedState) -> Result<()> {
-        type Request = (Vec<Vec<f32>>, usize, Option<(WindowState, WindowCache)>);
-        (self.past, self.past_len, self.win) = state.get::<Request>()?.clone();
-        Ok(())
-    }
-
-    fn init_cache(&mut self, read_offset: u32) -> Result<()> {
+    /// `init_cache(0)` of the device itself (its control resets beside it).
+    fn reset(&mut self, read_offset: u32) -> Result<()> {
         if read_offset != 0 {
             return Err(Error::InvalidArgument(format!(
                 "init_cache({read_offset}): a GenAI request starts at 0 (there is no ring offset)"
@@ -523,6 +410,118 @@ impl Device for OnnxDevice {
             cache.truncate(0);
         }
         Ok(())
+    }
+}
+
+impl Device for OnnxDevice {
+    fn describe(&self) -> &DeviceDescription {
+        &self.desc
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    /// The runtime that ran the graph: a bug write-up needs its exact build and provider.
+    fn versions(&self) -> Vec<(String, String)> {
+        #[cfg(feature = "onnx")]
+        {
+            self.rt.versions(self.ep)
+        }
+        #[cfg(not(feature = "onnx"))]
+        Vec::new()
+    }
+
+    /// A QNN session with nodes on the CPU says "partial NPU" in every output.
+    fn mask_by_length(&self) -> Option<String> {
+        self.length_mask.clone()
+    }
+
+    /// A run on another provider than genai_config.json declares says so too.
+    fn warnings(&self) -> Vec<String> {
+        let v = self.substitute.iter().cloned();
+        #[cfg(feature = "onnx")]
+        let v = v.chain(self.rt.qnn.as_ref().and_then(|q| q.partial()));
+        // what the controls cannot judge at the declared precision (as OpenVINO's bf16 says it),
+        // or the control that measures it
+        let v = v.chain(self.unmodelled.iter().map(|n| match &self.control {
+            Some(c) => c.note(n),
+            None => format!("QNN precision: {n}"),
+        }));
+        v.collect()
+    }
+
+    fn unmodelled_precision(&self) -> Option<String> {
+        self.unmodelled.clone().filter(|_| self.control.is_none())
+    }
+
+    fn control_logits(&self, logits: &[f32]) -> Option<Vec<f32>> {
+        self.control.as_ref()?.logits(logits)
+    }
+
+    /// The QNN compile (or context-cache load) per graph, then the graph runs by kind.
+    fn timings(&self) -> Vec<(String, f64)> {
+        #[cfg(feature = "onnx")]
+        {
+            let mut v: Vec<(String, f64)> = Vec::new();
+            for (g, o) in self.rt.qnn.iter().flat_map(|q| q.context.iter()) {
+                v.push(o.timing(g));
+            }
+            let [(wn, ws), (sn, ss)] = self.rt.times;
+            v.push((format!("device: prompt windows ({wn} runs)"), ws));
+            v.push((format!("device: decode steps ({sn} runs)"), ss));
+            v.extend(self.control.iter().flat_map(|c| c.timings()));
+            v
+        }
+        #[cfg(not(feature = "onnx"))]
+        Vec::new()
+    }
+
+    fn host_window(&self) -> Option<window::WindowGeom> {
+        self.win.as_ref().map(|(st, _)| st.geom)
+    }
+
+    fn limits(&self) -> Vec<DeviceLimit> {
+        super::describe::limits(&self.desc, self.win.as_ref().map(|(st, _)| st.geom))
+    }
+
+    fn run(&mut self, group: GroupKind, inputs: &[(String, Buffer)]) -> Result<RunOutput> {
+        let out = self.run_graph(inputs)?;
+        if let Some(c) = &mut self.control {
+            c.run(group, inputs, &out.logits)?;
+        }
+        Ok(out)
+    }
+
+    /// The request is host memory: the pasts, their length and the windowed bookkeeping.
+    fn save_state(&self) -> Option<SavedState> {
+        let entries = self.win.iter().flat_map(|w| &w.1.entries);
+        let bytes = 4 * self.past.iter().map(Vec::len).sum::<usize>()
+            + entries.map(window::Elems::bytes).sum::<usize>();
+        let control = self.control.as_ref().and_then(|c| c.save_state());
+        let extra = control.as_ref().map_or(0, |c| c.bytes);
+        let state = (
+            (self.past.clone(), self.past_len, self.win.clone()),
+            control,
+        );
+        Some(SavedState::new(state, bytes + extra))
+    }
+
+    fn restore_state(&mut self, state: &SavedState) -> Result<()> {
+        type Request = (Vec<Vec<f32>>, usize, Option<(WindowState, WindowCache)>);
+        let (request, control) = state.get::<(Request, Option<SavedState>)>()?;
+        (self.past, self.past_len, self.win) = request.clone();
+        match (&mut self.control, control) {
+            (Some(c), Some(saved)) => c.restore_state(saved),
+            _ => Ok(()),
+        }
+    }
+
+    fn init_cache(&mut self, read_offset: u32) -> Result<()> {
+        if let Some(c) = &mut self.control {
+            c.init_cache()?;
+        }
+        self.reset(read_offset)
     }
 
     fn update_cache_offset(&mut self, delta: i32) -> Result<()> {
@@ -561,6 +560,9 @@ impl Device for OnnxDevice {
     }
 
     fn write_cache_buffer(&mut self, cache_id: u32, bytes: &[u8]) -> Result<()> {
+        if let Some(c) = &mut self.control {
+            c.write_cache_buffer(cache_id, bytes)?;
+        }
         let (h, ctx, d) = self.shape();
         let (n, stride) = (self.past_len, self.stride());
         if bytes.len() != h * ctx * d * 2 {

@@ -14,6 +14,7 @@ use crate::contract::{Capabilities, Family};
 use crate::{Error, Result};
 
 pub mod config;
+mod control;
 #[cfg(feature = "onnx")]
 mod declared;
 mod describe;
@@ -157,6 +158,10 @@ pub struct OnnxOptions {
     /// `--ep` was given: a folder whose genai_config.json declares another provider runs on
     /// `ep` with a warning in every output; without it, it is refused (never a silent CPU run).
     pub ep_given: bool,
+    /// The CPU EP computes every Q/DQ pair as the graph writes it (no MatMulNBits rewrite of its
+    /// weight MatMuls), on its device chosen explicitly (the process may have the QNN plugin
+    /// registered): the control of a QDQ graph on HTP (control.rs).
+    pub as_written: bool,
 }
 
 impl OnnxOptions {

@@ -180,6 +180,34 @@ pub(super) struct Runtime {
 }
 
 impl Runtime {
+    /// The runtime that ran the graph, for the provenance: a bug write-up needs its exact build
+    /// and provider.
+    pub(super) fn versions(&self, ep: Ep) -> Vec<(String, String)> {
+        let lib = library_path();
+        let mut v: Vec<(String, String)> = vec![
+            ("onnxruntime".into(), loaded_version()),
+            (
+                "onnxruntime library".into(),
+                std::fs::canonicalize(&lib)
+                    .unwrap_or(lib)
+                    .display()
+                    .to_string(),
+            ),
+            ("execution provider".into(), ep.name().to_string()),
+            (
+                "host side".into(),
+                format!(
+                    "kvprobe-npu {} (GenAI's generator rules, docs/onnx-genai.md)",
+                    env!("CARGO_PKG_VERSION")
+                ),
+            ),
+        ];
+        if let Some(q) = &self.qnn {
+            v.extend(q.versions());
+        }
+        v
+    }
+
     pub(super) fn open(dir: &Path, cfg: &GenaiConfig, opts: &OnnxOptions) -> Result<Runtime> {
         let model = dir.join(&cfg.filename);
         if !model.is_file() {
@@ -242,6 +270,21 @@ impl Runtime {
         }
         let mut builder =
             Session::builder(env).map_err(|e| device(format!("session options: {e}")))?;
+        if opts.as_written {
+            // the CPU EP otherwise rewrites a QDQ graph's weight MatMuls into MatMulNBits with
+            // int8 inputs (docs/qnn.md, "The 0.006 on SmolLM2"): level 1 keeps them as written;
+            // on the CPU EP's device explicitly: beside a device on the QNN plugin, a session
+            // without a device asks the plugin for a default backend and fails
+            let cpu: Vec<_> = env
+                .devices()
+                .filter(|d| d.ep().is_ok_and(|n| n == "CPUExecutionProvider"))
+                .collect();
+            builder = builder
+                .with_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
+                .map_err(|e| device(format!("session options: {e}")))?
+                .with_devices(cpu, None)
+                .map_err(|e| device(format!("session options: the CPU EP's device: {e}")))?;
+        }
         if let Some(d) = provider(opts.ep, ep_opts)? {
             builder = builder.with_execution_providers([d]).map_err(|e| {
                 device(format!(

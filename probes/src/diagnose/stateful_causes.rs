@@ -163,16 +163,26 @@ fn first_step_band(f: &StatefulFacts, zero: f64) -> (f64, f64) {
 pub(super) fn mask_cosines(f: &StatefulFacts) -> Option<Cause> {
     let st = f.state.as_ref()?;
     let (own, full) = (st.selfonly_cosine?, st.full_cosine?);
+    let control = st.selfonly_control.map_or(String::new(), |[c, d]| {
+        format!("; the same self-only feed on the device's control (the graph on the CPU EP, not the device): {c:.4} against the token alone, the device {d:.4} against it")
+    });
     Some(Cause::note(format!(
-        "mask: a self-only step against the token alone: cosine {own:.4}; the full-context step: {full:.4}"
+        "mask: a self-only step against the token alone: cosine {own:.4}; the full-context step: {full:.4}{control}"
     )))
 }
 
-/// Blocked columns still contribute: the additive mask is not applied as 0 / −inf.
+/// Blocked columns still contribute: the additive mask is not applied as 0 / −inf. Where the
+/// device runs a control (`StateFinding::selfonly_control`), the healthy hypothesis on this step
+/// is the graph as the control computes it: a mask fault of the graph is computed there too, so
+/// a control whose self-only step is the token alone contradicts it, and the device's distance
+/// from that step is its own arithmetic on this feed (QNN HTP's QDQ kernels, docs/qnn.md).
 pub(super) fn self_only_mask(f: &StatefulFacts) -> Option<Cause> {
     let st = f.state.as_ref()?;
     let (own, _full) = (st.selfonly_cosine?, st.full_cosine?);
-    (own < REPRODUCES_COSINE).then(|| {
+    let graph_masks = st
+        .selfonly_control
+        .is_some_and(|[c, _]| c >= REPRODUCES_COSINE);
+    (own < REPRODUCES_COSINE && !graph_masks).then(|| {
         Cause::new(0.8).line(
             "→ blocked columns still contribute: the additive mask is not applied as 0 / −inf",
         )

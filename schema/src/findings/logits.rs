@@ -92,6 +92,23 @@ pub struct MatchedStep {
     /// the matched reference computes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jitter: Option<f64>,
+    /// The device against its control at this step: the same graph run on another execution
+    /// provider with the same feeds (QNN HTP's QDQ graph on the CPU EP, docs/qnn.md), which
+    /// implements the graph's arithmetic as written. Their distance is the device's own
+    /// arithmetic, part of the declared precision; never the device's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stray: Option<DeviceStray>,
+}
+
+/// How far a device strays from its control (the same graph on another execution provider, the
+/// same feeds) at one row.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DeviceStray {
+    /// Cosine of the device's logits against the control's.
+    pub cosine: f64,
+    /// How far that arithmetic moves a logit gap: twice the 99.9th percentile of
+    /// |device − control| over the vocabulary (as `MatchedStep::band` for the declared precision).
+    pub band: f64,
 }
 
 /// What the precision-matched reference rounded, and its tbt means.
@@ -155,6 +172,11 @@ pub struct SelfmaskFinding {
     /// then carries the declared precision's cost: a healthy QDQ self-only step sits at 0.94).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matched_mean_cosine: Option<f64>,
+    /// The same rows on the device's control (the graph on another execution provider with the
+    /// same feeds, `MatchedStep::stray`) against the precision-matched reference's self-only
+    /// rows: the graph's own self-only steps, where a control runs. Recorded, not judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_matched_mean_cosine: Option<f64>,
     pub min_cosine: f64,
     pub top1_agreement: f64,
     /// Readable text of every id the step table shows (inputs and top-1s), for the reports.

@@ -28,6 +28,11 @@ pub struct StateFinding {
     /// does not advance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub position_cosines: Option<Vec<[f64; 2]>>,
+    /// The same self-only step on the device's control (the graph on another execution provider,
+    /// the same feeds: `MatchedStep::stray`): `[control against the token alone, device against
+    /// the control]`. The graph's own mask, which a fault of the graph shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selfonly_control: Option<[f64; 2]>,
 }
 
 /// Where inf/NaN first appears on a stateful fp16 device: the state scan after a prefill.
