@@ -46,6 +46,8 @@ fn key(logits: &[f32]) -> u64 {
 impl Control {
     /// The folder of `opts` on the CPU EP, every Q/DQ pair as written (`OnnxOptions::as_written`),
     /// with the device's host rules (`--max-ctx`, host faults).
+    // called only where the device opens a real ONNX Runtime session (feature `onnx`)
+    #[cfg_attr(not(feature = "onnx"), allow(dead_code))]
     pub(super) fn open(model: &Model, opts: &OnnxOptions) -> Result<Control> {
         let mut o = opts.clone();
         o.ep = Ep::Cpu;
@@ -127,6 +129,8 @@ impl Control {
     }
 
     /// The control's runs and time, by kind, as the device's timings name its own.
+    // called only where the device opens a real ONNX Runtime session (feature `onnx`)
+    #[cfg_attr(not(feature = "onnx"), allow(dead_code))]
     pub(super) fn timings(&self) -> Vec<(String, f64)> {
         let dropped = match self.dropped {
             0 => String::new(),
