@@ -554,6 +554,7 @@ mod tests {
             matched_margin,
             jitter: None,
             stray: None,
+            control_vs_matched: None,
         };
         let st = GreedyStep {
             step: 1,

@@ -1,39 +1,85 @@
 //! The device's own arithmetic, measured by its control (issue 36): where a device runs the same
 //! graph on a control with the same feeds (`Device::control_logits`: QNN HTP's QDQ graph on the
 //! CPU EP, whose float32 Q/DQ arithmetic the matched reference models), each compared row's
-//! distance from the control is how far the device's kernels take it from the graph as written.
-//! That distance is part of the healthy hypothesis' precision at that row, beside its own jitter
-//! spread (`crate::footing::band`). A fault of the graph is computed by the control too, so it
-//! stays outside that precision and shows against the matched reference.
+//! distance from the control (`MatchedStep::stray`) is how far the device's kernels take it from
+//! the graph as written; that distance is part of the healthy hypothesis' precision at that row,
+//! beside its own jitter spread (`crate::footing::band`). The control's own distance from the
+//! matched reference (`MatchedStep::control_vs_matched`) is recorded beside it: how far the
+//! graph as the control computes it departs from the healthy hypothesis. A fault of the graph is
+//! computed by the control too, so it stays outside that precision and shows against the matched
+//! reference.
 
 use kvprobe_npu::Device;
-use kvprobe_schema::{DeviceStray, GreedyStep};
+use kvprobe_reference::Model;
+use kvprobe_schema::{DeviceDescription, DeviceStray, GreedyStep, MatchedStep};
 
+use crate::matched::{greedy_logits_shared, DriveMemo, Precision};
 use crate::matched_summary::precision_band;
 use crate::metrics::cosine;
+use crate::Result;
 
-/// The device's logits `device` against its control's for the same run, where one ran.
-pub fn of(dev: &dyn Device, device: &[f32]) -> Option<DeviceStray> {
-    let control = dev.control_logits(device)?;
-    Some(DeviceStray {
-        cosine: cosine(device, &control),
-        band: precision_band(device, &control),
-    })
+/// The device's logits against its control's for the same run.
+fn stray(device: &[f32], control: &[f32]) -> DeviceStray {
+    DeviceStray {
+        cosine: cosine(device, control),
+        band: precision_band(device, control),
+    }
 }
 
-/// Sets `matched.stray` on every step with a matched comparison (`device[i]` is step i's logits).
-pub fn fill_steps(dev: &dyn Device, device: &[Vec<f32>], steps: &mut [GreedyStep]) {
-    for (st, logits) in steps.iter_mut().zip(device) {
-        if let Some(m) = st.matched.as_mut() {
-            m.stray = of(dev, logits);
+/// Sets `m.stray` (the device against its control) and `m.control_vs_matched` (the control
+/// against `matched`, the matched reference's logits of the same row), where a control ran.
+pub fn fill(dev: &dyn Device, device: &[f32], matched: &[f32], m: &mut MatchedStep) {
+    if let Some(control) = dev.control_logits(device) {
+        m.stray = Some(stray(device, &control));
+        m.control_vs_matched = Some(cosine(&control, matched));
+    }
+}
+
+/// [`fill`] on every greedy step with a matched comparison (`device[i]` is step i's logits, the
+/// prompt `seq[..n]`): the matched logits come from this session's memo (`matched::three_way`
+/// drove them).
+pub fn fill_steps(
+    dev: &dyn Device,
+    memo: (&Model, &DriveMemo),
+    at: (&DeviceDescription, &[u32], usize),
+    device: &[Vec<f32>],
+    steps: &mut [GreedyStep],
+) -> Result<()> {
+    let positions: Vec<usize> = (0..device.len()).map(|i| at.2 - 1 + i).collect();
+    fill_at(dev, memo, at, &positions, device, steps)
+}
+
+/// [`fill_steps`] for steps compared at `positions` only (rising, each ≥ `n − 1`: a chat's
+/// rows, as `matched::three_way_at` compares them).
+pub fn fill_at(
+    dev: &dyn Device,
+    (model, memo): (&Model, &DriveMemo),
+    (desc, seq, n): (&DeviceDescription, &[u32], usize),
+    positions: &[usize],
+    device: &[Vec<f32>],
+    steps: &mut [GreedyStep],
+) -> Result<()> {
+    let ran = device.first().and_then(|d| dev.control_logits(d)).is_some();
+    let precision = match ran {
+        true => Precision::of(desc, model)?,
+        false => None,
+    };
+    let (Some(p), Some(&last)) = (precision, positions.last()) else {
+        return Ok(());
+    };
+    let geometry = (n, last + 2 - n, desc.cache_len, desc.prefill_len);
+    let matched = greedy_logits_shared((memo, model), &p, seq, geometry)?;
+    for ((st, logits), &pos) in steps.iter_mut().zip(device).zip(positions) {
+        if let (Some(m), Some(row)) = (st.matched.as_mut(), matched.get(pos + 1 - n)) {
+            fill(dev, logits, row, m);
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvprobe_schema::MatchedStep;
 
     fn step(jitter: Option<f64>, stray: Option<DeviceStray>) -> MatchedStep {
         MatchedStep {
@@ -44,6 +90,7 @@ mod tests {
             matched_margin: 0.3,
             jitter,
             stray,
+            control_vs_matched: None,
         }
     }
 

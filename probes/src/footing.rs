@@ -101,6 +101,7 @@ mod tests {
             matched_margin: 0.0,
             jitter: Some(0.99996),
             stray: None,
+            control_vs_matched: None,
         };
         assert_eq!(band(&m, true), 0.99996);
         assert_eq!(band(&m, false), 0.9921);

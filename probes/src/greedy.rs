@@ -84,7 +84,13 @@ pub fn run_with(
         &mut out_steps,
     )?;
     // the device's own arithmetic per step, where a control measures it
-    crate::device_stray::fill_steps(&*s.dev, &device_logits, &mut out_steps);
+    crate::device_stray::fill_steps(
+        &*s.dev,
+        (s.model, &s.matched_runs),
+        (s.describe(), &seq[..], n),
+        &device_logits,
+        &mut out_steps,
+    )?;
     let first_divergence = out_steps
         .iter()
         .position(|x| !x.comparison.top1_match && !x.near_tie);

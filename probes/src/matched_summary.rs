@@ -62,6 +62,7 @@ pub fn step(matched: &[f32], reference: &[f32], device: &[f32]) -> MatchedStep {
         matched_margin: gap(matched, mt, dt),
         jitter: None,
         stray: None,
+        control_vs_matched: None,
     }
 }
 
@@ -115,6 +116,7 @@ mod tests {
             matched_margin: 0.3,
             jitter,
             stray,
+            control_vs_matched: None,
         }
     }
 

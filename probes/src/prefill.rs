@@ -83,7 +83,7 @@ pub fn run(s: &mut Session, opts: &PrefillOptions) -> Result<PrefillFinding> {
                 let row = m.get(k - 1)?;
                 let mut step = matched::step(row, reference.row(k - 1), &out.logits);
                 step.jitter = spread.as_ref().and_then(|s| s.get(k - 1).copied());
-                step.stray = crate::device_stray::of(&*s.dev, &out.logits);
+                crate::device_stray::fill(&*s.dev, &out.logits, row, &mut step);
                 Some(step)
             }),
         });

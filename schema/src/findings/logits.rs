@@ -98,6 +98,11 @@ pub struct MatchedStep {
     /// arithmetic, part of the declared precision; never the device's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stray: Option<DeviceStray>,
+    /// The control against the precision-matched reference at this step (cosine), where a
+    /// control ran (`stray`): the graph as written, computed by another execution provider, against
+    /// the reference that models it, beside the device's distance from the control (`stray`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_vs_matched: Option<f64>,
 }
 
 /// How far a device strays from its control (the same graph on another execution provider, the
