@@ -189,8 +189,25 @@ pub fn run_turns(s: &mut Session, steps: usize, turns: usize) -> Result<ChatFind
         &ref_rows,
         &mut all,
     )?;
+    // with a control: the graph judged by the control, the device by its distance from it
+    let at = (s.describe(), &seq[..], messages[0].len());
+    let memo = (s.model, &s.matched_runs);
+    crate::device_stray::fill_at(&*s.dev, memo, at, &positions, &device, &mut all)?;
     let judged = against_declared(s.describe(), &all);
-    let first_divergence = first_disagreement(&rows, &judged).map(|(i, why)| ChatDivergence {
+    let own = crate::device_stray::against_control(&all)
+        .and_then(|d| first_disagreement(&rows, &d))
+        .map(|(i, why)| (i, format!("the device against its control (the same graph on the CPU EP with the same feeds: the device's own arithmetic): {why}")));
+    let graph = first_disagreement(&rows, &judged).map(|(i, why)| {
+        match all[i].matched.and_then(|m| m.control_vs_matched) {
+            Some(_) => (
+                i,
+                format!("the graph (its control against the precision-matched reference): {why}"),
+            ),
+            None => (i, why),
+        }
+    });
+    let first = graph.into_iter().chain(own).min_by_key(|(i, _)| *i);
+    let first_divergence = first.map(|(i, why)| ChatDivergence {
         turn: rows[i].turn,
         step: rows[i].step,
         position: rows[i].position,
@@ -340,7 +357,8 @@ fn against_declared(
 /// an egg?", f32 and the device 198, the matched reference 1, band 31.5).
 fn against_matched(st: &GreedyStep, m: &kvprobe_schema::MatchedStep) -> GreedyStep {
     let mut st = st.clone();
-    st.comparison.cosine = m.matched_vs_device;
+    // with a control, the graph: the control against the matched reference
+    st.comparison.cosine = m.control_vs_matched.unwrap_or(m.matched_vs_device);
     st.comparison.reference_top1 = m.matched_top1;
     st.comparison.top1_match = st.comparison.device_top1 == m.matched_top1;
     st.reference_margin = m.matched_margin;

@@ -76,11 +76,31 @@ pub fn jitter_applies(desc: &DeviceDescription, unmodelled: bool) -> bool {
 /// HTP's QDQ kernels against the same graph on the CPU EP). Independent errors in a logit space
 /// of thousands of entries are nearly orthogonal, so their misses (1 − cosine) add.
 pub fn band(m: &MatchedStep, jitter: bool) -> f64 {
-    let own = m
-        .jitter
+    own_band(m, jitter) - m.stray.map_or(0.0, |s| 1.0 - s.cosine)
+}
+
+/// The matched reference's own band at a step: the jitter's spread where `jitter` and the
+/// control ran, else its cosine against f32.
+pub fn own_band(m: &MatchedStep, jitter: bool) -> f64 {
+    m.jitter
         .filter(|_| jitter)
-        .unwrap_or(m.reference_vs_matched);
-    own - m.stray.map_or(0.0, |s| 1.0 - s.cosine)
+        .unwrap_or(m.reference_vs_matched)
+}
+
+/// What a step or row judges, as `(band, cosine)` for `ring::fits::leaves_matched`. Where the
+/// device runs a control (`MatchedStep::control_vs_matched`: QNN HTP's QDQ graph on the CPU EP,
+/// the same feeds), the graph is judged: the control against the matched reference at that
+/// reference's own band (a fault of the graph or of the host's feed is computed by both runs),
+/// while the device's distance from its control is the device's own arithmetic (`stray`,
+/// reported beside it, docs/qnn.md "The CPU EP control"). Judging the device against the matched
+/// reference at the jitter plus the stray would charge the device for a row the matched
+/// reference does not model (SmolLM2 QDQ's off-grid rows, where the control itself sits away
+/// from it). Without a control: the device against the matched reference at [`band`].
+pub fn judged(m: &MatchedStep, jitter: bool) -> (f64, f64) {
+    match m.control_vs_matched {
+        Some(c) => (own_band(m, jitter), c),
+        None => (band(m, jitter), m.matched_vs_device),
+    }
 }
 
 #[cfg(test)]

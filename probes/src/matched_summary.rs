@@ -12,11 +12,21 @@ use crate::metrics::{cosine, top1};
 pub fn against_matched<'a>(
     points: impl Iterator<Item = (Option<&'a MatchedStep>, u32)>,
 ) -> Option<[f64; 3]> {
+    agreement(points, |m| Some(m.matched_vs_device))
+}
+
+/// [`against_matched`] with each point's cosine read by `cosine` (None unless every point has
+/// one), the top-1 always the device's against the matched reference.
+pub(crate) fn agreement<'a>(
+    points: impl Iterator<Item = (Option<&'a MatchedStep>, u32)>,
+    cosine: impl Fn(&MatchedStep) -> Option<f64>,
+) -> Option<[f64; 3]> {
     let (mut sum, mut min, mut top1, mut n) = (0.0, f64::INFINITY, 0usize, 0usize);
     for (m, device_top1) in points {
         let m = m?;
-        sum += m.matched_vs_device;
-        min = min.min(m.matched_vs_device);
+        let c = cosine(m)?;
+        sum += c;
+        min = min.min(c);
         // a flip by a gap the device's measured arithmetic moves agrees
         top1 += usize::from(m.matched_top1 == device_top1 || near_tie(m, device_top1));
         n += 1;

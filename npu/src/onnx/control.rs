@@ -124,7 +124,7 @@ impl Control {
     /// the device (said when the device opens, before any run: the counts are in the timings).
     pub(super) fn note(&self, unmodelled: &str) -> String {
         format!(
-            "QNN precision: {unmodelled}; measured by a control, not declared: the same graph on ONNX Runtime's CPU EP with the same feeds (one CPU EP run per device run, its time under 'control' in the timings), whose distance from the device is part of the declared precision; the control is never reported as the device"
+            "QNN precision: {unmodelled}; measured by a control, not declared: the same graph on ONNX Runtime's CPU EP with the same feeds (one CPU EP run per device run, its time under 'control' in the timings), whose distance from the device is the device's own arithmetic (`matched.stray`); the prefill and greedy controls judge the graph by the control against the precision-matched reference (`matched.control_vs_matched`, at that reference's own band) and the device by its distance from the control, rows where the control leaves that reference listed in the evidence; the control is never reported as the device"
         )
     }
 

@@ -348,22 +348,32 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
 /// A device that declares a lower precision (int4 weights, issue 35) is judged against the
 /// precision-matched reference, which computes what it declares: the f32 reference's miss is the
 /// declared precision's cost. One evidence line says so.
-fn matched_facts<'a>(
+fn matched_facts(
     run: &mut Run,
-    points: impl Iterator<Item = (Option<&'a kvprobe_schema::MatchedStep>, u32)>,
+    points: &[(usize, Option<&kvprobe_schema::MatchedStep>, u32)],
     what: &str,
 ) -> Option<[f64; 3]> {
     if !crate::matched::models_everything(run.s.describe()) {
         return None;
     }
-    let m = crate::matched::against_matched(points)?;
+    let m = crate::matched::against_matched(points.iter().map(|&(_, m, t)| (m, t)))?;
     run.eng.line(format!(
         "{what} against the precision-matched reference (the precision the device declares): mean cosine {:.4} (min {:.4}, top-1 {:.0}%)",
         m[0],
         m[1],
         100.0 * m[2]
     ));
-    Some(m)
+    // with a control: the graph by the control, the device by its distance from the control
+    let unmodelled = run.s.dev.unmodelled_precision().is_some();
+    let jitter = crate::footing::jitter_applies(run.s.describe(), unmodelled);
+    let every: Option<Vec<_>> = points.iter().map(|&(p, m, t)| Some((p, m?, t))).collect();
+    match every.and_then(|e| crate::device_stray::judged(&e, jitter, what)) {
+        Some(j) => {
+            j.lines.into_iter().for_each(|l| run.eng.line(l));
+            Some(j.floors)
+        }
+        None => Some(m),
+    }
 }
 
 /// The cache-free controls' miss: the larger of the prefill rows' (each prefix one run from a
@@ -467,12 +477,12 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         pf.rerun_cosine
     ));
     f.prefill = Some([pf.mean_cosine, pf.min_cosine, pf.top1_agreement]);
-    let rows = pf.rows.iter();
-    if let Some(m) = matched_facts(
-        run,
-        rows.map(|r| (r.matched.as_ref(), r.comparison.device_top1)),
-        "prefill",
-    ) {
+    let rows: Vec<_> = pf
+        .rows
+        .iter()
+        .map(|r| (r.position, r.matched.as_ref(), r.comparison.device_top1))
+        .collect();
+    if let Some(m) = matched_facts(run, &rows, "prefill") {
         f.prefill = Some(m);
     }
     let unmodelled = run.s.dev.unmodelled_precision().is_some();
@@ -492,12 +502,12 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         100.0 * gr.top1_agreement
     ));
     f.greedy = Some([gr.mean_cosine, gr.min_cosine, gr.top1_agreement]);
-    let steps = gr.steps.iter();
-    if let Some(m) = matched_facts(
-        run,
-        steps.map(|s| (s.matched.as_ref(), s.comparison.device_top1)),
-        "greedy",
-    ) {
+    let steps: Vec<_> = gr
+        .steps
+        .iter()
+        .map(|s| (s.position, s.matched.as_ref(), s.comparison.device_top1))
+        .collect();
+    if let Some(m) = matched_facts(run, &steps, "greedy") {
         if let Some(at) = gr.matched.as_ref().and_then(|m| m.fp16_overflow.clone()) {
             f.fp16_overflow = f.greedy.map(|g| (at, g));
         }
@@ -514,7 +524,7 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
         .skip(1)
         .map(|x| {
             x.matched.map_or((1.0, x.comparison.cosine), |m| {
-                (crate::footing::band(&m, jitter), m.matched_vs_device)
+                crate::footing::judged(&m, jitter)
             })
         })
         .collect();

@@ -88,7 +88,7 @@ pub(super) fn declared_rows(
         .iter()
         .map(|r| {
             r.matched.map_or((1.0, r.comparison.cosine), |m| {
-                (crate::footing::band(&m, jitter), m.matched_vs_device)
+                crate::footing::judged(&m, jitter)
             })
         })
         .collect()

@@ -100,7 +100,9 @@ pub struct MatchedStep {
     pub stray: Option<DeviceStray>,
     /// The control against the precision-matched reference at this step (cosine), where a
     /// control ran (`stray`): the graph as written, computed by another execution provider, against
-    /// the reference that models it, beside the device's distance from the control (`stray`).
+    /// the reference that models it. Where it is recorded the graph is judged by it, at the
+    /// matched reference's own band (`jitter`), and the device by its distance from the control
+    /// (`stray`) (docs/qnn.md, "The CPU EP control").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_vs_matched: Option<f64>,
 }
