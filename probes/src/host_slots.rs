@@ -96,23 +96,15 @@ impl HostWriterFit {
             .iter()
             .map(|(r, x)| format!("roll {r} {x:.1e}"))
             .collect();
-        format!(
-            "host slot replay (the host's runs as fed: W {} rows with their pads, the host's positions, mask and past slots, presents stored by slot) on the {} reference, the device's tokens: {} → median miss {:.1e} (worst step {:.1e}), the healthy hypothesis {:.1e} (worst {:.1e}), the declared precision {:.1e}; on the f32 reference {:.1e} (tried: {})",
-            self.window,
-            if self.on_matched {
-                "precision-matched"
-            } else {
-                "float32"
-            },
-            self.what(),
-            m.miss,
-            m.worst,
-            m.healthy_miss,
-            m.healthy_worst,
-            m.precision,
+        let replay = format!("host slot replay (the host's runs as fed: W {} rows with their pads, the host's positions, mask and past slots, presents stored by slot)", self.window);
+        let line = m.line(
+            &replay,
+            self.on_matched,
+            &self.what(),
+            "the declared precision",
             self.f32_miss,
-            tried.join(", ")
-        )
+        );
+        format!("{line} (tried: {})", tried.join(", "))
     }
 
     /// The `kvprobe ref logits` command that computes the device's steps without the device.
