@@ -251,14 +251,9 @@ pub fn run(s: &mut Session, g: &GreedyFinding) -> Result<Option<HostWriterFit>> 
 mod tests {
     use super::*;
     use crate::metrics::cosine;
+    use crate::test_support::tiny_llama;
     use kvprobe_npu::onnx::window::WindowGeom;
     use kvprobe_reference::ForwardOptions;
-
-    fn tiny() -> Model {
-        let dir = tempfile::tempdir().expect("tempdir");
-        kvprobe_reference::fixtures::write_tiny_llama(dir.path(), 11).expect("fixture");
-        Model::load(dir.path()).expect("load")
-    }
 
     fn geom(w: usize) -> WindowGeom {
         WindowGeom {
@@ -283,7 +278,7 @@ mod tests {
     fn the_host_runs_as_written_are_the_model_on_its_real_tokens() {
         // 6 prompt ids in windows of 4 (2 pads in front, each masked from every row), then 3
         // ids one run each: the greedy steps are the causal forward pass's rows 5..
-        let m = tiny();
+        let m = tiny_llama(11);
         let seq = [3u32, 5, 9, 22, 41, 17, 8, 99, 12];
         let sf = slot_feed(geom(4), &seq, 6).unwrap();
         let got = replay(&m, &Precision::exact(&m), &sf, 0).unwrap();
@@ -296,7 +291,7 @@ mod tests {
     #[test]
     fn a_roll_of_whole_windows_is_the_healthy_function_and_with_pads_it_is_not() {
         // whole windows: every roll stores the same entries at other slots
-        let m = tiny();
+        let m = tiny_llama(11);
         let p = Precision::exact(&m);
         let seq = [3u32, 5, 9, 22, 41, 17, 8, 99, 12, 7];
         let whole = slot_feed(geom(4), &seq, 8).unwrap();
@@ -331,7 +326,7 @@ mod tests {
 
     #[test]
     fn roll_last_moves_row_i_plus_r_to_row_i() {
-        let m = tiny();
+        let m = tiny_llama(11);
         let mut st = Store::new(&m);
         for l in st.k.iter_mut().chain(st.v.iter_mut()) {
             *l = (0..5).map(|i| vec![i as f32]).collect();
