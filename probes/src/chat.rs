@@ -193,20 +193,7 @@ pub fn run_turns(s: &mut Session, steps: usize, turns: usize) -> Result<ChatFind
     let at = (s.describe(), &seq[..], messages[0].len());
     let memo = (s.model, &s.matched_runs);
     crate::device_stray::fill_at(&*s.dev, memo, at, &positions, &device, &mut all)?;
-    let judged = against_declared(s.describe(), &all);
-    let own = crate::device_stray::against_control(&all)
-        .and_then(|d| first_disagreement(&rows, &d))
-        .map(|(i, why)| (i, format!("the device against its control (the same graph on the CPU EP with the same feeds: the device's own arithmetic): {why}")));
-    let graph = first_disagreement(&rows, &judged).map(|(i, why)| {
-        match all[i].matched.and_then(|m| m.control_vs_matched) {
-            Some(_) => (
-                i,
-                format!("the graph (its control against the precision-matched reference): {why}"),
-            ),
-            None => (i, why),
-        }
-    });
-    let first = graph.into_iter().chain(own).min_by_key(|(i, _)| *i);
+    let first = divergence(s.describe(), &rows, &all);
     let first_divergence = first.map(|(i, why)| ChatDivergence {
         turn: rows[i].turn,
         step: rows[i].step,
@@ -243,6 +230,29 @@ pub fn run_turns(s: &mut Session, steps: usize, turns: usize) -> Result<ChatFind
         matched: summary.map(|m| m.precision),
         fit,
     })
+}
+
+/// The first compared row that disagrees, with why: against the declared precision, and where a
+/// control ran the graph by the control and the device by its distance from it.
+fn divergence(
+    desc: &kvprobe_schema::DeviceDescription,
+    rows: &[Row],
+    all: &[GreedyStep],
+) -> Option<(usize, String)> {
+    let judged = against_declared(desc, all);
+    let own = crate::device_stray::against_control(all)
+        .and_then(|d| first_disagreement(rows, &d))
+        .map(|(i, why)| (i, format!("the device against its control (the same graph on the CPU EP with the same feeds: the device's own arithmetic): {why}")));
+    let graph = first_disagreement(rows, &judged).map(|(i, why)| {
+        match all[i].matched.and_then(|m| m.control_vs_matched) {
+            Some(_) => (
+                i,
+                format!("the graph (its control against the precision-matched reference): {why}"),
+            ),
+            None => (i, why),
+        }
+    });
+    graph.into_iter().chain(own).min_by_key(|(i, _)| *i)
 }
 
 /// The wiring fit over the rows from the diverging turn `from` on, replayed and judged as the
