@@ -407,10 +407,40 @@ pub(crate) fn run_rows(
         seq,
         rows,
         from,
-        (true, attn_scale, fed),
+        (true, attn_scale, fed, None),
         group,
     )?;
     p.groups[group].logits.apply(&mut logits);
+    Ok(logits)
+}
+
+/// The self-only step of `query` at `position` over `past` (per layer, per column, the
+/// `[n_kv · hd]` K and V rows a device's state holds) at the declared precision: the row allows
+/// only itself and every past column enters as `blocked` says (`crate::selfonly_fit`).
+pub(crate) fn self_only_over(
+    model: &Model,
+    p: &Precision,
+    (k, v): (&[Vec<Vec<f32>>], &[Vec<Vec<f32>>]),
+    (query, position): (u32, usize),
+    blocked: kvprobe_reference::Blocked,
+) -> Result<Vec<f32>> {
+    let model = p.model(model);
+    let mut store = Store::new(model);
+    store.k = k.to_vec();
+    store.v = v.to_vec();
+    let a = k.first().map_or(0, Vec::len);
+    let seq = vec![query; a + 1];
+    let (mut logits, _) = run_graph_rows(
+        model,
+        p,
+        &mut store,
+        &seq,
+        a..a + 1,
+        0,
+        (true, 1.0, None, Some((blocked, position))),
+        TBT,
+    )?;
+    p.groups[TBT].logits.apply(&mut logits);
     Ok(logits)
 }
 
@@ -425,7 +455,12 @@ fn run_graph_rows(
     seq: &[u32],
     rows: std::ops::Range<usize>,
     from: usize,
-    (last_only, attn_scale, fed): (bool, f32, Option<&LogicalFeed>),
+    (last_only, attn_scale, fed, self_only): (
+        bool,
+        f32,
+        Option<&LogicalFeed>,
+        Option<(kvprobe_reference::Blocked, usize)>,
+    ),
     group: usize,
 ) -> Result<(Vec<f32>, usize)> {
     let (a, b) = (rows.start, rows.end);
@@ -440,13 +475,23 @@ fn run_graph_rows(
         for h in 0..nh {
             let row = &mut mask[(i * nh + h) * cols..(i * nh + h + 1) * cols];
             for (j, m) in row.iter_mut().enumerate() {
-                *m = fed.map_or(j <= w + i, |f| f.sees(a + i, from + j));
+                // a mask hypothesis' self-only row: only itself allowed, the rest enter as
+                // `blocked` says
+                *m = match (self_only, fed) {
+                    (Some(_), _) => j == w + i,
+                    (None, Some(f)) => f.sees(a + i, from + j),
+                    (None, None) => j <= w + i,
+                };
             }
         }
     }
-    let positions = match fed {
-        Some(f) => PositionInput::Ids(f.positions[a..b].iter().map(|&x| x as f32).collect()),
-        None => p.positions(model, group, a..b),
+    let positions = match (self_only, fed) {
+        // a self-only row over a device's state: its own position, not its column's
+        (Some((_, pos)), _) => p.positions(model, group, pos..pos + t),
+        (None, Some(f)) => {
+            PositionInput::Ids(f.positions[a..b].iter().map(|&x| x as f32).collect())
+        }
+        (None, None) => p.positions(model, group, a..b),
     };
     let hidden_size = model.config().hidden_size;
     let out = model.run_graph(&GraphInput {
@@ -457,6 +502,7 @@ fn run_graph_rows(
         graph: GraphOptions {
             arithmetic: p.arithmetic,
             attn_scale,
+            blocked: self_only.map(|(b, _)| b),
             ..GraphOptions::default()
         },
         last_only,
@@ -564,7 +610,7 @@ pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f
         ids,
         0..ids.len(),
         0,
-        (false, 1.0, None),
+        (false, 1.0, None, None),
         PREFILL,
     )?;
     let vocab = model.config().vocab_size;

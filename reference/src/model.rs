@@ -417,7 +417,13 @@ impl Model {
         token: u32,
         position: usize,
     ) -> Result<Vec<f32>> {
-        let out = self.step_graph(state, token, position, &[KeySet::All])?;
+        let out = self.step_graph(
+            state,
+            token,
+            position,
+            &[KeySet::All],
+            GraphOptions::default(),
+        )?;
         if state.is_empty() {
             state.layers = out.new_kv;
         } else {
@@ -441,9 +447,22 @@ impl Model {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let out = self.step_graph(state, token, position, keys)?;
+        let out = self.step_graph(state, token, position, keys, GraphOptions::default())?;
         let v = self.config.vocab_size;
         Ok(out.logits.chunks(v).map(<[f32]>::to_vec).collect())
+    }
+
+    /// [`Model::step`] with `graph`'s variants (a mask hypothesis' blocked columns, a scale).
+    pub fn step_in(
+        &self,
+        state: &KvState,
+        token: u32,
+        position: usize,
+        keys: &KeySet,
+        graph: GraphOptions,
+    ) -> Result<Vec<f32>> {
+        let out = self.step_graph(state, token, position, std::slice::from_ref(keys), graph)?;
+        Ok(out.logits)
     }
 
     fn step_graph(
@@ -452,6 +471,7 @@ impl Model {
         token: u32,
         position: usize,
         keys: &[KeySet],
+        graph: GraphOptions,
     ) -> Result<crate::GraphOutput> {
         let n = state.len();
         if state.layers.len() != self.config.n_layers {
@@ -500,7 +520,7 @@ impl Model {
                 Vec::new()
             },
             mask: m,
-            graph: GraphOptions::default(),
+            graph,
             last_only: r == 1,
         })
     }
