@@ -218,7 +218,12 @@ pub(super) fn self_only_mask(f: &StatefulFacts) -> Option<Cause> {
         .hypotheses
         .iter()
         .min_by(|a, b| a.miss.total_cmp(&b.miss))?;
-    let declared = fit.declared.max(STEP_NOISE_FLOOR);
+    // the row's declared precision: its own cost (the token alone at the declared precision
+    // against f32) or the first decode step's band, whichever is larger: the same graph and
+    // arithmetic on one step (an fp16 ANE device, whose self-only row the f32 replay misses by
+    // its arithmetic: SmolLM2 `ane-mask-01` 1.1e-3)
+    let first_step = f.greedy_steps.first().map_or(0.0, |&(band, _)| 1.0 - band);
+    let declared = fit.declared.max(first_step).max(STEP_NOISE_FLOOR);
     let stray = st.selfonly_control.map_or(0.0, |[_, d]| 1.0 - d);
     let precision = declared + stray;
     let control = match (st.selfonly_control, best.control_miss) {
