@@ -31,8 +31,8 @@ use kvprobe_schema::{
 
 pub use crate::matched_edges::{computes_prefill, models_everything};
 use crate::matched_edges::{name, Edges, Round};
-pub use crate::matched_store::DriveMemo;
-use crate::matched_store::Store;
+pub(crate) use crate::matched_store::Store;
+pub use crate::matched_store::{greedy_logits_shared, DriveMemo};
 pub use crate::matched_summary::{against_matched, step};
 use crate::rings::cache_infos;
 use crate::Result;
@@ -332,40 +332,6 @@ pub(crate) fn drive_from(
     Ok(store)
 }
 
-/// [`greedy_logits`] through this session's `memo`: the steps a remembered run of the same
-/// prompt and geometry already computed on the same tokens are taken from it (greedy's 32
-/// steps and the chat's first turn share the prompt and its first replies), the rest driven from
-/// its store. Exact: a step's logits and K/V depend only on the tokens up to it. A run whose
-/// fp16 arithmetic overflowed is not reused (the overflow is reported per run).
-/// `geometry` as [`drive`]'s.
-pub fn greedy_logits_shared(
-    (memo, model): (&DriveMemo, &Model),
-    p: &Precision,
-    seq: &[u32],
-    geometry: (usize, usize, usize, usize),
-) -> Result<Vec<Vec<f32>>> {
-    let (n, steps, cache_len, prefill_len) = geometry;
-    let driven = &seq[..(n + steps.max(1) - 1).min(seq.len())];
-    let (mut out, resume) = memo.resume(driven, (n, cache_len, prefill_len), steps);
-    let r = out.len();
-    let store = drive_from(
-        model,
-        p,
-        seq,
-        geometry,
-        resume.map(|s| (s, r)),
-        &mut |l, _, _| {
-            out.push(l);
-            Ok(())
-        },
-    )?;
-    let overflowed = p.overflow.lock().map_or(true, |o| o.is_some());
-    if !overflowed {
-        memo.keep(driven, (n, cache_len, prefill_len), store, &out);
-    }
-    Ok(out)
-}
-
 /// Prefill chunks as `(first real row, end, chunk start)`: a ring runs the remainder first, its
 /// chunk padded at the front (start below the first row, possibly negative); a stateful device
 /// runs chunks from the start.
@@ -414,32 +380,18 @@ pub(crate) fn run_rows(
     Ok(logits)
 }
 
-/// The self-only step of `query` at `position` over `past` (per layer, per column, the
-/// `[n_kv · hd]` K and V rows a device's state holds) at the declared precision: the row allows
-/// only itself and every past column enters as `blocked` says (`crate::selfonly_fit`).
-pub(crate) fn self_only_over(
+/// One self-only row of `seq`'s last token over the whole `store`, at the position and under the
+/// blocked columns `self_only` gives, through the logits edge (`crate::selfonly_fit`).
+pub(crate) fn run_self_only(
     model: &Model,
     p: &Precision,
-    (k, v): (&[Vec<Vec<f32>>], &[Vec<Vec<f32>>]),
-    (query, position): (u32, usize),
-    blocked: kvprobe_reference::Blocked,
+    store: &mut Store,
+    seq: &[u32],
+    self_only: (kvprobe_reference::Blocked, usize),
 ) -> Result<Vec<f32>> {
-    let model = p.model(model);
-    let mut store = Store::new(model);
-    store.k = k.to_vec();
-    store.v = v.to_vec();
-    let a = k.first().map_or(0, Vec::len);
-    let seq = vec![query; a + 1];
-    let (mut logits, _) = run_graph_rows(
-        model,
-        p,
-        &mut store,
-        &seq,
-        a..a + 1,
-        0,
-        (true, 1.0, None, Some((blocked, position))),
-        TBT,
-    )?;
+    let a = seq.len() - 1;
+    let spec = (true, 1.0, None, Some(self_only));
+    let (mut logits, _) = run_graph_rows(model, p, store, seq, a..a + 1, 0, spec, TBT)?;
     p.groups[TBT].logits.apply(&mut logits);
     Ok(logits)
 }

@@ -16,9 +16,9 @@
 //! the device: a mask fault also changes what the prefill wrote). Which of them enter is the
 //! scope: the slots the prefill wrote, and — where the state has slots nobody wrote (a stateful
 //! device's additive mask spans its whole state, `cache_len` slots) — every slot but the step's
-//! own, the empty ones as the zeros they hold. Each hypothesis is replayed on the reference the
-//! healthy hypothesis (the token alone) is computed on: the precision-matched reference where it
-//! computes every op (`matched_jitter::applies`), else f32; the same query at the same position.
+//! own, the empty ones as the zeros they hold. Each hypothesis is replayed on the
+//! precision-matched reference (the arithmetic the device declares: fp16, a QDQ graph's grids),
+//! f32 where the device declares f32; the same query at the same position.
 
 use std::collections::BTreeMap;
 
@@ -149,6 +149,23 @@ fn as_state((k, v): &(Rows, Rows), kv: usize, hd: usize) -> Result<KvState> {
     })
 }
 
+/// The self-only step of `query` at `position` over the device's rows at the declared
+/// precision: the matched reference's store holds them as the state does (already rounded).
+fn matched_over(
+    model: &kvprobe_reference::Model,
+    p: &crate::matched::Precision,
+    (k, v): &(Rows, Rows),
+    (query, position): (u32, usize),
+    blocked: Blocked,
+) -> Result<Vec<f32>> {
+    let model = p.model(model);
+    let mut store = crate::matched::Store::new(model);
+    store.k = k.clone();
+    store.v = v.clone();
+    let seq = vec![query; k.first().map_or(0, Vec::len) + 1];
+    crate::matched::run_self_only(model, p, &mut store, &seq, (blocked, position))
+}
+
 /// The device's self-only row (`device`, and its control's `control` where one runs) against
 /// each hypothesis replayed over the device's `states` after the prompt's prefill (`written`:
 /// the slots it wrote); `alone` is the healthy hypothesis, `matched` whether it was computed on
@@ -162,16 +179,15 @@ pub fn fit(
     (query, position): (u32, usize),
     (device, control): (&[f32], Option<&[f32]>),
     full: (&[f32], Option<&[f32]>),
-    (alone, matched): (&[f32], bool),
+    (alone, _matched): (&[f32], bool),
 ) -> Result<SelfOnlyFit> {
     let d = s.describe();
     let (kv, hd, ctx) = (d.shape.n_kv_heads, d.shape.head_dim, d.cache_len);
     let geometry = (d.shape.n_layers, kv, ctx, hd);
-    let precision = if matched {
-        crate::matched::Precision::of(d, s.model)?
-    } else {
-        None
-    };
+    // the reference the device declares (fp16 arithmetic, a QDQ graph's grids); the replays run
+    // on it only where it computes every op (`matched`), as the healthy hypothesis does
+    let declared_ref = crate::matched::Precision::of(d, s.model)?;
+    let precision = declared_ref.as_ref();
     let mut hypotheses = vec![MaskReplay {
         bias: 0.0,
         empty: 0,
@@ -189,14 +205,8 @@ pub fn fit(
         };
         for bias in BIASES {
             let blocked = Blocked { bias, empty: 0 };
-            let row = match (&precision, &f32_state) {
-                (Some(p), _) => crate::matched::self_only_over(
-                    s.model,
-                    p,
-                    (&rows.0, &rows.1),
-                    (query, position),
-                    blocked,
-                )?,
+            let row = match (precision, &f32_state) {
+                (Some(p), _) => matched_over(s.model, p, &rows, (query, position), blocked)?,
                 (None, Some(st)) => {
                     let graph = GraphOptions {
                         blocked: Some(blocked),
@@ -215,14 +225,29 @@ pub fn fit(
             });
         }
     }
-    // the declared precision's cost on this row: the healthy hypothesis against f32
-    let declared = if precision.is_some() {
-        let f32_alone = s
-            .model
-            .step(&s.model.empty_state()?, query, position, &KeySet::None)?;
-        (1.0 - cosine(alone, &f32_alone)).max(0.0)
-    } else {
-        0.0
+    // the declared precision's cost on this row: the token alone at the declared precision
+    // against f32 (an fp16 device's self-only row carries SmolLM2's first-token activations)
+    let declared = match &declared_ref {
+        Some(p) => {
+            let f32_alone =
+                s.model
+                    .step(&s.model.empty_state()?, query, position, &KeySet::None)?;
+            let none = (Vec::new(), Vec::new());
+            let layers = d.shape.n_layers;
+            let empty = (vec![none.0; layers], vec![none.1; layers]);
+            let at = matched_over(
+                s.model,
+                p,
+                &empty,
+                (query, position),
+                Blocked {
+                    bias: 0.0,
+                    empty: 0,
+                },
+            )?;
+            (1.0 - cosine(&at, &f32_alone)).max(0.0)
+        }
+        None => 0.0,
     };
     Ok(SelfOnlyFit {
         hypotheses,

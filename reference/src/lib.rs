@@ -32,6 +32,7 @@ pub mod llama;
 pub mod mask;
 mod matmul;
 pub mod model;
+mod model_step;
 pub mod onnx_proto;
 pub mod onnx_qdq;
 pub mod onnx_qdq_model;

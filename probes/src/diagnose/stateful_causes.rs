@@ -219,13 +219,13 @@ pub(super) fn self_only_mask(f: &StatefulFacts) -> Option<Cause> {
         .iter()
         .min_by(|a, b| a.miss.total_cmp(&b.miss))?;
     // the row's declared precision: its own cost (the token alone at the declared precision
-    // against f32) or the first decode step's band, whichever is larger: the same graph and
-    // arithmetic on one step (an fp16 ANE device, whose self-only row the f32 replay misses by
-    // its arithmetic: SmolLM2 `ane-mask-01` 1.1e-3)
-    let first_step = f.greedy_steps.first().map_or(0.0, |&(band, _)| 1.0 - band);
-    let declared = fit.declared.max(first_step).max(STEP_NOISE_FLOOR);
+    // against f32), floored; the device's row is judged on the first decode step's footing, as
+    // `state-position`'s is (that step's band plus the graph's noise: the emulated ANE's fp16
+    // softmax over 128 columns, which the fp16 reference does not compute, puts SmolLM2
+    // `ane-mask-01`'s replay 1.8e-4 from its row)
+    let declared = fit.declared.max(STEP_NOISE_FLOOR);
     let stray = st.selfonly_control.map_or(0.0, |[_, d]| 1.0 - d);
-    let precision = declared + stray;
+    let precision = declared.max(first_step_band(f, 1.0).1) + stray;
     let control = match (st.selfonly_control, best.control_miss) {
         (None, _) => Some(String::new()),
         (Some([c, _]), Some(m)) => beats_healthy(m, 1.0 - c, declared).then(|| {
@@ -243,7 +243,7 @@ pub(super) fn self_only_mask(f: &StatefulFacts) -> Option<Cause> {
     Some(
         Cause::new(0.8)
             .line(format!(
-                "→ blocked columns still contribute, the mask is not applied as 0 / −inf: {} ({}) reproduces the self-only row: miss {:.1e} against the healthy hypothesis' (the token alone) {:.1e}, the declared precision {declared:.1e}{stray_said}{control}",
+                "→ blocked columns still contribute, the mask is not applied as 0 / −inf: {} ({}) reproduces the self-only row: miss {:.1e} against the healthy hypothesis' (the token alone) {:.1e}, the declared precision {declared:.1e}, on the first decode step's footing {precision:.1e}{stray_said}{control}",
                 crate::selfonly_fit::describe(best),
                 crate::selfonly_fit::grammar_row(best.bias, best.empty),
                 best.miss,
