@@ -408,33 +408,5 @@ fn a_pad_valued_prompt_token_in_the_first_window_is_named_with_its_reproducer() 
         "{first}"
     );
     // the reproducer, run: rows 15.. of its .npy against the device's greedy steps
-    let argv: Vec<String> = v["reproducer"]["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(argv[..3], ["kvprobe", "ref", "logits"], "{argv:?}");
-    let npy = scratch.path().join("host-feed.npy");
-    let mut args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
-    let k = args.iter().position(|a| *a == "--out").unwrap();
-    args[k + 1] = npy.to_str().unwrap();
-    let ids = args[args.iter().position(|a| *a == "--ids").unwrap() + 1].to_string();
-    assert!(kvprobe(&args).status.success());
-    let plain = scratch.path().join("plain.npy");
-    let p = plain.to_str().unwrap();
-    assert!(
-        kvprobe(&["ref", "logits", "--model", m, "--ids", &ids, "--out", p])
-            .status
-            .success()
-    );
-    let device = npy_rows(&out.join("greedy_device_logits.npy"));
-    let fed = npy_rows(&npy)[15..].to_vec();
-    let model_feed = npy_rows(&plain)[15..].to_vec();
-    let (a, b) = (
-        median_miss(&fed, &device),
-        median_miss(&model_feed, &device),
-    );
-    eprintln!("reproducer vs device: median miss {a:.2e}; the reference as the model reads the ids: {b:.2e}");
-    assert!(a * 2.5 <= b, "the reproducer {a:e}, the model's feed {b:e}");
+    reproducer_beats_the_model_feed(v, m, &out, scratch.path(), (15, 15));
 }

@@ -327,36 +327,8 @@ fn a_cache_written_one_slot_off_is_named_on_the_cpu_ep_and_one_whole_window_is_h
         "{first}"
     );
     // the reproducer, run: its rows are the greedy steps
-    let argv: Vec<String> = v["reproducer"]["command"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{ev}"))
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(argv[..3], ["kvprobe", "ref", "logits"], "{argv:?}");
-    let npy = scratch.path().join("present-roll.npy");
-    let mut args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
-    let k = args.iter().position(|a| *a == "--out").unwrap();
-    args[k + 1] = npy.to_str().unwrap();
-    let ids = args[args.iter().position(|a| *a == "--ids").unwrap() + 1].to_string();
-    assert!(kvprobe(&args).status.success());
-    let plain = scratch.path().join("plain.npy");
-    let p = plain.to_str().unwrap();
-    assert!(
-        kvprobe(&["ref", "logits", "--model", m, "--ids", &ids, "--out", p])
-            .status
-            .success()
-    );
-    let device = npy_rows(&out.join("greedy_device_logits.npy"));
-    let rolled = npy_rows(&npy);
-    let model_feed = npy_rows(&plain)[10..].to_vec();
-    assert_eq!(rolled.len(), device.len());
-    let (a, b) = (
-        median_miss(&rolled, &device),
-        median_miss(&model_feed, &device),
-    );
-    eprintln!("reproducer vs device: median miss {a:.2e}; the reference as the model reads the ids: {b:.2e}");
-    assert!(a * 2.5 <= b, "the reproducer {a:e}, the model's feed {b:e}");
+    let argv = reproducer_beats_the_model_feed(&v, m, &out, scratch.path(), (0, 10));
+    let mut args: Vec<&str> = argv.iter().map(String::as_str).collect();
     // a roll the window cannot hold is one line naming the flag
     let r = args.iter().position(|a| *a == "--present-roll").unwrap();
     args[r + 1] = "8";

@@ -33,19 +33,7 @@ pub fn fill_steps(dev: &dyn Device, device: &[Vec<f32>], steps: &mut [GreedyStep
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvprobe_schema::MatchedStep;
-
-    fn step(jitter: Option<f64>, stray: Option<DeviceStray>) -> MatchedStep {
-        MatchedStep {
-            reference_vs_matched: 0.99,
-            matched_vs_device: 0.98,
-            matched_top1: 7,
-            band: 6.0,
-            matched_margin: 0.3,
-            jitter,
-            stray,
-        }
-    }
+    use crate::test_support::matched_step as step;
 
     /// Misses add: a jitter spread of 1e-3 and a stray of 2e-2 give a band of 1 − 2.1e-2; without
     /// a control the band is the spread alone, and without the jitter the cost against f32.

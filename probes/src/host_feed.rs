@@ -68,6 +68,34 @@ impl FeedMisses {
             self.precision,
         )
     }
+
+    /// A host replay's evidence line: `replay` ran on the precision-matched reference or the
+    /// float32 one, teacher-forced on the device's tokens, under the hypothesis `what`; its misses
+    /// against the healthy hypothesis' and the band (`band` says what that precision holds); and
+    /// the same hypothesis on the f32 reference, which its reproducer computes.
+    pub fn line(
+        &self,
+        replay: &str,
+        on_matched: bool,
+        what: &str,
+        band: &str,
+        f32_miss: f64,
+    ) -> String {
+        format!(
+            "{replay} on the {} reference, the device's tokens: {what} → median miss {:.1e} (worst step {:.1e}), the healthy hypothesis {:.1e} (worst {:.1e}), {band} {:.1e}; on the f32 reference {:.1e}",
+            if on_matched {
+                "precision-matched"
+            } else {
+                "float32"
+            },
+            self.miss,
+            self.worst,
+            self.healthy_miss,
+            self.healthy_worst,
+            self.precision,
+            f32_miss
+        )
+    }
 }
 
 impl HostFeedFit {
@@ -92,21 +120,12 @@ impl HostFeedFit {
     }
 
     pub fn line(&self) -> String {
-        let m = self.misses;
-        format!(
-            "host feed replayed on the {} reference, the device's tokens: {} → median miss {:.1e} (worst step {:.1e}), the healthy hypothesis {:.1e} (worst {:.1e}), the declared precision with the graph's noise (the prefill rows the feed leaves alone, the passing cache-free controls) {:.1e}; on the f32 reference {:.1e}",
-            if self.on_matched {
-                "precision-matched"
-            } else {
-                "float32"
-            },
-            self.what(),
-            m.miss,
-            m.worst,
-            m.healthy_miss,
-            m.healthy_worst,
-            m.precision,
-            self.f32_miss
+        self.misses.line(
+            "host feed replayed",
+            self.on_matched,
+            &self.what(),
+            "the declared precision with the graph's noise (the prefill rows the feed leaves alone, the passing cache-free controls)",
+            self.f32_miss,
         )
     }
 

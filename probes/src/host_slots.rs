@@ -96,23 +96,15 @@ impl HostWriterFit {
             .iter()
             .map(|(r, x)| format!("roll {r} {x:.1e}"))
             .collect();
-        format!(
-            "host slot replay (the host's runs as fed: W {} rows with their pads, the host's positions, mask and past slots, presents stored by slot) on the {} reference, the device's tokens: {} → median miss {:.1e} (worst step {:.1e}), the healthy hypothesis {:.1e} (worst {:.1e}), the declared precision {:.1e}; on the f32 reference {:.1e} (tried: {})",
-            self.window,
-            if self.on_matched {
-                "precision-matched"
-            } else {
-                "float32"
-            },
-            self.what(),
-            m.miss,
-            m.worst,
-            m.healthy_miss,
-            m.healthy_worst,
-            m.precision,
+        let replay = format!("host slot replay (the host's runs as fed: W {} rows with their pads, the host's positions, mask and past slots, presents stored by slot)", self.window);
+        let line = m.line(
+            &replay,
+            self.on_matched,
+            &self.what(),
+            "the declared precision",
             self.f32_miss,
-            tried.join(", ")
-        )
+        );
+        format!("{line} (tried: {})", tried.join(", "))
     }
 
     /// The `kvprobe ref logits` command that computes the device's steps without the device.
@@ -259,14 +251,9 @@ pub fn run(s: &mut Session, g: &GreedyFinding) -> Result<Option<HostWriterFit>> 
 mod tests {
     use super::*;
     use crate::metrics::cosine;
+    use crate::test_support::tiny_llama;
     use kvprobe_npu::onnx::window::WindowGeom;
     use kvprobe_reference::ForwardOptions;
-
-    fn tiny() -> Model {
-        let dir = tempfile::tempdir().expect("tempdir");
-        kvprobe_reference::fixtures::write_tiny_llama(dir.path(), 11).expect("fixture");
-        Model::load(dir.path()).expect("load")
-    }
 
     fn geom(w: usize) -> WindowGeom {
         WindowGeom {
@@ -291,7 +278,7 @@ mod tests {
     fn the_host_runs_as_written_are_the_model_on_its_real_tokens() {
         // 6 prompt ids in windows of 4 (2 pads in front, each masked from every row), then 3
         // ids one run each: the greedy steps are the causal forward pass's rows 5..
-        let m = tiny();
+        let m = tiny_llama(11);
         let seq = [3u32, 5, 9, 22, 41, 17, 8, 99, 12];
         let sf = slot_feed(geom(4), &seq, 6).unwrap();
         let got = replay(&m, &Precision::exact(&m), &sf, 0).unwrap();
@@ -304,7 +291,7 @@ mod tests {
     #[test]
     fn a_roll_of_whole_windows_is_the_healthy_function_and_with_pads_it_is_not() {
         // whole windows: every roll stores the same entries at other slots
-        let m = tiny();
+        let m = tiny_llama(11);
         let p = Precision::exact(&m);
         let seq = [3u32, 5, 9, 22, 41, 17, 8, 99, 12, 7];
         let whole = slot_feed(geom(4), &seq, 8).unwrap();
@@ -339,7 +326,7 @@ mod tests {
 
     #[test]
     fn roll_last_moves_row_i_plus_r_to_row_i() {
-        let m = tiny();
+        let m = tiny_llama(11);
         let mut st = Store::new(&m);
         for l in st.k.iter_mut().chain(st.v.iter_mut()) {
             *l = (0..5).map(|i| vec![i as f32]).collect();

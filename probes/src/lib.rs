@@ -52,6 +52,8 @@ pub mod stale;
 pub mod state_binding;
 pub mod statecheck;
 pub mod teacher_steps;
+#[cfg(test)]
+mod test_support;
 pub mod thresholds;
 pub mod wiring_fit;
 pub mod wiring_slots;

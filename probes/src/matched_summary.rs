@@ -104,19 +104,8 @@ pub(crate) fn near_tie(m: &MatchedStep, device_top1: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::matched_step as step;
     use kvprobe_schema::DeviceStray;
-
-    fn step(jitter: Option<f64>, stray: Option<DeviceStray>) -> MatchedStep {
-        MatchedStep {
-            reference_vs_matched: 0.99,
-            matched_vs_device: 0.98,
-            matched_top1: 7,
-            band: 6.0,
-            matched_margin: 0.3,
-            jitter,
-            stray,
-        }
-    }
 
     /// A flip by a gap of 0.3 is a near tie where the control's band is 0.5, not where it is
     /// 0.2, and never without a control (the declared band of 6 is not this rule's).

@@ -98,13 +98,8 @@ fn put(x: &Tensor, col: &Tensor, at: usize) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::tiny_llama;
     use kvprobe_reference::ForwardOptions;
-
-    fn tiny() -> Model {
-        let dir = tempfile::tempdir().expect("tempdir");
-        kvprobe_reference::fixtures::write_tiny_llama(dir.path(), 11).expect("fixture");
-        Model::load(dir.path()).expect("load")
-    }
 
     fn miss(a: &[f32], b: &[f32]) -> f64 {
         1.0 - crate::metrics::cosine(a, b)
@@ -112,7 +107,7 @@ mod tests {
 
     #[test]
     fn positions_that_never_restart_are_the_causal_pass() {
-        let m = tiny();
+        let m = tiny_llama(11);
         let seq = [1u32, 5, 9, 22, 41, 17, 3, 99];
         let pos: Vec<usize> = (0..seq.len()).collect();
         let full = m.forward(&seq, &ForwardOptions::default()).unwrap();
@@ -125,7 +120,7 @@ mod tests {
 
     #[test]
     fn a_restarted_turn_overwrites_the_history_from_slot_0() {
-        let m = tiny();
+        let m = tiny_llama(11);
         let seq = [1u32, 5, 9, 22, 41, 17, 3, 99];
         // rows 4.. are a turn fed at positions 0, 1, 2, 3
         let pos = [0, 1, 2, 3, 0, 1, 2, 3];

@@ -214,3 +214,46 @@ pub fn median_miss(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
     m.sort_by(f64::total_cmp);
     m[m.len() / 2]
 }
+
+/// Runs the verdict's reproducer (`v["reproducer"]["command"]`, a `kvprobe ref logits` run) with
+/// its `--out` in `dir`, and the reference fed as the model reads the same ids (`ref logits
+/// --model model`): paired with the device's greedy steps (`run/greedy_device_logits.npy`), the
+/// reproducer's rows from `skip.0` must be exactly as many and miss them at least 2.5 × less than
+/// the plain reference's rows from `skip.1`. Returns the reproducer's arguments (after `kvprobe`).
+pub fn reproducer_beats_the_model_feed(
+    v: &serde_json::Value,
+    model: &str,
+    run: &Path,
+    dir: &Path,
+    skip: (usize, usize),
+) -> Vec<String> {
+    let mut args: Vec<String> = v["reproducer"]["command"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no reproducer: {}", v["evidence"]))
+        .iter()
+        .skip(1)
+        .map(|a| a.as_str().expect("a string argument").to_string())
+        .collect();
+    assert_eq!(args[..2], ["ref", "logits"], "{args:?}");
+    let out = dir.join("reproducer.npy");
+    let k = args.iter().position(|a| a == "--out").expect("--out");
+    args[k + 1] = out.to_str().expect("utf-8 path").to_string();
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(kvprobe(&a).status.success(), "{args:?}");
+    let ids = &args[args.iter().position(|a| a == "--ids").expect("--ids") + 1];
+    let plain = dir.join("plain.npy");
+    let p = plain.to_str().expect("utf-8 path");
+    let o = kvprobe(&["ref", "logits", "--model", model, "--ids", ids, "--out", p]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let device = npy_rows(&run.join("greedy_device_logits.npy"));
+    let fed = npy_rows(&out)[skip.0..].to_vec();
+    let model_feed = npy_rows(&plain)[skip.1..].to_vec();
+    assert_eq!(fed.len(), device.len());
+    let (a, b) = (
+        median_miss(&fed, &device),
+        median_miss(&model_feed, &device),
+    );
+    eprintln!("reproducer vs device: median miss {a:.2e}; the reference as the model reads the ids: {b:.2e}");
+    assert!(a * 2.5 <= b, "the reproducer {a:e}, the model's feed {b:e}");
+    args
+}

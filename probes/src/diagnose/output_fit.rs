@@ -33,8 +33,9 @@ pub fn run(s: &mut Session, g: &GreedyFinding, graph_noise: f64) -> Result<Optio
     let rows: Vec<(usize, &[f32])> = (1..steps)
         .map(|k| (n - 1 + k, &dev.data[k * dev.cols..(k + 1) * dev.cols]))
         .collect();
-    // the hypotheses replayed and judged as the greedy control judged the device
-    // (`crate::footing`: the matched reference and the jitter's band where the control ran)
+    // replayed and judged as the greedy control judged the device (`crate::footing`): on the f32
+    // reference a fault's own hypothesis would pay the declared precision's cost that the healthy
+    // one, on the matched reference, does not (QDQ `rope-offset`: position +1 at 5.7e-3 in f32)
     let footing = Footing::of(s)?;
     s.progress.phase("output fit", 1);
     let out = fit(

@@ -212,8 +212,8 @@ impl Run<'_, '_> {
         Diagnosis::from_rules(self.eng.conclude(), self.p, self.t)
     }
 
-    /// [`Run::done`] with the reproducer of a `host-feed` or `host-writer` verdict: each replayed its own
-    /// hypothesis on the reference, so its command needs no emulator.
+    /// [`Run::done`] with the reproducer of a `host-feed` or `host-writer` verdict: each replayed
+    /// its own hypothesis on the reference, so its command needs no emulator.
     fn done_with(self, f: &StatefulFacts) -> Diagnosis {
         let model = self.s.model;
         let mut d = self.done();
@@ -305,13 +305,7 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     if !run.s.dev.capabilities().read_cache {
         // states out of reach (OpenVINO's C API): the output checks and capacity judge the device
         hidden_states(&mut run);
-        controls_and_state(&mut run, &mut f, opts)?;
-        if !f.fails(Control::Any)
-            && super::capacity::phase(run.s, &mut run.eng, &mut run.t, &mut run.p, None)?
-        {
-            return Ok(run.done());
-        }
-        run.eng.apply(STATE, &f);
+        controls_then_rules(&mut run, &mut f, opts)?;
         return Ok(run.done());
     }
     // the back-to-back check left the device right after a reset and the prompt's prefill:
@@ -333,16 +327,28 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     run.eng.line(format!(
         "overflow: every state and the logits of the {prompt_len}-token prefill are finite"
     ));
-    controls_and_state(&mut run, &mut f, opts)?;
-    // every control passes: the cheap capacity check before the healthy rule (issue 20)
+    if controls_then_rules(&mut run, &mut f, opts)? {
+        return Ok(run.done());
+    }
+    run.cache_kvdiff()?;
+    Ok(run.done_with(&f))
+}
+
+/// The controls and the state checks, then the state rules; true when the capacity check
+/// concluded first (every control passes: the cheap check before the healthy rule, issue 20).
+fn controls_then_rules(
+    run: &mut Run,
+    f: &mut StatefulFacts,
+    opts: &DiagnoseOptions,
+) -> Result<bool> {
+    controls_and_state(run, f, opts)?;
     if !f.fails(Control::Any)
         && super::capacity::phase(run.s, &mut run.eng, &mut run.t, &mut run.p, None)?
     {
-        return Ok(run.done());
+        return Ok(true);
     }
-    run.eng.apply(STATE, &f);
-    run.cache_kvdiff()?;
-    Ok(run.done_with(&f))
+    run.eng.apply(STATE, f);
+    Ok(false)
 }
 
 /// A device that declares a lower precision (int4 weights, issue 35) is judged against the
@@ -380,8 +386,8 @@ fn matched_facts<'a>(
 /// Under the jitter control (`matched`: the matched reference computes every op) both against
 /// that reference: the prefill rows' mean miss and the self-only steps' (against f32 they carry
 /// the declared precision's cost, which the matched reference computes: a healthy QDQ self-only
-/// step sits at 0.94 against f32, graph noise 7.6e-2, docs/qnn.md) Where the device runs a control
-/// (`crate::device_stray`), the self-only steps are the control's: QNN HTP's QDQ self-only steps
+/// step sits at 0.94 against f32, graph noise 7.6e-2, docs/qnn.md). Where the device runs a
+/// control (`crate::device_stray`), the self-only steps are the control's: QNN HTP's QDQ self-only steps
 /// sit 0.12 – 0.38 from the reference (the device's own arithmetic on a feed no prompt makes,
 /// docs/qnn.md), which as the graph's noise would widen every tbt step's band to about 0.8.
 fn graph_noise(run: &Run, f: &StatefulFacts, matched: bool) -> f64 {
