@@ -4,9 +4,10 @@
 //! reproduce. The device's rings and that replay's rings, both driven on the device's greedy
 //! tokens from a fresh start, then first part at the next faulty layer (or, for a reader's fault,
 //! the layer after it). That layer and the layer before it each join the scope, and the scorer
-//! (`evidence::beats_healthy` at the declared precision) judges the grown replays. It stops when
-//! one reproduces, when the residual names no layer outside the scope, or after as many rounds as
-//! the model has layers (each round adds a layer).
+//! (`evidence::beats_healthy` at the declared precision) judges the grown replays. Rings that
+//! part nowhere while the replay does not reproduce leave one layer no ring shows, the last
+//! layer's reader: it is toggled. Growth stops when one reproduces, when the residual adds no
+//! layer, or after as many rounds as the model has layers (each round changes a layer).
 //!
 //! Where device and replay part is decided by kvdiff's band with the replay in place of the
 //! precision-matched reference: both sides run the same arithmetic, so the band of a head vector
@@ -35,11 +36,21 @@ pub(super) type Residual = Option<(usize, CacheKind)>;
 /// (a reader's fault leaves its own layer's stored K/V right and shows one layer later), each
 /// added alone, those already in the scope skipped. Nothing when the residual is empty, when the
 /// scope already holds every layer (no `layer=` items), or when both layers are in it: the
-/// residual then adds nothing.
-pub(super) fn grown(first: Residual, layers: &[usize]) -> Vec<Vec<usize>> {
+/// residual then adds nothing. A parting at `n_layers` (past the last ring: no ring apart, yet
+/// the replay does not reproduce) can only be the last layer's reader, which no ring shows: its
+/// one set is the scope with the last layer toggled, decided by the replay alone.
+pub(super) fn grown(first: Residual, layers: &[usize], n_layers: usize) -> Vec<Vec<usize>> {
     let Some((layer, _)) = first.filter(|_| !layers.is_empty()) else {
         return Vec::new();
     };
+    if layer >= n_layers {
+        let last = n_layers.saturating_sub(1);
+        let toggled: Vec<usize> = match layers.contains(&last) {
+            true => layers.iter().copied().filter(|&l| l != last).collect(),
+            false => layers.iter().copied().chain([last]).collect(),
+        };
+        return [toggled].into_iter().filter(|t| !t.is_empty()).collect();
+    }
     [Some(layer), layer.checked_sub(1)]
         .into_iter()
         .flatten()
@@ -51,6 +62,12 @@ pub(super) fn grown(first: Residual, layers: &[usize]) -> Vec<Vec<usize>> {
             set
         })
         .collect()
+}
+
+/// Where a non-reproducing replay's rings part from the device's, for growth: where they do, or
+/// past the last ring (`n_layers`) where none does (`grown`).
+fn parting(r: Residual, n_layers: usize) -> (usize, CacheKind) {
+    r.unwrap_or((n_layers, CacheKind::K))
 }
 
 /// The grown replays, in the order they ran, and how many residuals were read (each one replay
@@ -92,35 +109,51 @@ impl Growth {
 }
 
 /// Where growth starts: for each kind of hypothesis (a fault with its value and ring kinds:
-/// everything growth leaves as it is), its closest scope of some layers. The ones replayed over
-/// every step come first, closest replay first, then the ones only screened, by their screen's
-/// summed miss (`screened`). A kind the screen ranked below the whole replays is otherwise never
-/// seen by a residual, and its residual can name the layer its scope lacked (a reader decoding
-/// f8cr K and V on layers 0 and 4, screened at layer 0 and ranked below the truncations and
-/// other readers there: sweep seed 2504 #285). One residual read per kind (the cost of one screen
-/// entry), never one per screened hypothesis.
+/// everything growth leaves as it is), its scopes of some layers, closest first. The kinds
+/// replayed over every step come first, closest replay first, then the ones only screened, by
+/// their screen's summed miss (`screened`). A kind the screen ranked below the whole replays is
+/// otherwise never seen by a residual, and its residual can name the layer its scope lacked (a
+/// reader decoding f8cr K and V on layers 0 and 4, screened at layer 0 and ranked below the
+/// truncations and other readers there: sweep seed 2504 #285). `grow` reads one residual per
+/// kind, and a kind's next scope only when the one before is refuted inside its own scope.
 pub(super) fn starts(
     whole: &[Replay],
     screened: &[(f64, FaultHypothesis)],
-) -> Vec<FaultHypothesis> {
+) -> Vec<Vec<FaultHypothesis>> {
     let mut replayed: Vec<&Replay> = whole.iter().collect();
     replayed.sort_by(|a, b| a.replay_miss.total_cmp(&b.replay_miss));
     let mut screen: Vec<&(f64, FaultHypothesis)> = screened.iter().collect();
     screen.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut out: Vec<FaultHypothesis> = Vec::new();
+    let mut out: Vec<Vec<FaultHypothesis>> = Vec::new();
     let ranked = replayed.into_iter().map(|r| &r.fault);
     for h in ranked.chain(screen.into_iter().map(|s| &s.1)) {
-        let kind = |o: &FaultHypothesis| {
+        if h.layers.is_empty() {
+            continue;
+        }
+        let same_kind = |o: &FaultHypothesis| {
             FaultHypothesis {
                 layers: h.layers.clone(),
                 ..o.clone()
             } == *h
         };
-        if !h.layers.is_empty() && !out.iter().any(kind) {
-            out.push(h.clone());
+        match out.iter_mut().find(|k| same_kind(&k[0])) {
+            Some(kind) if !kind.contains(h) => kind.push(h.clone()),
+            Some(_) => {}
+            None => out.push(vec![h.clone()]),
         }
     }
     out
+}
+
+/// Whether a residual parts inside its hypothesis' own scope: the rings first part at a layer
+/// the hypothesis holds, every layer below agreeing. For a writer's or a binding's fault that
+/// refutes the layer, and growth (which only adds layers) cannot mend it: a layer added above
+/// cannot change what the refuted layer stores, one added below parts there. Only for a reader's
+/// fault does the layer before still explain it (`grown`). So the start stays, and its kind's
+/// next scope is read too (sweep seed 6302 #360: `kv-swap` on layers 13 and 20, whose closest
+/// single-layer replay by a hair was layer 12, parting at layer 12).
+fn parts_inside(h: &FaultHypothesis, r: Residual) -> bool {
+    r.is_some_and(|(l, _)| h.layers.contains(&l))
 }
 
 /// Grows a scope of `starts` (hypotheses no replay of which reproduces) round by round:
@@ -131,18 +164,28 @@ pub(super) fn starts(
 /// [`grown`]'s sets and goes on from the closest; a start ends when its residual adds nothing or
 /// cannot be read, growth ends when a grown replay reproduces or after `n_layers` rounds.
 pub(super) fn grow(
-    starts: &[FaultHypothesis],
+    starts: &[Vec<FaultHypothesis>],
     n_layers: usize,
     residual: &mut dyn FnMut(&FaultHypothesis) -> Result<Residual, String>,
     run: &mut dyn FnMut(&FaultHypothesis) -> Result<Replay, String>,
 ) -> Growth {
     let mut out = Growth::default();
     let mut parted: Vec<(FaultHypothesis, (usize, CacheKind))> = Vec::new();
-    for h in starts.iter().take(n_layers) {
-        let Ok(first) = residual(h) else { continue };
-        out.residuals += 1;
-        out.path.push((h.text(), first));
-        parted.extend(first.map(|at| (h.clone(), at)));
+    'kinds: for kind in starts {
+        for h in kind {
+            if out.residuals >= n_layers {
+                break 'kinds;
+            }
+            let Ok(first) = residual(h) else {
+                continue 'kinds;
+            };
+            out.residuals += 1;
+            out.path.push((h.text(), first));
+            parted.push((h.clone(), parting(first, n_layers)));
+            if !parts_inside(h, first) {
+                continue 'kinds;
+            }
+        }
     }
     // deepest first (V parting after K at one layer is the deeper); stable, so ties keep
     // `starts`' order
@@ -154,7 +197,7 @@ pub(super) fn grow(
         while rounds < n_layers {
             rounds += 1;
             let mut round: Vec<Replay> = Vec::new();
-            for layers in grown(Some(first), &current.layers) {
+            for layers in grown(Some(first), &current.layers, n_layers) {
                 let h = FaultHypothesis {
                     layers,
                     ..current.clone()
@@ -179,8 +222,7 @@ pub(super) fn grow(
             let Ok(r) = residual(&h) else { break };
             out.residuals += 1;
             out.path.push((h.text(), r));
-            let Some(at) = r else { break };
-            (current, first) = (h, at);
+            (current, first) = (h, parting(r, n_layers));
         }
     }
     out
@@ -279,15 +321,23 @@ mod tests {
     #[test]
     fn the_residual_adds_its_layer_and_the_one_before() {
         let k = Some((10, CacheKind::K));
-        assert_eq!(grown(k, &[1]), vec![vec![1, 10], vec![1, 9]]);
+        assert_eq!(grown(k, &[1], 30), vec![vec![1, 10], vec![1, 9]]);
         // the layer before already in the scope: the layer alone
-        assert_eq!(grown(Some((5, CacheKind::V)), &[0, 4]), vec![vec![0, 4, 5]]);
+        assert_eq!(
+            grown(Some((5, CacheKind::V)), &[0, 4], 30),
+            vec![vec![0, 4, 5]]
+        );
         // layer 0 has no layer before it
-        assert_eq!(grown(Some((0, CacheKind::V)), &[3]), vec![vec![0, 3]]);
+        assert_eq!(grown(Some((0, CacheKind::V)), &[3], 30), vec![vec![0, 3]]);
         // nothing new, nothing parting, or every layer already: nothing to grow
-        assert!(grown(Some((5, CacheKind::K)), &[4, 5]).is_empty());
-        assert!(grown(None, &[4]).is_empty());
-        assert!(grown(Some((5, CacheKind::K)), &[]).is_empty());
+        assert!(grown(Some((5, CacheKind::K)), &[4, 5], 30).is_empty());
+        assert!(grown(None, &[4], 30).is_empty());
+        assert!(grown(Some((5, CacheKind::K)), &[], 30).is_empty());
+        // past the last ring: the last layer toggled, never an empty scope
+        let past = Some((30, CacheKind::K));
+        assert_eq!(grown(past, &[3, 23], 30), vec![vec![3, 23, 29]]);
+        assert_eq!(grown(past, &[1, 2, 19, 29], 30), vec![vec![1, 2, 19]]);
+        assert!(grown(past, &[29], 30).is_empty());
     }
 
     fn swap(layers: &[usize]) -> FaultHypothesis {
@@ -331,7 +381,7 @@ mod tests {
             Ok(missing.map(|&l| (l + usize::from(reader), CacheKind::K)))
         };
         let mut run = |h: &FaultHypothesis| Ok(replay(h, device));
-        let g = grow(&[swap(from)], 30, &mut residual, &mut run);
+        let g = grow(&[vec![swap(from)]], 30, &mut residual, &mut run);
         (g, read)
     }
 
@@ -352,6 +402,42 @@ mod tests {
         assert!(g.replays[2].reproduces && g.residuals == 2);
     }
 
+    /// Sweep seed 6302 #360's shape (`kv-swap` on layers 13 and 20): the kind's closest scope
+    /// by a hair is layer 12, whose rings part from the device's at layer 12 itself; growth
+    /// takes the kind's next scope, layer 13, whose residual names layer 20.
+    #[test]
+    fn a_start_refuted_inside_its_scope_gives_way_to_its_kinds_next_scope() {
+        const DEVICE: [usize; 2] = [13, 20];
+        // a binding fault parts at the lowest layer the two scopes do not share
+        let parts = |h: &FaultHypothesis| -> Residual {
+            let differs = (0..30).find(|l| h.layers.contains(l) != DEVICE.contains(l));
+            differs.map(|l| (l, CacheKind::K))
+        };
+        let mut read: Vec<String> = Vec::new();
+        let mut residual = |h: &FaultHypothesis| -> Result<Residual, String> {
+            read.push(h.text());
+            Ok(parts(h))
+        };
+        let mut run = |h: &FaultHypothesis| Ok(replay(h, &DEVICE));
+        let g = grow(
+            &[vec![swap(&[12]), swap(&[13])]],
+            30,
+            &mut residual,
+            &mut run,
+        );
+        assert_eq!(read, ["kv-swap@layer=12", "kv-swap@layer=13"]);
+        let hit = g
+            .replays
+            .iter()
+            .find(|r| r.reproduces)
+            .map(|r| r.fault.text());
+        assert_eq!(hit.as_deref(), Some("kv-swap@layer=13,layer=20"));
+        // the refuted start alone (one scope per kind, as before): nothing reproduces
+        let mut residual = |h: &FaultHypothesis| Ok(parts(h));
+        let g = grow(&[vec![swap(&[12])]], 30, &mut residual, &mut run);
+        assert!(g.replays.iter().all(|r| !r.reproduces));
+    }
+
     #[test]
     fn a_readers_fault_is_found_through_the_layer_before_the_residual() {
         // #285: the reader at 4 parts the rings at 5; the layer before names the reader
@@ -370,16 +456,16 @@ mod tests {
         // the residual names a layer already in the scope: one read, no replay
         let mut residual = |_: &FaultHypothesis| Ok(Some((4, CacheKind::V)));
         let mut run = |h: &FaultHypothesis| Ok(replay(h, &[9]));
-        let g = grow(&[swap(&[3, 4])], 30, &mut residual, &mut run);
+        let g = grow(&[vec![swap(&[3, 4])]], 30, &mut residual, &mut run);
         assert!(g.replays.is_empty() && g.residuals == 1);
         // a residual that always names the next layer: at most one round per layer
         let mut next = |h: &FaultHypothesis| Ok(h.layers.last().map(|l| (l + 1, CacheKind::K)));
         let mut never = |h: &FaultHypothesis| Ok(replay(h, &[99]));
-        let g = grow(&[swap(&[0])], 6, &mut next, &mut never);
+        let g = grow(&[vec![swap(&[0])]], 6, &mut next, &mut never);
         assert_eq!(g.residuals, 6);
         // a residual that cannot be read ends it
         let mut broken = |_: &FaultHypothesis| Err("no cache_buffers".to_string());
-        let g = grow(&[swap(&[0])], 6, &mut broken, &mut run);
+        let g = grow(&[vec![swap(&[0])]], 6, &mut broken, &mut run);
         assert!(g.replays.is_empty() && g.residuals == 0);
     }
 
@@ -415,15 +501,18 @@ mod tests {
             (0.5, named("tbt-read-layout", &[1])),
             (0.2, named("kv-swap", &[])),
         ];
-        let texts: Vec<String> = starts(&whole, &screened).iter().map(|h| h.text()).collect();
-        // one per fault and value, scoped to some layers: replayed whole first, then by the
-        // screen
+        let texts: Vec<Vec<String>> = starts(&whole, &screened)
+            .iter()
+            .map(|k| k.iter().map(|h| h.text()).collect())
+            .collect();
+        // one kind per fault and value, scoped to some layers: replayed whole first, then by
+        // the screen; a kind's scopes closest first
         assert_eq!(
             texts,
             [
-                "truncate-entry@layer=0",
-                "tbt-read-layout@layer=0",
-                "tbt-read-layout=f8cr@layer=0"
+                vec!["truncate-entry@layer=0", "truncate-entry@layer=1"],
+                vec!["tbt-read-layout@layer=0", "tbt-read-layout@layer=1"],
+                vec!["tbt-read-layout=f8cr@layer=0"],
             ]
         );
     }
@@ -447,8 +536,8 @@ mod tests {
             Ok(r)
         };
         let from = [
-            named("truncate-entry", &[0]),
-            named("tbt-read-layout", &[0]),
+            vec![named("truncate-entry", &[0])],
+            vec![named("tbt-read-layout", &[0])],
         ];
         let g = grow(&from, 30, &mut residual, &mut run);
         let hit = g
