@@ -45,6 +45,7 @@ pub mod rerun;
 pub mod rings;
 pub mod scalefit;
 pub mod selfmask;
+pub mod selfonly_fit;
 pub mod session;
 pub mod splits;
 pub mod stale;

@@ -31,8 +31,8 @@ use kvprobe_schema::{
 
 pub use crate::matched_edges::{computes_prefill, models_everything};
 use crate::matched_edges::{name, Edges, Round};
-pub use crate::matched_store::DriveMemo;
-use crate::matched_store::Store;
+pub(crate) use crate::matched_store::Store;
+pub use crate::matched_store::{greedy_logits_shared, DriveMemo};
 pub use crate::matched_summary::{against_matched, step};
 use crate::rings::cache_infos;
 use crate::Result;
@@ -332,40 +332,6 @@ pub(crate) fn drive_from(
     Ok(store)
 }
 
-/// [`greedy_logits`] through this session's `memo`: the steps a remembered run of the same
-/// prompt and geometry already computed on the same tokens are taken from it (greedy's 32
-/// steps and the chat's first turn share the prompt and its first replies), the rest driven from
-/// its store. Exact: a step's logits and K/V depend only on the tokens up to it. A run whose
-/// fp16 arithmetic overflowed is not reused (the overflow is reported per run).
-/// `geometry` as [`drive`]'s.
-pub fn greedy_logits_shared(
-    (memo, model): (&DriveMemo, &Model),
-    p: &Precision,
-    seq: &[u32],
-    geometry: (usize, usize, usize, usize),
-) -> Result<Vec<Vec<f32>>> {
-    let (n, steps, cache_len, prefill_len) = geometry;
-    let driven = &seq[..(n + steps.max(1) - 1).min(seq.len())];
-    let (mut out, resume) = memo.resume(driven, (n, cache_len, prefill_len), steps);
-    let r = out.len();
-    let store = drive_from(
-        model,
-        p,
-        seq,
-        geometry,
-        resume.map(|s| (s, r)),
-        &mut |l, _, _| {
-            out.push(l);
-            Ok(())
-        },
-    )?;
-    let overflowed = p.overflow.lock().map_or(true, |o| o.is_some());
-    if !overflowed {
-        memo.keep(driven, (n, cache_len, prefill_len), store, &out);
-    }
-    Ok(out)
-}
-
 /// Prefill chunks as `(first real row, end, chunk start)`: a ring runs the remainder first, its
 /// chunk padded at the front (start below the first row, possibly negative); a stateful device
 /// runs chunks from the start.
@@ -407,10 +373,26 @@ pub(crate) fn run_rows(
         seq,
         rows,
         from,
-        (true, attn_scale, fed),
+        (true, attn_scale, fed, None),
         group,
     )?;
     p.groups[group].logits.apply(&mut logits);
+    Ok(logits)
+}
+
+/// One self-only row of `seq`'s last token over the whole `store`, at the position and under the
+/// blocked columns `self_only` gives, through the logits edge (`crate::selfonly_fit`).
+pub(crate) fn run_self_only(
+    model: &Model,
+    p: &Precision,
+    store: &mut Store,
+    seq: &[u32],
+    self_only: (kvprobe_reference::Blocked, usize),
+) -> Result<Vec<f32>> {
+    let a = seq.len() - 1;
+    let spec = (true, 1.0, None, Some(self_only));
+    let (mut logits, _) = run_graph_rows(model, p, store, seq, a..a + 1, 0, spec, TBT)?;
+    p.groups[TBT].logits.apply(&mut logits);
     Ok(logits)
 }
 
@@ -425,7 +407,12 @@ fn run_graph_rows(
     seq: &[u32],
     rows: std::ops::Range<usize>,
     from: usize,
-    (last_only, attn_scale, fed): (bool, f32, Option<&LogicalFeed>),
+    (last_only, attn_scale, fed, self_only): (
+        bool,
+        f32,
+        Option<&LogicalFeed>,
+        Option<(kvprobe_reference::Blocked, usize)>,
+    ),
     group: usize,
 ) -> Result<(Vec<f32>, usize)> {
     let (a, b) = (rows.start, rows.end);
@@ -440,13 +427,23 @@ fn run_graph_rows(
         for h in 0..nh {
             let row = &mut mask[(i * nh + h) * cols..(i * nh + h + 1) * cols];
             for (j, m) in row.iter_mut().enumerate() {
-                *m = fed.map_or(j <= w + i, |f| f.sees(a + i, from + j));
+                // a mask hypothesis' self-only row: only itself allowed, the rest enter as
+                // `blocked` says
+                *m = match (self_only, fed) {
+                    (Some(_), _) => j == w + i,
+                    (None, Some(f)) => f.sees(a + i, from + j),
+                    (None, None) => j <= w + i,
+                };
             }
         }
     }
-    let positions = match fed {
-        Some(f) => PositionInput::Ids(f.positions[a..b].iter().map(|&x| x as f32).collect()),
-        None => p.positions(model, group, a..b),
+    let positions = match (self_only, fed) {
+        // a self-only row over a device's state: its own position, not its column's
+        (Some((_, pos)), _) => p.positions(model, group, pos..pos + t),
+        (None, Some(f)) => {
+            PositionInput::Ids(f.positions[a..b].iter().map(|&x| x as f32).collect())
+        }
+        (None, None) => p.positions(model, group, a..b),
     };
     let hidden_size = model.config().hidden_size;
     let out = model.run_graph(&GraphInput {
@@ -457,6 +454,7 @@ fn run_graph_rows(
         graph: GraphOptions {
             arithmetic: p.arithmetic,
             attn_scale,
+            blocked: self_only.map(|(b, _)| b),
             ..GraphOptions::default()
         },
         last_only,
@@ -564,7 +562,7 @@ pub fn chunk_rows(model: &Model, p: &Precision, ids: &[u32]) -> Result<Vec<Vec<f
         ids,
         0..ids.len(),
         0,
-        (false, 1.0, None),
+        (false, 1.0, None, None),
         PREFILL,
     )?;
     let vocab = model.config().vocab_size;

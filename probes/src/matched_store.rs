@@ -7,6 +7,8 @@ use std::sync::Mutex;
 use candle_core::{Device as CDevice, Tensor};
 use kvprobe_reference::{LayerKv, Model};
 
+use crate::matched::Precision;
+
 use crate::matched_edges::Round;
 use crate::Result;
 
@@ -175,6 +177,40 @@ impl DriveMemo {
             });
         }
     }
+}
+
+/// [`greedy_logits`] through this session's `memo`: the steps a remembered run of the same
+/// prompt and geometry already computed on the same tokens are taken from it (greedy's 32
+/// steps and the chat's first turn share the prompt and its first replies), the rest driven from
+/// its store. Exact: a step's logits and K/V depend only on the tokens up to it. A run whose
+/// fp16 arithmetic overflowed is not reused (the overflow is reported per run).
+/// `geometry` as [`drive`]'s.
+pub fn greedy_logits_shared(
+    (memo, model): (&DriveMemo, &Model),
+    p: &Precision,
+    seq: &[u32],
+    geometry: (usize, usize, usize, usize),
+) -> Result<Vec<Vec<f32>>> {
+    let (n, steps, cache_len, prefill_len) = geometry;
+    let driven = &seq[..(n + steps.max(1) - 1).min(seq.len())];
+    let (mut out, resume) = memo.resume(driven, (n, cache_len, prefill_len), steps);
+    let r = out.len();
+    let store = crate::matched::drive_from(
+        model,
+        p,
+        seq,
+        geometry,
+        resume.map(|s| (s, r)),
+        &mut |l, _, _| {
+            out.push(l);
+            Ok(())
+        },
+    )?;
+    let overflowed = p.overflow.lock().map_or(true, |o| o.is_some());
+    if !overflowed {
+        memo.keep(driven, (n, cache_len, prefill_len), store, &out);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -245,6 +245,7 @@ pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<St
         full_cosine: None,
         position_cosines: None,
         selfonly_control: None,
+        selfonly_fit: None,
     };
     if !experiments {
         return Ok(f);
@@ -266,6 +267,8 @@ pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<St
     }
     f.layout_cosines = Some(cos);
     s.prefill_prompt()?;
+    // what the self-only step's blocked columns hold: the state the device's prefill wrote
+    let states = cache_io::read(s.dev, "after the prompt's prefill (self-only mask replay)")?;
     // a device that reads the mask as a length cannot run the self-only step: no cosine, so
     // no rule reads one it did not measure
     let length_mask = s.dev.mask_by_length().is_some();
@@ -280,21 +283,37 @@ pub fn run(s: &mut Session, written: Vec<usize>, experiments: bool) -> Result<St
         // at the declared precision where the matched reference computes every op: against
         // f32 a healthy QDQ self-only step sits at 0.94, below what this check calls wrong
         let row = [(first.query, first.position)];
-        let alone = match crate::matched_jitter::self_only(s.model, s.describe(), &row)? {
-            Some(mut m) if !m.is_empty() => m.swap_remove(0),
-            _ => s.model.step(
-                &s.model.empty_state()?,
-                first.query,
-                first.position,
-                &KeySet::None,
-            )?,
+        let (alone, matched) = match crate::matched_jitter::self_only(s.model, s.describe(), &row)?
+        {
+            Some(mut m) if !m.is_empty() => (m.swap_remove(0), true),
+            _ => (
+                s.model.step(
+                    &s.model.empty_state()?,
+                    first.query,
+                    first.position,
+                    &KeySet::None,
+                )?,
+                false,
+            ),
         };
         f.selfonly_cosine = Some(cosine(&own.logits, &alone));
         // the same feed on the device's control, where one runs: the graph's own mask
-        f.selfonly_control = s
-            .dev
-            .control_logits(&own.logits)
-            .map(|c| [cosine(&c, &alone), cosine(&own.logits, &c)]);
+        let control = s.dev.control_logits(&own.logits);
+        f.selfonly_control = control
+            .as_ref()
+            .map(|c| [cosine(c, &alone), cosine(&own.logits, c)]);
+        // the mask hypotheses replayed on the same reference for the same feed
+        f.selfonly_fit = Some(crate::selfonly_fit::fit(
+            s,
+            (&states, &f.written),
+            (first.query, first.position),
+            (&own.logits, control.as_deref()),
+            (
+                &outs[0].logits,
+                s.dev.control_logits(&outs[0].logits).as_deref(),
+            ),
+            (&alone, matched),
+        )?);
     }
     // the full-context step against the reference with its query moved by δ (the prompt's keys
     // where they are): a runner that feeds a wrong position id is reproduced by its δ

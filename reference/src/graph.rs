@@ -45,6 +45,19 @@ pub struct GraphOptions {
     pub heads: HeadWiring,
     /// float32, or fp16 as a device declares it (arith.rs: which op outputs are rounded).
     pub arithmetic: Arithmetic,
+    /// What a blocked column's score gets instead of −inf (`None`: the clean mask, blocked
+    /// columns excluded). A mask hypothesis of the diagnosis (`probes/src/selfonly_fit.rs`).
+    pub blocked: Option<Blocked>,
+}
+
+/// A mask not applied as 0 / −inf: every column the mask blocks enters the softmax with its
+/// scaled score plus `bias` (0: the mask not applied at all; +1: a 0 / +1 convention), and
+/// `empty` more columns per row that the mask covers but no entry fills (a state's
+/// never-written slots: key and value zero, so score `bias` and nothing added to the output).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Blocked {
+    pub bias: f32,
+    pub empty: usize,
 }
 
 impl Default for GraphOptions {
@@ -53,6 +66,7 @@ impl Default for GraphOptions {
             attn_scale: 1.0,
             heads: HeadWiring::CLEAN,
             arithmetic: Arithmetic::F32,
+            blocked: None,
         }
     }
 }
@@ -221,6 +235,7 @@ impl Model {
             kv_map: &kv_map,
             scale: input.graph.attn_scale / (hd as f32).sqrt(),
             softmax_groups: &softmax_groups,
+            blocked: input.graph.blocked,
         };
 
         let mut new_kv = Vec::with_capacity(self.blocks.len());

@@ -417,7 +417,13 @@ impl Model {
         token: u32,
         position: usize,
     ) -> Result<Vec<f32>> {
-        let out = self.step_graph(state, token, position, &[KeySet::All])?;
+        let out = self.step_graph(
+            state,
+            token,
+            position,
+            &[KeySet::All],
+            GraphOptions::default(),
+        )?;
         if state.is_empty() {
             state.layers = out.new_kv;
         } else {
@@ -441,71 +447,25 @@ impl Model {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let out = self.step_graph(state, token, position, keys)?;
+        let out = self.step_graph(state, token, position, keys, GraphOptions::default())?;
         let v = self.config.vocab_size;
         Ok(out.logits.chunks(v).map(<[f32]>::to_vec).collect())
     }
 
-    fn step_graph(
+    /// [`Model::step`] with `graph`'s variants (a mask hypothesis' blocked columns, a scale).
+    pub fn step_in(
         &self,
         state: &KvState,
         token: u32,
         position: usize,
-        keys: &[KeySet],
-    ) -> Result<crate::GraphOutput> {
-        let n = state.len();
-        if state.layers.len() != self.config.n_layers {
-            return Err(Error::InvalidInput(format!(
-                "state has {} layers, the model {}",
-                state.layers.len(),
-                self.config.n_layers
-            )));
-        }
-        self.check_positions(&[position])?;
-        let r = keys.len();
-        let nh = self.config.n_heads;
-        let cols = n + r;
-        let mut m = vec![false; r * nh * cols];
-        for (i, ks) in keys.iter().enumerate() {
-            let mut row = vec![false; cols];
-            match ks {
-                KeySet::All => row[..n].iter_mut().for_each(|x| *x = true),
-                KeySet::Subset(idx) => {
-                    for &j in idx {
-                        if j >= n {
-                            return Err(Error::InvalidInput(format!(
-                                "key index {j} is outside the state ({n} entries)"
-                            )));
-                        }
-                        row[j] = true;
-                    }
-                }
-                KeySet::Window(w) => row[n.saturating_sub(*w)..n]
-                    .iter_mut()
-                    .for_each(|x| *x = true),
-                KeySet::None => {}
-            }
-            row[n + i] = true;
-            for h in 0..nh {
-                m[(i * nh + h) * cols..(i * nh + h + 1) * cols].copy_from_slice(&row);
-            }
-        }
-        let hidden = self.embed(&vec![token; r])?;
-        self.run_graph(&GraphInput {
-            hidden,
-            positions: PositionInput::Ids(vec![position as f32; r]),
-            past: if n > 0 {
-                state.layers.clone()
-            } else {
-                Vec::new()
-            },
-            mask: m,
-            graph: GraphOptions::default(),
-            last_only: r == 1,
-        })
+        keys: &KeySet,
+        graph: GraphOptions,
+    ) -> Result<Vec<f32>> {
+        let out = self.step_graph(state, token, position, std::slice::from_ref(keys), graph)?;
+        Ok(out.logits)
     }
 
-    fn check_positions(&self, p: &[usize]) -> Result<()> {
+    pub(crate) fn check_positions(&self, p: &[usize]) -> Result<()> {
         let max = self.config.max_position;
         match p.iter().find(|&&x| x >= max) {
             Some(&position) => Err(Error::TooLong {

@@ -92,6 +92,47 @@ pub struct LogitsArgs {
     pub bos: BosArgs,
     #[command(flatten)]
     pub genai: GenaiFeedArgs,
+    #[command(flatten)]
+    pub self_only: SelfOnlyArgs,
+}
+
+/// The last id as a self-only step under a mask hypothesis (`diagnose`'s rule `self-only-mask`):
+/// the ids before it run causally as a prompt, then the last one allows only itself and every
+/// earlier entry enters with its score plus B instead of −inf, with E never-written slots as
+/// zero keys. The .npy then holds that one row. The reproducer of a `self-only-mask` verdict.
+#[derive(Debug, Args)]
+pub struct SelfOnlyArgs {
+    /// What a blocked column's score gets instead of −inf (0: the mask not applied; 1: 0 / +1).
+    #[arg(long, value_name = "B", allow_hyphen_values = true, conflicts_with_all = ["single_key", "genai_window"])]
+    pub self_only_bias: Option<f32>,
+    /// Never-written slots the mask also spans (zero keys and values).
+    #[arg(long, value_name = "E", requires = "self_only_bias")]
+    pub empty_slots: Option<usize>,
+}
+
+impl SelfOnlyArgs {
+    /// The self-only row of the last id under the hypothesis, when asked for.
+    fn row(&self, model: &Model, ids: &[u32]) -> anyhow::Result<Option<Vec<f32>>> {
+        let Some(bias) = self.self_only_bias else {
+            return Ok(None);
+        };
+        let Some((&query, prompt)) = ids.split_last().filter(|(_, p)| !p.is_empty()) else {
+            return Err(usage(
+                "--self-only-bias: pass the prompt's ids and the step's token last (2 ids or more)",
+            ));
+        };
+        let n = prompt.len();
+        let state = model.prefix_state(prompt, &(0..n).collect::<Vec<_>>())?;
+        let graph = kvprobe_reference::GraphOptions {
+            blocked: Some(kvprobe_reference::Blocked {
+                bias,
+                empty: self.empty_slots.unwrap_or(0),
+            }),
+            ..Default::default()
+        };
+        let keys = kvprobe_reference::KeySet::None;
+        Ok(Some(model.step_in(&state, query, n, &keys, graph)?))
+    }
 }
 
 /// Feed the ids as ONNX Runtime GenAI's windowed host does (docs/onnx-genai.md W1–W4): the
@@ -303,6 +344,12 @@ fn logits(a: LogitsArgs) -> anyhow::Result<()> {
         Some(k) => Some(kvprobe_reference::mask::single_key(t, k)),
         None => None,
     };
+    if let Some(row) = a.self_only.row(&model, &ids)? {
+        let vocab = model.config().vocab_size;
+        let arr = ndarray::Array2::from_shape_vec((1, vocab), row)
+            .context("logits have an unexpected size")?;
+        return write_npy(&a.out, &arr);
+    }
     if let Some(rows) = a.genai.rolled(&model, &ids)? {
         let vocab = model.config().vocab_size;
         let arr = ndarray::Array2::from_shape_vec((rows.len(), vocab), rows.concat())

@@ -29,6 +29,8 @@ mod stateful_binding;
 mod stateful_causes;
 mod stateful_facts;
 mod stateful_na;
+#[cfg(test)]
+mod stateful_recorded;
 mod unknown_kvdiff;
 
 pub use outcome::{DiagnoseOptions, Diagnosis};

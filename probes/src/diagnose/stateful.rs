@@ -524,16 +524,7 @@ fn controls_and_state(run: &mut Run, f: &mut StatefulFacts, opts: &DiagnoseOptio
     // matched reference computes every op), else the declared precision's cost against f32; the
     // fits after a failed greedy control replay their hypotheses on the same footing
     let jitter = crate::footing::jitter_applies(run.s.describe(), unmodelled);
-    f.greedy_steps = gr
-        .steps
-        .iter()
-        .skip(1)
-        .map(|x| {
-            x.matched.map_or((1.0, x.comparison.cosine), |m| {
-                crate::footing::judged(&m, jitter)
-            })
-        })
-        .collect();
+    f.greedy_steps = super::stateful_facts::greedy_rows(&gr, jitter);
     selfmask_control(run, opts)?;
     f.graph_noise = graph_noise(run, f, jitter);
     if f.greedy_leaves_matched() {
@@ -634,6 +625,7 @@ pub(super) mod tests {
                 full_cosine: None,
                 position_cosines: None,
                 selfonly_control: None,
+                selfonly_fit: None,
             }),
             declared_quant_mismatch: None,
             fp16_overflow: None,
@@ -652,6 +644,8 @@ pub(super) mod tests {
         }
         f
     }
+
+    use kvprobe_schema::{MaskReplay, SelfOnlyFit};
 
     fn check(id: &str, f: &StatefulFacts) -> Option<Cause> {
         let all: Vec<&R> = TABLE.iter().flat_map(|t| t.iter()).collect();
@@ -980,42 +974,103 @@ pub(super) mod tests {
         assert!(check("state-reader", &f).is_none());
     }
 
+    /// A self-only fit with the given misses against the device's row (`control`: and the
+    /// control's row) for bias 0 over the held entries and bias +1 over the whole state.
+    fn mask_fit(misses: [f64; 2], control: Option<[f64; 2]>, healthy: f64) -> SelfOnlyFit {
+        let h = |bias: f64, empty: usize, i: usize| MaskReplay {
+            bias,
+            empty,
+            miss: misses[i],
+            control_miss: control.map(|c| c[i]),
+            device_step: false,
+        };
+        SelfOnlyFit {
+            hypotheses: vec![h(0.0, 0, 0), h(1.0, 82, 1)],
+            healthy_miss: healthy,
+            declared: 0.0,
+            ids: vec![1, 2, 3],
+            model: "m.gguf".into(),
+        }
+    }
+
+    /// Hand-made facts (an fp32 device, no control): the rule names the hypothesis whose replay
+    /// reproduces the self-only row, with its parameter and grammar row, never a fixed cosine.
     #[test]
-    fn self_only_mask_when_blocked_columns_contribute() {
-        let f = failing([0.9, 0.3], 0.6);
+    fn self_only_mask_names_the_hypothesis_whose_replay_reproduces_the_row() {
+        let mut f = failing([0.9, 0.3], 0.6);
         assert!(check("mask-cosines", &f).is_some());
-        assert!(check("self-only-mask", &f).is_some());
-        assert_eq!(conclude(&f), (Verdict::MaskConvention, 0.8));
-        let near = failing([0.9, 0.3], 0.95);
-        assert!(check("self-only-mask", &near).is_none());
-        assert_eq!(conclude(&near), (Verdict::Unknown, 0.3));
+        // no replay: the self-only cosine alone names nothing (before: mask-convention at 0.6)
+        assert!(check("self-only-mask", &f).is_none());
+        assert_eq!(conclude(&f), (Verdict::Unknown, 0.3));
+        let with = |f: &StatefulFacts, fit: SelfOnlyFit| {
+            let mut g = f.clone();
+            if let Some(st) = &mut g.state {
+                st.selfonly_fit = Some(fit);
+            }
+            g
+        };
+        let named = with(&f, mask_fit([0.2, 3e-5], None, 0.4));
+        let line = format!("{:?}", check("self-only-mask", &named).expect("named"));
+        assert!(
+            line.contains("0 / +1") && line.contains("ane-mask-01"),
+            "{line}"
+        );
+        assert!(
+            line.contains("--ids 1,2,3 --self-only-bias 1 --empty-slots 82"),
+            "{line}"
+        );
+        assert!(format!("{:?}", check("mask-cosines", &named)).contains("miss 3.0e-5"));
+        assert_eq!(conclude(&named), (Verdict::MaskConvention, 0.8));
+        // closest, but outside the declared precision's floor
+        let loose = with(&f, mask_fit([0.2, 5e-3], None, 0.4));
+        assert!(check("self-only-mask", &loose).is_none());
+        // within it, but the healthy hypothesis is not 2.5× worse
+        f = with(&f, mask_fit([0.2, 5e-5], None, 1e-4));
+        assert!(check("self-only-mask", &f).is_none());
         assert!(check("mask-cosines", &healthy_facts()).is_none());
     }
 
     /// The recorded QDQ SmolLM2 state experiment on HTP ("My favourite food is", session 28: the
-    /// self-only step −0.1601 against the token alone, the full-context step 0.9908). Beside a
-    /// control whose own self-only step is the token alone (the graph applies the mask), the
-    /// mask hypothesis contradicts the graph and is not named; beside a control that lets the
-    /// blocked columns in as well (a fault of the graph, computed by both), it is.
+    /// self-only step −0.1601 against the token alone, the full-context step 0.9908), with
+    /// hand-made replay misses (the recording has none). The device's stray from its control
+    /// joins the precision; the control's row must be reproduced too: beside a control whose
+    /// own self-only step is the token alone (the graph applies the mask), no hypothesis is
+    /// named; beside a control that lets the blocked columns in as well (a fault of the graph,
+    /// computed by both) and a replay that reproduces both rows, it is.
     #[test]
     fn a_self_only_step_is_a_mask_fault_only_where_the_graph_computes_it_too() {
         let mut f = failing([0.9875, 0.4789], -0.1601);
         if let Some(st) = &mut f.state {
             st.full_cosine = Some(0.9908);
         }
-        assert!(check("self-only-mask", &f).is_some());
-        let with = |control: [f64; 2]| {
+        let with = |control: [f64; 2], fit: SelfOnlyFit| {
             let mut g = f.clone();
             if let Some(st) = &mut g.state {
                 st.selfonly_control = Some(control);
+                st.selfonly_fit = Some(fit);
             }
             g
         };
-        let graph_masks = with([0.9990, -0.1550]);
+        // the device's row reproduced, the control's (0.999 from the token alone) not
+        let graph_masks = with(
+            [0.9990, -0.1550],
+            mask_fit([0.05, 0.9], Some([1.1, 1.5]), 1.16),
+        );
         assert!(check("self-only-mask", &graph_masks).is_none());
         let line = check("mask-cosines", &graph_masks).expect("the note");
         assert!(format!("{line:?}").contains("not the device"));
-        assert!(check("self-only-mask", &with([-0.1402, 0.9995])).is_some());
+        // both rows reproduced within the precision and the device's stray (5e-4)
+        let graph_fault = with(
+            [-0.1402, 0.9995],
+            mask_fit([4e-4, 0.9], Some([2e-5, 1.5]), 1.16),
+        );
+        assert!(check("self-only-mask", &graph_fault).is_some());
+        // the control's row not reproduced by the ratio
+        let near = with(
+            [-0.1402, 0.9995],
+            mask_fit([4e-4, 0.9], Some([0.5, 1.5]), 1.16),
+        );
+        assert!(check("self-only-mask", &near).is_none());
     }
 
     /// Hand-made facts: the fixture's 11 ids in windows of 8 (5 pads in front), greedy failing;

@@ -166,27 +166,94 @@ pub(super) fn mask_cosines(f: &StatefulFacts) -> Option<Cause> {
     let control = st.selfonly_control.map_or(String::new(), |[c, d]| {
         format!("; the same self-only feed on the device's control (the graph on the CPU EP, not the device): {c:.4} against the token alone, the device {d:.4} against it")
     });
+    let fit = st.selfonly_fit.as_ref().map_or(String::new(), |fit| {
+        let each: Vec<String> = fit
+            .hypotheses
+            .iter()
+            .map(|h| {
+                let c = h
+                    .control_miss
+                    .map_or(String::new(), |m| format!(", the control's row {m:.1e}"));
+                let over = if h.device_step {
+                    "the device's own full-context step".to_string()
+                } else {
+                    scope(h.empty)
+                };
+                format!("bias {:+} over {over} → miss {:.1e}{c}", h.bias, h.miss)
+            })
+            .collect();
+        format!(
+            "; mask hypotheses replayed on the reference for the same feed (misses against the device's row): {}; the token alone {:.1e}",
+            each.join(", "),
+            fit.healthy_miss
+        )
+    });
     Some(Cause::note(format!(
-        "mask: a self-only step against the token alone: cosine {own:.4}; the full-context step: {full:.4}{control}"
+        "mask: a self-only step against the token alone: cosine {own:.4}; the full-context step: {full:.4}{control}{fit}"
     )))
 }
 
-/// Blocked columns still contribute: the additive mask is not applied as 0 / −inf. Where the
-/// device runs a control (`StateFinding::selfonly_control`), the healthy hypothesis on this step
-/// is the graph as the control computes it: a mask fault of the graph is computed there too, so
-/// a control whose self-only step is the token alone contradicts it, and the device's distance
-/// from that step is its own arithmetic on this feed (QNN HTP's QDQ kernels, docs/qnn.md).
+fn scope(empty: usize) -> String {
+    if empty == 0 {
+        "the written slots".into()
+    } else {
+        format!("the whole state ({empty} empty slots)")
+    }
+}
+
+/// Blocked columns still contribute: the self-only step replayed on the reference under a mask
+/// hypothesis (`crate::selfonly_fit`: what the blocked columns get instead of −inf, over which
+/// columns) reproduces the device's self-only row by the rule of evidence
+/// (`evidence::beats_healthy`) against the healthy hypothesis, the token alone on the same
+/// reference, at the row's declared precision (the token alone at that precision against f32,
+/// floored). Where the device runs a control (`StateFinding::selfonly_control`), the device's
+/// distance from the control's row is its own arithmetic on this feed (QNN HTP's QDQ kernels,
+/// docs/qnn.md) and joins the precision, and the control's row is the graph's: a mask fault of
+/// the graph is computed there too, so the hypothesis must reproduce the control's row by the
+/// same rule at the declared precision alone, or the control contradicts it.
 pub(super) fn self_only_mask(f: &StatefulFacts) -> Option<Cause> {
     let st = f.state.as_ref()?;
-    let (own, _full) = (st.selfonly_cosine?, st.full_cosine?);
-    let graph_masks = st
-        .selfonly_control
-        .is_some_and(|[c, _]| c >= REPRODUCES_COSINE);
-    (own < REPRODUCES_COSINE && !graph_masks).then(|| {
-        Cause::new(0.8).line(
-            "→ blocked columns still contribute: the additive mask is not applied as 0 / −inf",
-        )
-    })
+    let fit = st.selfonly_fit.as_ref()?;
+    let best = fit
+        .hypotheses
+        .iter()
+        .min_by(|a, b| a.miss.total_cmp(&b.miss))?;
+    // the row's declared precision: its own cost (the token alone at the declared precision
+    // against f32), floored; the device's row is judged on the first decode step's footing, as
+    // `state-position`'s is (that step's band plus the graph's noise: the emulated ANE's fp16
+    // softmax over 128 columns, which the fp16 reference does not compute, puts SmolLM2
+    // `ane-mask-01`'s replay 1.8e-4 from its row)
+    let declared = fit.declared.max(STEP_NOISE_FLOOR);
+    let stray = st.selfonly_control.map_or(0.0, |[_, d]| 1.0 - d);
+    let precision = declared.max(first_step_band(f, 1.0).1) + stray;
+    let control = match (st.selfonly_control, best.control_miss) {
+        (None, _) => Some(String::new()),
+        (Some([c, _]), Some(m)) => beats_healthy(m, 1.0 - c, declared).then(|| {
+            format!(
+                "; the control's row (the graph on the CPU EP) too: miss {m:.1e} against the token alone's {:.1e}",
+                1.0 - c
+            )
+        }),
+        (Some(_), None) => None,
+    };
+    let control = control.filter(|_| beats_healthy(best.miss, fit.healthy_miss, precision))?;
+    let stray_said = st.selfonly_control.map_or(String::new(), |_| {
+        format!(" with the device's stray from its control {stray:.1e}")
+    });
+    Some(
+        Cause::new(0.8)
+            .line(format!(
+                "→ blocked columns still contribute, the mask is not applied as 0 / −inf: {} ({}) reproduces the self-only row: miss {:.1e} against the healthy hypothesis' (the token alone) {:.1e}, the declared precision {declared:.1e}, on the first decode step's footing {precision:.1e}{stray_said}{control}",
+                crate::selfonly_fit::describe(best),
+                crate::selfonly_fit::grammar_row(best.bias, best.empty),
+                best.miss,
+                fit.healthy_miss
+            ))
+            .line(format!(
+                "→ the hypothesis on the float32 reference, over the prompt's K/V as the reference writes them: `{}`",
+                crate::selfonly_fit::command(fit, best)
+            )),
+    )
 }
 
 pub(super) fn output_fit_line(f: &StatefulFacts) -> Option<Cause> {

@@ -94,6 +94,21 @@ pub(super) fn declared_rows(
         .collect()
 }
 
+/// Each tbt step's `(band, matched vs device)` (the greedy steps after the prompt's row): the
+/// band as `footing::band` gives it (the jitter's spread where `jitter`, else the declared
+/// precision's cost), `(1, cosine against f32)` where no matched reference ran.
+pub(super) fn greedy_rows(gr: &kvprobe_schema::GreedyFinding, jitter: bool) -> Vec<(f64, f64)> {
+    gr.steps
+        .iter()
+        .skip(1)
+        .map(|x| {
+            x.matched.map_or((1.0, x.comparison.cosine), |m| {
+                crate::footing::judged(&m, jitter)
+            })
+        })
+        .collect()
+}
+
 /// Passes the stage floors of the ring rules, top-1 ignored near identical logits.
 pub(super) fn passes([mean, min, top1]: [f64; 3], top1_floor: f64) -> bool {
     mean >= STAGE_MEAN_COSINE

@@ -28,6 +28,8 @@ pub(super) struct AttnCtx<'a> {
     pub(super) scale: f32,
     /// Query heads normalised together ([`HeadWiring::softmax_groups`]).
     pub(super) softmax_groups: &'a [Vec<usize>],
+    /// Blocked columns entering the softmax ([`crate::Blocked`]); `None` for the clean mask.
+    pub(super) blocked: Option<crate::Blocked>,
 }
 
 impl AttnCtx<'_> {
@@ -211,6 +213,9 @@ impl AttnCtx<'_> {
         row: impl Fn(usize, usize) -> usize,
         fp16_sums: bool,
     ) {
+        if let Some(b) = self.blocked {
+            return self.biased_softmax_rows(s, row, b, fp16_sums);
+        }
         let (nh, t, c) = (self.nh, self.t, self.w + self.t);
         let midx = |h: usize, i: usize| (i * nh + h) * c;
         for i in 0..t {
@@ -267,6 +272,80 @@ impl AttnCtx<'_> {
                         let sr = row(h, i);
                         for x in &mut s[sr..sr + c] {
                             *x *= inv;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl AttnCtx<'_> {
+    /// [`AttnCtx::masked_softmax_rows`] under a mask hypothesis: every column enters, a blocked
+    /// one with `b.bias` added to its scaled score, and `b.empty` zero-key columns per head
+    /// (score `b.bias`, value zero) add to the denominator only. Kept apart so that the clean
+    /// mask's loops stay as they are.
+    fn biased_softmax_rows(
+        &self,
+        s: &mut [f32],
+        row: impl Fn(usize, usize) -> usize,
+        b: crate::Blocked,
+        fp16_sums: bool,
+    ) {
+        let (nh, t, c) = (self.nh, self.t, self.w + self.t);
+        let midx = |h: usize, i: usize| (i * nh + h) * c;
+        let score = |x: f32, allowed: bool| x * self.scale + if allowed { 0.0 } else { b.bias };
+        for i in 0..t {
+            for heads in self.softmax_groups {
+                let mut m = if b.empty > 0 {
+                    b.bias
+                } else {
+                    f32::NEG_INFINITY
+                };
+                for &h in heads {
+                    let (sr, mr) = (row(h, i), midx(h, i));
+                    for j in 0..c {
+                        m = m.max(score(s[sr + j], self.mask[mr + j]));
+                    }
+                }
+                let round = |x: f32| {
+                    if fp16_sums {
+                        half::f16::from_f32(x).to_f32()
+                    } else {
+                        x
+                    }
+                };
+                let mut sum = 0f64;
+                let mut sum16 = half::f16::ZERO;
+                let mut add = |e: f32| {
+                    if fp16_sums {
+                        sum16 = half::f16::from_f32(sum16.to_f32() + e);
+                    } else {
+                        sum += e as f64;
+                    }
+                };
+                for &h in heads {
+                    let (sr, mr) = (row(h, i), midx(h, i));
+                    for j in 0..c {
+                        let e = round(round(score(s[sr + j], self.mask[mr + j]) - m).exp());
+                        add(e);
+                        s[sr + j] = e;
+                    }
+                    let e = round(round(b.bias - m).exp());
+                    for _ in 0..b.empty {
+                        add(e);
+                    }
+                }
+                let d = if fp16_sums {
+                    sum16.to_f32() as f64
+                } else {
+                    sum
+                };
+                if d > 0.0 {
+                    for &h in heads {
+                        let sr = row(h, i);
+                        for x in &mut s[sr..sr + c] {
+                            *x = round((*x as f64 / d) as f32);
                         }
                     }
                 }

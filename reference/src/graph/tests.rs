@@ -25,6 +25,7 @@ fn ctx<'a>(
         kv_map: map,
         scale: 1.0,
         softmax_groups: Box::leak(groups.into_boxed_slice()),
+        blocked: None,
     }
 }
 
@@ -49,6 +50,33 @@ fn softmax_by_hand() {
     let mut s = [3.0f32, -7.0, 2.0];
     ctx(1, 1, 2, &mask, &map, false).masked_softmax(&mut s);
     assert_eq!(s, [0.0, 0.0, 0.0]);
+}
+
+/// A mask hypothesis ([`crate::Blocked`]) by hand: scores [1, 0, 5], the third key blocked.
+#[test]
+fn blocked_columns_enter_with_their_bias_and_empty_slots_dilute() {
+    let map = [0usize, 0];
+    let mask = [true, true, false];
+    let e = std::f64::consts::E;
+    let run = |bias: f32, empty: usize| {
+        let mut s = [1.0f32, 0.0, 5.0];
+        let mut c = ctx(1, 1, 2, &mask, &map, false);
+        c.blocked = Some(crate::Blocked { bias, empty });
+        c.masked_softmax(&mut s);
+        s.map(f64::from)
+    };
+    // not applied: the softmax of every score
+    let d = e + 1.0 + e.powi(5);
+    let s = run(0.0, 0);
+    for (got, want) in s.iter().zip([e / d, 1.0 / d, e.powi(5) / d]) {
+        assert!((got - want).abs() < 1e-6, "{s:?}");
+    }
+    // 0 / +1: the blocked key's score plus 1; two empty slots add e^1 each to the sum only
+    let d = e + 1.0 + e.powi(6) + 2.0 * e;
+    let s = run(1.0, 2);
+    for (got, want) in s.iter().zip([e / d, 1.0 / d, e.powi(6) / d]) {
+        assert!((got - want).abs() < 1e-6, "{s:?}");
+    }
 }
 
 #[test]

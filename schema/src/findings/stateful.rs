@@ -33,6 +33,48 @@ pub struct StateFinding {
     /// the control]`. The graph's own mask, which a fault of the graph shares.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selfonly_control: Option<[f64; 2]>,
+    /// The self-only step's mask hypotheses replayed on the reference (issue 34: rule
+    /// `self-only-mask` names a mask only when one reproduces the device's row). Older files
+    /// have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selfonly_fit: Option<SelfOnlyFit>,
+}
+
+/// The self-only step replayed under each mask hypothesis (`probes/src/selfonly_fit.rs`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfOnlyFit {
+    pub hypotheses: Vec<MaskReplay>,
+    /// The healthy hypothesis' miss: 1 − cosine of the device's row against the token alone at
+    /// the declared precision.
+    pub healthy_miss: f64,
+    /// The row's declared precision: the token alone at the declared precision against the f32
+    /// reference (1 − cosine; 0 where the device declares f32).
+    pub declared: f64,
+    /// The feed replayed: the prompt's ids, then the step's token (its position is the prompt's
+    /// length), and the reference model's path: what a `kvprobe ref logits` reproducer runs.
+    #[serde(default)]
+    pub ids: Vec<u32>,
+    #[serde(default)]
+    pub model: String,
+}
+
+/// One mask hypothesis: the row allows only itself and every other column enters with its
+/// score plus `bias` instead of −inf; `empty` never-written slots the mask covers enter as zero
+/// keys (0: the held entries only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MaskReplay {
+    pub bias: f64,
+    pub empty: usize,
+    /// 1 − cosine of the replay against the device's self-only row.
+    pub miss: f64,
+    /// The same against the device's control's row, where one runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_miss: Option<f64>,
+    /// The hypothesis' row is the device's own full-context step (bias 0 over every entry the
+    /// device holds, the host's pads included, which its state view does not show), not a
+    /// reference replay.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub device_step: bool,
 }
 
 /// Where inf/NaN first appears on a stateful fp16 device: the state scan after a prefill.
