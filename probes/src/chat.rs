@@ -239,7 +239,16 @@ fn divergence(
     rows: &[Row],
     all: &[GreedyStep],
 ) -> Option<(usize, String)> {
-    let judged = against_declared(desc, all);
+    let judged = against_declared(desc, all, true);
+    // with a control the healthy graph has two implementations (the matched reference, the CPU
+    // EP): a conversation the device follows directly against the matched reference is
+    // explained, as the stage floors read the better account (`device_stray::better_explained`)
+    let control = all
+        .iter()
+        .any(|st| st.matched.is_some_and(|m| m.control_vs_matched.is_some()));
+    if control && first_disagreement(rows, &against_declared(desc, all, false)).is_none() {
+        return None;
+    }
     let own = crate::device_stray::against_control(all)
         .and_then(|d| first_disagreement(rows, &d))
         .map(|(i, why)| (i, format!("the device against its control (the same graph on the CPU EP with the same feeds: the device's own arithmetic): {why}")));
@@ -351,11 +360,12 @@ fn disagrees(st: &GreedyStep, turn_mean: f64) -> Option<String> {
 fn against_declared(
     desc: &kvprobe_schema::DeviceDescription,
     all: &[GreedyStep],
+    graph_by_control: bool,
 ) -> Vec<GreedyStep> {
     let declared = matched::models_everything(desc);
     all.iter()
         .map(|st| match (&st.matched, declared) {
-            (Some(m), true) => against_matched(st, m),
+            (Some(m), true) => against_matched(st, m, graph_by_control),
             _ => st.clone(),
         })
         .collect()
@@ -365,10 +375,18 @@ fn against_declared(
 /// against the same reference as the flip (the f32 one's margin says nothing when f32 and the
 /// device agree and the matched one does not: SmolLM2 QDQ on the HTP simulator, "How do I boil
 /// an egg?", f32 and the device 198, the matched reference 1, band 31.5).
-fn against_matched(st: &GreedyStep, m: &kvprobe_schema::MatchedStep) -> GreedyStep {
+fn against_matched(
+    st: &GreedyStep,
+    m: &kvprobe_schema::MatchedStep,
+    graph_by_control: bool,
+) -> GreedyStep {
     let mut st = st.clone();
-    // with a control, the graph: the control against the matched reference
-    st.comparison.cosine = m.control_vs_matched.unwrap_or(m.matched_vs_device);
+    // with a control and `graph_by_control`, the graph: the control against the matched
+    // reference; else the device against it
+    st.comparison.cosine = m
+        .control_vs_matched
+        .filter(|_| graph_by_control)
+        .unwrap_or(m.matched_vs_device);
     st.comparison.reference_top1 = m.matched_top1;
     st.comparison.top1_match = st.comparison.device_top1 == m.matched_top1;
     st.reference_margin = m.matched_margin;
@@ -607,7 +625,7 @@ mod tests {
     fn a_flip_against_the_matched_reference_is_a_near_tie_only_inside_its_band() {
         // inside the band the declared precision decides the order either way: no divergence
         let (st, m) = recorded(2.0);
-        let j = against_matched(&st, &m);
+        let j = against_matched(&st, &m, true);
         assert!(!j.comparison.top1_match && j.near_tie, "{j:?}");
         assert_eq!(disagrees(&j, 0.98), None);
         // the old judgement kept f32's "no flip, margin 0" beside matched's flip: a divergence
@@ -616,7 +634,7 @@ mod tests {
         assert!(disagrees(&old, 0.98).is_some());
         // a gap wider than the band is a flip the declared precision cannot explain
         let (st, m) = recorded(40.0);
-        let j = against_matched(&st, &m);
+        let j = against_matched(&st, &m, true);
         assert!(!j.near_tie, "{j:?}");
         let why = disagrees(&j, 0.98).unwrap_or_default();
         assert!(

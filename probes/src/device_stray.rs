@@ -146,6 +146,19 @@ pub fn judged(points: &[(usize, &MatchedStep, u32)], jitter: bool, what: &str) -
     Some(Judged { floors, lines })
 }
 
+/// The stage floors' reading where a control ran: each floor reads the better of `direct` (the
+/// device against the matched reference) and `through` (the graph by its control, the device by
+/// its stray: [`Judged`]). Both are the healthy hypothesis computed two ways, and a fault of the
+/// graph shows in both (the control computes it too), so each floor takes the healthy
+/// hypothesis' better account; never worse than either alone. "Give me three tips for better
+/// sleep." on HTP needs the control's (the device 0.8173 from the matched reference on a
+/// saturated row is its stray 0.8793 on a control at 0.9926); "The capital of France is" needs
+/// the direct one (its last prefill row: the device 0.9829 from the matched reference, the
+/// control 0.8541 and the device 0.7880 from the control, on a row whose jitter is 0.7923).
+pub fn better_explained(direct: [f64; 3], through: [f64; 3]) -> [f64; 3] {
+    [0, 1, 2].map(|i| direct[i].max(through[i]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +177,18 @@ mod tests {
         assert!((band(&step(Some(0.999), None), true) - 0.999).abs() < 1e-12);
         assert!((band(&step(Some(0.999), None), false) - 0.99).abs() < 1e-12);
         assert!((band(&step(None, Some(stray)), true) - 0.97).abs() < 1e-12);
+    }
+
+    /// The floors take the healthy hypothesis' better account of the device's worst row: the
+    /// recorded prefill of "The capital of France is" (direct mean 0.9914, min 0.9829; through
+    /// the control, the worse of the graph and the stray: 0.9453, 0.7880) and the greedy of
+    /// "Give me three tips for better sleep." (direct min 0.8173; through 0.8793).
+    #[test]
+    fn the_floors_read_the_better_of_the_two_accounts() {
+        let france = better_explained([0.9914, 0.9829, 1.0], [0.9453, 0.7880, 1.0]);
+        assert_eq!(france, [0.9914, 0.9829, 1.0]);
+        let sleep = better_explained([0.9505, 0.8173, 1.0], [0.9657, 0.8793, 1.0]);
+        assert_eq!(sleep, [0.9657, 0.8793, 1.0]);
     }
 
     /// The greedy steps of SmolLM2 QDQ on HTP, "Give me three tips for better sleep." as recorded

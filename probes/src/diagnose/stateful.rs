@@ -369,14 +369,16 @@ fn matched_facts(
         m[1],
         100.0 * m[2]
     ));
-    // with a control: the graph by the control, the device by its distance from the control
+    // with a control: the graph by the control, the device by its distance from the control;
+    // the healthy graph has two implementations then (the matched reference, the CPU EP), and
+    // each floor reads the better of the two accounts (`better_explained`)
     let unmodelled = run.s.dev.unmodelled_precision().is_some();
     let jitter = crate::footing::jitter_applies(run.s.describe(), unmodelled);
     let every: Option<Vec<_>> = points.iter().map(|&(p, m, t)| Some((p, m?, t))).collect();
     match every.and_then(|e| crate::device_stray::judged(&e, jitter, what)) {
         Some(j) => {
             j.lines.into_iter().for_each(|l| run.eng.line(l));
-            Some(j.floors)
+            Some(crate::device_stray::better_explained(m, j.floors))
         }
         None => Some(m),
     }
