@@ -239,7 +239,6 @@ fn divergence(
     rows: &[Row],
     all: &[GreedyStep],
 ) -> Option<(usize, String)> {
-    let judged = against_declared(desc, all, true);
     // with a control the healthy graph has two implementations (the matched reference, the CPU
     // EP): a conversation the device follows directly against the matched reference is
     // explained, as the stage floors read the better account (`device_stray::better_explained`)
@@ -249,6 +248,7 @@ fn divergence(
     if control && first_disagreement(rows, &against_declared(desc, all, false)).is_none() {
         return None;
     }
+    let judged = against_declared(desc, all, true);
     let own = crate::device_stray::against_control(all)
         .and_then(|d| first_disagreement(rows, &d))
         .map(|(i, why)| (i, format!("the device against its control (the same graph on the CPU EP with the same feeds: the device's own arithmetic): {why}")));
