@@ -54,8 +54,10 @@ PY
         "$BIN" "${argv[@]}" --json >"$repro" 2>"$TMP/err" || [[ $? -le 1 ]] \
             || { echo "| $fault | reproducer error: $(tail -1 "$TMP/err") |"; continue; }
         # the same command on the diagnosed device: its fault in place of the hypothesis (the
-        # reproducer's argv ends `--fault HYPOTHESIS --steps N`)
-        argv[${#argv[@]} - 3]="$fault"
+        # reproducer's argv ends `--fault HYPOTHESIS [--steps N]`)
+        for i in "${!argv[@]}"; do
+            [[ "${argv[$i]}" == --fault ]] && argv[$((i + 1))]="$fault"
+        done
         "$BIN" "${argv[@]}" --json >"$device" 2>"$TMP/err" || [[ $? -le 1 ]] \
             || { echo "| $fault | device greedy error: $(tail -1 "$TMP/err") |"; continue; }
     else
@@ -87,6 +89,11 @@ dev = json.loads(open(sys.argv[4]).read())
 def steps(x):
     p = x.get("probes") or x.get("findings") or x
     gr = p.get("greedy") if isinstance(p, dict) else None
+    if gr is None and isinstance(p, dict) and "capacity" in (p.get("extra") or {}):
+        # a `kvprobe capacity` reproducer (a verdict the capacity check decided): its answered
+        # points, each compared with its f32 reference row, in the order they ran
+        pts = p["extra"]["capacity"]["points"]
+        return [q for q in pts if q.get("comparison")]
     return (gr or {}).get("steps") or []
 def top1(a, b):
     k = min(len(a), len(b))
@@ -96,7 +103,9 @@ k, top = top1(a, b)
 dc = max((abs(a[i]["comparison"]["cosine"] - b[i]["comparison"]["cosine"]) for i in range(k)), default=float("nan"))
 dk = max((abs(a[i]["comparison"]["kl"] - b[i]["comparison"]["kl"]) for i in range(k)), default=float("nan"))
 ok = k > 0 and top == k and dc < 1e-6 and dk < 1e-6
-kp, tp = top1(steps(d), b)
-print(f"| {fault} | {d['verdict']} | `{text(f)}` | {miss} | {k} | {top}/{k} | {dc:.1e} | {dk:.1e} | {'reproduced' if ok else 'differs'} | {tp}/{kp} |")
+# a capacity reproducer's points are no greedy steps: nothing to compare with the greedy probe
+kp, tp = top1(steps(d), b) if g.get("command") != "capacity" else (0, 0)
+vs = f"{tp}/{kp}" if kp else "n/a (capacity points)"
+print(f"| {fault} | {d['verdict']} | `{text(f)}` | {miss} | {k} | {top}/{k} | {dc:.1e} | {dk:.1e} | {'reproduced' if ok else 'differs'} | {vs} |")
 PY
 done

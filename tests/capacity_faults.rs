@@ -261,3 +261,65 @@ fn the_csv_and_the_report_section_are_written() {
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("Capacity: prompts and generation"));
 }
+
+/// A fault that garbles only past the end of the context (sweep 6303 #308: SmolLM2 with every tbt
+/// position one off, L 45 / P 31, inside the precision on the greedy steps): the capacity check
+/// fails, and its replay on the check's own requests names the position fault, not the runtime;
+/// a real capacity fault is replayed at the limit the device shows. Both reproducers are
+/// `kvprobe capacity` commands with the fault that reproduced.
+#[test]
+fn the_capacity_check_is_judged_by_replay_on_its_own_requests() {
+    let Some(m) = smollm2() else { return };
+    let m = m.to_str().unwrap();
+    let ids = "33,40,28,216,33,41,28,216,34,32,28,216,34,33,28,216,34,34,28,216,34,35,28,216,34,36,28,216,34,37,28";
+    let cases: [(&[&str], &str, &str); 2] = [
+        (
+            &[
+                "--cache-len",
+                "45",
+                "--prefill-len",
+                "31",
+                "--ids",
+                ids,
+                "--steps",
+                "9",
+            ],
+            "tbt-position=+1",
+            "position-mismatch",
+        ),
+        (
+            &["--cache-len", "128", "--prefill-len", "32", "--steps", "8"],
+            "ring-capacity=96",
+            "capacity-overflow",
+        ),
+    ];
+    let misses: Vec<String> = par_map(&cases, |&(geo, fault, want)| {
+        let mut args = vec!["diagnose", "--sim", "--model", m];
+        args.extend_from_slice(geo);
+        args.extend(["--fault", fault]);
+        let (code, v, stderr) = kvprobe_json(&args);
+        let cmd: Vec<String> = v["reproducer"]["command"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let ok = verdict(&v) == want
+            && code == 1
+            && cmd.get(1).map(String::as_str) == Some("capacity")
+            && cmd.windows(2).any(|w| w[0] == "--fault" && w[1] == fault);
+        (!ok).then(|| {
+            format!(
+                "{fault}: got {} exit {code}, reproducer {cmd:?}; {stderr}; evidence {}",
+                verdict(&v),
+                v["evidence"]
+            )
+        })
+    })
+    .into_iter()
+    .flatten()
+    .collect();
+    assert!(misses.is_empty(), "{misses:#?}");
+}

@@ -16,6 +16,7 @@ use kvprobe_schema::{
     LogitComparison, PastLimit, ProbeFindings,
 };
 
+pub use crate::capacity_record::CapacityRecord;
 use crate::metrics::compare;
 use crate::session::Session;
 use crate::teacher_steps::step_rows;
@@ -275,7 +276,7 @@ fn prompt_point(
     seq: &[u32],
     causal: &[(usize, Vec<f32>)],
     t: usize,
-) -> Result<(CapacityPoint, Option<RunOutput>)> {
+) -> Result<(CapacityPoint, Option<RunOutput>, Option<Vec<f32>>)> {
     let (beyond, documented, window) = prompt_rule(limits, t);
     s.driver.reset(s.dev)?;
     let r = s.driver.prefill(s.dev, &seq[..t]);
@@ -323,7 +324,7 @@ fn prompt_point(
         matched,
         outcome,
     };
-    Ok((point, kept))
+    Ok((point, kept, reference.cloned()))
 }
 
 /// Where generation starts and ends, the reference's keys and values of `seq[..g0]`, and the
@@ -343,6 +344,7 @@ fn generation(
     seq: &[u32],
     first: &RunOutput,
     gen: Generation,
+    record: &mut CapacityRecord,
 ) -> Result<Vec<CapacityPoint>> {
     let Generation {
         g0,
@@ -403,6 +405,7 @@ fn generation(
         )?),
         _ => None,
     };
+    let answered_len = answered.len();
     let mut points = Vec::new();
     for (c, out) in answered {
         let (beyond, documented) = step_rule(limits, c);
@@ -410,8 +413,10 @@ fn generation(
             .as_ref()
             .and_then(|m| m.get(c - g0))
             .map(|m| compare(&out.logits, m));
-        let (refusal, comparison, outcome) =
-            outcome(Ok(out), reference.get(c - 1 - g0), documented)?;
+        let row = reference.get(c - 1 - g0);
+        record.device.push(Some(out.logits.clone()));
+        record.reference.push(row.cloned());
+        let (refusal, comparison, outcome) = outcome(Ok(out), row, documented)?;
         points.push(CapacityPoint {
             phase: CapacityPhase::Generation,
             tokens: c,
@@ -424,7 +429,10 @@ fn generation(
             outcome,
         });
     }
+    record.fed = toks[..(answered_len + usize::from(refused.is_some())).min(toks.len())].to_vec();
     if let Some((c, why)) = refused {
+        record.device.push(None);
+        record.reference.push(None);
         let (beyond, documented) = step_rule(limits, c);
         let (refusal, comparison, outcome) = outcome(
             Err(kvprobe_npu::Error::ContextFull { max_ctx: c - 1 }),
@@ -449,6 +457,12 @@ fn generation(
 /// The sweep (`quick`: `diagnose`'s cheap check: the session's prompt, one prompt past the
 /// longest accepted, the longest accepted, and the steps around the end of the context from it).
 pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
+    Ok(run_recorded(s, quick)?.0)
+}
+
+/// [`run`] with what the device answered to each request, for the replays that judge a garbled
+/// answer (issue 34, `capacity_record`).
+pub fn run_recorded(s: &mut Session, quick: bool) -> Result<(CapacityFinding, CapacityRecord)> {
     let limits = s.dev.limits();
     let n = s.ids.len();
     let longest = longest_prompt(&limits).unwrap_or(n);
@@ -481,10 +495,16 @@ pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
         rows: causal,
         prefix,
     } = causal_rows_and_prefix(s.model, &seq[..top], None, rows, g0)?;
+    let mut record = CapacityRecord {
+        lengths: lengths.clone(),
+        ..CapacityRecord::default()
+    };
     let mut points = Vec::new();
     let mut start: Option<RunOutput> = None;
     for &t in &lengths {
-        let (p, out) = prompt_point(s, &limits, &seq, &causal, t)?;
+        let (p, out, reference) = prompt_point(s, &limits, &seq, &causal, t)?;
+        record.device.push(out.as_ref().map(|o| o.logits.clone()));
+        record.reference.push(reference);
         points.push(p);
         start = out;
     }
@@ -496,12 +516,13 @@ pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
             prefix,
             noise,
         };
-        points.extend(generation(s, &limits, &seq, &first, gen)?);
+        points.extend(generation(s, &limits, &seq, &first, gen, &mut record)?);
     }
+    record.seq = seq;
     classify(&mut points);
     let first_garbled_prompt = first_garbled(&points, CapacityPhase::Prompt);
     let first_garbled_context = first_garbled(&points, CapacityPhase::Generation);
-    Ok(CapacityFinding {
+    let finding = CapacityFinding {
         silent_overflow: points.iter().any(|p| {
             matches!(
                 p.outcome,
@@ -514,7 +535,8 @@ pub fn run(s: &mut Session, quick: bool) -> Result<CapacityFinding> {
         first_garbled_prompt,
         first_garbled_context,
         quick,
-    })
+    };
+    Ok((finding, record))
 }
 
 fn first_garbled(points: &[CapacityPoint], phase: CapacityPhase) -> Option<usize> {

@@ -45,7 +45,7 @@ pub struct Recording {
 const MAGIC: &[u8; 8] = b"KVDET01\n";
 
 /// Zero the rings (ring devices) or check the states are zero (stateful ones) after a reset.
-fn fresh_start(s: &mut Session) -> Result<Option<bool>> {
+pub(crate) fn fresh_start(s: &mut Session) -> Result<Option<bool>> {
     s.driver.reset(s.dev)?;
     // the host window a new process starts with, not the one earlier probes left (a reset keeps
     // it, contract §2.10): a fault that reads never-written rows or slots sees what a fresh

@@ -7,6 +7,7 @@
 pub mod affected;
 pub mod cache_io;
 pub mod capacity;
+pub mod capacity_record;
 pub mod causality;
 pub mod chat;
 pub mod chat_diagnose;

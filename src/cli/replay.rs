@@ -218,6 +218,10 @@ impl Replayer for EmulatorReplay {
     fn command(&self, fault: &str, steps: usize) -> Vec<String> {
         reproducer_argv(&self.argv, &self.flags, fault, steps)
     }
+
+    fn capacity_command(&self, fault: &str) -> Vec<String> {
+        probe_argv(&self.argv, &self.flags, "capacity", fault, None)
+    }
 }
 
 /// `kvprobe greedy` with this run's flags minus the faults and outputs, plus `device` (a
@@ -227,6 +231,17 @@ pub fn reproducer_argv(
     device: &[String],
     fault: &str,
     steps: usize,
+) -> Vec<String> {
+    probe_argv(argv, device, "greedy", fault, Some(steps))
+}
+
+/// [`reproducer_argv`] for the probe `probe`, with `--steps` only when `steps` is given.
+fn probe_argv(
+    argv: &[String],
+    device: &[String],
+    probe: &str,
+    fault: &str,
+    steps: Option<usize>,
 ) -> Vec<String> {
     let mut out = vec!["kvprobe".to_string()];
     // a flag of `device` takes a value when the next item is not a flag
@@ -241,7 +256,7 @@ pub fn reproducer_argv(
     while let Some(a) = it.next() {
         if !subcommand_seen && !a.starts_with('-') {
             subcommand_seen = true;
-            out.push("greedy".into());
+            out.push(probe.into());
             out.extend(device.iter().cloned());
             continue;
         }
@@ -261,12 +276,10 @@ pub fn reproducer_argv(
         }
         out.push(a.clone());
     }
-    out.extend([
-        "--fault".into(),
-        fault.into(),
-        "--steps".into(),
-        steps.to_string(),
-    ]);
+    out.extend(["--fault".into(), fault.into()]);
+    if let Some(steps) = steps {
+        out.extend(["--steps".into(), steps.to_string()]);
+    }
     out
 }
 

@@ -10,6 +10,7 @@ use kvprobe_schema::{
 
 use super::engine::{Cause, Control, Controls, Engine, Rule, Tier};
 use super::outcome::timed;
+use crate::capacity_record::CapacityEvidence;
 use crate::session::Session;
 use crate::{capacity, Result};
 
@@ -201,15 +202,16 @@ fn same_run(a: &kvprobe_schema::CapacityPoint, b: &kvprobe_schema::CapacityPoint
         && b.tokens == a.tokens + 1
 }
 
-/// Runs the cheap check and the capacity rule; true when the rule ended the diagnosis.
+/// Runs the cheap check and the capacity rule; the check and the device's answers when the rule
+/// ended the diagnosis (its replays are judged on them).
 pub(crate) fn phase(
     s: &mut Session,
     eng: &mut Engine,
     timings: &mut Vec<Timing>,
     probes: &mut ProbeFindings,
     quant: Option<&QuantFinding>,
-) -> Result<bool> {
-    let finding = timed(timings, "capacity", || capacity::run(s, true))?;
+) -> Result<Option<CapacityEvidence>> {
+    let (finding, record) = timed(timings, "capacity", || capacity::run_recorded(s, true))?;
     eng.line(summary(&finding));
     if let Ok(v) = serde_json::to_value(&finding) {
         probes.extra.insert("capacity".into(), v);
@@ -219,7 +221,10 @@ pub(crate) fn phase(
         quant: quant.cloned(),
     };
     eng.apply(CAPACITY, &facts);
-    Ok(eng.stopped())
+    Ok(eng.stopped().then_some(CapacityEvidence {
+        finding: facts.finding,
+        record,
+    }))
 }
 
 #[cfg(test)]

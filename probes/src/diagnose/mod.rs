@@ -6,6 +6,8 @@
 //! [`stage`] (the issue-10 probes' pipeline stage, on `unknown` and under `stage_only`).
 
 pub mod capacity;
+mod capacity_replay;
+mod choice;
 pub mod decide;
 pub mod engine;
 pub mod evidence;

@@ -8,6 +8,7 @@ use kvprobe_schema::{Hypothesis, ProbeFindings, Reproducer, Stage, Timing, Verdi
 
 use super::engine::Conclusion;
 use super::replayer::Replayer;
+use crate::capacity_record::CapacityEvidence;
 use crate::colmap::ColmapOptions;
 use crate::prefill::PrefillOptions;
 use crate::Result;
@@ -66,6 +67,9 @@ pub struct Diagnosis {
     /// The device failure that ended the diagnosis before a verdict (`partial.rs`): the
     /// findings are the stages that ran before it, and `verdict` means nothing.
     pub incomplete: Option<String>,
+    /// The capacity check that decided the verdict, with the device's answers: what the
+    /// verdict's replays are judged on (`capacity_replay`). Not written to results.json.
+    pub capacity: Option<CapacityEvidence>,
 }
 
 impl Diagnosis {
@@ -88,6 +92,7 @@ impl Diagnosis {
             hypothesis,
             reproducer: None,
             incomplete: None,
+            capacity: None,
         }
     }
 
@@ -105,6 +110,7 @@ impl Diagnosis {
             hypothesis: None,
             reproducer: None,
             incomplete: Some(failure),
+            capacity: None,
         }
     }
 }

@@ -227,7 +227,7 @@ fn judge_over(
 
 /// 1 − cosine; a step with non-finite logits on either side (an overflow) is the largest miss,
 /// 2, so results.json stays finite and such a step never counts as reproduced.
-fn miss(replay: &[f32], device: &[f32]) -> f64 {
+pub(super) fn miss(replay: &[f32], device: &[f32]) -> f64 {
     // `cosine` reads non-finite input as 0 (a miss of 1, an orthogonal step): a NaN or an
     // infinity is the largest miss instead, worse than any finite disagreement.
     let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());

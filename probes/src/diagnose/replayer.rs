@@ -20,4 +20,7 @@ pub trait Replayer: std::fmt::Debug {
     }
     /// The argv that replays `fault` over `steps` greedy steps on the same prompt.
     fn command(&self, fault: &str, steps: usize) -> Vec<String>;
+    /// The argv that runs the capacity probe with `fault` on the same device and prompt: the
+    /// reproducer of a verdict the capacity check decided.
+    fn capacity_command(&self, fault: &str) -> Vec<String>;
 }

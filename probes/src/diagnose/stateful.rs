@@ -327,28 +327,31 @@ pub fn diagnose(s: &mut crate::session::Session, opts: &DiagnoseOptions) -> Resu
     run.eng.line(format!(
         "overflow: every state and the logits of the {prompt_len}-token prefill are finite"
     ));
-    if controls_then_rules(&mut run, &mut f, opts)? {
-        return Ok(run.done());
+    if let Some(c) = controls_then_rules(&mut run, &mut f, opts)? {
+        let mut d = run.done();
+        d.capacity = Some(c);
+        return Ok(d);
     }
     run.cache_kvdiff()?;
     Ok(run.done_with(&f))
 }
 
-/// The controls and the state checks, then the state rules; true when the capacity check
+/// The controls and the state checks, then the state rules; the capacity check when it
 /// concluded first (every control passes: the cheap check before the healthy rule, issue 20).
 fn controls_then_rules(
     run: &mut Run,
     f: &mut StatefulFacts,
     opts: &DiagnoseOptions,
-) -> Result<bool> {
+) -> Result<Option<crate::capacity_record::CapacityEvidence>> {
     controls_and_state(run, f, opts)?;
-    if !f.fails(Control::Any)
-        && super::capacity::phase(run.s, &mut run.eng, &mut run.t, &mut run.p, None)?
-    {
-        return Ok(true);
+    if !f.fails(Control::Any) {
+        let c = super::capacity::phase(run.s, &mut run.eng, &mut run.t, &mut run.p, None)?;
+        if c.is_some() {
+            return Ok(c);
+        }
     }
     run.eng.apply(STATE, f);
-    Ok(false)
+    Ok(None)
 }
 
 /// A device that declares a lower precision (int4 weights, issue 35) is judged against the

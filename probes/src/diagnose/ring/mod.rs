@@ -101,16 +101,14 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
     }
     quiet_checks(&mut run, &mut f)?;
     // every control passes: the cheap capacity check before the healthy rule (issue 20)
-    if !f.fails(Control::Any)
-        && super::capacity::phase(
-            run.s,
-            &mut run.eng,
-            &mut run.timings,
-            &mut run.p,
-            Some(&f.quant),
-        )?
-    {
-        return Ok(run.done(None));
+    if !f.fails(Control::Any) {
+        let quant = Some(&f.quant);
+        let (s, p) = (&mut *run.s, &mut run.p);
+        if let Some(c) = super::capacity::phase(s, &mut run.eng, &mut run.timings, p, quant)? {
+            let mut d = run.done(None);
+            d.capacity = Some(c);
+            return Ok(d);
+        }
     }
     run.eng.apply(HEALTHY, &f);
     if run.eng.stopped() || graph_stage(&mut run, &mut f)? {
