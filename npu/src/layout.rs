@@ -83,8 +83,6 @@ pub fn byte_position(layout: Layout, shape: StreamShape, t: usize, c: usize) -> 
 
 /// Logical block (token-major bytes, `[N][E]`) → stream in `layout`.
 pub fn encode(layout: Layout, shape: StreamShape, block: &[u8], out: &mut Vec<u8>) {
-    let b = shape.elem_bytes;
-    let e = shape.entry_bytes();
     debug_assert_eq!(block.len(), shape.total_bytes());
     out.clear();
     if layout == Layout::TokenMajor {
@@ -92,19 +90,17 @@ pub fn encode(layout: Layout, shape: StreamShape, block: &[u8], out: &mut Vec<u8
         return;
     }
     out.resize(shape.total_bytes(), 0);
-    for t in 0..shape.tokens {
-        for c in 0..shape.features {
-            let p = byte_position(layout, shape, t, c);
-            let src = t * e + c * b;
-            out[p..p + b].copy_from_slice(&block[src..src + b]);
-        }
-    }
+    let b = shape.elem_bytes;
+    for_each_run(layout, shape, |at, p, len| {
+        copy(
+            &mut out[p * b..(p + len) * b],
+            &block[at * b..(at + len) * b],
+        );
+    });
 }
 
 /// Stream in `layout` → logical block (token-major bytes, `[N][E]`).
 pub fn decode(layout: Layout, shape: StreamShape, stream: &[u8], out: &mut Vec<u8>) {
-    let b = shape.elem_bytes;
-    let e = shape.entry_bytes();
     debug_assert_eq!(stream.len(), shape.total_bytes());
     out.clear();
     if layout == Layout::TokenMajor {
@@ -112,11 +108,63 @@ pub fn decode(layout: Layout, shape: StreamShape, stream: &[u8], out: &mut Vec<u
         return;
     }
     out.resize(shape.total_bytes(), 0);
-    for t in 0..shape.tokens {
-        for c in 0..shape.features {
-            let p = byte_position(layout, shape, t, c);
-            let dst = t * e + c * b;
-            out[dst..dst + b].copy_from_slice(&stream[p..p + b]);
+    let b = shape.elem_bytes;
+    for_each_run(layout, shape, |at, p, len| {
+        copy(
+            &mut out[at * b..(at + len) * b],
+            &stream[p * b..(p + len) * b],
+        );
+    });
+}
+
+/// One run's bytes; a one-byte element (uint8 caches) without the call `copy_from_slice` makes
+/// for a length it does not know.
+#[inline(always)]
+fn copy(dst: &mut [u8], src: &[u8]) {
+    if let ([d], [s]) = (&mut *dst, src) {
+        *d = *s;
+    } else {
+        dst.copy_from_slice(src);
+    }
+}
+
+/// `f(block element, stream element, len)` over runs of `len` features of one token that
+/// [`element_position`] places one after the other in the stream: a token's 8-channel groups
+/// (f8cr) and its heads (head-major) move a run at a time, the other layouts an element at a
+/// time. The same positions as an element-by-element walk, a run at a time: the tbt steps of an
+/// emulator with a non-token-major reader decoded each window's bytes one call at a time (a
+/// twentieth of a `diagnose` of a feature-major reader; profiled with perf).
+fn for_each_run(layout: Layout, shape: StreamShape, mut f: impl FnMut(usize, usize, usize)) {
+    let (n, features) = (shape.tokens, shape.features);
+    match layout {
+        Layout::FeatureMajor => {
+            // feature by feature: the stream side reads (or writes) in order
+            for c in 0..features {
+                for t in 0..n {
+                    f(t * features + c, c * n + t, 1);
+                }
+            }
+        }
+        Layout::F8cr | Layout::HeadMajor => {
+            let group = match layout {
+                Layout::F8cr => 8,
+                _ => shape.head_dim.max(1),
+            };
+            for t in 0..n {
+                let mut c = 0;
+                while c < features {
+                    let len = (group - c % group).min(features - c);
+                    f(t * features + c, element_position(layout, shape, t, c), len);
+                    c += len;
+                }
+            }
+        }
+        Layout::TokenMajor | Layout::Tile16 => {
+            for t in 0..n {
+                for c in 0..features {
+                    f(t * features + c, element_position(layout, shape, t, c), 1);
+                }
+            }
         }
     }
 }
@@ -159,6 +207,47 @@ mod tests {
     /// Block of N=3 tokens × E=4 bytes: token t feature f = 10·(t+1) + f.
     fn block_3x4() -> Vec<u8> {
         vec![10, 11, 12, 13, 20, 21, 22, 23, 30, 31, 32, 33]
+    }
+
+    /// The run-at-a-time walk against the element-by-element definition: every layout, element
+    /// sizes 1, 2 and 4, a partial last tile (a shape a layout does not tile is left out).
+    #[test]
+    fn encode_and_decode_move_each_element_where_element_position_says() {
+        for layout in [
+            Layout::TokenMajor,
+            Layout::FeatureMajor,
+            Layout::F8cr,
+            Layout::HeadMajor,
+            Layout::Tile16,
+        ] {
+            for (n, c, b, d) in [(3, 4, 1, 2), (18, 12, 2, 4), (5, 16, 4, 8), (19, 24, 1, 6)] {
+                let sh = StreamShape {
+                    tokens: n,
+                    features: c,
+                    elem_bytes: b,
+                    head_dim: d,
+                };
+                let mut all = position_table(layout, sh);
+                all.sort_unstable();
+                if all != (0..n * c).collect::<Vec<_>>() {
+                    continue;
+                }
+                let block: Vec<u8> = (0..sh.total_bytes()).map(|i| (i * 7 % 251) as u8).collect();
+                let mut want = vec![0u8; sh.total_bytes()];
+                for t in 0..n {
+                    for f in 0..c {
+                        let p = byte_position(layout, sh, t, f);
+                        let src = (t * c + f) * b;
+                        want[p..p + b].copy_from_slice(&block[src..src + b]);
+                    }
+                }
+                let (mut s, mut back) = (Vec::new(), Vec::new());
+                encode(layout, sh, &block, &mut s);
+                assert_eq!(s, want, "{layout:?} {n}×{c}×{b}");
+                decode(layout, sh, &s, &mut back);
+                assert_eq!(back, block, "{layout:?} {n}×{c}×{b}");
+            }
+        }
     }
 
     #[test]

@@ -23,7 +23,8 @@ use kvprobe_schema::{
 use crate::cache_io;
 use crate::kvdiff_cache::{CacheView, KvRef, Rows};
 use crate::kvdiff_compare::{self as cmp, Cells, Point, Rounding};
-use crate::matched::{drive, Precision};
+use crate::matched::Precision;
+use crate::matched_store::drive_shared;
 use crate::metrics::top1;
 use crate::rings::cache_infos;
 use crate::session::Session;
@@ -112,7 +113,8 @@ pub fn run(s: &mut Session, opts: &KvdiffOptions) -> Result<KvdiffFinding> {
     let mut last_cells = None;
     let mut rotation = None;
     let mut rotation_k_out = false;
-    each_matched(s.model, &desc, &seq, n, steps, &mut |k, (mk, mv)| {
+    let shared = (s.model, &s.matched_runs);
+    each_matched(shared, &desc, &seq, n, steps, &mut |k, (mk, mv)| {
         let point = &dev.points[k];
         let cells = cells_of(point, (mk, mv));
         // the prefill's cache, or else the first step whose layer-0 K leaves its band: a tbt
@@ -228,7 +230,7 @@ fn reference_rows(model: &Model, seq: &[u32], l: usize) -> Result<(Rows, Rows)> 
 /// device declares an f32 path everywhere): `each(point, (k, v))`, rows of every position so far
 /// (the comparison reads those the device's cache still holds).
 fn each_matched(
-    model: &Model,
+    (model, memo): (&Model, &crate::matched::DriveMemo),
     desc: &DeviceDescription,
     seq: &[u32],
     n: usize,
@@ -239,7 +241,9 @@ fn each_matched(
         Some(p) => {
             let mut step = 0;
             let geometry = (n, steps, desc.cache_len, desc.prefill_len);
-            drive(model, &p, seq, geometry, &mut |_, k, v| {
+            // greedy drove the same prompt and (most often) the same tokens: shared
+            let shared = (memo, model);
+            drive_shared(shared, &p, seq, geometry, &mut |_, k, v| {
                 each(step, (k, v))?;
                 step += 1;
                 Ok(())

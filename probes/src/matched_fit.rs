@@ -12,7 +12,7 @@ use kvprobe_reference::Model;
 use kvprobe_schema::DeviceDescription;
 
 use crate::matched::{drive_from, run_rows, Precision, TBT};
-use crate::matched_store::Store;
+use crate::matched_store::{DriveMemo, Store};
 use crate::Result;
 
 /// The matched reference after the prompt's prefill, ready to run the first tbt step.
@@ -30,7 +30,7 @@ impl<'a> FirstTbt<'a> {
     /// `None` when the device declares no precision other than f32's (the f32 reference is
     /// then the healthy hypothesis).
     pub fn of(
-        model: &'a Model,
+        (model, memo): (&'a Model, &DriveMemo),
         desc: &DeviceDescription,
         ids: &[u32],
         token: u32,
@@ -41,7 +41,10 @@ impl<'a> FirstTbt<'a> {
         let n = ids.len();
         let seq: Vec<u32> = ids.iter().copied().chain([token]).collect();
         let geometry = (n, 1, desc.cache_len, desc.prefill_len);
-        let store = drive_from(model, &p, &seq, geometry, None, &mut |_, _, _| Ok(()))?;
+        // the prompt's prefill, as greedy's drive of the same prompt ran it (when it did)
+        let (_, kept) = memo.resume(&seq[..n], (n, desc.cache_len, desc.prefill_len), 1);
+        let resume = kept.map(|store| (store, 1));
+        let store = drive_from(model, &p, &seq, geometry, resume, &mut |_, _, _| Ok(()))?;
         let from = if p.ring {
             n.saturating_sub(desc.cache_len.saturating_sub(1))
         } else {

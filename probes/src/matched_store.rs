@@ -213,6 +213,33 @@ pub fn greedy_logits_shared(
     Ok(out)
 }
 
+/// [`crate::matched::drive`] through this session's `memo`: after the prefill and each step,
+/// `each(logits, k, v)` with what a fresh drive gives there. The steps a remembered drive of the
+/// same prompt and geometry already ran on the same tokens come from its store cut to each step's
+/// positions (a step only appends its rows, so the store after step t is the first n + t
+/// positions of any later one), the rest are driven from it. The memory keeps the longer drive it
+/// has (kvdiff's few steps after greedy's whole run).
+pub(crate) fn drive_shared(
+    (memo, model): (&DriveMemo, &Model),
+    p: &Precision,
+    seq: &[u32],
+    geometry: (usize, usize, usize, usize),
+    each: &mut crate::matched::OnStep,
+) -> Result<()> {
+    let (n, steps, cache_len, prefill_len) = geometry;
+    let driven = &seq[..(n + steps.max(1) - 1).min(seq.len())];
+    let (kept, resume) = memo.resume(driven, (n, cache_len, prefill_len), steps);
+    let r = kept.len();
+    if let Some(store) = &resume {
+        for (t, logits) in kept.into_iter().enumerate() {
+            let at = store.truncated(n + t);
+            each(logits, &at.k, &at.v)?;
+        }
+    }
+    crate::matched::drive_from(model, p, seq, geometry, resume.map(|s| (s, r)), each)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

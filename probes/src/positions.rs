@@ -158,23 +158,27 @@ pub fn run(s: &mut Session) -> Result<PositionsFinding> {
     let scale = match deltas.iter().position(|&d| d == 0) {
         Some(i) => {
             let prompt = s.prompt_ref()?;
-            let n = first.position;
-            let mut fit = crate::scalefit::tbt(
-                s.model,
-                &prompt.state,
-                first.query,
-                n,
-                n,
-                &outs[i].logits,
-                &first.reference,
-            )?;
+            let (state, n, device) = (&prompt.state, first.position, &outs[i].logits);
+            let (query, reference) = (first.query, &first.reference);
+            let desc = s.describe().clone();
+            let (model, memo, ids) = (s.model, &s.matched_runs, &s.ids);
+            let f32_fit = || crate::scalefit::tbt(model, state, query, n, n, device, reference);
             // the same search against the healthy hypothesis at the declared precision, when
-            // the f32 one ran (a device at f32's precision has nothing to fit)
-            if fit.points.len() > 1 {
-                let matched = FirstTbt::of(s.model, s.dev.describe(), &s.ids, first.query)?;
-                if let Some(m) = matched {
-                    fit.against_matched = Some(crate::scalefit::tbt_matched(&m, &outs[i].logits)?);
+            // the f32 one searches (a device at f32's precision has nothing to fit): both at
+            // once, each search's forwards one after the other only where they must be
+            let matched_fit = || -> Result<Option<(f64, f64)>> {
+                if !crate::scalefit::searches(device, reference) {
+                    return Ok(None);
                 }
+                match FirstTbt::of((model, memo), &desc, ids, query)? {
+                    Some(m) => Ok(Some(crate::scalefit::tbt_matched(&m, device)?)),
+                    None => Ok(None),
+                }
+            };
+            let (fit, matched) = rayon::join(f32_fit, matched_fit);
+            let mut fit = fit?;
+            if fit.points.len() > 1 {
+                fit.against_matched = matched?;
             }
             Some(fit)
         }

@@ -77,6 +77,15 @@ pub fn prefill(
     })
 }
 
+/// Whether [`fit`] searches for `device` against `unit_reference`: not when the device is within
+/// `FIT_MIN_GAIN` of it at ×1 (`positions` asks first, to run the matched search beside it).
+pub(crate) fn searches(device: &[f32], unit_reference: &[f32]) -> bool {
+    let unit = cosine(device, unit_reference);
+    // (a cosine may pass 1 by rounding: keep a margin so the shortcut stays exact)
+    let near = 1.0 - unit < FIT_MIN_GAIN - 1e-9;
+    !near
+}
+
 /// Grid then golden-section search for the multiplier whose reference best matches `device`.
 /// A device within `FIT_MIN_GAIN` of the reference at ×1 is left at ×1 alone: no multiplier can
 /// then gain what `fit_repairs` asks, so the 24 forwards of the search could change no verdict
@@ -84,7 +93,7 @@ pub fn prefill(
 fn fit(
     device: &[f32],
     unit_reference: &[f32],
-    reference: impl Fn(GraphOptions) -> Result<Vec<f32>>,
+    reference: impl Fn(GraphOptions) -> Result<Vec<f32>> + Sync,
 ) -> Result<ScaleFit> {
     let eval = |log2s: f64| -> Result<f64> {
         if log2s == 0.0 {
@@ -93,8 +102,7 @@ fn fit(
         Ok(cosine(device, &reference(with_scale(log2s))?))
     };
     let unit = cosine(device, unit_reference);
-    // (a cosine may pass 1 by rounding: keep a margin so the shortcut stays exact)
-    if 1.0 - unit < FIT_MIN_GAIN - 1e-9 {
+    if !searches(device, unit_reference) {
         return Ok(ScaleFit {
             points: vec![(1.0, unit)],
             best_scale: 1.0,
@@ -103,11 +111,18 @@ fn fit(
             against_matched: None,
         });
     }
-    let mut points: Vec<(f64, f64)> = Vec::new();
-    for k in -GRID_STEPS..=GRID_STEPS {
-        let x = f64::from(k) / f64::from(GRID_STEPS);
-        points.push((x, eval(x)?));
-    }
+    // The grid's forwards are independent: one per core (each a single-row forward, which uses
+    // the second core only for its widest products); the same values in the same order.
+    let mut points: Vec<(f64, f64)> = {
+        use rayon::prelude::*;
+        (-GRID_STEPS..=GRID_STEPS)
+            .into_par_iter()
+            .map(|k| {
+                let x = f64::from(k) / f64::from(GRID_STEPS);
+                Ok((x, eval(x)?))
+            })
+            .collect::<Result<_>>()?
+    };
     let unit_cosine = points[GRID_STEPS as usize].1;
     let best_k = (0..points.len())
         .max_by(|&a, &b| points[a].1.total_cmp(&points[b].1))
@@ -119,7 +134,8 @@ fn fit(
     let phi = (5f64.sqrt() - 1.0) / 2.0;
     let mut c = b - phi * (b - a);
     let mut d = a + phi * (b - a);
-    let (mut fc, mut fd) = (eval(c)?, eval(d)?);
+    let (fc, fd) = rayon::join(|| eval(c), || eval(d));
+    let (mut fc, mut fd) = (fc?, fd?);
     points.push((c, fc));
     points.push((d, fd));
     for _ in 0..REFINE {
@@ -182,13 +198,15 @@ mod tests {
     fn a_miss_a_fit_could_repair_runs_the_search() {
         let (device, reference) = unit_vs(3.0);
         assert!(1.0 - cosine(&device, &reference) > FIT_MIN_GAIN);
-        let calls = std::cell::Cell::new(0);
+        // the grid runs its forwards in parallel: the count is atomic
+        let calls = std::sync::atomic::AtomicUsize::new(0);
         let fit = fit(&device, &reference, |_| {
-            calls.set(calls.get() + 1);
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Ok(reference.clone())
         })
         .expect("fit");
-        assert_eq!(calls.get(), 2 * GRID_STEPS as usize + 2 + REFINE);
-        assert_eq!(fit.points.len(), calls.get() + 1);
+        let calls = calls.into_inner();
+        assert_eq!(calls, 2 * GRID_STEPS as usize + 2 + REFINE);
+        assert_eq!(fit.points.len(), calls + 1);
     }
 }
