@@ -33,8 +33,8 @@ pub struct CapacityRecord {
 
 impl CapacityRecord {
     /// The same requests on `s`'s device from a fresh start, answers for the points `..upto`
-    /// (fewer when a refusal ends the generation early: the rest are refused too). A refusal is `None`; any
-    /// other device error is the replay's error.
+    /// (fewer when a refusal ends the generation early: the rest are refused too). A refusal is
+    /// `None`; any other device error is the replay's error.
     pub fn replay(&self, s: &mut Session, upto: usize) -> Result<Vec<Option<Vec<f32>>>> {
         // from a fresh start (rings cleared, a new process' host window), as the device's own
         // answers are recorded again before any replay is compared with them: a fault that
