@@ -58,10 +58,10 @@ pub(super) fn apply(
         }
         Choice::Inconclusive(r) => {
             d.evidence.push(format!(
-                "replay inconclusive: on the steps (or capacity requests) a replay compares, the healthy \
-                 hypothesis misses the device by {:.2e} (median), below {PRECISION_RATIO} × \
-                 {STEP_NOISE_FLOOR:e}, so no replay can beat it there; the {} verdict stands on \
-                 its failing control",
+                "replay inconclusive: on the steps (or capacity requests) a replay compares, \
+                 the healthy hypothesis misses the device by {:.2e} (median), below \
+                 {PRECISION_RATIO} × {STEP_NOISE_FLOOR:e}, so no replay can beat it there; the {} \
+                 verdict stands on its failing control",
                 r.healthy_miss.unwrap_or(0.0),
                 d.verdict.name()
             ));
