@@ -189,17 +189,18 @@ pub(super) fn at(name: &str, n: usize) -> FaultHypothesis {
     }
 }
 
-/// The device's measured limit (`limit`): the shortest prompt after which its answers — the
-/// prompt's, then one step fed the sequence's next token — leave the healthy hypothesis' by more
-/// than the declared precision (`tol`), bisected between the session's prompt and the first
-/// garbled request of the check. `None` when the session's prompt already departs (the fault is
-/// not one of capacity: it shows inside every limit) or the garbled request does not.
+/// The device's measured limit and how many request pairs measured it.
 pub(super) struct Departure {
     pub limit: usize,
     pub requests: usize,
 }
 
-/// [`Departure`] of `device` from `healthy` (the fault-free emulator), over `rec`'s sequence.
+/// Where `device` departs from `healthy` (the fault-free emulator) over `rec`'s sequence: the
+/// shortest prompt after which its answers — the prompt's, then one step fed the sequence's next
+/// token — leave the healthy hypothesis' by more than the declared precision (`tol`), bisected
+/// between the session's prompt and the first garbled request of the check. `None` when the
+/// session's prompt already departs (the fault is not one of capacity: it shows inside every
+/// limit) or the garbled request does not.
 pub(super) fn departure(
     device: &mut Session,
     healthy: &mut Session,
@@ -267,6 +268,7 @@ pub(super) type Measured = Result<Option<Departure>, String>;
 /// (`c`: none when the check did not decide the verdict), within the declared precision: the
 /// greedy steps' median matched-vs-f32 miss (`healthy`, `replay::healthy_steps`), at least the
 /// noise floor.
+///
 /// First the device's answers to the check's requests are recorded again from a fresh start, as
 /// every replay starts (the check ran after other probes, whose ring bytes a capacity fault may
 /// keep: no emulator can replay that history).
