@@ -4,7 +4,7 @@
 //! with the device point by point, not on the greedy steps (which never reach the end of the
 //! context and cannot tell a capacity fault from healthy).
 //!
-//! The rule of evidence is the replays' (`evidence::beats_healthy`): on the garbled points, the
+//! The rule of evidence is the replays' (`evidence::judge_points`): on the garbled points, the
 //! hypothesis' median miss is within the declared precision there (the fault-free emulator's
 //! miss against the f32 reference) and `PRECISION_RATIO` × below the healthy hypothesis' (the
 //! fault-free emulator built to the device's description); and on no other point does the
@@ -24,9 +24,9 @@ use kvprobe_schema::{
 };
 
 use super::choice::{apply, choose, not_replayed};
-use super::evidence::beats_healthy;
+use super::evidence::{judge_points, median, Point};
 use super::outcome::Diagnosis;
-use super::replay::{in_replay, median, miss, Replayer};
+use super::replay::{in_replay, miss, Replayer};
 use crate::capacity_record::CapacityEvidence;
 use crate::capacity_record::CapacityRecord;
 use crate::session::Session;
@@ -124,32 +124,23 @@ impl<'r> CapacityJudge<'r> {
                 precision: self.precision[i],
             })
             .collect();
-        let miss_at = |i: usize| steps.get(i).map(|s| s.replay_miss);
-        let replay_miss = self.over_garbled(miss_at).unwrap_or(2.0);
-        let healthy_miss = self.over_garbled(|i| Some(self.healthy[i]));
-        let precision = self.over_garbled(|i| self.precision[i]);
-        let reproduces_garbled = beats_healthy(
-            replay_miss,
-            healthy_miss.unwrap_or(f64::INFINITY),
-            precision.unwrap_or(0.0),
-        );
-        // a point the device answered like its reference that the healthy hypothesis explains
-        // and this one breaks
-        let contradicts = steps.iter().any(|s| {
-            !self.garbled[s.step]
-                && beats_healthy(
-                    self.healthy[s.step],
-                    s.replay_miss,
-                    self.precision[s.step].unwrap_or(0.0),
-                )
-        });
+        let misses: Vec<f64> = steps.iter().map(|s| s.replay_miss).collect();
+        // the garbled points are the capacity check's own verdict on each answer
+        let points: Vec<Point> = (0..self.garbled.len())
+            .map(|i| Point {
+                healthy: Some(self.healthy[i]),
+                precision: self.precision[i],
+                garbled: self.garbled[i],
+            })
+            .collect();
+        let j = judge_points(&misses, &points);
         Replay {
             fault,
             steps,
-            replay_miss,
-            healthy_miss,
-            precision,
-            reproduces: reproduces_garbled && !contradicts,
+            replay_miss: j.replay_miss,
+            healthy_miss: j.healthy_miss,
+            precision: j.precision,
+            reproduces: j.reproduces,
         }
     }
 }

@@ -13,7 +13,8 @@ use kvprobe_npu::contract::faults::{FaultDecl, FaultTable, FaultText, Scope, Swe
 use kvprobe_reference::Model;
 use kvprobe_schema::{FaultHypothesis, FaultValue, GreedyFinding, Replay, ReplayStep, Verdict};
 
-use super::evidence::{beats_healthy, MILD_FACTORS};
+pub(super) use super::evidence::median;
+use super::evidence::{judge_points, Point, MILD_FACTORS};
 pub use super::fits::Fits;
 use super::fits::{evidence_scopes, hypothesis, scopes, RingScope};
 pub use super::replayer::Replayer;
@@ -172,23 +173,10 @@ fn ranked(
     out
 }
 
-pub(super) fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
-
-/// The rule of evidence for a replay: its median per-step miss against the device is within
-/// the declared precision (the matched reference's median miss against f32, at least the step
-/// noise floor) and at most 1/`PRECISION_RATIO` of the healthy hypothesis' median miss (the
-/// ratio a stage must leave the matched reference by to fail).
+/// The rule of evidence for a replay (`evidence::judge_points`): on the steps the device
+/// garbled (the healthy hypothesis leaves it there by `PRECISION_RATIO` × the declared
+/// precision), its median miss is within the declared precision and `PRECISION_RATIO` × below
+/// the healthy hypothesis'; on no other step does the healthy hypothesis beat it that way.
 pub fn judge(fault: FaultHypothesis, steps: Vec<ReplayStep>) -> Replay {
     let healthy: Vec<(Option<f64>, Option<f64>)> = steps
         .iter()
@@ -197,31 +185,31 @@ pub fn judge(fault: FaultHypothesis, steps: Vec<ReplayStep>) -> Replay {
     judge_over(fault, steps, &healthy)
 }
 
+/// The compared steps as the rule of evidence sees them: the healthy hypothesis' miss and the
+/// declared precision per step, and whether the device garbled it.
+pub(super) fn points(healthy: &[(Option<f64>, Option<f64>)]) -> Vec<Point> {
+    healthy.iter().map(|&(h, p)| Point::of(h, p)).collect()
+}
+
 /// [`judge`] of a replay whose `steps` may stop short of the compared steps (`healthy`, one per
-/// step compared): the healthy hypothesis and the precision are the medians over every compared
-/// step, so a replay decided early is judged against the same bar as a whole one.
+/// step compared): the steps it did not reach are not judged, and the healthy hypothesis and the
+/// precision are the medians over every garbled step compared, so a replay decided early is
+/// judged against the same bar as a whole one.
 fn judge_over(
     fault: FaultHypothesis,
     steps: Vec<ReplayStep>,
     healthy: &[(Option<f64>, Option<f64>)],
 ) -> Replay {
-    let replay_miss = median(steps.iter().map(|s| s.replay_miss).collect()).unwrap_or(1.0);
-    let healthy_miss = median(healthy.iter().filter_map(|h| h.0).collect());
-    let precision = median(healthy.iter().filter_map(|h| h.1).collect());
-    // no matched reference: the f32 reference is the healthy hypothesis; without either, only
-    // the precision decides
-    let reproduces = beats_healthy(
-        replay_miss,
-        healthy_miss.unwrap_or(f64::INFINITY),
-        precision.unwrap_or(0.0),
-    );
+    let misses: Vec<f64> = steps.iter().map(|s| s.replay_miss).collect();
+    // without a matched reference the f32 reference is the healthy hypothesis (`healthy_steps`)
+    let j = judge_points(&misses, &points(healthy));
     Replay {
         fault,
         steps,
-        replay_miss,
-        healthy_miss,
-        precision,
-        reproduces,
+        replay_miss: j.replay_miss,
+        healthy_miss: j.healthy_miss,
+        precision: j.precision,
+        reproduces: j.reproduces,
     }
 }
 
@@ -294,9 +282,10 @@ impl<'s, 'a> DeviceSteps<'s, 'a> {
 }
 
 /// Whether a replay may stop before its last step: `Exact` once more than half of the compared
-/// steps replayed at the noise floor (the median over every step is then at the floor too: the
-/// replay is exact, and an exact replay of the rule's cause ends the search — nothing can be more
-/// precise). `Whole` replays every step.
+/// steps the device garbled (of every compared step, when it garbled none) replayed at the noise
+/// floor (the median the rule of evidence takes is then at the floor too: the replay is exact,
+/// and an exact replay of the rule's cause ends the search — nothing can be more precise).
+/// `Whole` replays every step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Stop {
     Whole,
@@ -319,7 +308,11 @@ pub(super) fn replay_one(
     // as the device's request was recorded again (`DeviceSteps`) and as the reproducer command
     // runs: the device's tokens, past their end the replay's own argmax (`request_step`)
     let k = k.max(1);
-    let at_floor_needed = k / 2 + 1;
+    let healthy = &healthy[..k.min(healthy.len())];
+    // the steps the exact stop counts: the garbled ones, or all when none is
+    let garbled: Vec<bool> = points(healthy).iter().map(|p| p.garbled).collect();
+    let counted = |step: usize| !garbled.contains(&true) || garbled.get(step) == Some(&true);
+    let at_floor_needed = (0..k).filter(|&i| counted(i)).count() / 2 + 1;
     let steps = in_replay((model, ids), replayer, fault, |rs| {
         let mut steps: Vec<ReplayStep> = Vec::with_capacity(k);
         let mut last: Vec<f32> = Vec::new();
@@ -338,7 +331,7 @@ pub(super) fn replay_one(
             last = logits;
             let at_floor = steps
                 .iter()
-                .filter(|x| x.replay_miss <= STEP_NOISE_FLOOR)
+                .filter(|x| counted(x.step) && x.replay_miss <= STEP_NOISE_FLOOR)
                 .count();
             if stop == Stop::Exact && at_floor >= at_floor_needed {
                 break;
@@ -346,11 +339,7 @@ pub(super) fn replay_one(
         }
         Ok(steps)
     })?;
-    Ok(judge_over(
-        fault.clone(),
-        steps,
-        &healthy[..k.min(healthy.len())],
-    ))
+    Ok(judge_over(fault.clone(), steps, healthy))
 }
 
 /// `f` on a session of the emulator the replayer builds with `fault`, over the device session's
@@ -599,19 +588,26 @@ mod tests {
     }
 
     #[test]
-    fn a_replay_stopped_early_is_judged_by_the_medians_of_every_compared_step() {
+    fn a_replay_stopped_early_is_judged_by_the_medians_of_every_garbled_step() {
         let healthy = vec![(Some(0.2), Some(1e-3)); 5];
         let r = judge_over(h(), vec![step(0.0, 0.2, 1e-3); 3], &healthy);
         assert!(r.reproduces && r.replay_miss == 0.0 && r.steps.len() == 3);
-        // the healthy hypothesis' median over all five steps compared, not over the two replayed
-        let quiet = [
-            vec![(Some(0.2), Some(1e-3)); 2],
-            vec![(Some(1e-5), Some(1e-3)); 3],
-        ]
-        .concat();
-        let r = judge_over(h(), vec![step(0.0, 0.2, 1e-3); 2], &quiet);
-        assert!(!r.reproduces);
-        assert_eq!(r.healthy_miss, Some(1e-5));
+        // the device garbled steps 0 and 3 (0.2 and 3e-3 against a precision of 1e-3, ≥ 2.5×);
+        // a replay that stopped after step 0 meets the bar of both: the healthy hypothesis'
+        // median over every garbled step compared, not over the one replayed
+        let mixed = [
+            (Some(0.2), Some(1e-3)),
+            (Some(1e-5), Some(1e-3)),
+            (Some(1e-5), Some(1e-3)),
+            (Some(3e-3), Some(1e-3)),
+        ];
+        let r = judge_over(h(), vec![step(0.0, 0.2, 1e-3)], &mixed);
+        assert!(r.reproduces);
+        assert_eq!(r.healthy_miss, Some((0.2 + 3e-3) / 2.0));
+        // a replay that reached no garbled step has reproduced nothing
+        let quiet_first = [mixed[1], mixed[0]];
+        let r = judge_over(h(), vec![step(0.0, 1e-5, 1e-3)], &quiet_first);
+        assert!(!r.reproduces && r.replay_miss == 2.0);
     }
 
     #[test]

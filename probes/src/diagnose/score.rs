@@ -3,8 +3,10 @@
 //! hypothesis — the precision-matched reference and the fault-free emulator built to the device's
 //! description, whichever reproduces the device more closely per step — is scored like every
 //! fault hypothesis, by how closely it reproduces the device's per-step logits; a mild fault is
-//! named only when its replay reproduces the device within the declared precision *and*
-//! `PRECISION_RATIO` times more closely than the healthy hypothesis does.
+//! named only when, on the steps the healthy hypothesis leaves by `PRECISION_RATIO` × their
+//! precision (a mild fault may garble only a few), its replay reproduces the device within the
+//! declared precision *and* `PRECISION_RATIO` times more closely than the healthy hypothesis
+//! does, without breaking a step the healthy hypothesis accounts for (`evidence::judge_points`).
 //!
 //! The hypotheses scored here are the faults whose value approaches "no fault" continuously —
 //! factors (`SweepValue::Factor`, tried at [`MILD_FACTORS`] and at the fitted attention scales)
@@ -16,11 +18,12 @@ use std::sync::Arc;
 use kvprobe_npu::contract::faults::{FaultTable, FaultText, Scope, SweepValue};
 use kvprobe_schema::{FaultHypothesis, FaultValue, Hypothesis, Replay, Reproducer, Verdict};
 
-use super::evidence::{beats_healthy, MILD_FACTORS};
+use super::evidence::{judge_points, MILD_FACTORS};
 use super::fits::{hypothesis, scopes};
 use super::outcome::Diagnosis;
 use super::replay::{
-    healthy_steps, median, replay_one, screen, small_shifts, Fits, Replayer, Stop, SCREEN_STEPS,
+    healthy_steps, median, points, replay_one, screen, small_shifts, Fits, Replayer, Stop,
+    SCREEN_STEPS,
 };
 use crate::determinism::record_logits;
 use crate::session::Session;
@@ -85,10 +88,9 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
     };
     let healthy = healthy_steps(greedy);
     let matched = median(healthy.iter().filter_map(|h| h.0).collect()).unwrap_or(0.0);
-    // No fault can beat a healthy hypothesis that misses by less than the ratio times the noise
-    // floor: nothing to replay (every fault-free emulator run, where the matched reference
-    // reproduces the emulator exactly).
-    if matched < PRECISION_RATIO * STEP_NOISE_FLOOR {
+    // No fault can beat a healthy hypothesis that garbles no step: nothing to replay (every
+    // fault-free emulator run, where the matched reference reproduces the emulator exactly).
+    if !points(&healthy).iter().any(|p| p.garbled) {
         return;
     }
     let t = std::time::Instant::now();
@@ -141,22 +143,29 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
             &judged,
         )
     };
-    let healthy_miss = median(per_step.clone()).unwrap_or(1.0);
-    let precision = median(healthy.iter().filter_map(|h| h.1).collect()).unwrap_or(0.0);
+    // the steps the device garbled, as the healthy hypothesis scored here accounts for them
+    let judged_points = points(&judged);
+    let garbled = judged_points.iter().filter(|p| p.garbled).count();
+    let bar = judge_points(&[], &judged_points);
+    let healthy_miss = bar.healthy_miss.unwrap_or(1.0);
+    let precision = bar.precision.unwrap_or(0.0);
     let mut tried = vec![("healthy".to_string(), healthy_miss)];
     let mut decisive = None;
-    if healthy_miss >= PRECISION_RATIO * STEP_NOISE_FLOOR {
-        decisive = score(s, replayer, d, &per_step, &mut tried, &replay);
+    if garbled > 0 {
+        decisive = score(s, replayer, d, n, &mut tried, &replay);
     }
     d.timings.push(kvprobe_schema::Timing {
         what: "replay score".into(),
         seconds: t.elapsed().as_secs_f64(),
     });
     let line = format!(
-        "replay score: the healthy hypothesis misses the device by {healthy_miss:.2e} (median; \
-         matched reference {matched:.2e}, fault-free emulator {}), declared precision {precision:.2e}",
+        "replay score: the healthy hypothesis misses the device by {healthy_miss:.2e} (median \
+         over the {garbled} of {n} steps it leaves by {PRECISION_RATIO}× their precision, every \
+         step when none; over every step: matched reference {matched:.2e}, fault-free emulator \
+         {}), declared precision {precision:.2e} there",
         free.as_ref()
-            .map_or("not run".into(), |f| format!("{:.2e}", f.replay_miss))
+            .and_then(|f| median(f.steps.iter().map(|x| x.replay_miss).collect()))
+            .map_or("not run".into(), |m| format!("{m:.2e}"))
     );
     let Some(best) = decisive else {
         // the closest fault hypothesis and its miss: what the threshold's healthy distribution
@@ -237,11 +246,10 @@ fn score(
     s: &Session,
     replayer: &Arc<dyn Replayer>,
     d: &Diagnosis,
-    healthy: &[f64],
+    n: usize,
     tried: &mut Vec<(String, f64)>,
     replay: &dyn Fn(&Session, &FaultHypothesis, usize) -> Result<Replay, String>,
 ) -> Option<Replay> {
-    let n = healthy.len();
     let fits = Fits::of_session(s, &d.probes);
     let k = SCREEN_STEPS.min(n);
     let run = |h: &FaultHypothesis, k: usize| replay(s, h, k);
@@ -249,15 +257,12 @@ fn score(
     let mut hyps = mild(&replayer.table(), &fits);
     hyps.retain(|h| !replayer.leaves_out(&h.name));
     let screened = screen(hyps, k, &run, &mut refused);
-    let healthy_miss = median(healthy.to_vec()).unwrap_or(1.0);
     let mut best: Option<Replay> = None;
     for h in screened.into_iter().take(FULL_REPLAYS) {
         let Ok(r) = replay(s, &h, n) else { continue };
         tried.push((h.text(), r.replay_miss));
-        let precision = r.precision.unwrap_or(0.0);
-        if beats_healthy(r.replay_miss, healthy_miss, precision)
-            && best.as_ref().is_none_or(|b| r.replay_miss < b.replay_miss)
-        {
+        // judged against the healthy hypothesis as scored here (`judged` in `compete`)
+        if r.reproduces && best.as_ref().is_none_or(|b| r.replay_miss < b.replay_miss) {
             best = Some(r);
         }
     }
