@@ -307,6 +307,21 @@ fn stage_only_is_refused_outside_diagnose() {
     );
 }
 
+/// A `--leave-out` name the replays never hypothesise would leave nothing out while the run
+/// said it had: refused in one line, before any work.
+#[test]
+fn an_unknown_left_out_fault_is_refused() {
+    one_line_exit_2(
+        &[
+            "diagnose",
+            "--sim",
+            "--leave-out",
+            "tbt-attn-scale,prefill-attn-scale",
+        ],
+        "--leave-out tbt-attn-scale,prefill-attn-scale: no emulator fault of that name",
+    );
+}
+
 /// `--all-probes` runs the issue-10 probes under a named verdict too: the verdict, its
 /// confidence and the named rules' evidence are those of the plain run, the new probes'
 /// findings and stage are added, and no line says they were skipped.

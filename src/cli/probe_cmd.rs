@@ -250,6 +250,7 @@ fn check_args(name: &str, args: &DeviceArgs) -> anyhow::Result<()> {
             )));
         }
     }
+    check_left_out(&args.leave_out)?;
     args.check_device_flags()?;
     if let Some(out) = &args.out {
         let inputs = args.input_paths();
@@ -258,6 +259,31 @@ fn check_args(name: &str, args: &DeviceArgs) -> anyhow::Result<()> {
             .map_err(|e| usage(e.to_string()))?;
     }
     Ok(())
+}
+
+/// Every `--leave-out` names a fault of an emulator's grammar: a name the replays never
+/// hypothesise would leave nothing out, and the run would say it had.
+fn check_left_out(left_out: &[String]) -> anyhow::Result<()> {
+    let tables = [
+        kvprobe_npu::sim::FAMILY.faults,
+        kvprobe_npu::ane::FAMILY.faults,
+    ];
+    let names = || tables.iter().flat_map(|t| t.faults.iter().map(|d| d.name));
+    match left_out.iter().find(|f| !names().any(|n| n == f.as_str())) {
+        None => Ok(()),
+        Some(f) => {
+            let mut known: Vec<&str> = Vec::new();
+            names().for_each(|n| {
+                if !known.contains(&n) {
+                    known.push(n);
+                }
+            });
+            Err(usage(format!(
+                "--leave-out {f}: no emulator fault of that name; pass one of {} (one name per --leave-out)",
+                known.join(", ")
+            )))
+        }
+    }
 }
 
 /// `--json` or the text summary on stdout, then exit code 1 when a fault was diagnosed.
