@@ -1,6 +1,7 @@
 //! The emulator's remembered prefill runs (`sim/memo.rs`): a prefill answered from memory gives
 //! the bits the computed run gives — logits, and every ring byte after the steps that follow —
-//! even when the stale slots it does not attend hold other bytes than when it was remembered.
+//! even when the stale slots it does not attend hold other bytes than when it was remembered;
+//! and its remembered tbt runs (`sim/tbt_memo.rs`), whole or resumed at a layer, likewise.
 
 mod common;
 
@@ -94,4 +95,47 @@ fn a_prefill_over_non_finite_stale_slots_is_computed() {
     assert_eq!(hits, 2);
     assert_eq!(a.0, b.0);
     assert_eq!(a.1, b.1);
+}
+
+/// The emulator's remembered tbt runs (`sim/tbt_memo.rs`): a request repeated from a fresh start
+/// takes its steps whole from memory, and a trial step with one layer's K ring changed starts
+/// at that layer from the golden step's streams; the logits and rings are the computed bits.
+fn tbt_scenario(dev: &mut SimDevice, drv: &mut Driver) -> Trace {
+    let vocab = dev.describe().shape.vocab_size;
+    let n_layers = dev.describe().shape.n_layers;
+    let a = ids(12, vocab, 1);
+    let mut trace = generate(dev, drv, &a, 3);
+    trace.extend(generate(dev, drv, &a, 3));
+    let golden = dev.cache_buffers().unwrap();
+    let token = 5 % vocab as u32;
+    let out = drv.trial_step(dev, token, &MaskMode::Ring).unwrap();
+    trace.push(bits(&out.logits));
+    for layer in 0..n_layers {
+        for (id, buf) in &golden {
+            dev.write_cache_buffer(*id, buf).unwrap();
+        }
+        let (k, _) = SimDevice::cache_ids(layer);
+        let changed: Vec<u8> = golden[&k].iter().map(|b| b ^ 0x55).collect();
+        dev.write_cache_buffer(k, &changed).unwrap();
+        let out = drv.trial_step(dev, token, &MaskMode::Ring).unwrap();
+        trace.push(bits(&out.logits));
+    }
+    (trace, dev.cache_buffers().unwrap())
+}
+
+#[test]
+fn remembered_and_resumed_tbt_runs_give_the_computed_bits() {
+    let (_dir, model) = tiny_llama(29);
+    let (mut on, mut on_drv) = sim(&model, opts(CacheQuant::U8));
+    let (mut off, mut off_drv) = sim(&model, opts(CacheQuant::U8));
+    off.remember_prefill_runs(false);
+    off.remember_tbt_runs(false);
+    let a = tbt_scenario(&mut on, &mut on_drv);
+    let b = tbt_scenario(&mut off, &mut off_drv);
+    assert_eq!(off.remembered_tbt_runs(), (0, 0));
+    assert_eq!(a.0, b.0, "logits");
+    assert_eq!(a.1, b.1, "rings");
+    // the repeated request's three steps whole; every layer's trial but the first resumed
+    let n_layers = on.describe().shape.n_layers;
+    assert_eq!(on.remembered_tbt_runs(), (3, n_layers - 1));
 }

@@ -97,6 +97,22 @@ fn softmax_per_head(n_heads: usize) -> Vec<Vec<usize>> {
     (0..n_heads).map(|h| vec![h]).collect()
 }
 
+impl PositionInput {
+    /// Its kind (0: ids, 1: RoPE tables) and its value lists in order: what a memory of runs
+    /// keys a run's positions by.
+    pub fn lists(&self) -> (u8, [&[f32]; 4]) {
+        match self {
+            PositionInput::Ids(p) => (0, [p, &[], &[], &[]]),
+            PositionInput::Rope {
+                q_cos,
+                q_sin,
+                k_cos,
+                k_sin,
+            } => (1, [q_cos, q_sin, k_cos, k_sin]),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct GraphOutput {
     /// `[rows, vocab]` row-major.
@@ -196,9 +212,27 @@ impl Model {
     /// residual adds and the SwiGLU product are simple loops, and attention multiplies each query
     /// group by its KV head's keys directly (no expanded or concatenated key copies).
     pub fn run_graph(&self, input: &GraphInput) -> Result<GraphOutput> {
+        Ok(self.run_graph_resumed(input, None, false)?.0)
+    }
+
+    /// [`Model::run_graph`] started at layer `from.layer` from the streams of an earlier run whose
+    /// input equals `input` up to that layer (see [`Resume`]), and with this run's own streams
+    /// when `keep` (what a later run resumes from). Both only for a plain float32 run
+    /// ([`Model::resumable`]): an error otherwise.
+    pub fn run_graph_resumed(
+        &self,
+        input: &GraphInput,
+        from: Option<Resume<'_>>,
+        keep: bool,
+    ) -> Result<(GraphOutput, Option<Streams>)> {
         let cfg = &self.config;
         let (nh, nkv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
         let (t, w) = self.check_input(input)?;
+        if (from.is_some() || keep) && !self.resumable(input) {
+            return Err(bad(
+                "only a plain float32 graph run resumes or keeps its streams".into(),
+            ));
+        }
         let hidden = cfg.hidden_size;
         let mut x: Vec<f32> = input
             .hidden
@@ -226,67 +260,37 @@ impl Model {
             .map(|q| (input.graph.heads.kv_head)(q, nkv, cfg.n_rep()))
             .collect();
         let softmax_groups = (input.graph.heads.softmax_groups)(nh);
-        let attn = AttnCtx {
-            nh,
-            hd,
-            t,
-            w,
-            mask: &input.mask,
-            kv_map: &kv_map,
-            scale: input.graph.attn_scale / (hd as f32).sqrt(),
-            softmax_groups: &softmax_groups,
-            blocked: input.graph.blocked,
+        let layer = LayerCtx {
+            attn: AttnCtx {
+                nh,
+                hd,
+                t,
+                w,
+                mask: &input.mask,
+                kv_map: &kv_map,
+                scale: input.graph.attn_scale / (hd as f32).sqrt(),
+                softmax_groups: &softmax_groups,
+                blocked: input.graph.blocked,
+            },
+            rope: rope.as_ref(),
+            rnd: &rnd,
+            past: if w > 0 { &input.past } else { &[] },
         };
-
-        let mut new_kv = Vec::with_capacity(self.blocks.len());
         // what the next norm reads when it is not the rounded residual stream x
-        let mut norm_in: Option<Vec<f32>> = None;
-        for (li, blk) in self.blocks.iter().enumerate() {
-            rnd.at_layer(Some(li));
-            let h = blk.norm1.forward_rows_in(
-                "input_layernorm",
-                norm_in.as_deref().unwrap_or(&x),
-                hidden,
-                &rnd,
-            )?;
-            let (mut q, mut k, mut v) = blk.qkv_rows(&h, t, nh * hd, nkv * hd)?;
-            for (y, op) in [(&mut q, "q_proj"), (&mut k, "k_proj"), (&mut v, "v_proj")] {
-                rnd.round(y, op);
+        let mut stream = Stream { x, norm_in: None };
+        let mut new_kv = Vec::with_capacity(self.blocks.len());
+        let mut kept = keep.then(|| Streams(Vec::with_capacity(self.blocks.len())));
+        let start = match &from {
+            Some(r) => r.start(&mut stream, &mut new_kv, kept.as_mut(), self.blocks.len())?,
+            None => 0,
+        };
+        for (li, blk) in self.blocks.iter().enumerate().skip(start) {
+            if let Some(k) = kept.as_mut() {
+                k.0.push(stream.clone());
             }
-            blk.qk_norm_rows(&mut q, &mut k, hd)?;
-            if let Some((qr, kr)) = &rope {
-                qr.apply(&mut q, nh, hd, rnd.rope_grids("rope q").as_ref());
-                kr.apply(&mut k, nkv, hd, rnd.rope_grids("rope k").as_ref());
-                rnd.round(&mut q, "rope q");
-                rnd.round(&mut k, "rope k");
-            }
-            let mut k_new = rows_to_heads(&k, t, nkv, hd);
-            let mut v_new = rows_to_heads(&v, t, nkv, hd);
-            let past = if w > 0 { input.past.get(li) } else { None };
-            let mut o = attn.run(&q, &k_new, &v_new, nkv, past, &rnd)?;
-            rnd.round(&mut o, "attention output");
-            norm_in = add_rounded(&mut x, blk.o.forward_rows(&o, t)?, "o_proj", &rnd);
-            let h2 = blk.norm2.forward_rows_in(
-                "post_attention_layernorm",
-                norm_in.as_deref().unwrap_or(&x),
-                hidden,
-                &rnd,
-            )?;
-            norm_in = add_rounded(
-                &mut x,
-                blk.mlp.forward_rows_in(&h2, t, &rnd)?,
-                "down_proj",
-                &rnd,
-            );
-            // the present outputs as the graph writes them (this run read k/v as above)
-            rnd.round(&mut k_new, "present k");
-            rnd.round(&mut v_new, "present v");
-            new_kv.push(LayerKv {
-                k: Tensor::from_vec(k_new, (nkv, t, hd), &Device::Cpu)?,
-                v: Tensor::from_vec(v_new, (nkv, t, hd), &Device::Cpu)?,
-            });
+            new_kv.push(self.layer(&layer, li, blk, &mut stream)?);
         }
-        let x = norm_in.as_deref().unwrap_or(&x);
+        let x = stream.norm_in.as_deref().unwrap_or(&stream.x);
         let (x, rows) = if input.last_only {
             (&x[(t - 1) * hidden..], 1)
         } else {
@@ -296,11 +300,74 @@ impl Model {
         let x = self.final_norm.forward_rows_in("norm", x, hidden, &rnd)?;
         let mut logits = self.lm_head.forward_rows(&x, rows)?;
         rnd.round(&mut logits, "logits");
-        Ok(GraphOutput {
+        let out = GraphOutput {
             logits,
             rows,
             new_kv,
             overflow: rnd.first_overflow(),
+        };
+        Ok((out, kept))
+    }
+
+    /// Whether a graph run of `input` may resume or keep its streams: plain float32 (no fp16
+    /// rounding, no QDQ grids), where the rounder is the identity and records nothing (no
+    /// overflow) that a layer skipped on resuming would have recorded.
+    pub fn resumable(&self, input: &GraphInput) -> bool {
+        self.qdq.is_none() && matches!(input.graph.arithmetic, Arithmetic::F32)
+    }
+
+    /// One decoder layer `li` of a graph run on the residual stream `s`: its new rows' K and V.
+    fn layer(
+        &self,
+        c: &LayerCtx<'_>,
+        li: usize,
+        blk: &crate::blocks::Block,
+        s: &mut Stream,
+    ) -> Result<LayerKv> {
+        let cfg = &self.config;
+        let (nh, nkv, hd, t) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.attn.t);
+        let (hidden, rnd) = (cfg.hidden_size, c.rnd);
+        rnd.at_layer(Some(li));
+        let h = blk.norm1.forward_rows_in(
+            "input_layernorm",
+            s.norm_in.as_deref().unwrap_or(&s.x),
+            hidden,
+            rnd,
+        )?;
+        let (mut q, mut k, mut v) = blk.qkv_rows(&h, t, nh * hd, nkv * hd)?;
+        for (y, op) in [(&mut q, "q_proj"), (&mut k, "k_proj"), (&mut v, "v_proj")] {
+            rnd.round(y, op);
+        }
+        blk.qk_norm_rows(&mut q, &mut k, hd)?;
+        if let Some((qr, kr)) = c.rope {
+            qr.apply(&mut q, nh, hd, rnd.rope_grids("rope q").as_ref());
+            kr.apply(&mut k, nkv, hd, rnd.rope_grids("rope k").as_ref());
+            rnd.round(&mut q, "rope q");
+            rnd.round(&mut k, "rope k");
+        }
+        let mut k_new = rows_to_heads(&k, t, nkv, hd);
+        let mut v_new = rows_to_heads(&v, t, nkv, hd);
+        let mut o = c.attn.run(&q, &k_new, &v_new, nkv, c.past.get(li), rnd)?;
+        rnd.round(&mut o, "attention output");
+        s.norm_in = add_rounded(&mut s.x, blk.o.forward_rows(&o, t)?, "o_proj", rnd);
+        let h2 = blk.norm2.forward_rows_in(
+            "post_attention_layernorm",
+            s.norm_in.as_deref().unwrap_or(&s.x),
+            hidden,
+            rnd,
+        )?;
+        s.norm_in = add_rounded(
+            &mut s.x,
+            blk.mlp.forward_rows_in(&h2, t, rnd)?,
+            "down_proj",
+            rnd,
+        );
+        // the present outputs as the graph writes them (this run read k/v as above)
+        rnd.round(&mut k_new, "present k");
+        rnd.round(&mut v_new, "present v");
+        Ok(LayerKv {
+            k: Tensor::from_vec(k_new, (nkv, t, hd), &Device::Cpu)?,
+            v: Tensor::from_vec(v_new, (nkv, t, hd), &Device::Cpu)?,
         })
     }
 
@@ -475,7 +542,10 @@ fn bad(msg: String) -> Error {
 }
 
 mod attn;
+mod resume;
 use attn::AttnCtx;
+use resume::LayerCtx;
+pub use resume::{Resume, Stream, Streams};
 
 #[cfg(test)]
 mod tests;

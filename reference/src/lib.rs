@@ -53,7 +53,10 @@ mod weights;
 pub use arith::{Arithmetic, Fp16, NormStatistic, Overflow, OverflowAt};
 pub use config::{Family, ModelConfig};
 pub use error::{Error, Result};
-pub use graph::{Blocked, GraphInput, GraphOptions, GraphOutput, HeadWiring, PositionInput};
+pub use graph::{
+    Blocked, GraphInput, GraphOptions, GraphOutput, HeadWiring, PositionInput, Resume, Stream,
+    Streams,
+};
 pub use kv::{KeySet, KvState, LayerKv};
 pub use model::{ForwardOptions, ForwardOutput, Model};
 pub use pieces::PiecedRows;

@@ -120,6 +120,16 @@ fn push_usize(key: &mut Vec<u32>, x: usize) {
     key.extend([x as u32, (x >> 32) as u32]);
 }
 
+/// Per past column of `input` (`t` rows, `w` past columns), whether some row of the mask may
+/// attend it: the columns whose values the output depends on (module doc).
+pub(super) fn live_columns(input: &GraphInput, t: usize, w: usize) -> Vec<bool> {
+    let cols = w + t;
+    let heads = input.mask.len() / (t * cols).max(1);
+    (0..w)
+        .map(|j| (0..t * heads).any(|r| input.mask[r * cols + j]))
+        .collect()
+}
+
 /// The words the output depends on; `None` when a column no row attends holds a non-finite value,
 /// or when the key alone would not fit the memory's budget.
 fn key(input: &GraphInput) -> Result<Option<Vec<u32>>> {
@@ -133,11 +143,7 @@ fn key_within(input: &GraphInput, budget: usize) -> Result<Option<Vec<u32>>> {
         Some(l) => l.k.dims3()?.1,
         None => 0,
     };
-    let cols = w + t;
-    let heads = input.mask.len() / (t * cols).max(1);
-    let live: Vec<bool> = (0..w)
-        .map(|j| (0..t * heads).any(|r| input.mask[r * cols + j]))
-        .collect();
+    let live = live_columns(input, t, w);
     // the key holds every live past value: past the budget it could never stay remembered
     // beside the runs around it (a chunk late in an 8192-token prompt: 190 MB of key, built
     // and compared per chunk for no hit), so such a run is computed without one
@@ -170,22 +176,11 @@ fn key_within(input: &GraphInput, budget: usize) -> Result<Option<Vec<u32>>> {
     push_usize(&mut key, input.graph.heads.kv_head as usize);
     push_usize(&mut key, input.graph.heads.softmax_groups as usize);
     push_f32s(&mut key, &input.hidden.flatten_all()?.to_vec1::<f32>()?);
-    match &input.positions {
-        PositionInput::Ids(p) => {
-            key.push(0);
-            push_f32s(&mut key, p);
-        }
-        PositionInput::Rope {
-            q_cos,
-            q_sin,
-            k_cos,
-            k_sin,
-        } => {
-            key.push(1);
-            for x in [q_cos, q_sin, k_cos, k_sin] {
-                push_f32s(&mut key, x);
-            }
-        }
+    let (kind, lists) = input.positions.lists();
+    key.push(u32::from(kind));
+    match kind {
+        0 => push_f32s(&mut key, lists[0]),
+        _ => lists.iter().for_each(|x| push_f32s(&mut key, x)),
     }
     push_usize(&mut key, input.mask.len());
     key.extend(input.mask.chunks(32).map(|c| {

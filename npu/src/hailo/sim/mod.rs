@@ -23,6 +23,7 @@ mod inputs;
 mod memo;
 pub mod options;
 mod rope_faults;
+mod tbt_memo;
 pub use crate::contract::manifest;
 
 use std::collections::BTreeMap;
@@ -97,6 +98,9 @@ pub struct SimDevice {
     race: u64,
     /// Prefill runs remembered by their inputs (probes prefill the same prompt again and again).
     memo: memo::GraphMemo,
+    /// Tbt runs remembered layer by layer (a one-layer trial or replay resumes the layer it
+    /// changes).
+    tbt_memo: tbt_memo::TbtMemo,
     // scratch
     stream: Vec<u8>,
     block: Vec<u8>,
@@ -204,6 +208,7 @@ impl SimDevice {
             head_dim: shape.head_dim,
             race: crate::race::process_seed(),
             memo: memo::GraphMemo::default(),
+            tbt_memo: tbt_memo::TbtMemo::default(),
             stream: Vec::new(),
             block: Vec::new(),
             floats: Vec::new(),
@@ -268,6 +273,16 @@ impl SimDevice {
     /// Prefill runs answered from memory so far.
     pub fn remembered_runs(&self) -> usize {
         self.memo.hits()
+    }
+    /// Whether a tbt run whose inputs equal a remembered run's, in whole or on its first layers,
+    /// takes its output or starts from its streams at the first layer that differs (on by
+    /// default; the same bits either way, `sim_memo` tests it).
+    pub fn remember_tbt_runs(&mut self, on: bool) {
+        self.tbt_memo.set_enabled(on);
+    }
+    /// Tbt runs answered whole from memory so far, and tbt runs resumed at a layer.
+    pub fn remembered_tbt_runs(&self) -> (usize, usize) {
+        self.tbt_memo.hits()
     }
     /// Features per cache entry and bytes per element.
     pub fn entry_format(&self) -> (usize, usize) {
@@ -347,7 +362,7 @@ impl Device for SimDevice {
         };
         let out = match g {
             GroupKind::Prefill => self.memo.run(&self.model, &input)?,
-            GroupKind::Tbt => self.model.run_graph(&input)?,
+            GroupKind::Tbt => self.tbt_memo.run(&self.model, &input)?,
         };
         self.write_new(g, geom, &out.new_kv)?;
         if let Some(before) = &before {
