@@ -24,9 +24,9 @@ use kvprobe_schema::{
 };
 
 use super::choice::{apply, choose, not_replayed};
-use super::evidence::{judge_points, median, Point};
+use super::evidence::{median, Point};
 use super::outcome::Diagnosis;
-use super::replay::{in_replay, miss, Replayer};
+use super::replay::{in_replay, judged, miss, Replayer};
 use crate::capacity_record::CapacityEvidence;
 use crate::capacity_record::CapacityRecord;
 use crate::session::Session;
@@ -124,7 +124,6 @@ impl<'r> CapacityJudge<'r> {
                 precision: self.precision[i],
             })
             .collect();
-        let misses: Vec<f64> = steps.iter().map(|s| s.replay_miss).collect();
         // the garbled points are the capacity check's own verdict on each answer
         let points: Vec<Point> = (0..self.garbled.len())
             .map(|i| Point {
@@ -133,15 +132,7 @@ impl<'r> CapacityJudge<'r> {
                 garbled: self.garbled[i],
             })
             .collect();
-        let j = judge_points(&misses, &points);
-        Replay {
-            fault,
-            steps,
-            replay_miss: j.replay_miss,
-            healthy_miss: j.healthy_miss,
-            precision: j.precision,
-            reproduces: j.reproduces,
-        }
+        judged(fault, steps, &points)
     }
 }
 

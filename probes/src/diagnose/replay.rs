@@ -200,9 +200,15 @@ fn judge_over(
     steps: Vec<ReplayStep>,
     healthy: &[(Option<f64>, Option<f64>)],
 ) -> Replay {
-    let misses: Vec<f64> = steps.iter().map(|s| s.replay_miss).collect();
     // without a matched reference the f32 reference is the healthy hypothesis (`healthy_steps`)
-    let j = judge_points(&misses, &points(healthy));
+    judged(fault, steps, &points(healthy))
+}
+
+/// `fault`'s replay `steps` (one per point it reached, in order) judged over `points` by the
+/// rule of evidence (`evidence::judge_points`): what every replay, greedy or capacity, records.
+pub(super) fn judged(fault: FaultHypothesis, steps: Vec<ReplayStep>, points: &[Point]) -> Replay {
+    let misses: Vec<f64> = steps.iter().map(|s| s.replay_miss).collect();
+    let j = judge_points(&misses, points);
     Replay {
         fault,
         steps,
@@ -308,9 +314,9 @@ pub(super) fn replay_one(
     // as the device's request was recorded again (`DeviceSteps`) and as the reproducer command
     // runs: the device's tokens, past their end the replay's own argmax (`request_step`)
     let k = k.max(1);
-    let healthy = &healthy[..k.min(healthy.len())];
+    let compared = points(&healthy[..k.min(healthy.len())]);
     // the steps the exact stop counts: the garbled ones, or all when none is
-    let garbled: Vec<bool> = points(healthy).iter().map(|p| p.garbled).collect();
+    let garbled: Vec<bool> = compared.iter().map(|p| p.garbled).collect();
     let counted = |step: usize| !garbled.contains(&true) || garbled.get(step) == Some(&true);
     let at_floor_needed = (0..k).filter(|&i| counted(i)).count() / 2 + 1;
     let steps = in_replay((model, ids), replayer, fault, |rs| {
@@ -339,7 +345,7 @@ pub(super) fn replay_one(
         }
         Ok(steps)
     })?;
-    Ok(judge_over(fault.clone(), steps, healthy))
+    Ok(judged(fault.clone(), steps, &compared))
 }
 
 /// `f` on a session of the emulator the replayer builds with `fault`, over the device session's
