@@ -75,6 +75,13 @@ impl Linear {
         } else {
             (Rhs::Transposed, self.w.rows())
         };
+        // one row (a decode step) of a weight dequantised at load: read from its blocks, with
+        // the f32 product's bits (block_gemv)
+        if rows == 1 && !self.in_out {
+            if let Some(y) = self.w.one_row_from_blocks(x, inp) {
+                return self.add_bias(y, out);
+            }
+        }
         let direct = self
             .w
             .with_f32(|w| matmul::batched(x, w, kind, 1, rows, inp, out));
@@ -100,7 +107,11 @@ impl Linear {
                 matmul::batched(x, &w, kind, 1, rows, inp, out)?
             }
         };
-        let mut y = y;
+        self.add_bias(y, out)
+    }
+
+    /// The bias added to every row of `out` values.
+    fn add_bias(&self, mut y: Vec<f32>, out: usize) -> Result<Vec<f32>> {
         if let Some(b) = &self.b {
             let b: Vec<f32> = b.to_vec1()?;
             for r in y.chunks_exact_mut(out) {

@@ -38,12 +38,16 @@ impl Pending<'_> {
                     source,
                 }
             })?;
-            w = Weight::raw(Bytes::Owned(Arc::new(raw)), kind, w.dims().to_vec())
-                .to_tensor()
-                .and_then(Weight::from_tensor)
+            let mut stored = Weight::raw(Bytes::Owned(Arc::new(raw)), kind, w.dims().to_vec());
+            // llama's Q/K rows reordered as stored bytes before the f32 copy is made, so that
+            // the blocks it keeps (`Weight::dequantised`) are in the copy's row order
+            if let Some(heads) = heads {
+                stored = unpermute(&stored, heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
+            }
+            w = stored
+                .dequantised()
                 .map_err(|e| bad_tensor_msg(path, gguf_name, format!("could not be read ({e})")))?;
-        }
-        if let Some(heads) = heads {
+        } else if let Some(heads) = heads {
             w = unpermute(&w, heads).map_err(|e| bad_tensor(path, gguf_name, &e))?;
         }
         Ok((hf, w))

@@ -5,6 +5,7 @@
 
 pub mod arch_fixtures;
 pub mod arith;
+mod block_gemv;
 pub mod blockquant;
 mod blocks;
 pub mod config;

@@ -256,16 +256,32 @@ impl Model {
         crate::EmbeddingRows(self.embed.clone())
     }
 
-    /// Bytes of all weights as stored (a tied lm_head counted once): what one decode step reads.
+    /// Bytes of all weights as stored (a tied lm_head counted once).
     pub fn stored_weight_bytes(&self) -> usize {
-        let mut n = self.embed.stored_bytes();
+        self.weight_bytes(Weight::stored_bytes)
+    }
+
+    /// Bytes of weights one decode step reads: as stored, or the blocks a weight dequantised at
+    /// load keeps for its one-row products (`Weight::one_row_bytes`).
+    pub fn decode_step_weight_bytes(&self) -> usize {
+        self.weight_bytes(Weight::one_row_bytes)
+    }
+
+    /// `bytes` of every weight, a tied lm_head counted once (as the lm_head: the embedding
+    /// lookup reads a row a step), biases as f32.
+    fn weight_bytes(&self, bytes: impl Fn(&Weight) -> usize) -> usize {
+        let mut n = bytes(if self.lm_head_tied {
+            &self.lm_head.w
+        } else {
+            &self.embed
+        });
         if !self.lm_head_tied {
-            n += self.lm_head.w.stored_bytes();
+            n += bytes(&self.lm_head.w);
         }
         let small = |t: &Tensor| 4 * t.elem_count();
         for b in &self.blocks {
             for l in b.linears() {
-                n += l.w.stored_bytes() + l.b.as_ref().map_or(0, small);
+                n += bytes(&l.w) + l.b.as_ref().map_or(0, small);
             }
         }
         n

@@ -83,6 +83,10 @@ enum Repr {
 pub(crate) struct Weight {
     repr: Repr,
     dims: Vec<usize>,
+    /// The GGUF blocks an f32 weight was dequantised from at load, kept so that a one-row
+    /// product reads them instead of the f32 copy (`block_gemv`: same bits, a fifth of the
+    /// bytes). None for any other weight, and for every weight derived from this one.
+    dequantised_from: Option<Arc<(Bytes, GgmlDType)>>,
 }
 
 impl fmt::Debug for Weight {
@@ -116,6 +120,7 @@ impl Weight {
         Ok(Weight {
             repr: Repr::Tensor(t),
             dims,
+            dequantised_from: None,
         })
     }
 
@@ -124,6 +129,7 @@ impl Weight {
         Weight {
             dims: vec![q.rows, q.cols],
             repr: Repr::Blocks(Arc::new(q)),
+            dequantised_from: None,
         }
     }
 
@@ -142,7 +148,38 @@ impl Weight {
         Weight {
             repr: Repr::Raw { bytes, kind },
             dims,
+            dequantised_from: None,
         }
+    }
+
+    /// This stored weight as an f32 copy (dequantised at load). Q4_1 / Q8_0 blocks are kept
+    /// beside the copy for the one-row products (`block_gemv`); other kinds are not read there.
+    pub fn dequantised(&self) -> Result<Weight> {
+        let mut w = Weight::from_tensor(self.to_tensor()?)?;
+        if let (
+            Repr::Raw {
+                bytes,
+                kind: Kind::Quant(t),
+            },
+            [_, _],
+        ) = (&self.repr, &self.dims[..])
+        {
+            if crate::block_gemv::reads(*t) {
+                w.dequantised_from = Some(Arc::new((bytes.clone(), *t)));
+            }
+        }
+        Ok(w)
+    }
+
+    /// `x · Wᵀ` for one row `x` of `k` values read from the blocks this weight was dequantised
+    /// from, with the bits of the product on its f32 copy; None where that cannot be promised
+    /// (see `block_gemv::applies`) or the weight kept no blocks.
+    pub fn one_row_from_blocks(&self, x: &[f32], k: usize) -> Option<Vec<f32>> {
+        let (bytes, kind) = self.dequantised_from.as_deref()?;
+        if self.cols() != k {
+            return None;
+        }
+        crate::block_gemv::one_row(x, k, self.rows(), bytes.as_slice(), *kind)
     }
 
     pub fn dims(&self) -> &[usize] {
@@ -174,6 +211,17 @@ impl Weight {
         match &self.repr {
             Repr::Tensor(_) | Repr::Int8 { .. } | Repr::Blocks(_) => None,
             Repr::Raw { bytes, .. } => Some(f(bytes.as_slice())),
+        }
+    }
+
+    /// Bytes a one-row product reads: the blocks kept beside an f32 copy where the product
+    /// reads them (`one_row_from_blocks`), else the values as stored.
+    pub fn one_row_bytes(&self) -> usize {
+        match self.dequantised_from.as_deref() {
+            Some((bytes, kind)) if crate::block_gemv::applies(*kind, self.cols(), self.rows()) => {
+                bytes.as_slice().len()
+            }
+            _ => self.stored_bytes(),
         }
     }
 
@@ -447,6 +495,7 @@ impl Weight {
                 per_column,
             },
             dims: self.dims.clone(),
+            dequantised_from: None,
         })
     }
 
@@ -665,6 +714,9 @@ mod tests {
         for (arch, t) in [
             (FixtureArch::Qwen2, GgmlDType::Q8_0),
             (FixtureArch::Llama3, GgmlDType::Q4K),
+            // Q4_1 (SmolLM2's type): the one-row products of the copy dequantised at load read
+            // the blocks it keeps (block_gemv), the kept model's tiles go through gemm
+            (FixtureArch::Llama3, GgmlDType::Q4_1),
         ] {
             let p = d.path().join(format!("{}.gguf", arch.name()));
             crate::fixtures_gguf::write_gguf(&p, arch, &g, 4, t).unwrap();
@@ -675,9 +727,13 @@ mod tests {
             );
             let kept = Model::from_stored(kept, &p).unwrap();
             let now = crate::gguf::load_stored_with(&p, u64::MAX).unwrap();
+            let up = &now.weights["model.layers.0.mlp.up_proj.weight"];
+            assert_eq!(up.kind(), None);
+            // Q4_1 and Q8_0 blocks are kept beside the copy and read by one-row products
             assert_eq!(
-                now.weights["model.layers.0.mlp.up_proj.weight"].kind(),
-                None
+                up.one_row_bytes() < up.stored_bytes(),
+                t != GgmlDType::Q4K && crate::block_gemv::gemm_agrees(),
+                "{t:?}"
             );
             let now = Model::from_stored(now, &p).unwrap();
             let x: Vec<u32> = (0..12).map(|i| (i * 211 % 3000) as u32).collect();
@@ -686,6 +742,12 @@ mod tests {
                 kept.forward(&x, &o).unwrap().logits,
                 now.forward(&x, &o).unwrap().logits,
                 "{t:?}"
+            );
+            // one token: one-row products throughout
+            assert_eq!(
+                kept.forward(&x[..1], &o).unwrap().logits,
+                now.forward(&x[..1], &o).unwrap().logits,
+                "{t:?}, one row"
             );
         }
     }

@@ -414,7 +414,7 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let mut out = String::new();
     let _ = writeln!(out, "model {}", model.source().display());
     // what one decode step reads (issue 21: its floor is these bytes / the copy bandwidth)
-    let _ = writeln!(out, "weight_bytes {}", model.stored_weight_bytes());
+    let _ = writeln!(out, "weight_bytes {}", model.decode_step_weight_bytes());
     let _ = writeln!(out, "load_s {load_s:.3}");
     let _ = writeln!(out, "prefill_tokens {n}");
     let _ = writeln!(out, "prefill_s {prefill_s:.3}");
