@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use kvprobe_npu::contract::faults::FaultTable;
-use kvprobe_schema::{FaultHypothesis, Replay, Timing, Verdict};
+use kvprobe_schema::{FaultHypothesis, Hypothesis, Replay, Timing, Verdict};
 
 use super::capacity_replay;
 use super::choice::{apply, choose, not_replayed};
@@ -24,7 +24,7 @@ use super::replay::{
     Stop, MAX_REPLAYS, SCREEN_STEPS,
 };
 use super::residual::{grow, replay_rings, starts, Growth, Residual, RingResidual};
-use super::score::{mild, FULL_REPLAYS};
+use super::score::{mild, Unexplained, FULL_REPLAYS};
 use crate::session::Session;
 use crate::thresholds::STEP_NOISE_FLOOR;
 
@@ -53,11 +53,97 @@ pub fn attach(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Dia
         }
     }
     let t = std::time::Instant::now();
-    decide(s, replayer, d);
+    decide(s, replayer, d, None);
     d.timings.push(Timing {
         what: "replay".into(),
         seconds: t.elapsed().as_secs_f64(),
     });
+}
+
+/// A `healthy` verdict whose healthy hypothesis leaves steps garbled that no mild fault
+/// reproduces (`score::compete`): a discrete fault may hide in the precision on a few steps (a
+/// truncated entry on two layers garbles 3 of 11). The cache-path probes read the rings
+/// (`ring::ring_evidence`), and what they name proposes hypotheses as for a rules' `unknown`
+/// (`replay::proposals`, then the residual's layer growth), judged by the same rule against
+/// the same healthy hypothesis as the mild faults were. A replay that reproduces names its
+/// fault's declared verdict; none reproducing leaves `healthy`, with the closest replay said.
+pub fn attach_unexplained(
+    s: &mut Session,
+    replayer: Option<&Arc<dyn Replayer>>,
+    d: &mut Diagnosis,
+    u: Unexplained,
+) -> crate::Result<()> {
+    let Some(r) = replayer else { return Ok(()) };
+    if !s.has_tbt() || s.dev.capabilities().stateful {
+        return Ok(());
+    }
+    let n = u.judged.len();
+    let why = format!(
+        "the healthy hypothesis leaves {} of {n} steps garbled and no mild fault reproduces them",
+        u.garbled
+    );
+    super::ring::ring_evidence(s, d)?;
+    let fits = Fits::of_session(s, &d.probes);
+    let proposed = proposals(&r.table(), &fits)
+        .iter()
+        .filter(|(_, h)| !r.leaves_out(&h.name))
+        .count();
+    if proposed == 0 {
+        d.evidence.push(format!(
+            "{why}; the rings' evidence names no ring a fault could be hypothesised at"
+        ));
+        return Ok(());
+    }
+    let healthy = d.clone();
+    d.verdict = Verdict::Unknown;
+    let t = std::time::Instant::now();
+    decide(s, replayer, d, Some(u.judged));
+    d.timings.push(Timing {
+        what: "replay (garbled steps)".into(),
+        seconds: t.elapsed().as_secs_f64(),
+    });
+    if d.verdict != Verdict::Unknown {
+        d.evidence.insert(
+            1,
+            format!("{why}: the rings' evidence was read for hypotheses"),
+        );
+        return Ok(());
+    }
+    let tried = d.reproducer.as_ref().map_or(0, |r| r.tried.len());
+    let said = format!("{why}; the rings' evidence proposed {proposed} hypotheses and none reproduces them ({tried} replayed whole)");
+    match d
+        .probes
+        .kvdiff
+        .as_ref()
+        .and_then(|k| k.first_divergent.as_ref())
+    {
+        // the cache itself leaves its declared band (kvdiff: a failing control) where the
+        // steps are garbled: a fault no hypothesis names, `unknown` with the closest replays
+        Some(k) => {
+            let head = format!(
+                "{said}, while the cache leaves its declared band from layer {} {:?} (kvdiff): \
+                 a fault, but none the emulator's grammar reproduces",
+                k.layer, k.kind
+            );
+            d.evidence.insert(1, head.clone());
+            d.confidence = 0.3;
+            d.hypothesis = Some(Hypothesis {
+                rule: super::score::RULE.into(),
+                decisive: vec![head],
+                fault: None,
+            });
+        }
+        // nothing the rings name reproduces the garbled steps and every ring stays in its
+        // band: `healthy` stands, with the probes that ran, their lines and what was tried
+        None => {
+            let timings = d.timings.clone();
+            *d = healthy;
+            d.timings = timings;
+            d.evidence
+                .push(format!("{said}, and kvdiff finds every ring in its band"));
+        }
+    }
+    Ok(())
 }
 
 /// Why a verdict cannot be replayed at all, if it cannot.
@@ -72,7 +158,14 @@ fn unreplayable(replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosis) -> Option<&
         .then_some("a nondeterministic device differs between reruns; a replay reproduces one run")
 }
 
-fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
+/// `over`: the healthy hypothesis per step to judge against, when not the matched reference's
+/// (`healthy_steps`).
+fn decide(
+    s: &mut Session,
+    replayer: Option<&Arc<dyn Replayer>>,
+    d: &mut Diagnosis,
+    over: Option<Vec<(Option<f64>, Option<f64>)>>,
+) {
     let (Some(replayer), None) = (replayer, unreplayable(replayer, d)) else {
         let why = unreplayable(replayer, d).unwrap_or_default();
         return not_replayed(d, why);
@@ -86,7 +179,7 @@ fn decide(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnos
     // never-written slots, and no emulator can replay that history. Recorded step by step as
     // far as the replays compare (an exact replay of the rule's cause is decided after half).
     let tokens = greedy.device_ids.clone();
-    let healthy = healthy_steps(greedy);
+    let healthy = over.unwrap_or_else(|| healthy_steps(greedy));
     let n = greedy.steps.len().max(1);
     let fits = Fits::of_session(s, &d.probes);
     let table = replayer.table();

@@ -52,7 +52,9 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         Err(e) => return partial::after_failure(s, opts, e),
     };
     decide::attach(s, opts.replay.as_ref(), &mut d);
-    score::compete(s, opts.replay.as_ref(), &mut d);
+    if let Some(u) = score::compete(s, opts.replay.as_ref(), &mut d) {
+        decide::attach_unexplained(s, opts.replay.as_ref(), &mut d, u)?;
+    }
     let chat = crate::chat_diagnose::Outcome {
         verdict: &mut d.verdict,
         confidence: &mut d.confidence,

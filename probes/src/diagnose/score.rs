@@ -77,28 +77,44 @@ pub fn mild(table: &FaultTable, fits: &Fits) -> Vec<FaultHypothesis> {
     out
 }
 
+/// Steps of a `healthy` verdict the healthy hypothesis leaves garbled and no mild fault
+/// reproduces: what the ring evidence's hypotheses are judged against next
+/// (`decide::attach_unexplained`).
+pub struct Unexplained {
+    /// The healthy hypothesis as scored per step (the closer of the matched reference and the
+    /// fault-free emulator) and the declared precision there.
+    pub judged: Vec<(Option<f64>, Option<f64>)>,
+    /// Garbled steps of all.
+    pub garbled: usize,
+}
+
 /// Lets the mild fault hypotheses compete with the healthy one on a `healthy` verdict; a fault
-/// that beats it becomes the verdict, with its replay as the reproducer.
-pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
+/// that beats it becomes the verdict, with its replay as the reproducer. Garbled steps none of
+/// them reproduces are returned.
+pub fn compete(
+    s: &mut Session,
+    replayer: Option<&Arc<dyn Replayer>>,
+    d: &mut Diagnosis,
+) -> Option<Unexplained> {
     if d.verdict != Verdict::Healthy {
-        return;
+        return None;
     }
     let (Some(replayer), Some(greedy)) = (replayer, d.probes.greedy.as_ref()) else {
-        return;
+        return None;
     };
     let healthy = healthy_steps(greedy);
     let matched = median(healthy.iter().filter_map(|h| h.0).collect()).unwrap_or(0.0);
     // No fault can beat a healthy hypothesis that garbles no step: nothing to replay (every
     // fault-free emulator run, where the matched reference reproduces the emulator exactly).
     if !points(&healthy).iter().any(|p| p.garbled) {
-        return;
+        return None;
     }
     let t = std::time::Instant::now();
     let tokens = greedy.device_ids.clone();
     let n = greedy.steps.len();
     // from a fresh start (a new process' host window), as the replays and the reproducer run
     let Ok(device) = record_logits(s, n, &tokens) else {
-        return;
+        return None;
     };
     let none = FaultHypothesis {
         name: String::new(),
@@ -180,9 +196,10 @@ pub fn compete(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Di
             "{line}; no mild fault hypothesis reproduces it {PRECISION_RATIO}× more closely ({} tried; {closest})",
             tried.len() - 1
         ));
-        return;
+        return (garbled > 0).then_some(Unexplained { judged, garbled });
     };
     name_mild_fault(d, replayer, best, (healthy_miss, line), tried, n);
+    None
 }
 
 /// `best`, a replay that reproduced the device more closely than the healthy hypothesis, becomes

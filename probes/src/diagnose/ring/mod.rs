@@ -547,3 +547,45 @@ fn prefill_scale(s: &mut Session) -> Result<kvprobe_schema::ScaleFit> {
     let n = s.ids.len();
     scalefit::prefill(s.model, &s.ids, &first.device_prefill, prompt.row(n - 1))
 }
+
+/// The cache-path probes' ring evidence for a `healthy` verdict whose healthy hypothesis leaves
+/// steps garbled that no mild fault reproduces (`score::compete`): what the rings hold (layout,
+/// inject, the zero tap, kvdiff) names the rings and values a discrete fault hidden in the
+/// precision would be hypothesised at (`Fits`), as on the cache path. Evidence only: no rule
+/// reads it here, the replays judge (`decide::attach_unexplained`). A probe the device fails is
+/// a line, not a failed diagnosis.
+pub(super) fn ring_evidence(s: &mut Session, d: &mut Diagnosis) -> Result<()> {
+    let device_line = |what: &str, e: &crate::Error| match e {
+        crate::Error::Npu(e) if e.origin() == kvprobe_npu::Origin::Device => {
+            Some(format!("{what} not run: {}", e.what_device_did()))
+        }
+        _ => None,
+    };
+    macro_rules! probe {
+        ($what:expr, $slot:ident, $run:expr) => {
+            if d.probes.$slot.is_none() {
+                match timed(&mut d.timings, $what, || $run(&mut *s)) {
+                    Ok(x) => d.probes.$slot = Some(x),
+                    Err(e) => match device_line($what, &e) {
+                        Some(line) => {
+                            d.evidence.push(line);
+                            return Ok(());
+                        }
+                        None => return Err(e),
+                    },
+                }
+            }
+        };
+    }
+    probe!("layout", layout, layout::run);
+    probe!("inject", inject, inject::run);
+    probe!("ztap", ztap, ztap::run);
+    let opts = kvdiff::KvdiffOptions {
+        steps: kvdiff::DIAGNOSE_STEPS,
+    };
+    probe!("kvdiff", kvdiff, |s: &mut Session| kvdiff::run(s, &opts));
+    if let Some(k) = &d.probes.kvdiff {
+        d.evidence.push(kvdiff::verdict_line(k));
+    }
+    Ok(())
+}
