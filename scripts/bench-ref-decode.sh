@@ -5,7 +5,8 @@
 #      best of 7), bytes copied / seconds;
 #   2. per model: median over RUNS of `kvprobe ref bench --prefill 16 --decode $DECODE`: seconds per
 #      decode step against the floor = the weights' bytes as one step reads them (its
-#      `weight_bytes`: f32 for SmolLM2, dequantised at load; bf16 for a bf16 folder) / bandwidth.
+#      `weight_bytes`: for SmolLM2 the Q4_1/Q8_0 blocks its one-row products read beside the
+#      f32 copy made at load (reference/src/block_gemv.rs); bf16 for a bf16 folder) / bandwidth.
 #      Target: within 1.5x of the floor;
 #   3. SmolLM2 only: whole-process time (wall and user+sys CPU) of `ref generate --max-new 20` and
 #      `--max-new 60` against llama.cpp (llama-cpp-python) generating the same tokens, runs
