@@ -169,8 +169,8 @@ fn renamed(
     let head = if rule_verdict == Verdict::Unknown {
         format!(
             "{} replayed reproduces the device by {:.2e} (median), within the declared precision \
-             and clearly better than the healthy hypothesis; no rule named a cause, the rings the \
-             evidence names proposed it",
+             and clearly better than the healthy hypothesis; no rule named a cause, the evidence \
+             proposed it (the rings it names, or a capacity limit measured inside the request)",
             r.fault.text(),
             r.replay_miss,
         )
@@ -216,7 +216,7 @@ fn unknown(d: &mut Diagnosis, r: Replay, command: Vec<String>, tried: Vec<(Strin
         .map(|(h, m)| format!("{h} {m:.2e}"))
         .collect();
     let named = if d.verdict == Verdict::Unknown {
-        "no rule named a cause, and of the faults the named rings allow".to_string()
+        "no rule named a cause, and of the hypotheses the evidence proposes".to_string()
     } else {
         format!("the rule {} named {}, but", rule_name(d), d.verdict.name())
     };

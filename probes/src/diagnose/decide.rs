@@ -15,13 +15,14 @@ use std::sync::Arc;
 use kvprobe_npu::contract::faults::FaultTable;
 use kvprobe_schema::{FaultHypothesis, Hypothesis, Replay, Timing, Verdict};
 
+use super::capacity_fit;
 use super::capacity_replay;
 use super::choice::{apply, choose, not_replayed};
 use super::outcome::Diagnosis;
 use super::refine::{is_factor, refine};
 use super::replay::{
-    candidates, healthy_steps, proposals, replay_one, screen_scored, DeviceSteps, Fits, Replayer,
-    Stop, MAX_REPLAYS, SCREEN_STEPS,
+    candidates, healthy_steps, in_replay, proposals, replay_one, screen_scored, DeviceSteps, Fits,
+    Replayer, Stop, MAX_REPLAYS, SCREEN_STEPS,
 };
 use super::residual::{grow, replay_rings, starts, Growth, Residual, RingResidual};
 use super::score::{mild, Unexplained, FULL_REPLAYS};
@@ -32,7 +33,16 @@ use crate::thresholds::STEP_NOISE_FLOOR;
 /// is `score::compete`'s. A rules' `unknown` replays what the rings its evidence names allow
 /// (`replay::proposals`), when there are such rings and a greedy run to compare with; an
 /// `unknown` the device ended (`incomplete`) replays nothing.
-pub fn attach(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Diagnosis) {
+///
+/// `measures_limit`: a capacity limit inside the request may be measured (`capacity_fit`) and
+/// propose hypotheses on a rules' `unknown` whose evidence names no ring (not under
+/// `--stage-only`, where no cause may be named).
+pub fn attach(
+    s: &mut Session,
+    replayer: Option<&Arc<dyn Replayer>>,
+    d: &mut Diagnosis,
+    measures_limit: bool,
+) {
     // a rule that replayed its own hypothesis on the reference (`host-feed`) carries its
     // reproducer already
     if d.verdict == Verdict::Healthy || d.reproducer.is_some() {
@@ -44,16 +54,23 @@ pub fn attach(s: &mut Session, replayer: Option<&Arc<dyn Replayer>>, d: &mut Dia
             && d.probes.greedy.is_some()
             && replayer.is_some_and(|r| {
                 let fits = Fits::of_session(s, &d.probes);
-                proposals(&r.table(), &fits)
-                    .iter()
-                    .any(|(_, h)| !r.leaves_out(&h.name))
+                let table = r.table();
+                let limit = measures_limit
+                    && s.has_tbt()
+                    && capacity_replay::capacity_faults(&table)
+                        .iter()
+                        .any(|name| !r.leaves_out(name));
+                limit
+                    || proposals(&table, &fits)
+                        .iter()
+                        .any(|(_, h)| !r.leaves_out(&h.name))
             });
         if !proposes {
             return;
         }
     }
     let t = std::time::Instant::now();
-    decide(s, replayer, d, None);
+    decide(s, replayer, d, None, measures_limit);
     d.timings.push(Timing {
         what: "replay".into(),
         seconds: t.elapsed().as_secs_f64(),
@@ -97,7 +114,7 @@ pub fn attach_unexplained(
     let healthy = d.clone();
     d.verdict = Verdict::Unknown;
     let t = std::time::Instant::now();
-    decide(s, replayer, d, Some(u.judged));
+    decide(s, replayer, d, Some(u.judged), true);
     d.timings.push(Timing {
         what: "replay (garbled steps)".into(),
         seconds: t.elapsed().as_secs_f64(),
@@ -159,12 +176,13 @@ fn unreplayable(replayer: Option<&Arc<dyn Replayer>>, d: &Diagnosis) -> Option<&
 }
 
 /// `over`: the healthy hypothesis per step to judge against, when not the matched reference's
-/// (`healthy_steps`).
+/// (`healthy_steps`); `measures_limit`: as [`attach`]'s.
 fn decide(
     s: &mut Session,
     replayer: Option<&Arc<dyn Replayer>>,
     d: &mut Diagnosis,
     over: Option<Vec<(Option<f64>, Option<f64>)>>,
+    measures_limit: bool,
 ) {
     let (Some(replayer), None) = (replayer, unreplayable(replayer, d)) else {
         let why = unreplayable(replayer, d).unwrap_or_default();
@@ -236,6 +254,15 @@ fn decide(
     }
     // every other candidate, unless the rule's reproduces at the noise floor
     search.others(&d.also, (&table, &fits), replayer.as_ref(), n, &run);
+    // a capacity limit inside the request: no probe fits it, generation from one whole prefill
+    // window measures it (`capacity_fit`), and its hypotheses compete like the others
+    let limit = (measures_limit && capacity.is_none() && !search.reproduced())
+        .then(|| {
+            let measured = measure_limit(&dev, replayer.as_ref(), (model, &ids), &healthy, n);
+            search.capacity_limit(&table, &measured, replayer.as_ref(), n, &run);
+            capacity_fit::said(&measured)
+        })
+        .filter(|_| !capacity_replay::capacity_faults(&table).is_empty());
     if let Some(c) = capacity {
         // the capacity check decided the verdict: its requests judge the replays, the greedy
         // search only proposes its closest competitors
@@ -277,6 +304,39 @@ fn decide(
         SCREEN_STEPS.min(n),
         grown.said(k_rings)
     ));
+    d.evidence.extend(limit);
+}
+
+/// The device's generation from one whole prefill window against the fault-free emulator's
+/// (`capacity_fit::generation_departure`), within the declared precision (the median over the
+/// compared steps, at least the noise floor, as the capacity check's measurement). Every
+/// compared greedy step is recorded first: the device then serves the measurement, and a later
+/// step recorded after it would continue from the measurement's state.
+fn measure_limit(
+    dev: &RefCell<DeviceSteps>,
+    replayer: &dyn Replayer,
+    (model, ids): (&kvprobe_reference::Model, &[u32]),
+    healthy: &[(Option<f64>, Option<f64>)],
+    n: usize,
+) -> capacity_fit::Measured {
+    if capacity_replay::capacity_faults(&replayer.table()).is_empty() {
+        return Ok(None);
+    }
+    let mut dev = dev.borrow_mut();
+    dev.step(n - 1)
+        .map_err(|e| format!("the device's request could not be recorded again: {e}"))?;
+    let tokens = dev.tokens().to_vec();
+    let s = dev.session();
+    let g = s.geometry();
+    let seq = capacity_fit::sequence(ids, &tokens, g.cache_len);
+    let tol = super::evidence::median(healthy.iter().filter_map(|h| h.1).collect())
+        .unwrap_or(0.0)
+        .max(STEP_NOISE_FLOOR);
+    let none = capacity_replay::none();
+    in_replay((model, ids), replayer, &none, |hs| {
+        capacity_fit::generation_departure(s, hs, &seq, g.prefill_len, tol)
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// A replay of `h` over the first `k` steps.
@@ -379,6 +439,30 @@ impl Search {
         let g = grow(&from, n_layers, residual, &mut whole);
         g.replays.iter().cloned().for_each(|r| self.push(r));
         g
+    }
+
+    /// The capacity faults at a measured limit inside the request (`capacity_fit`), screened,
+    /// the closest `FULL_REPLAYS` replayed whole (those not tried yet).
+    fn capacity_limit(
+        &mut self,
+        table: &FaultTable,
+        measured: &capacity_fit::Measured,
+        replayer: &dyn Replayer,
+        n: usize,
+        run: &Run,
+    ) {
+        let Ok(Some(d)) = measured else { return };
+        let hs: Vec<FaultHypothesis> = capacity_fit::hypotheses(table, *d)
+            .into_iter()
+            .filter(|h| !replayer.leaves_out(&h.name))
+            .filter(|h| !self.tried.iter().any(|t| t.0 == h.text()))
+            .collect();
+        let hs = self.screen(hs, n, run);
+        for h in hs.into_iter().take(FULL_REPLAYS) {
+            if let Ok(r) = run(&h, n) {
+                self.push(r);
+            }
+        }
     }
 
     /// Replays `hs` whole over `n` steps, in order, until one reproduces or the budget is spent.

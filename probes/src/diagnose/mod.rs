@@ -6,6 +6,7 @@
 //! [`stage`] (the issue-10 probes' pipeline stage, on `unknown` and under `stage_only`).
 
 pub mod capacity;
+mod capacity_fit;
 mod capacity_replay;
 mod choice;
 pub mod decide;
@@ -51,7 +52,7 @@ pub fn diagnose(s: &mut Session, opts: &DiagnoseOptions) -> Result<Diagnosis> {
         Ok(d) => d,
         Err(e) => return partial::after_failure(s, opts, e),
     };
-    decide::attach(s, opts.replay.as_ref(), &mut d);
+    decide::attach(s, opts.replay.as_ref(), &mut d, !opts.stage_only);
     if let Some(u) = score::compete(s, opts.replay.as_ref(), &mut d) {
         decide::attach_unexplained(s, opts.replay.as_ref(), &mut d, u)?;
     }

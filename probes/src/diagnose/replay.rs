@@ -259,6 +259,17 @@ impl<'s, 'a> DeviceSteps<'s, 'a> {
         }
     }
 
+    /// The device's tokens the request is driven with.
+    pub(super) fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The device's session, for a measurement after the compared steps were recorded (a step
+    /// recorded after it would continue from the measurement's state).
+    pub(super) fn session(&mut self) -> &mut Session<'a> {
+        self.s
+    }
+
     /// The logits of step `i` (0: the prompt's prefill), recording the steps up to it (past the
     /// device's tokens, on its own argmax: `request_step`).
     pub(super) fn step(&mut self, i: usize) -> crate::Result<&[f32]> {
