@@ -68,7 +68,7 @@ fn diagnose(
 type Case<'a> = (bool, &'a [&'a str], &'a [&'a str], Option<&'a str>);
 
 fn check_matrix(model: &str, cases: &[Case]) {
-    let misses: Vec<String> = par_map(cases, |&(ane, geo, prompt, fault)| {
+    assert_each(cases, |&(ane, geo, prompt, fault)| {
         let mut misses = Vec::new();
         let want = if fault.is_some() {
             ("capacity-overflow", 1)
@@ -88,11 +88,7 @@ fn check_matrix(model: &str, cases: &[Case]) {
             ));
         }
         misses
-    })
-    .into_iter()
-    .flatten()
-    .collect();
-    assert!(misses.is_empty(), "{misses:#?}");
+    });
 }
 
 #[test]
@@ -293,7 +289,7 @@ fn the_capacity_check_is_judged_by_replay_on_its_own_requests() {
             "capacity-overflow",
         ),
     ];
-    let misses: Vec<String> = par_map(&cases, |&(geo, fault, want)| {
+    assert_each(&cases, |&(geo, fault, want)| {
         let mut args = vec!["diagnose", "--sim", "--model", m];
         args.extend_from_slice(geo);
         args.extend(["--fault", fault]);
@@ -317,11 +313,7 @@ fn the_capacity_check_is_judged_by_replay_on_its_own_requests() {
                 v["evidence"]
             )
         })
-    })
-    .into_iter()
-    .flatten()
-    .collect();
-    assert!(misses.is_empty(), "{misses:#?}");
+    });
 }
 
 /// A capacity limit inside the session's own request (session 33): `ring-capacity=24` at
@@ -339,7 +331,7 @@ fn a_capacity_limit_inside_the_request_is_measured_on_generation() {
         (None, "capacity-overflow"),
         (Some("ring-capacity"), "unknown"),
     ];
-    let misses: Vec<String> = par_map(&cases, |&(left_out, want)| {
+    assert_each(&cases, |&(left_out, want)| {
         let mut args = vec!["diagnose", "--sim", "--model", m];
         args.extend(["--cache-len", "32", "--prefill-len", "16", "--steps", "16"]);
         args.extend(["--fault", "ring-capacity=24"]);
@@ -369,9 +361,14 @@ fn a_capacity_limit_inside_the_request_is_measured_on_generation() {
                 v["evidence"]
             )
         })
-    })
-    .into_iter()
-    .flatten()
-    .collect();
+    });
+}
+
+/// Runs `check` on every case, two at a time; fails with every miss it returns.
+fn assert_each<T: Sync, M: IntoIterator<Item = String> + Send>(
+    cases: &[T],
+    check: impl Fn(&T) -> M + Sync,
+) {
+    let misses: Vec<String> = par_map(cases, check).into_iter().flatten().collect();
     assert!(misses.is_empty(), "{misses:#?}");
 }
