@@ -204,11 +204,7 @@ fn decide(
     let (model, ids) = (s.model, s.ids.clone());
     // the device's rings over the first steps, kept for a residual (`residual`)
     let ring_residual = RingResidual::of(s.describe(), model, ids.len());
-    let k_rings = if ring_residual.is_ok() {
-        SCREEN_STEPS.min(n)
-    } else {
-        0
-    };
+    let k_rings = ring_residual.as_ref().map_or(0, |_| SCREEN_STEPS.min(n));
     let mut capacity = d.capacity.take();
     // measured before the greedy record takes the device (a verdict the capacity check decided)
     let departure = capacity_replay::measure(s, replayer.as_ref(), capacity.as_mut(), &healthy);
@@ -242,12 +238,7 @@ fn decide(
     let run = |h: &FaultHypothesis, k: usize| run_with(h, k, Stop::Whole);
     // the rule's own cause may stop once exact: an exact replay of it ends the search
     let run_own = |h: &FaultHypothesis, k: usize| run_with(h, k, Stop::Exact);
-    let mut own = if d.verdict == Verdict::Unknown {
-        proposals(&table, &fits)
-    } else {
-        candidates(&table, d.verdict, &fits)
-    };
-    own.retain(|(_, h)| !replayer.leaves_out(&h.name));
+    let own = own_hypotheses(&table, d.verdict, &fits, replayer.as_ref());
     let mut search = Search::default();
     if capacity.is_none() {
         search.own_cause(own.clone(), &table, n, &run, &run_own);
@@ -257,12 +248,8 @@ fn decide(
     // a capacity limit inside the request: no probe fits it, generation from one whole prefill
     // window measures it (`capacity_fit`), and its hypotheses compete like the others
     let limit = (measures_limit && capacity.is_none() && !search.reproduced())
-        .then(|| {
-            let measured = measure_limit(&dev, replayer.as_ref(), (model, &ids), &healthy, n);
-            search.capacity_limit(&table, &measured, replayer.as_ref(), n, &run);
-            capacity_fit::said(&measured)
-        })
-        .filter(|_| !capacity_replay::capacity_faults(&table).is_empty());
+        .then(|| search.capacity_limit(&dev, replayer.as_ref(), (model, &ids), &healthy, n, &run))
+        .flatten();
     if let Some(c) = capacity {
         // the capacity check decided the verdict: its requests judge the replays, the greedy
         // search only proposes its closest competitors
@@ -307,6 +294,23 @@ fn decide(
     d.evidence.extend(limit);
 }
 
+/// The verdict's own hypotheses, ranked (`replay::candidates`; a rules' `unknown`: what the
+/// rings its evidence names propose), without the ones the run leaves out.
+fn own_hypotheses(
+    table: &FaultTable,
+    verdict: Verdict,
+    fits: &Fits,
+    replayer: &dyn Replayer,
+) -> Vec<(usize, FaultHypothesis)> {
+    let mut own = if verdict == Verdict::Unknown {
+        proposals(table, fits)
+    } else {
+        candidates(table, verdict, fits)
+    };
+    own.retain(|(_, h)| !replayer.leaves_out(&h.name));
+    own
+}
+
 /// The device's generation from one whole prefill window against the fault-free emulator's
 /// (`capacity_fit::generation_departure`), within the declared precision (the median over the
 /// compared steps, at least the noise floor, as the capacity check's measurement). Every
@@ -319,9 +323,6 @@ fn measure_limit(
     healthy: &[(Option<f64>, Option<f64>)],
     n: usize,
 ) -> capacity_fit::Measured {
-    if capacity_replay::capacity_faults(&replayer.table()).is_empty() {
-        return Ok(None);
-    }
     let mut dev = dev.borrow_mut();
     dev.step(n - 1)
         .map_err(|e| format!("the device's request could not be recorded again: {e}"))?;
@@ -441,18 +442,28 @@ impl Search {
         g
     }
 
-    /// The capacity faults at a measured limit inside the request (`capacity_fit`), screened,
-    /// the closest `FULL_REPLAYS` replayed whole (those not tried yet).
+    /// A capacity limit inside the request measured (`measure_limit`) and the capacity faults
+    /// at it screened, the closest `FULL_REPLAYS` replayed whole (those not tried yet); the
+    /// measurement's evidence line, None when the family has no capacity fault.
     fn capacity_limit(
         &mut self,
-        table: &FaultTable,
-        measured: &capacity_fit::Measured,
+        dev: &RefCell<DeviceSteps>,
         replayer: &dyn Replayer,
+        ctx: (&kvprobe_reference::Model, &[u32]),
+        healthy: &[(Option<f64>, Option<f64>)],
         n: usize,
         run: &Run,
-    ) {
-        let Ok(Some(d)) = measured else { return };
-        let hs: Vec<FaultHypothesis> = capacity_fit::hypotheses(table, *d)
+    ) -> Option<String> {
+        let table = replayer.table();
+        if capacity_replay::capacity_faults(&table).is_empty() {
+            return None;
+        }
+        let measured = measure_limit(dev, replayer, ctx, healthy, n);
+        let said = capacity_fit::said(&measured);
+        let Ok(Some(d)) = measured else {
+            return Some(said);
+        };
+        let hs: Vec<FaultHypothesis> = capacity_fit::hypotheses(&table, d)
             .into_iter()
             .filter(|h| !replayer.leaves_out(&h.name))
             .filter(|h| !self.tried.iter().any(|t| t.0 == h.text()))
@@ -463,6 +474,7 @@ impl Search {
                 self.push(r);
             }
         }
+        Some(said)
     }
 
     /// Replays `hs` whole over `n` steps, in order, until one reproduces or the budget is spent.
