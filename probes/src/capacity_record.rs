@@ -92,7 +92,7 @@ impl CapacityRecord {
 pub type Answer = Option<Vec<f32>>;
 
 /// An answer's logits, a capacity refusal as `None`, any other error as the error.
-fn refusal_is_none(r: kvprobe_npu::Result<kvprobe_npu::RunOutput>) -> Result<Answer> {
+pub(crate) fn refusal_is_none(r: kvprobe_npu::Result<kvprobe_npu::RunOutput>) -> Result<Answer> {
     match r {
         Ok(o) => Ok(Some(o.logits)),
         Err(e) if e.is_capacity_refusal() => Ok(None),

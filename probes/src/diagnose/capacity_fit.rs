@@ -17,8 +17,8 @@
 
 use kvprobe_npu::MaskMode;
 
-use super::capacity_replay::at_limit;
-use crate::metrics::cosine;
+use super::capacity_replay::{at_limit, point_miss as answer_miss};
+use crate::capacity_record::refusal_is_none as answer;
 use crate::session::Session;
 use kvprobe_npu::contract::faults::FaultTable;
 use kvprobe_schema::FaultHypothesis;
@@ -31,24 +31,6 @@ pub(super) struct GenerationDeparture {
     pub position: usize,
     /// Generation steps compared (the departing one included).
     pub steps: usize,
-}
-
-/// 1 − cosine of two answers; a refusal against an answer is the largest miss (2).
-fn answer_miss(a: Option<&[f32]>, b: Option<&[f32]>) -> f64 {
-    match (a, b) {
-        (Some(a), Some(b)) => 1.0 - cosine(a, b),
-        (None, None) => 0.0,
-        _ => 2.0,
-    }
-}
-
-/// One answer, a capacity refusal as `None`.
-fn answer(r: kvprobe_npu::Result<kvprobe_npu::RunOutput>) -> crate::Result<Option<Vec<f32>>> {
-    match r {
-        Ok(o) => Ok(Some(o.logits)),
-        Err(e) if e.is_capacity_refusal() => Ok(None),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Drives `device` and `healthy` (the fault-free emulator) from a fresh start through a prompt
@@ -71,7 +53,7 @@ pub(super) fn generation_departure(
         answer(s.driver.prefill(s.dev, &seq[..window]))
     };
     let (d, h) = (prompt(device)?, prompt(healthy)?);
-    if d.is_none() || answer_miss(d.as_deref(), h.as_deref()) > tol {
+    if d.is_none() || answer_miss(d.as_ref(), h.as_ref()) > tol {
         return Ok(None);
     }
     for (k, &token) in seq[window..].iter().enumerate() {
@@ -80,7 +62,7 @@ pub(super) fn generation_departure(
         if d.is_none() && h.is_none() {
             return Ok(None);
         }
-        if answer_miss(d.as_deref(), h.as_deref()) > tol {
+        if answer_miss(d.as_ref(), h.as_ref()) > tol {
             return Ok(Some(GenerationDeparture {
                 position: window + k,
                 steps: k + 1,
@@ -145,10 +127,10 @@ mod tests {
 
     #[test]
     fn a_refusal_against_an_answer_is_the_largest_miss() {
-        let a = [1.0f32, 0.0];
+        let (a, b) = (vec![1.0f32, 0.0], vec![0.0f32, 1.0]);
         assert_eq!(answer_miss(None, None), 0.0);
         assert_eq!(answer_miss(Some(&a), None), 2.0);
         assert!(answer_miss(Some(&a), Some(&a)).abs() < 1e-9);
-        assert!((answer_miss(Some(&a), Some(&[0.0, 1.0])) - 1.0).abs() < 1e-9);
+        assert!((answer_miss(Some(&a), Some(&b)) - 1.0).abs() < 1e-9);
     }
 }

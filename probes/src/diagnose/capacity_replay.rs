@@ -37,7 +37,7 @@ use kvprobe_reference::Model;
 type Answers = Vec<Option<Vec<f32>>>;
 
 /// 1 − cosine between two answers; both refused agree, one refused is the largest miss (2).
-fn point_miss(a: Option<&Vec<f32>>, b: Option<&Vec<f32>>) -> f64 {
+pub(super) fn point_miss(a: Option<&Vec<f32>>, b: Option<&Vec<f32>>) -> f64 {
     match (a, b) {
         (Some(a), Some(b)) => miss(a, b),
         (None, None) => 0.0,
